@@ -1,0 +1,9 @@
+//! The `ferry` command's library: the peer process that the demo, the
+//! benchmark and the cross-process tests drive over a pipe, and the data
+//! patterns they check bytes with.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod demo;
+pub mod pattern;
+pub mod peer;

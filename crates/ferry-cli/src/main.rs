@@ -1,0 +1,88 @@
+use std::net::SocketAddr;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+/// Ferry: move memory between the workers of an inference graph.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start a peer process, let it read a buffer from this one and write it back, and print what moved and how fast.
+    Demo {
+        /// Bytes to move, e.g. 64MiB, 4KiB or 1000.
+        #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+        size: u64,
+        /// Split the buffer into this many descriptors.
+        #[arg(long, default_value_t = 1)]
+        descriptors: usize,
+    },
+    /// Run a worker driven by JSON lines on stdin (used by demo, bench and tests).
+    Peer {
+        /// Where to listen.
+        #[arg(long, default_value = "0.0.0.0:0")]
+        listen: SocketAddr,
+        /// This worker's id (default: random).
+        #[arg(long)]
+        worker_id: Option<String>,
+    },
+    /// Check a metadata JSON document read from stdin and print what it grants (never the token).
+    Inspect,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = [
+        ("GiB", 1u64 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+        ("B", 1),
+    ]
+    .iter()
+    .find_map(|(suf, m)| s.strip_suffix(suf).map(|n| (n, *m)))
+    .unwrap_or((s, 1));
+    num.trim()
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("{s:?} is not a size like 4096, 4KiB, 64MiB or 1GiB"))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("FERRY_LOG").unwrap_or_else(|_| EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.cmd.unwrap_or(Cmd::Demo {
+        size: 64 << 20,
+        descriptors: 1,
+    }) {
+        Cmd::Demo { size, descriptors } => {
+            let exe = std::env::current_exe()?;
+            ferry_cli::demo::run(&exe, size, descriptors).await
+        }
+        Cmd::Peer { listen, worker_id } => {
+            let mut b = ferry::Connector::builder().listen(listen);
+            if let Some(id) = worker_id {
+                b = b.worker_id(id);
+            }
+            ferry_cli::peer::run(b.build().await?).await
+        }
+        Cmd::Inspect => {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)?;
+            let m = ferry::RdmaMetadata::from_json(s.trim())?;
+            println!("{m:#?}");
+            Ok(())
+        }
+    }
+}

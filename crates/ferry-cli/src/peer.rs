@@ -1,0 +1,518 @@
+//! The peer process: a Ferry worker driven by JSON lines on stdin, answering
+//! with JSON lines on stdout. `ferry demo`, the benchmark and the tests start
+//! it with `ferry peer` and exchange metadata with it over that pipe, just as
+//! a real graph exchanges metadata over HTTP or NATS.
+//!
+//! Every request carries an `id`; every answer names the request's `id`.
+//! Requests are served concurrently.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use ferry::{Connector, Descriptor, OperationStatus, RdmaMetadata};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::pattern;
+
+/// What the driver asks the peer to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cmd {
+    /// Expose buffers holding `seed`'s pattern for reading; answers `metadata`, then `done`.
+    Readable,
+    /// Expose zeroed buffers for writing; answers `metadata`, then `done`
+    /// with `verified` (whether they hold `seed`'s pattern) and `checksum`.
+    Writable,
+    /// Read `metadata` into zeroed buffers; answers `done` with `verified`.
+    Read,
+    /// Write buffers holding `seed`'s pattern into `metadata`; answers `done`.
+    Write,
+    /// Cancel request `target` (must still be running); answers `ok`.
+    Cancel,
+    /// Checksum of the buffers request `target` ended with; answers `checksum`.
+    Checksum,
+    /// Answers `stats` with the connector's counters.
+    Stats,
+    /// Exit the process at once (no clean-up, like a crash).
+    Crash,
+}
+
+/// One request line.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Request {
+    /// Chosen by the driver; answers carry it.
+    pub id: u64,
+    /// What to do.
+    pub cmd: Cmd,
+    /// Descriptor sizes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sizes: Vec<u64>,
+    /// Pattern seed.
+    #[serde(default)]
+    pub seed: u64,
+    /// Remote metadata JSON, for `read` and `write`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<String>,
+    /// The request that `cancel` and `checksum` act on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<u64>,
+    /// Give up waiting after this many milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+}
+
+impl Request {
+    /// A request with only `id` and `cmd` set.
+    pub fn new(id: u64, cmd: Cmd) -> Self {
+        Request {
+            id,
+            cmd,
+            sizes: Vec::new(),
+            seed: 0,
+            metadata: None,
+            target: None,
+            deadline_ms: None,
+        }
+    }
+}
+
+/// One answer line.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Event {
+    /// The request answered (0 for `ready`).
+    pub id: u64,
+    /// `ready`, `metadata`, `done`, `ok`, `checksum`, `stats` or `error`.
+    pub event: String,
+    /// For `ready`: the peer's worker id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_id: Option<String>,
+    /// For `metadata`: the JSON to hand to the other side.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<String>,
+    /// For `done`: the final status name (e.g. `COMPLETE`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    /// For `done`: the status just before a `cancel` acted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before_cancel: Option<String>,
+    /// The error message, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Whether received bytes match the pattern.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified: Option<bool>,
+    /// Checksum of the buffers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum: Option<u64>,
+    /// Microseconds from the request to the end of the operation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub micros: Option<u64>,
+    /// For `stats`: exposed operations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exposed: Option<usize>,
+    /// For `stats`: open connections.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connections: Option<usize>,
+}
+
+impl Event {
+    fn new(id: u64, event: &str) -> Self {
+        Event {
+            id,
+            event: event.into(),
+            ..Default::default()
+        }
+    }
+}
+
+/// The descriptors of `sizes`, filled with `seed`'s pattern or zeroed.
+pub fn buffers(sizes: &[u64], seed: Option<u64>) -> Vec<Descriptor<'static>> {
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| {
+            let v = match seed {
+                Some(seed) => pattern::make(seed, i, s as usize),
+                None => vec![0; s as usize],
+            };
+            Descriptor::from_vec(v)
+        })
+        .collect()
+}
+
+/// Whether every descriptor holds `seed`'s pattern.
+pub fn verify(descs: &[Descriptor<'_>], seed: u64) -> bool {
+    descs.iter().enumerate().all(|(i, d)| {
+        d.as_slice()
+            .is_some_and(|s| pattern::first_mismatch(seed, i, s).is_none())
+    })
+}
+
+/// A checksum over all descriptors.
+pub fn checksum(descs: &[Descriptor<'_>]) -> u64 {
+    descs.iter().fold(0u64, |acc, d| {
+        acc.rotate_left(7) ^ pattern::checksum(d.as_slice().unwrap_or_default())
+    })
+}
+
+/// Any of the four operations.
+enum AnyOp {
+    Readable(ferry::ReadableOperation<'static>),
+    Writable(ferry::WritableOperation<'static>),
+    Read(ferry::ReadOperation<'static>),
+    Write(ferry::WriteOperation<'static>),
+}
+
+macro_rules! each {
+    ($self:expr, $op:ident => $e:expr) => {
+        match $self {
+            AnyOp::Readable($op) => $e,
+            AnyOp::Writable($op) => $e,
+            AnyOp::Read($op) => $e,
+            AnyOp::Write($op) => $e,
+        }
+    };
+}
+
+impl AnyOp {
+    fn status(&self) -> OperationStatus {
+        each!(self, op => op.status())
+    }
+    fn cancel(&self) {
+        each!(self, op => op.cancel())
+    }
+    async fn wait(&self) -> ferry::Result<()> {
+        each!(self, op => op.wait_for_completion().await)
+    }
+    fn take(self) -> Vec<Descriptor<'static>> {
+        each!(self, op => op.into_descriptors())
+    }
+}
+
+struct PeerState {
+    connector: Connector,
+    out: mpsc::UnboundedSender<Event>,
+    cancels: Mutex<HashMap<u64, oneshot::Sender<()>>>,
+    kept: Mutex<HashMap<u64, Vec<Descriptor<'static>>>>,
+}
+
+impl PeerState {
+    fn send(&self, e: Event) {
+        let _ = self.out.send(e);
+    }
+
+    fn send_metadata(&self, id: u64, m: &RdmaMetadata) {
+        let mut ev = Event::new(id, "metadata");
+        ev.metadata = Some(m.to_json());
+        self.send(ev);
+    }
+
+    /// Waits for `op` (or a cancel of request `id`), then reports.
+    async fn finish(
+        &self,
+        id: u64,
+        started: Instant,
+        op: AnyOp,
+        deadline: Option<u64>,
+        seed: Option<u64>,
+    ) {
+        let (tx, rx) = oneshot::channel();
+        self.cancels.lock().unwrap().insert(id, tx);
+        let mut ev = Event::new(id, "done");
+        let waited = async {
+            match deadline {
+                Some(ms) => tokio::time::timeout(Duration::from_millis(ms), op.wait())
+                    .await
+                    .unwrap_or(Err(ferry::Error::Timeout(Duration::from_millis(ms)))),
+                None => op.wait().await,
+            }
+        };
+        let result = tokio::select! {
+            r = waited => r,
+            _ = rx => {
+                ev.before_cancel = Some(op.status().to_string());
+                op.cancel();
+                Err(ferry::Error::Cancelled)
+            }
+        };
+        self.cancels.lock().unwrap().remove(&id);
+        ev.micros = Some(started.elapsed().as_micros() as u64);
+        ev.status = Some(op.status().to_string());
+        ev.error = result.err().map(|e| e.to_string());
+        let descs = op.take();
+        if let Some(seed) = seed {
+            ev.verified = Some(verify(&descs, seed));
+        }
+        ev.checksum = Some(checksum(&descs));
+        self.kept.lock().unwrap().insert(id, descs);
+        self.send(ev);
+    }
+
+    async fn handle(self: Arc<Self>, r: Request) {
+        let started = Instant::now();
+        let fail = |e: String| {
+            let mut ev = Event::new(r.id, "done");
+            ev.status = Some("NOT_STARTED".into());
+            ev.error = Some(e);
+            ev
+        };
+        let remote = || -> Result<RdmaMetadata, String> {
+            let m = r.metadata.as_deref().ok_or("no metadata in request")?;
+            RdmaMetadata::from_json(m).map_err(|e| ferry::Error::from(e).to_string())
+        };
+        match r.cmd {
+            Cmd::Readable => match self
+                .connector
+                .create_readable(buffers(&r.sizes, Some(r.seed)))
+                .await
+            {
+                Err(e) => self.send(fail(e.to_string())),
+                Ok(op) => {
+                    self.send_metadata(r.id, op.metadata());
+                    self.finish(r.id, started, AnyOp::Readable(op), r.deadline_ms, None)
+                        .await
+                }
+            },
+            Cmd::Writable => match self
+                .connector
+                .create_writable(buffers(&r.sizes, None))
+                .await
+            {
+                Err(e) => self.send(fail(e.to_string())),
+                Ok(op) => {
+                    self.send_metadata(r.id, op.metadata());
+                    self.finish(
+                        r.id,
+                        started,
+                        AnyOp::Writable(op),
+                        r.deadline_ms,
+                        Some(r.seed),
+                    )
+                    .await
+                }
+            },
+            Cmd::Read => match remote() {
+                Err(e) => self.send(fail(e)),
+                Ok(m) => match self.connector.begin_read(&m, buffers(&r.sizes, None)).await {
+                    Err(e) => self.send(fail(e.to_string())),
+                    Ok(op) => {
+                        self.finish(r.id, started, AnyOp::Read(op), r.deadline_ms, Some(r.seed))
+                            .await
+                    }
+                },
+            },
+            Cmd::Write => match remote() {
+                Err(e) => self.send(fail(e)),
+                Ok(m) => match self
+                    .connector
+                    .begin_write(buffers(&r.sizes, Some(r.seed)), &m)
+                    .await
+                {
+                    Err(e) => self.send(fail(e.to_string())),
+                    Ok(op) => {
+                        self.finish(r.id, started, AnyOp::Write(op), r.deadline_ms, None)
+                            .await
+                    }
+                },
+            },
+            Cmd::Cancel => {
+                let tx = r
+                    .target
+                    .and_then(|t| self.cancels.lock().unwrap().remove(&t));
+                let mut ev = Event::new(r.id, if tx.is_some() { "ok" } else { "error" });
+                match tx {
+                    Some(tx) => {
+                        let _ = tx.send(());
+                    }
+                    None => ev.error = Some("no such running request".into()),
+                }
+                self.send(ev);
+            }
+            Cmd::Checksum => {
+                let mut ev = Event::new(r.id, "checksum");
+                ev.checksum = r
+                    .target
+                    .and_then(|t| self.kept.lock().unwrap().get(&t).map(|d| checksum(d)));
+                self.send(ev);
+            }
+            Cmd::Stats => {
+                let mut ev = Event::new(r.id, "stats");
+                ev.exposed = Some(self.connector.exposed_count());
+                ev.connections = Some(self.connector.connection_count());
+                self.send(ev);
+            }
+            Cmd::Crash => std::process::exit(9),
+        }
+    }
+}
+
+/// Runs the peer until stdin closes.
+pub async fn run(connector: Connector) -> anyhow::Result<()> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
+    let mut ready = Event::new(0, "ready");
+    ready.worker_id = Some(connector.worker_id().to_string());
+    tx.send(ready).ok();
+    let state = Arc::new(PeerState {
+        connector,
+        out: tx,
+        cancels: Mutex::new(HashMap::new()),
+        kept: Mutex::new(HashMap::new()),
+    });
+    let writer = tokio::spawn(async move {
+        let mut stdout = tokio::io::stdout();
+        while let Some(ev) = rx.recv().await {
+            let mut line = serde_json::to_vec(&ev).expect("events serialize");
+            line.push(b'\n');
+            if stdout.write_all(&line).await.is_err() || stdout.flush().await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    while let Some(line) = lines.next_line().await? {
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<Request>(&line) {
+            Ok(r) => {
+                tokio::spawn(state.clone().handle(r));
+            }
+            Err(e) => {
+                let mut ev = Event::new(0, "error");
+                ev.error = Some(format!("bad request: {e}"));
+                state.send(ev);
+            }
+        }
+    }
+    drop(state);
+    let _ = writer.await;
+    Ok(())
+}
+
+/// A peer process started by the driver.
+pub struct PeerProcess {
+    child: Child,
+    stdin: tokio::sync::Mutex<ChildStdin>,
+    routes: Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<Event>>>>,
+    next_id: std::sync::atomic::AtomicU64,
+    /// The peer's worker id.
+    pub worker_id: String,
+}
+
+/// The answers to one request.
+pub struct Answers {
+    rx: mpsc::UnboundedReceiver<Event>,
+    /// The request's id.
+    pub id: u64,
+}
+
+impl Answers {
+    /// The next answer; an error if the peer died first.
+    pub async fn next(&mut self) -> anyhow::Result<Event> {
+        self.rx.recv().await.ok_or_else(|| {
+            anyhow!(
+                "the peer process exited before answering request {}",
+                self.id
+            )
+        })
+    }
+
+    /// The next answer, which must be of kind `event`.
+    pub async fn expect(&mut self, event: &str) -> anyhow::Result<Event> {
+        let e = self.next().await?;
+        if e.event != event {
+            bail!("expected {event:?} from the peer, got {e:?}");
+        }
+        Ok(e)
+    }
+}
+
+impl PeerProcess {
+    /// Starts `exe peer` with these extra arguments and environment.
+    pub async fn spawn(exe: &Path, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        let mut cmd = Command::new(exe);
+        cmd.arg("peer")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", exe.display()))?;
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = child.stdout.take().expect("piped");
+        let routes: Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<Event>>>> = Default::default();
+        let (ready_tx, mut ready_rx) = mpsc::unbounded_channel();
+        routes.lock().unwrap().insert(0, ready_tx);
+        let r = routes.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let Ok(ev) = serde_json::from_str::<Event>(&line) else {
+                    eprintln!("peer said something that is not an event: {line}");
+                    continue;
+                };
+                if let Some(tx) = r.lock().unwrap().get(&ev.id) {
+                    let _ = tx.send(ev);
+                }
+            }
+            r.lock().unwrap().clear();
+        });
+        let ready = tokio::time::timeout(Duration::from_secs(30), ready_rx.recv())
+            .await
+            .context("the peer did not get ready within 30 s")?
+            .ok_or_else(|| anyhow!("the peer process exited at start"))?;
+        routes.lock().unwrap().remove(&0);
+        Ok(PeerProcess {
+            child,
+            stdin: tokio::sync::Mutex::new(stdin),
+            routes,
+            next_id: std::sync::atomic::AtomicU64::new(1),
+            worker_id: ready.worker_id.unwrap_or_default(),
+        })
+    }
+
+    /// A fresh request id.
+    pub fn next_id(&self) -> u64 {
+        self.next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sends a request (its `id` is replaced by a fresh one).
+    pub async fn request(&self, mut r: Request) -> anyhow::Result<Answers> {
+        r.id = self.next_id();
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.routes.lock().unwrap().insert(r.id, tx);
+        let mut line = serde_json::to_vec(&r)?;
+        line.push(b'\n');
+        let mut stdin = self.stdin.lock().await;
+        stdin
+            .write_all(&line)
+            .await
+            .context("writing to the peer")?;
+        stdin.flush().await?;
+        Ok(Answers { rx, id: r.id })
+    }
+
+    /// The operating system's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Kills the process with SIGKILL and waits for it.
+    pub async fn kill(&mut self) -> anyhow::Result<()> {
+        self.child.kill().await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,148 @@
+/// Checks that the payload of one transfer covers exactly the described
+/// bytes, descriptor by descriptor, in order, with no gap, overlap or excess.
+///
+/// Both sides keep one: the sender asks it where the next chunk goes, the
+/// receiver checks each incoming `Data` header against it before a single
+/// payload byte touches memory.
+///
+/// ```
+/// use ferry_proto::Cursor;
+/// let mut c = Cursor::new(vec![3, 0, 2]);
+/// assert_eq!(c.next_chunk(2), Some((0, 0, 2)));
+/// c.accept(0, 0, 2).unwrap();
+/// assert_eq!(c.next_chunk(100), Some((0, 2, 1)));
+/// c.accept(0, 2, 1).unwrap();
+/// assert_eq!(c.next_chunk(100), Some((2, 0, 2)));
+/// assert!(c.accept(2, 1, 1).is_err()); // a gap
+/// c.accept(2, 0, 2).unwrap();
+/// assert!(c.is_done());
+/// ```
+#[derive(Debug, Clone)]
+pub struct Cursor {
+    sizes: Vec<u64>,
+    desc: usize,
+    offset: u64,
+}
+
+/// A chunk that does not continue the transfer where it stands.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unexpected data for descriptor {desc} at offset {offset} (+{len} bytes); expected {expected}"
+)]
+pub struct CursorError {
+    /// Descriptor index received.
+    pub desc: u32,
+    /// Offset received.
+    pub offset: u64,
+    /// Length received.
+    pub len: u32,
+    /// What was expected, in words.
+    pub expected: String,
+}
+
+impl Cursor {
+    /// A cursor at the start of descriptors of these sizes.
+    pub fn new(sizes: Vec<u64>) -> Self {
+        let mut c = Cursor {
+            sizes,
+            desc: 0,
+            offset: 0,
+        };
+        c.skip_full();
+        c
+    }
+
+    fn skip_full(&mut self) {
+        while self.desc < self.sizes.len() && self.offset == self.sizes[self.desc] {
+            self.desc += 1;
+            self.offset = 0;
+        }
+    }
+
+    /// Whether every byte has been accounted for.
+    pub fn is_done(&self) -> bool {
+        self.desc >= self.sizes.len()
+    }
+
+    /// Where the next chunk of at most `max` bytes (max > 0) goes:
+    /// `(descriptor, offset, length)`; `None` when done.
+    pub fn next_chunk(&self, max: u32) -> Option<(u32, u64, u32)> {
+        let size = *self.sizes.get(self.desc)?;
+        let len = (size - self.offset).min(u64::from(max)) as u32;
+        Some((self.desc as u32, self.offset, len))
+    }
+
+    /// Checks that a chunk continues the transfer exactly, and advances.
+    pub fn accept(&mut self, desc: u32, offset: u64, len: u32) -> Result<(), CursorError> {
+        let err = |expected: String| CursorError {
+            desc,
+            offset,
+            len,
+            expected,
+        };
+        let Some(size) = self.sizes.get(self.desc).copied() else {
+            return Err(err("no more data".into()));
+        };
+        let fits = offset
+            .checked_add(u64::from(len))
+            .is_some_and(|end| end <= size);
+        if desc as usize != self.desc || offset != self.offset || len == 0 || !fits {
+            return Err(err(format!(
+                "descriptor {} at offset {} with 1..={} bytes",
+                self.desc,
+                self.offset,
+                size - self.offset
+            )));
+        }
+        self.offset += u64::from(len);
+        self.skip_full();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn chunks_from_next_chunk_are_accepted_and_cover_everything(
+            sizes in proptest::collection::vec(0u64..5000, 1..20), max in 1u32..3000) {
+            let mut send = Cursor::new(sizes.clone());
+            let mut recv = Cursor::new(sizes.clone());
+            let mut total = 0u64;
+            while let Some((d, o, l)) = send.next_chunk(max) {
+                send.accept(d, o, l).unwrap();
+                recv.accept(d, o, l).unwrap();
+                total += u64::from(l);
+            }
+            prop_assert!(recv.is_done());
+            prop_assert_eq!(total, sizes.iter().sum::<u64>());
+        }
+
+        #[test]
+        fn arbitrary_chunks_never_panic_and_never_exceed(
+            sizes in proptest::collection::vec(0u64..100, 1..5),
+            chunks in proptest::collection::vec((0u32..6, any::<u64>(), any::<u32>()), 0..20)) {
+            let mut c = Cursor::new(sizes.clone());
+            let mut accepted = 0u64;
+            for (d, o, l) in chunks {
+                if c.accept(d, o, l).is_ok() {
+                    prop_assert!((d as usize) < sizes.len());
+                    prop_assert!(o + u64::from(l) <= sizes[d as usize]);
+                    accepted += u64::from(l);
+                }
+            }
+            prop_assert!(accepted <= sizes.iter().sum::<u64>());
+        }
+    }
+
+    #[test]
+    fn overflowing_offset_is_refused() {
+        let mut c = Cursor::new(vec![10]);
+        assert!(c.accept(0, u64::MAX, 2).is_err());
+        assert!(c.accept(0, 0, 11).is_err());
+        assert!(c.accept(1, 0, 1).is_err());
+    }
+}

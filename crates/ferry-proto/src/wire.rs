@@ -1,0 +1,493 @@
+//! Frames spoken between two connectors over a byte stream.
+//!
+//! Every frame starts with an 8-byte header: the frame type (1 byte), three
+//! zero bytes, and the body length (u32, little endian). The body follows. A
+//! `Data` frame's body is followed by `len` payload bytes, which are not part
+//! of the body: the receiver moves them straight into the destination memory.
+//!
+//! A conversation: the active side connects and both sides send [`Hello`].
+//! The active side then sends [`Open`] for each operation. For a READ, the
+//! passive side answers with `Data` frames, then `Finish`; the active side
+//! confirms with `Finish`. For a WRITE, the active side sends `Data` frames
+//! and `Finish`; the passive side confirms with `Finish`. Either side may send
+//! `Abort` at any time; `Data` for an aborted request is skipped.
+//!
+//! Decoding never panics and never allocates more than the body length it
+//! has already checked against [`MAX_BODY`].
+
+use crate::{OperationKind, Token, MAX_DESCRIPTORS};
+
+/// The protocol version carried in `Hello`.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// The bytes that open every `Hello` body.
+pub const MAGIC: [u8; 6] = *b"FERRY\0";
+/// The length of a frame header.
+pub const HEADER_LEN: usize = 8;
+/// The largest body of any frame.
+pub const MAX_BODY: u32 = 256 * 1024;
+/// The largest payload of one `Data` frame.
+pub const MAX_CHUNK: u32 = 16 * 1024 * 1024;
+/// The longest detail text of an `Abort`.
+pub const MAX_DETAIL: usize = 1024;
+const MAX_WORKER_ID: usize = 256;
+
+/// Why a stream cannot be decoded. The connection must be closed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WireError {
+    /// Unknown frame type.
+    #[error("unknown frame type {0}")]
+    UnknownType(u8),
+    /// Reserved header bytes are not zero.
+    #[error("reserved header bytes are not zero")]
+    Reserved,
+    /// The body length is beyond [`MAX_BODY`].
+    #[error("frame body of {0} bytes is larger than the limit of {MAX_BODY}")]
+    BodyTooLarge(u32),
+    /// The body is shorter than its fields.
+    #[error("frame body is truncated")]
+    Truncated,
+    /// The body has bytes after its last field.
+    #[error("frame body has {0} trailing bytes")]
+    Trailing(usize),
+    /// The `Hello` does not start with the magic bytes.
+    #[error("the peer does not speak the Ferry protocol")]
+    BadMagic,
+    /// A field has a value outside its range.
+    #[error("invalid field {0}")]
+    InvalidField(&'static str),
+}
+
+/// Why an operation was aborted, as carried on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AbortReason {
+    /// The sender cancelled (or dropped) its side of the operation.
+    Cancelled,
+    /// No operation with this id was ever exposed by the passive side.
+    UnknownOperation,
+    /// The operation existed but has ended (completed, cancelled or dropped).
+    OperationEnded,
+    /// The token does not grant access to the operation.
+    BadToken,
+    /// The operation is of the other kind (READ against a writable or the reverse).
+    WrongKind,
+    /// Descriptor count differs.
+    CountMismatch,
+    /// A descriptor size differs.
+    SizeMismatch,
+    /// Another remote is already transferring this operation.
+    Busy,
+    /// The peer broke the protocol.
+    Protocol,
+    /// The sender is shutting down.
+    ShuttingDown,
+    /// A reason this build does not know.
+    Other(u8),
+}
+
+impl AbortReason {
+    /// The wire number.
+    pub fn code(self) -> u8 {
+        match self {
+            Self::Cancelled => 1,
+            Self::UnknownOperation => 2,
+            Self::OperationEnded => 3,
+            Self::BadToken => 4,
+            Self::WrongKind => 5,
+            Self::CountMismatch => 6,
+            Self::SizeMismatch => 7,
+            Self::Busy => 8,
+            Self::Protocol => 9,
+            Self::ShuttingDown => 10,
+            Self::Other(n) => n,
+        }
+    }
+
+    /// The reason with wire number `n`.
+    pub fn from_code(n: u8) -> Self {
+        match n {
+            1 => Self::Cancelled,
+            2 => Self::UnknownOperation,
+            3 => Self::OperationEnded,
+            4 => Self::BadToken,
+            5 => Self::WrongKind,
+            6 => Self::CountMismatch,
+            7 => Self::SizeMismatch,
+            8 => Self::Busy,
+            9 => Self::Protocol,
+            10 => Self::ShuttingDown,
+            n => Self::Other(n),
+        }
+    }
+}
+
+/// First frame in each direction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    /// [`PROTOCOL_VERSION`] of the sender.
+    pub version: u16,
+    /// The sender's worker id.
+    pub worker_id: String,
+}
+
+/// The active side asks to start an operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Open {
+    /// The active side's number for this request, unique on the connection.
+    pub req: u64,
+    /// The passive operation, from its metadata.
+    pub op_id: u64,
+    /// The capability, from the metadata.
+    pub token: Token,
+    /// READ or WRITE.
+    pub kind: OperationKind,
+    /// The active side's descriptor sizes; must equal the exposed ones.
+    pub sizes: Vec<u64>,
+}
+
+/// Header of a run of payload bytes for descriptor `desc` at `offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Data {
+    /// The request.
+    pub req: u64,
+    /// Descriptor index.
+    pub desc: u32,
+    /// Byte offset within that descriptor.
+    pub offset: u64,
+    /// Payload length that follows the frame (at most [`MAX_CHUNK`]).
+    pub len: u32,
+}
+
+/// Ends a request, or the other side's part of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Abort {
+    /// The request.
+    pub req: u64,
+    /// Why.
+    pub reason: AbortReason,
+    /// Human-readable detail (at most [`MAX_DETAIL`] bytes).
+    pub detail: String,
+}
+
+/// One decoded frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    /// See [`Hello`].
+    Hello(Hello),
+    /// See [`Open`].
+    Open(Open),
+    /// See [`Data`]; its payload follows on the stream.
+    Data(Data),
+    /// All bytes of the sender's part of request `req` are sent (or received, as a confirmation).
+    Finish {
+        /// The request.
+        req: u64,
+    },
+    /// See [`Abort`].
+    Abort(Abort),
+}
+
+const T_HELLO: u8 = 1;
+const T_OPEN: u8 = 2;
+const T_DATA: u8 = 3;
+const T_FINISH: u8 = 4;
+const T_ABORT: u8 = 5;
+
+fn put_header(out: &mut Vec<u8>, ty: u8, body_len: usize) {
+    out.extend_from_slice(&[ty, 0, 0, 0]);
+    out.extend_from_slice(&(body_len as u32).to_le_bytes());
+}
+
+fn truncate_utf8(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+impl Message {
+    /// Appends this frame (header and body; never a `Data` payload) to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        put_header(out, 0, 0);
+        let ty = match self {
+            Message::Hello(h) => {
+                out.extend_from_slice(&MAGIC);
+                out.extend_from_slice(&h.version.to_le_bytes());
+                let id = truncate_utf8(&h.worker_id, MAX_WORKER_ID);
+                out.extend_from_slice(&(id.len() as u16).to_le_bytes());
+                out.extend_from_slice(id.as_bytes());
+                T_HELLO
+            }
+            Message::Open(o) => {
+                out.extend_from_slice(&o.req.to_le_bytes());
+                out.extend_from_slice(&o.op_id.to_le_bytes());
+                out.extend_from_slice(o.token.as_bytes());
+                out.push(o.kind.as_u8());
+                out.extend_from_slice(&(o.sizes.len() as u32).to_le_bytes());
+                for s in &o.sizes {
+                    out.extend_from_slice(&s.to_le_bytes());
+                }
+                T_OPEN
+            }
+            Message::Data(d) => {
+                out.extend_from_slice(&d.req.to_le_bytes());
+                out.extend_from_slice(&d.desc.to_le_bytes());
+                out.extend_from_slice(&d.offset.to_le_bytes());
+                out.extend_from_slice(&d.len.to_le_bytes());
+                T_DATA
+            }
+            Message::Finish { req } => {
+                out.extend_from_slice(&req.to_le_bytes());
+                T_FINISH
+            }
+            Message::Abort(a) => {
+                out.extend_from_slice(&a.req.to_le_bytes());
+                out.push(a.reason.code());
+                let d = truncate_utf8(&a.detail, MAX_DETAIL);
+                out.extend_from_slice(&(d.len() as u16).to_le_bytes());
+                out.extend_from_slice(d.as_bytes());
+                T_ABORT
+            }
+        };
+        let body_len = out.len() - start - HEADER_LEN;
+        out[start] = ty;
+        out[start + 4..start + 8].copy_from_slice(&(body_len as u32).to_le_bytes());
+    }
+
+    /// This frame as a new buffer.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(32);
+        self.encode(&mut v);
+        v
+    }
+}
+
+/// A checked frame header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    ty: u8,
+    /// Body length, at most [`MAX_BODY`].
+    pub body_len: u32,
+}
+
+/// Checks a frame header.
+pub fn decode_header(h: &[u8; HEADER_LEN]) -> Result<Header, WireError> {
+    let ty = h[0];
+    if !(T_HELLO..=T_ABORT).contains(&ty) {
+        return Err(WireError::UnknownType(ty));
+    }
+    if h[1..4] != [0, 0, 0] {
+        return Err(WireError::Reserved);
+    }
+    let body_len = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
+    if body_len > MAX_BODY {
+        return Err(WireError::BodyTooLarge(body_len));
+    }
+    Ok(Header { ty, body_len })
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        if self.0.len() < n {
+            return Err(WireError::Truncated);
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, WireError> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().unwrap()))
+    }
+    fn u32(&mut self) -> Result<u32, WireError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    fn u64(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+    fn string(&mut self, max: usize, field: &'static str) -> Result<String, WireError> {
+        let n = self.u16()? as usize;
+        if n > max {
+            return Err(WireError::InvalidField(field));
+        }
+        let b = self.take(n)?;
+        String::from_utf8(b.to_vec()).map_err(|_| WireError::InvalidField(field))
+    }
+    fn end(self) -> Result<(), WireError> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(WireError::Trailing(self.0.len()))
+        }
+    }
+}
+
+/// Decodes the body of a frame whose header was checked by [`decode_header`].
+pub fn decode_body(h: Header, body: &[u8]) -> Result<Message, WireError> {
+    if body.len() != h.body_len as usize {
+        return Err(WireError::Truncated);
+    }
+    let mut r = Reader(body);
+    let msg = match h.ty {
+        T_HELLO => {
+            if r.take(MAGIC.len()).map_err(|_| WireError::BadMagic)? != MAGIC {
+                return Err(WireError::BadMagic);
+            }
+            let version = r.u16()?;
+            let worker_id = r.string(MAX_WORKER_ID, "worker_id")?;
+            Message::Hello(Hello { version, worker_id })
+        }
+        T_OPEN => {
+            let req = r.u64()?;
+            let op_id = r.u64()?;
+            let token = Token::from_bytes(r.take(16)?.try_into().unwrap());
+            let kind = OperationKind::from_u8(r.u8()?).ok_or(WireError::InvalidField("kind"))?;
+            let n = r.u32()? as usize;
+            if n == 0 || n > MAX_DESCRIPTORS {
+                return Err(WireError::InvalidField("descriptor count"));
+            }
+            if r.0.len() != n * 8 {
+                return Err(if r.0.len() < n * 8 {
+                    WireError::Truncated
+                } else {
+                    WireError::Trailing(r.0.len() - n * 8)
+                });
+            }
+            let sizes = (0..n).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
+            Message::Open(Open {
+                req,
+                op_id,
+                token,
+                kind,
+                sizes,
+            })
+        }
+        T_DATA => {
+            let d = Data {
+                req: r.u64()?,
+                desc: r.u32()?,
+                offset: r.u64()?,
+                len: r.u32()?,
+            };
+            if d.len > MAX_CHUNK {
+                return Err(WireError::InvalidField("data length"));
+            }
+            Message::Data(d)
+        }
+        T_FINISH => Message::Finish { req: r.u64()? },
+        T_ABORT => {
+            let req = r.u64()?;
+            let reason = AbortReason::from_code(r.u8()?);
+            let detail = r.string(MAX_DETAIL, "detail")?;
+            Message::Abort(Abort {
+                req,
+                reason,
+                detail,
+            })
+        }
+        other => return Err(WireError::UnknownType(other)),
+    };
+    r.end()?;
+    Ok(msg)
+}
+
+/// Decodes one frame from the front of `buf`: `Ok(None)` if more bytes are
+/// needed, else the message and the number of bytes used (for `Data`, the
+/// payload is not included).
+pub fn decode_frame(buf: &[u8]) -> Result<Option<(Message, usize)>, WireError> {
+    let Some(h) = buf.get(..HEADER_LEN) else {
+        return Ok(None);
+    };
+    let header = decode_header(h.try_into().unwrap())?;
+    let end = HEADER_LEN + header.body_len as usize;
+    let Some(body) = buf.get(HEADER_LEN..end) else {
+        return Ok(None);
+    };
+    Ok(Some((decode_body(header, body)?, end)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn samples() -> Vec<Message> {
+        vec![
+            Message::Hello(Hello {
+                version: PROTOCOL_VERSION,
+                worker_id: "w-1".into(),
+            }),
+            Message::Open(Open {
+                req: 1,
+                op_id: 2,
+                token: Token::from_bytes([9; 16]),
+                kind: OperationKind::Write,
+                sizes: vec![1, 2, 3],
+            }),
+            Message::Data(Data {
+                req: 5,
+                desc: 1,
+                offset: 1 << 33,
+                len: 4096,
+            }),
+            Message::Finish { req: 77 },
+            Message::Abort(Abort {
+                req: 3,
+                reason: AbortReason::SizeMismatch,
+                detail: "descriptor 0: 4 != 5".into(),
+            }),
+        ]
+    }
+
+    #[test]
+    fn round_trip() {
+        for m in samples() {
+            let v = m.to_vec();
+            let (back, used) = decode_frame(&v).unwrap().unwrap();
+            assert_eq!(back, m);
+            assert_eq!(used, v.len());
+            for cut in 0..v.len() {
+                assert_eq!(decode_frame(&v[..cut]).unwrap(), None, "{m:?} cut at {cut}");
+            }
+        }
+    }
+
+    #[test]
+    fn absurd_length_and_garbage_are_errors() {
+        let mut h = [T_OPEN, 0, 0, 0, 0, 0, 0, 0];
+        h[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(decode_header(&h), Err(WireError::BodyTooLarge(u32::MAX)));
+        assert_eq!(
+            decode_header(b"GET / HT"),
+            Err(WireError::UnknownType(b'G'))
+        );
+        let mut hello = samples()[0].to_vec();
+        hello[HEADER_LEN] = b'X';
+        assert_eq!(decode_frame(&hello), Err(WireError::BadMagic));
+    }
+
+    proptest! {
+        #[test]
+        fn decoder_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = decode_frame(&bytes);
+        }
+
+        #[test]
+        fn decoder_never_panics_on_valid_headers(ty in 1u8..=5, body in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let mut v = vec![ty, 0, 0, 0];
+            v.extend_from_slice(&(body.len() as u32).to_le_bytes());
+            v.extend_from_slice(&body);
+            let _ = decode_frame(&v);
+        }
+    }
+}

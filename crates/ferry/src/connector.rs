@@ -1,0 +1,577 @@
+use std::marker::PhantomData;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferry_proto::{DescriptorInfo, OperationKind, OperationStatus, RdmaMetadata, MAX_DESCRIPTORS};
+use tokio::net::TcpListener;
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+
+use crate::exposure::Exposures;
+use crate::op::{Link, OpCore, OpShared};
+use crate::region::Region;
+use crate::transport::tcp::{self, LocalInfo, TcpTransport};
+use crate::transport::{ActiveJob, Transport, TransportKind};
+use crate::{
+    host, Descriptor, Error, ReadOperation, ReadableOperation, Result, WritableOperation,
+    WriteOperation,
+};
+
+/// The environment variable that restricts transports, e.g. `FERRY_TRANSPORTS=tcp`.
+pub const TRANSPORTS_ENV: &str = "FERRY_TRANSPORTS";
+
+/// Configures a [`Connector`].
+///
+/// ```no_run
+/// # async fn f() -> ferry::Result<()> {
+/// let c = ferry::Connector::builder()
+///     .worker_id("prefill-0")
+///     .listen("127.0.0.1:0".parse().unwrap())
+///     .build()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ConnectorBuilder {
+    worker_id: Option<String>,
+    listen: SocketAddr,
+    advertise: Option<Vec<SocketAddr>>,
+    transports: Option<Vec<TransportKind>>,
+    connect_timeout: Duration,
+}
+
+impl Default for ConnectorBuilder {
+    fn default() -> Self {
+        ConnectorBuilder {
+            worker_id: None,
+            listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+            advertise: None,
+            transports: None,
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl ConnectorBuilder {
+    /// This worker's id (default: 32 random hexadecimal digits).
+    pub fn worker_id(mut self, id: impl Into<String>) -> Self {
+        self.worker_id = Some(id.into());
+        self
+    }
+
+    /// Where to listen (default `0.0.0.0:0`: all interfaces, an ephemeral port).
+    pub fn listen(mut self, addr: SocketAddr) -> Self {
+        self.listen = addr;
+        self
+    }
+
+    /// The addresses written into metadata (default: the listen address, or
+    /// when listening on all interfaces, this host's name's addresses and
+    /// loopback).
+    pub fn advertise(mut self, addrs: Vec<SocketAddr>) -> Self {
+        self.advertise = Some(addrs);
+        self
+    }
+
+    /// Restricts the transports (default: `FERRY_TRANSPORTS` if set, else all).
+    pub fn transports(mut self, t: &[TransportKind]) -> Self {
+        self.transports = Some(t.to_vec());
+        self
+    }
+
+    /// How long to try each address of a remote (default 5 s).
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+
+    /// Binds the listener and starts the connector. Must be called within a
+    /// Tokio runtime, which the connector then uses for its tasks.
+    pub async fn build(self) -> Result<Connector> {
+        let worker_id = self
+            .worker_id
+            .unwrap_or_else(|| host::hex(&host::random_bytes()));
+        if worker_id.is_empty() || worker_id.len() > 256 {
+            return Err(Error::Config(
+                "worker id must be 1 to 256 bytes long".into(),
+            ));
+        }
+        let transports = match self.transports {
+            Some(t) => t,
+            None => match std::env::var(TRANSPORTS_ENV) {
+                Ok(v) if !v.trim().is_empty() => v
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<Result<Vec<TransportKind>>>()?,
+                _ => TransportKind::ALL.to_vec(),
+            },
+        };
+        if !transports.contains(&TransportKind::Tcp) {
+            return Err(Error::Config(
+                "the tcp transport cannot be disabled: it is the fallback every remote relies on"
+                    .into(),
+            ));
+        }
+        let listener = TcpListener::bind(self.listen).await?;
+        let local_addr = listener.local_addr()?;
+        let advertised = match self.advertise {
+            Some(a) if !a.is_empty() => a,
+            Some(_) => return Err(Error::Config("no address to advertise".into())),
+            None => default_advertised(local_addr),
+        };
+        let hostname = host::hostname();
+        let host_id = host::host_id();
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let handle = Handle::current();
+        let local = Arc::new(LocalInfo {
+            worker_id: worker_id.clone(),
+            host_id: host_id.clone(),
+            connect_timeout: self.connect_timeout,
+            shutdown: shutdown_rx.clone(),
+            handle: handle.clone(),
+        });
+        let tcp = Arc::new(TcpTransport::new(local));
+        let inner = Arc::new(Inner {
+            worker_id,
+            hostname,
+            host_id,
+            local_addr,
+            advertised,
+            exposures: Exposures::default(),
+            tcp: tcp.clone(),
+            transports: vec![tcp as Arc<dyn Transport>],
+            shutdown,
+            handle,
+        });
+        tokio::spawn(tcp::listen(inner.clone(), listener, shutdown_rx));
+        tracing::debug!(worker = inner.worker_id, addr = %local_addr, "connector started");
+        Ok(Connector { inner })
+    }
+}
+
+fn default_advertised(local: SocketAddr) -> Vec<SocketAddr> {
+    let port = local.port();
+    if !local.ip().is_unspecified() {
+        return vec![local];
+    }
+    let mut out: Vec<SocketAddr> = (host::hostname().as_str(), port)
+        .to_socket_addrs()
+        .map(|it| {
+            it.filter(|a| a.is_ipv4() && !a.ip().is_loopback())
+                .collect()
+        })
+        .unwrap_or_default();
+    out.truncate(ferry_proto::MAX_ADDRESSES - 1);
+    out.push(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
+    out
+}
+
+pub(crate) struct Inner {
+    pub(crate) worker_id: String,
+    hostname: String,
+    host_id: String,
+    local_addr: SocketAddr,
+    advertised: Vec<SocketAddr>,
+    pub(crate) exposures: Exposures,
+    tcp: Arc<TcpTransport>,
+    transports: Vec<Arc<dyn Transport>>,
+    shutdown: watch::Sender<bool>,
+    pub(crate) handle: Handle,
+}
+
+/// One worker's entry point: creates the four operations, owns the listener,
+/// the pooled connections to remote workers and the table of exposed memory.
+///
+/// Dropping the connector shuts it down: pending operations fail with
+/// [`Error::Shutdown`] and exposed memory is withdrawn.
+pub struct Connector {
+    inner: Arc<Inner>,
+}
+
+fn check_descriptors(descs: &[Descriptor<'_>], written: Option<&'static str>) -> Result<()> {
+    if descs.is_empty() {
+        return Err(Error::NoDescriptors);
+    }
+    if descs.len() > MAX_DESCRIPTORS {
+        return Err(Error::TooManyDescriptors(descs.len()));
+    }
+    for (index, d) in descs.iter().enumerate() {
+        if !d.device().is_cpu() {
+            return Err(Error::UnsupportedDevice {
+                index,
+                device: d.device(),
+            });
+        }
+        if let Some(op) = written {
+            if !d.is_writable() {
+                return Err(Error::ReadOnlyDescriptor { index, op });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Closes the region if the future that set it up is dropped half-way.
+struct Pending<'a> {
+    region: Arc<Region>,
+    descs: Vec<Descriptor<'a>>,
+    armed: bool,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.region.close();
+        }
+    }
+}
+
+impl Connector {
+    /// A connector with the default configuration (see [`ConnectorBuilder`]).
+    pub async fn new() -> Result<Connector> {
+        ConnectorBuilder::default().build().await
+    }
+
+    /// A builder to configure a connector.
+    pub fn builder() -> ConnectorBuilder {
+        ConnectorBuilder::default()
+    }
+
+    /// This worker's id.
+    pub fn worker_id(&self) -> &str {
+        &self.inner.worker_id
+    }
+
+    /// The reference's name for [`worker_id`](Self::worker_id).
+    pub fn name(&self) -> &str {
+        &self.inner.worker_id
+    }
+
+    /// This host's name.
+    pub fn hostname(&self) -> &str {
+        &self.inner.hostname
+    }
+
+    /// The address the listener is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.local_addr
+    }
+
+    /// The addresses written into metadata.
+    pub fn advertised_addrs(&self) -> &[SocketAddr] {
+        &self.inner.advertised
+    }
+
+    /// Whether CUDA memory can be moved (not in this version).
+    pub fn is_cuda_available(&self) -> bool {
+        false
+    }
+
+    /// How many passive operations currently expose memory. Zero once every
+    /// readable and writable has ended.
+    pub fn exposed_count(&self) -> usize {
+        self.inner.exposures.len()
+    }
+
+    /// How many pooled connections to remote workers are open.
+    pub fn connection_count(&self) -> usize {
+        self.inner.tcp.connection_count()
+    }
+
+    /// Exposes local memory for one remote worker to read.
+    pub async fn create_readable(
+        &self,
+        descs: Vec<Descriptor<'static>>,
+    ) -> Result<ReadableOperation<'static>> {
+        let (core, descs, metadata) = self.expose(OperationKind::Read, descs)?;
+        Ok(ReadableOperation {
+            core,
+            descs,
+            metadata,
+        })
+    }
+
+    /// Exposes local memory for one remote worker to write.
+    pub async fn create_writable(
+        &self,
+        descs: Vec<Descriptor<'static>>,
+    ) -> Result<WritableOperation<'static>> {
+        let (core, descs, metadata) = self.expose(OperationKind::Write, descs)?;
+        Ok(WritableOperation {
+            core,
+            descs,
+            metadata,
+        })
+    }
+
+    /// Starts reading the remote readable that `remote` describes into
+    /// `descs`. Counts and sizes must match the remote's.
+    pub async fn begin_read(
+        &self,
+        remote: &RdmaMetadata,
+        descs: Vec<Descriptor<'static>>,
+    ) -> Result<ReadOperation<'static>> {
+        let (core, descs) = self.begin(OperationKind::Read, remote, descs).await?;
+        Ok(ReadOperation { core, descs })
+    }
+
+    /// Starts writing `descs` into the remote writable that `remote`
+    /// describes. Counts and sizes must match the remote's.
+    pub async fn begin_write(
+        &self,
+        descs: Vec<Descriptor<'static>>,
+        remote: &RdmaMetadata,
+    ) -> Result<WriteOperation<'static>> {
+        let (core, descs) = self.begin(OperationKind::Write, remote, descs).await?;
+        Ok(WriteOperation { core, descs })
+    }
+
+    /// Runs `f` with a [`Scope`] whose operations may use borrowed memory.
+    /// Every operation started in the scope is cancelled, and its memory
+    /// fenced, before `scope` returns — even if an operation was leaked with
+    /// `mem::forget`.
+    ///
+    /// `f` is synchronous; wait for operations inside it with a blocking
+    /// executor (e.g. `Handle::block_on` from a thread outside the runtime,
+    /// such as one of `tokio::task::spawn_blocking`).
+    pub fn scope<'env, F, R>(&self, f: F) -> R
+    where
+        F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> R,
+    {
+        let scope = Scope {
+            connector: self,
+            ops: Mutex::new(Vec::new()),
+            _env: PhantomData,
+        };
+        struct CloseAll<'a>(&'a Mutex<Vec<Arc<OpCore>>>);
+        impl Drop for CloseAll<'_> {
+            fn drop(&mut self) {
+                let ops = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+                for op in ops {
+                    if !op.shared.status().is_terminal() {
+                        op.cancel();
+                    }
+                    op.region.close();
+                }
+            }
+        }
+        let _close = CloseAll(&scope.ops);
+        f(&scope)
+    }
+
+    fn expose<'a>(
+        &self,
+        kind: OperationKind,
+        descs: Vec<Descriptor<'a>>,
+    ) -> Result<(Arc<OpCore>, Vec<Descriptor<'a>>, RdmaMetadata)> {
+        check_descriptors(
+            &descs,
+            (kind == OperationKind::Write).then_some("WritableOperation"),
+        )?;
+        let sizes: Vec<u64> = descs.iter().map(|d| d.size() as u64).collect();
+        // SAFETY: the region's memory is `descs`, which the returned operation
+        // owns (or borrows for 'a) and keeps untouched; the operation closes
+        // the region in `Drop` and before giving the descriptors back, and a
+        // `Scope` closes it for borrowed memory even if the operation leaks.
+        // Between here and the construction of that operation nothing can fail
+        // or yield, and the exposure table only holds the region, not the memory.
+        let region = Arc::new(unsafe { Region::new(&descs, kind == OperationKind::Write) });
+        let shared = OpShared::new(OperationStatus::Initialized);
+        let (exposure, token) =
+            self.inner
+                .exposures
+                .insert(kind, sizes.clone(), region.clone(), shared.clone());
+        let meta = RdmaMetadata::new(
+            kind,
+            self.inner.worker_id.clone(),
+            self.inner.hostname.clone(),
+            self.inner.host_id.clone(),
+            self.inner.advertised.clone(),
+            exposure.op_id,
+            token,
+            descs
+                .iter()
+                .map(|d| DescriptorInfo {
+                    device: d.device(),
+                    size: d.size() as u64,
+                })
+                .collect(),
+        );
+        let core = Arc::new(OpCore {
+            shared,
+            region,
+            link: Link::Passive {
+                inner: self.inner.clone(),
+                exposure,
+            },
+        });
+        match meta {
+            Ok(m) => Ok((core, descs, m)),
+            Err(e) => {
+                core.cancel();
+                Err(e.into())
+            }
+        }
+    }
+
+    async fn begin<'a>(
+        &self,
+        kind: OperationKind,
+        remote: &RdmaMetadata,
+        descs: Vec<Descriptor<'a>>,
+    ) -> Result<(Arc<OpCore>, Vec<Descriptor<'a>>)> {
+        check_descriptors(
+            &descs,
+            (kind == OperationKind::Read).then_some("ReadOperation"),
+        )?;
+        if remote.kind() != kind {
+            return Err(Error::wrong_pairing(kind, remote.kind()));
+        }
+        let theirs = remote.descriptors();
+        if theirs.len() != descs.len() {
+            return Err(Error::CountMismatch {
+                local: descs.len(),
+                remote: theirs.len(),
+            });
+        }
+        for (index, (mine, theirs)) in descs.iter().zip(theirs).enumerate() {
+            if mine.size() as u64 != theirs.size {
+                return Err(Error::SizeMismatch {
+                    index,
+                    local: mine.size() as u64,
+                    remote: theirs.size,
+                });
+            }
+            if !theirs.device.is_cpu() {
+                return Err(Error::UnsupportedDevice {
+                    index,
+                    device: theirs.device,
+                });
+            }
+        }
+        let transport = self
+            .inner
+            .transports
+            .iter()
+            .find(|t| t.reaches(remote))
+            .ok_or_else(|| Error::Config("no enabled transport reaches this remote".into()))?;
+        tracing::trace!(transport = %transport.kind(), op = remote.operation_id(), "starting {kind}");
+        let sizes: Vec<u64> = descs.iter().map(|d| d.size() as u64).collect();
+        // SAFETY: as in `expose`. In addition, `Pending` closes the region if
+        // this future is dropped before the operation exists, before the
+        // descriptors it holds are released.
+        let region = Arc::new(unsafe { Region::new(&descs, kind == OperationKind::Read) });
+        let mut pending = Pending {
+            region: region.clone(),
+            descs,
+            armed: true,
+        };
+        let shared = OpShared::new(OperationStatus::Initialized);
+        let link = transport
+            .start(ActiveJob {
+                kind,
+                remote: remote.clone(),
+                region: region.clone(),
+                shared: shared.clone(),
+                sizes,
+            })
+            .await?;
+        let descs = std::mem::take(&mut pending.descs);
+        pending.armed = false;
+        let core = Arc::new(OpCore {
+            shared,
+            region,
+            link: Link::Active(link),
+        });
+        Ok((core, descs))
+    }
+}
+
+impl Drop for Connector {
+    fn drop(&mut self) {
+        let _ = self.inner.shutdown.send(true);
+        self.inner.exposures.shutdown_all();
+    }
+}
+
+impl std::fmt::Debug for Connector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connector")
+            .field("worker_id", &self.inner.worker_id)
+            .field("local_addr", &self.inner.local_addr)
+            .finish()
+    }
+}
+
+/// Operations over borrowed memory; see [`Connector::scope`].
+pub struct Scope<'scope, 'env: 'scope> {
+    connector: &'scope Connector,
+    ops: Mutex<Vec<Arc<OpCore>>>,
+    _env: PhantomData<&'env mut &'env ()>,
+}
+
+impl<'scope, 'env> Scope<'scope, 'env> {
+    fn track(&self, core: &Arc<OpCore>) {
+        self.ops
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(core.clone());
+    }
+
+    /// [`Connector::create_readable`] over borrowed memory.
+    pub async fn create_readable(
+        &'scope self,
+        descs: Vec<Descriptor<'env>>,
+    ) -> Result<ReadableOperation<'env>> {
+        let (core, descs, metadata) = self.connector.expose(OperationKind::Read, descs)?;
+        self.track(&core);
+        Ok(ReadableOperation {
+            core,
+            descs,
+            metadata,
+        })
+    }
+
+    /// [`Connector::create_writable`] over borrowed memory.
+    pub async fn create_writable(
+        &'scope self,
+        descs: Vec<Descriptor<'env>>,
+    ) -> Result<WritableOperation<'env>> {
+        let (core, descs, metadata) = self.connector.expose(OperationKind::Write, descs)?;
+        self.track(&core);
+        Ok(WritableOperation {
+            core,
+            descs,
+            metadata,
+        })
+    }
+
+    /// [`Connector::begin_read`] into borrowed memory.
+    pub async fn begin_read(
+        &'scope self,
+        remote: &RdmaMetadata,
+        descs: Vec<Descriptor<'env>>,
+    ) -> Result<ReadOperation<'env>> {
+        let (core, descs) = self
+            .connector
+            .begin(OperationKind::Read, remote, descs)
+            .await?;
+        self.track(&core);
+        Ok(ReadOperation { core, descs })
+    }
+
+    /// [`Connector::begin_write`] from borrowed memory.
+    pub async fn begin_write(
+        &'scope self,
+        descs: Vec<Descriptor<'env>>,
+        remote: &RdmaMetadata,
+    ) -> Result<WriteOperation<'env>> {
+        let (core, descs) = self
+            .connector
+            .begin(OperationKind::Write, remote, descs)
+            .await?;
+        self.track(&core);
+        Ok(WriteOperation { core, descs })
+    }
+}

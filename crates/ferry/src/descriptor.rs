@@ -1,0 +1,229 @@
+use std::any::Any;
+use std::fmt;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+use bytes::{Bytes, BytesMut};
+use ferry_proto::Device;
+
+/// One contiguous buffer that an operation moves data from or into.
+///
+/// Build it from memory the descriptor owns (`Vec<u8>`, `Box<[u8]>`,
+/// `BytesMut`, `Bytes`) — then it is `Descriptor<'static>` and works with every
+/// operation — or from a borrowed slice, which ties it to the slice's lifetime
+/// and is accepted by [`Scope`](crate::Scope) operations. Raw memory goes
+/// through the `unsafe` [`from_raw_parts`](Self::from_raw_parts).
+///
+/// An operation owns its descriptors until it ends; take them back with the
+/// operation's `into_descriptors`.
+///
+/// ```
+/// use ferry::{Descriptor, Device};
+/// let d = Descriptor::from_vec(vec![0u8; 4096]);
+/// assert_eq!(d.size(), 4096);
+/// assert_eq!(d.device(), Device::CPU);
+/// assert!(d.is_writable());
+/// let back: Vec<u8> = d.into_vec().unwrap();
+/// assert_eq!(back.len(), 4096);
+/// ```
+pub struct Descriptor<'a> {
+    ptr: NonNull<u8>,
+    len: usize,
+    device: Device,
+    writable: bool,
+    owner: Option<Box<dyn Any + Send>>,
+    _borrow: PhantomData<&'a mut [u8]>,
+}
+
+// SAFETY: a descriptor is a pointer plus the thing that keeps the memory
+// alive. Owned storage is `Send` (checked by the `Box<dyn Any + Send>`);
+// borrowed storage is a `&mut [u8]` or `&[u8]`, both `Send`; raw memory is the
+// caller's promise in `from_raw_parts`. Moving a descriptor to another thread
+// therefore moves only what may be moved.
+unsafe impl Send for Descriptor<'_> {}
+// SAFETY: through `&Descriptor` only `&[u8]` can be obtained (never `&mut`),
+// and `[u8]` is `Sync`.
+unsafe impl Sync for Descriptor<'_> {}
+
+impl Descriptor<'static> {
+    fn owned<T: Any + Send>(
+        mut owner: T,
+        get: impl FnOnce(&mut T) -> (*mut u8, usize),
+        writable: bool,
+    ) -> Self {
+        let (ptr, len) = get(&mut owner);
+        Descriptor {
+            ptr: NonNull::new(ptr).unwrap_or(NonNull::dangling()),
+            len,
+            device: Device::CPU,
+            writable,
+            owner: Some(Box::new(owner)),
+            _borrow: PhantomData,
+        }
+    }
+
+    /// Owns a vector; its bytes may be read and written by operations.
+    pub fn from_vec(v: Vec<u8>) -> Self {
+        // The heap buffer of a Vec does not move when the Vec is moved.
+        Self::owned(v, |v| (v.as_mut_ptr(), v.len()), true)
+    }
+
+    /// Owns a boxed slice.
+    pub fn from_boxed_slice(b: Box<[u8]>) -> Self {
+        Self::owned(b, |b| (b.as_mut_ptr(), b.len()), true)
+    }
+
+    /// Owns a `BytesMut`.
+    pub fn from_bytes_mut(b: BytesMut) -> Self {
+        Self::owned(b, |b| (b.as_mut_ptr(), b.len()), true)
+    }
+
+    /// Owns a `Bytes`. It is read-only: usable as the source of a write or
+    /// the memory of a readable, never as a destination.
+    pub fn from_bytes(b: Bytes) -> Self {
+        Self::owned(b, |b| (b.as_ptr() as *mut u8, b.len()), false)
+    }
+
+    /// Describes memory by address.
+    ///
+    /// # Safety
+    ///
+    /// For as long as this descriptor, or any operation it is given to,
+    /// exists: `ptr` must be valid for reads of `size` bytes (and for writes
+    /// if `writable`), on `device`; nothing else may write to that memory,
+    /// nor (if `writable`) read it; and the memory must not be freed. An
+    /// operation stops touching the memory when it is dropped or its
+    /// `into_descriptors` returns.
+    pub unsafe fn from_raw_parts(
+        ptr: *mut u8,
+        size: usize,
+        device: Device,
+        writable: bool,
+    ) -> Self {
+        Descriptor {
+            ptr: NonNull::new(ptr).unwrap_or(NonNull::dangling()),
+            len: size,
+            device,
+            writable,
+            owner: None,
+            _borrow: PhantomData,
+        }
+    }
+}
+
+impl<'a> Descriptor<'a> {
+    /// Borrows a mutable slice for `'a`; usable as source or destination.
+    pub fn from_mut_slice(s: &'a mut [u8]) -> Self {
+        Descriptor {
+            ptr: NonNull::new(s.as_mut_ptr()).unwrap_or(NonNull::dangling()),
+            len: s.len(),
+            device: Device::CPU,
+            writable: true,
+            owner: None,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// Borrows a shared slice for `'a`; usable only as a source.
+    pub fn from_slice(s: &'a [u8]) -> Self {
+        Descriptor {
+            ptr: NonNull::new(s.as_ptr() as *mut u8).unwrap_or(NonNull::dangling()),
+            len: s.len(),
+            device: Device::CPU,
+            writable: false,
+            owner: None,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// Where the memory lives.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Its length in bytes.
+    pub fn size(&self) -> usize {
+        self.len
+    }
+
+    /// Whether bytes may be written into it.
+    pub fn is_writable(&self) -> bool {
+        self.writable
+    }
+
+    /// The bytes, for host memory; `None` for device memory.
+    pub fn as_slice(&self) -> Option<&[u8]> {
+        if !self.device.is_cpu() {
+            return None;
+        }
+        // SAFETY: host memory valid for `len` bytes for as long as `self`
+        // (owned: kept by `owner`; borrowed: by `'a`; raw: the caller's
+        // promise). While an operation holds the descriptor no `&self` is
+        // handed out, so the transport is not writing concurrently.
+        Some(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
+    }
+
+    /// The bytes, mutably, for writable host memory.
+    pub fn as_mut_slice(&mut self) -> Option<&mut [u8]> {
+        if !self.device.is_cpu() || !self.writable {
+            return None;
+        }
+        // SAFETY: as in `as_slice`, and `&mut self` makes this the only access;
+        // the memory is writable (checked above).
+        Some(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
+    }
+
+    /// Gives back the owned storage if it is a `T` (e.g. `Vec<u8>`).
+    pub fn into_owner<T: Any>(mut self) -> Result<T, Self> {
+        match self.owner.take() {
+            Some(b) if b.is::<T>() => Ok(*b.downcast::<T>().expect("type checked")),
+            other => {
+                self.owner = other;
+                Err(self)
+            }
+        }
+    }
+
+    /// Gives back the vector this descriptor was built from.
+    pub fn into_vec(self) -> Result<Vec<u8>, Self> {
+        self.into_owner::<Vec<u8>>()
+    }
+
+    pub(crate) fn raw(&self) -> (*mut u8, usize) {
+        (self.ptr.as_ptr(), self.len)
+    }
+}
+
+impl From<Vec<u8>> for Descriptor<'static> {
+    fn from(v: Vec<u8>) -> Self {
+        Descriptor::from_vec(v)
+    }
+}
+
+impl From<BytesMut> for Descriptor<'static> {
+    fn from(b: BytesMut) -> Self {
+        Descriptor::from_bytes_mut(b)
+    }
+}
+
+impl From<Bytes> for Descriptor<'static> {
+    fn from(b: Bytes) -> Self {
+        Descriptor::from_bytes(b)
+    }
+}
+
+impl<'a> From<&'a mut [u8]> for Descriptor<'a> {
+    fn from(s: &'a mut [u8]) -> Self {
+        Descriptor::from_mut_slice(s)
+    }
+}
+
+impl fmt::Debug for Descriptor<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Descriptor")
+            .field("device", &self.device)
+            .field("size", &self.len)
+            .field("writable", &self.writable)
+            .finish()
+    }
+}

@@ -1,0 +1,204 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_proto::wire::AbortReason;
+use ferry_proto::{Device, MetadataError, OperationKind, ParseDeviceError};
+
+/// Everything that can go wrong in Ferry.
+///
+/// The variants fall in four groups, which callers usually treat differently:
+/// misuse of the API (fix the calling code), bad metadata (get fresh metadata
+/// from the remote), remote failures (the transfer did not happen; retry or
+/// give up), and timeouts.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    // ---- misuse ----
+    /// An operation was given no descriptors.
+    #[error("no descriptors given: an operation needs at least one")]
+    NoDescriptors,
+    /// An operation was given more descriptors than metadata can carry.
+    #[error("{0} descriptors given; an operation takes at most {max}", max = ferry_proto::MAX_DESCRIPTORS)]
+    TooManyDescriptors(usize),
+    /// A read-only descriptor was given where bytes will be written into it.
+    #[error("descriptor {index} is read-only, but a {op} writes into it: build it from mutable memory (Vec<u8>, BytesMut, &mut [u8])")]
+    ReadOnlyDescriptor {
+        /// Which descriptor.
+        index: usize,
+        /// The operation that would write into it.
+        op: &'static str,
+    },
+    /// Memory on a device this build cannot move yet.
+    #[error(
+        "descriptor {index} is on {device}: only cpu memory is supported in this version of Ferry"
+    )]
+    UnsupportedDevice {
+        /// Which descriptor.
+        index: usize,
+        /// Its device.
+        device: Device,
+    },
+    /// A device string that does not parse.
+    #[error(transparent)]
+    InvalidDevice(#[from] ParseDeviceError),
+    /// Metadata of a readable given to a write, or of a writable given to a read.
+    #[error("a {active} needs the metadata of a {expected}, but this metadata comes from a {found}: pair READ with READABLE and WRITE with WRITABLE")]
+    WrongPairing {
+        /// The active operation attempted.
+        active: &'static str,
+        /// The passive operation it needs.
+        expected: &'static str,
+        /// The passive operation the metadata describes.
+        found: &'static str,
+    },
+    /// Local and remote descriptor counts differ.
+    #[error("{local} local descriptors but the remote exposes {remote}: counts must match")]
+    CountMismatch {
+        /// Local count.
+        local: usize,
+        /// Remote count.
+        remote: usize,
+    },
+    /// A local and a remote descriptor differ in size.
+    #[error("descriptor {index} is {local} bytes locally but {remote} bytes at the remote: sizes must match")]
+    SizeMismatch {
+        /// Which descriptor.
+        index: usize,
+        /// Local size.
+        local: u64,
+        /// Remote size.
+        remote: u64,
+    },
+    /// The connector was configured wrongly (bad listen address, no transport left).
+    #[error("invalid configuration: {0}")]
+    Config(String),
+
+    // ---- bad metadata ----
+    /// The metadata does not parse or does not validate.
+    #[error("bad metadata: {0}")]
+    InvalidMetadata(#[from] MetadataError),
+    /// The listener at the metadata's address belongs to another worker
+    /// (it restarted, or the metadata is stale).
+    #[error("the worker at {address} is {found:?}, not {expected:?}: the metadata is stale or meant for another worker")]
+    WrongWorker {
+        /// The address reached.
+        address: String,
+        /// The worker id in the metadata.
+        expected: String,
+        /// The worker id that answered.
+        found: String,
+    },
+
+    // ---- remote failures ----
+    /// No address in the metadata could be connected to.
+    #[error("cannot reach worker {worker:?} at {addresses}: {cause}")]
+    Unreachable {
+        /// The worker id from the metadata.
+        worker: String,
+        /// The addresses tried.
+        addresses: String,
+        /// The last failure.
+        cause: String,
+    },
+    /// The remote refused the operation.
+    #[error("the remote refused the operation: {}{}", describe(*.reason), detail_suffix(.detail))]
+    Rejected {
+        /// Why, as the remote said.
+        reason: AbortReason,
+        /// The remote's detail text.
+        detail: String,
+    },
+    /// The remote side cancelled (or dropped) its operation.
+    #[error("the remote side cancelled the operation")]
+    RemoteCancelled,
+    /// The connection to the remote broke (the remote died, or the network failed).
+    #[error("connection to worker {peer:?} lost: {cause}")]
+    ConnectionLost {
+        /// The remote worker id.
+        peer: String,
+        /// What happened.
+        cause: String,
+    },
+    /// The remote broke the protocol; the connection was closed.
+    #[error("worker {peer:?} broke the Ferry protocol: {detail}")]
+    Protocol {
+        /// The remote worker id, or its address before the handshake.
+        peer: String,
+        /// What was wrong.
+        detail: String,
+    },
+    /// This side cancelled (or dropped) the operation.
+    #[error("the operation was cancelled")]
+    Cancelled,
+    /// The connector shut down while the operation was pending.
+    #[error("the connector was shut down")]
+    Shutdown,
+    /// An I/O error outside any transfer (e.g. binding the listener).
+    #[error("I/O error: {0}")]
+    Io(Arc<std::io::Error>),
+
+    // ---- time ----
+    /// A deadline passed before the operation ended. The operation goes on;
+    /// drop or cancel it to stop it.
+    #[error("the operation did not finish within {0:?}")]
+    Timeout(Duration),
+}
+
+fn detail_suffix(d: &str) -> String {
+    if d.is_empty() {
+        String::new()
+    } else {
+        format!(" ({d})")
+    }
+}
+
+fn describe(r: AbortReason) -> &'static str {
+    match r {
+        AbortReason::Cancelled => "it was cancelled",
+        AbortReason::UnknownOperation => "no such operation: the metadata is forged or for another connector",
+        AbortReason::OperationEnded => "the operation has already ended (completed, cancelled or dropped); ask for fresh metadata",
+        AbortReason::BadToken => "the token does not grant access to this operation",
+        AbortReason::WrongKind => "the operation is of the other kind (READ vs WRITE)",
+        AbortReason::CountMismatch => "descriptor counts differ",
+        AbortReason::SizeMismatch => "descriptor sizes differ",
+        AbortReason::Busy => "another remote is already transferring this operation",
+        AbortReason::Protocol => "protocol violation",
+        AbortReason::ShuttingDown => "the remote connector is shutting down",
+        _ => "unknown reason",
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::Io(Arc::new(e))
+    }
+}
+
+impl Error {
+    /// Whether this error is a misuse of the API (as opposed to a failure).
+    pub fn is_misuse(&self) -> bool {
+        matches!(
+            self,
+            Error::NoDescriptors
+                | Error::TooManyDescriptors(_)
+                | Error::ReadOnlyDescriptor { .. }
+                | Error::UnsupportedDevice { .. }
+                | Error::InvalidDevice(_)
+                | Error::WrongPairing { .. }
+                | Error::CountMismatch { .. }
+                | Error::SizeMismatch { .. }
+                | Error::Config(_)
+        )
+    }
+
+    pub(crate) fn wrong_pairing(active: OperationKind, found: OperationKind) -> Self {
+        Error::WrongPairing {
+            active: active.active_name(),
+            expected: active.passive_name(),
+            found: found.passive_name(),
+        }
+    }
+}
+
+/// Shorthand for `Result<T, ferry::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

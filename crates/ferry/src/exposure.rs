@@ -1,0 +1,175 @@
+//! The table of memory this connector exposes: the capabilities it has
+//! handed out, and the checks every remote request passes before it may
+//! touch a byte.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use ferry_proto::wire::{Abort, AbortReason, Message, Open};
+use ferry_proto::{OperationKind, OperationStatus, Token};
+
+use crate::host;
+use crate::op::OpShared;
+use crate::region::Region;
+use crate::transport::tcp::Conn;
+use crate::Error;
+
+pub(crate) struct Exposure {
+    pub(crate) op_id: u64,
+    token: Token,
+    pub(crate) kind: OperationKind,
+    sizes: Vec<u64>,
+    pub(crate) region: Arc<Region>,
+    pub(crate) shared: Arc<OpShared>,
+    /// The connection and request currently transferring this operation.
+    binding: Mutex<Option<(Weak<Conn>, u64)>>,
+}
+
+#[derive(Default)]
+pub(crate) struct Exposures {
+    map: Mutex<HashMap<u64, Arc<Exposure>>>,
+    next_id: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Exposures {
+    pub(crate) fn insert(
+        &self,
+        kind: OperationKind,
+        sizes: Vec<u64>,
+        region: Arc<Region>,
+        shared: Arc<OpShared>,
+    ) -> (Arc<Exposure>, Token) {
+        let op_id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let token = host::random_token();
+        let e = Arc::new(Exposure {
+            op_id,
+            token,
+            kind,
+            sizes,
+            region,
+            shared,
+            binding: Mutex::new(None),
+        });
+        lock(&self.map).insert(op_id, e.clone());
+        (e, token)
+    }
+
+    /// How many operations are exposed right now.
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.map).len()
+    }
+
+    /// Checks a remote's request against the capability it presents and
+    /// binds the operation to it. Nothing is touched when this fails.
+    pub(crate) fn open(
+        &self,
+        o: &Open,
+        conn: &Arc<Conn>,
+    ) -> Result<Arc<Exposure>, (AbortReason, String)> {
+        let Some(e) = lock(&self.map).get(&o.op_id).cloned() else {
+            let issued = self.next_id.load(Ordering::Relaxed);
+            return Err(if o.op_id >= 1 && o.op_id <= issued {
+                (
+                    AbortReason::OperationEnded,
+                    format!("operation {} has ended", o.op_id),
+                )
+            } else {
+                (AbortReason::UnknownOperation, String::new())
+            });
+        };
+        if !e.token.ct_eq(&o.token) {
+            return Err((AbortReason::BadToken, String::new()));
+        }
+        if e.kind != o.kind {
+            return Err((
+                AbortReason::WrongKind,
+                format!(
+                    "a {} cannot be paired with a {}",
+                    o.kind.active_name(),
+                    e.kind.passive_name()
+                ),
+            ));
+        }
+        if e.sizes.len() != o.sizes.len() {
+            return Err((
+                AbortReason::CountMismatch,
+                format!(
+                    "{} descriptors exposed, {} requested",
+                    e.sizes.len(),
+                    o.sizes.len()
+                ),
+            ));
+        }
+        if let Some((i, (a, b))) = e
+            .sizes
+            .iter()
+            .zip(&o.sizes)
+            .enumerate()
+            .find(|(_, (a, b))| a != b)
+        {
+            return Err((
+                AbortReason::SizeMismatch,
+                format!("descriptor {i}: {a} bytes exposed, {b} requested"),
+            ));
+        }
+        let mut binding = lock(&e.binding);
+        if binding.is_some() {
+            return Err((AbortReason::Busy, String::new()));
+        }
+        if !e.shared.start() {
+            return Err((
+                AbortReason::OperationEnded,
+                format!("operation {} has ended", o.op_id),
+            ));
+        }
+        *binding = Some((Arc::downgrade(conn), o.req));
+        drop(binding);
+        Ok(e)
+    }
+
+    /// Ends an exposure from the transport's side (completion, remote
+    /// cancel, connection loss). True if this call ended it.
+    pub(crate) fn finish(
+        &self,
+        e: &Exposure,
+        status: OperationStatus,
+        error: Option<Error>,
+    ) -> bool {
+        // Fence before publishing the terminal state: whoever sees it may
+        // take the memory back at once.
+        e.region.close();
+        let changed = e.shared.end(status, error);
+        lock(&e.binding).take();
+        lock(&self.map).remove(&e.op_id);
+        changed
+    }
+
+    /// Ends an exposure from the owner's side (cancel or drop; the region
+    /// is already closed). Tells the remote if one is bound.
+    pub(crate) fn withdraw(&self, e: &Exposure, _changed: bool) {
+        lock(&self.map).remove(&e.op_id);
+        if let Some((conn, req)) = lock(&e.binding).take() {
+            if let Some(conn) = conn.upgrade() {
+                conn.forget_passive(req);
+                conn.send_detached(Message::Abort(Abort {
+                    req,
+                    reason: AbortReason::Cancelled,
+                    detail: String::new(),
+                }));
+            }
+        }
+    }
+
+    /// Ends every exposure (the connector shuts down).
+    pub(crate) fn shutdown_all(&self) {
+        let all: Vec<_> = lock(&self.map).values().cloned().collect();
+        for e in all {
+            self.finish(&e, OperationStatus::Errored, Some(Error::Shutdown));
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! Ferry moves memory between the workers of a distributed inference graph.
+//!
+//! A worker creates a [`Connector`]. To let a remote worker read local
+//! memory it creates a [`ReadableOperation`] over [`Descriptor`]s and hands
+//! the operation's [`RdmaMetadata`] (JSON) to the remote through any side
+//! channel; the remote starts a [`ReadOperation`] with it. Writing works the
+//! same way with a [`WritableOperation`] and a [`WriteOperation`]. Both sides
+//! learn of completion, failure and cancellation.
+//!
+//! ```
+//! use ferry::{Connector, Descriptor, OperationStatus};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> ferry::Result<()> {
+//! let prefill = Connector::builder().listen("127.0.0.1:0".parse().unwrap()).build().await?;
+//! let decode = Connector::builder().listen("127.0.0.1:0".parse().unwrap()).build().await?;
+//!
+//! // Prefill exposes a buffer...
+//! let readable = prefill.create_readable(vec![Descriptor::from_vec(vec![7u8; 4096])]).await?;
+//! let json = readable.metadata().to_json(); // send this to the decode worker
+//!
+//! // ...and decode reads it.
+//! let remote = ferry::RdmaMetadata::from_json(&json)?;
+//! let read = decode.begin_read(&remote, vec![Descriptor::from_vec(vec![0u8; 4096])]).await?;
+//! read.wait_for_completion().await?;
+//! readable.wait_for_completion().await?;
+//! assert_eq!(readable.status(), OperationStatus::Complete);
+//! let bufs = read.into_descriptors();
+//! assert!(bufs[0].as_slice().unwrap().iter().all(|&b| b == 7));
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod connector;
+mod descriptor;
+mod error;
+mod exposure;
+mod host;
+mod op;
+mod region;
+mod transport;
+
+pub use connector::{Connector, ConnectorBuilder, Scope, TRANSPORTS_ENV};
+pub use descriptor::Descriptor;
+pub use error::{Error, Result};
+pub use ferry_proto::wire::AbortReason;
+pub use ferry_proto::{
+    Device, DeviceKind, MetadataError, OperationKind, OperationStatus, ParseDeviceError,
+    RdmaMetadata,
+};
+pub use op::{ReadOperation, ReadableOperation, WritableOperation, WriteOperation};
+pub use transport::TransportKind;

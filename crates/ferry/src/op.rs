@@ -1,0 +1,294 @@
+//! The four operations and the state they share with the transports.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use ferry_proto::{OperationStatus, RdmaMetadata};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::connector::Inner;
+use crate::exposure::Exposure;
+use crate::region::Region;
+use crate::transport::{ActiveLink, TransportKind};
+use crate::{Descriptor, Error, Result};
+
+#[derive(Clone)]
+pub(crate) struct OpState {
+    pub(crate) status: OperationStatus,
+    pub(crate) error: Option<Error>,
+}
+
+/// The status of one operation, shared by its handle and the transport that
+/// moves its bytes. Every change wakes exactly the waiters of this operation.
+pub(crate) struct OpShared {
+    tx: watch::Sender<OpState>,
+    transport: OnceLock<TransportKind>,
+}
+
+impl OpShared {
+    pub(crate) fn new(status: OperationStatus) -> Arc<Self> {
+        Arc::new(OpShared {
+            tx: watch::Sender::new(OpState {
+                status,
+                error: None,
+            }),
+            transport: OnceLock::new(),
+        })
+    }
+
+    pub(crate) fn status(&self) -> OperationStatus {
+        self.tx.borrow().status
+    }
+
+    pub(crate) fn set_transport(&self, t: TransportKind) {
+        let _ = self.transport.set(t);
+    }
+
+    pub(crate) fn transport(&self) -> Option<TransportKind> {
+        self.transport.get().copied()
+    }
+
+    /// INITIALIZED -> IN_PROGRESS; false if the operation is not INITIALIZED.
+    pub(crate) fn start(&self) -> bool {
+        self.tx.send_if_modified(|s| {
+            if s.status == OperationStatus::Initialized {
+                s.status = OperationStatus::InProgress;
+                true
+            } else {
+                false
+            }
+        })
+    }
+
+    /// Moves to a terminal state unless already in one; true if this call did.
+    pub(crate) fn end(&self, status: OperationStatus, error: Option<Error>) -> bool {
+        debug_assert!(status.is_terminal());
+        self.tx.send_if_modified(|s| {
+            if s.status.is_terminal() {
+                false
+            } else {
+                s.status = status;
+                s.error = error;
+                true
+            }
+        })
+    }
+
+    pub(crate) fn fail(&self, error: Error) -> bool {
+        let status = match error {
+            Error::Cancelled | Error::RemoteCancelled => OperationStatus::Cancelled,
+            _ => OperationStatus::Errored,
+        };
+        self.end(status, Some(error))
+    }
+
+    fn outcome(s: &OpState) -> Result<()> {
+        match s.status {
+            OperationStatus::Complete => Ok(()),
+            _ => Err(s.error.clone().unwrap_or(Error::Cancelled)),
+        }
+    }
+
+    pub(crate) async fn wait(&self) -> Result<()> {
+        let mut rx = self.tx.subscribe();
+        // The sender lives in `self`, so the channel cannot close while we wait.
+        let s = rx
+            .wait_for(|s| s.status.is_terminal())
+            .await
+            .map_err(|_| Error::Shutdown)?;
+        Self::outcome(&s)
+    }
+
+    pub(crate) async fn wait_until(&self, deadline: Instant, budget: Duration) -> Result<()> {
+        match tokio::time::timeout_at(deadline, self.wait()).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::Timeout(budget)),
+        }
+    }
+}
+
+/// What a handle must undo when it is cancelled or dropped.
+pub(crate) enum Link {
+    Passive {
+        inner: Arc<Inner>,
+        exposure: Arc<Exposure>,
+    },
+    Active(Arc<dyn ActiveLink>),
+}
+
+/// The part of an operation that a [`Scope`](crate::Scope) also holds.
+pub(crate) struct OpCore {
+    pub(crate) shared: Arc<OpShared>,
+    pub(crate) region: Arc<Region>,
+    pub(crate) link: Link,
+}
+
+impl OpCore {
+    /// Ends the operation from this side. When this returns, no transport
+    /// touches the operation's memory any more.
+    pub(crate) fn cancel(&self) {
+        self.region.close();
+        let changed = self
+            .shared
+            .end(OperationStatus::Cancelled, Some(Error::Cancelled));
+        match &self.link {
+            Link::Passive { inner, exposure } => inner.exposures.withdraw(exposure, changed),
+            Link::Active(link) => link.cancel(changed),
+        }
+    }
+}
+
+macro_rules! common_methods {
+    () => {
+        /// The current state.
+        pub fn status(&self) -> OperationStatus {
+            self.core.shared.status()
+        }
+
+        /// Waits until the operation ends: `Ok(())` when complete; the
+        /// cause when it was cancelled (by either side) or failed. Woken by
+        /// this operation's own notification, never by polling.
+        pub async fn wait_for_completion(&self) -> Result<()> {
+            self.core.shared.wait().await
+        }
+
+        /// Like [`wait_for_completion`](Self::wait_for_completion), but gives
+        /// up with [`Error::Timeout`] after `timeout`. The operation itself
+        /// goes on; cancel or drop it to stop it.
+        pub async fn wait_for_completion_timeout(&self, timeout: Duration) -> Result<()> {
+            self.core
+                .shared
+                .wait_until(Instant::now() + timeout, timeout)
+                .await
+        }
+
+        /// Cancels the operation unless it has already ended; the remote is
+        /// told. When this returns, the memory is no longer touched by Ferry.
+        pub fn cancel(&self) {
+            if !self.status().is_terminal() {
+                self.core.cancel();
+            }
+        }
+
+        /// The transport that carried (or is carrying) the bytes, once known.
+        pub fn transport(&self) -> Option<TransportKind> {
+            self.core.shared.transport()
+        }
+
+        /// Takes the descriptors back, cancelling the operation if it has not
+        /// ended. After a completed read they hold the data.
+        pub fn into_descriptors(mut self) -> Vec<Descriptor<'a>> {
+            self.core.cancel_if_open();
+            std::mem::take(&mut self.descs)
+        }
+
+        /// The descriptors, once the operation has ended (`None` before: the
+        /// memory may still be touched by the remote).
+        pub fn descriptors(&self) -> Option<&[Descriptor<'a>]> {
+            if self.status().is_terminal() {
+                // The region is closed before any terminal state is published.
+                debug_assert!(!self.core.region.is_open());
+                Some(&self.descs)
+            } else {
+                None
+            }
+        }
+    };
+}
+
+impl OpCore {
+    fn cancel_if_open(&self) {
+        if !self.shared.status().is_terminal() {
+            self.cancel();
+        }
+        self.region.close();
+    }
+}
+
+macro_rules! operation {
+    ($(#[$doc:meta])* $name:ident, passive) => {
+        $(#[$doc])*
+        pub struct $name<'a> {
+            pub(crate) core: Arc<OpCore>,
+            pub(crate) descs: Vec<Descriptor<'a>>,
+            pub(crate) metadata: RdmaMetadata,
+        }
+
+        impl<'a> $name<'a> {
+            /// The metadata to hand to the remote worker. It grants access to
+            /// this operation's bytes only, until the operation ends.
+            pub fn metadata(&self) -> &RdmaMetadata {
+                &self.metadata
+            }
+
+            common_methods!();
+        }
+
+        operation!(@drop $name);
+    };
+    ($(#[$doc:meta])* $name:ident, active) => {
+        $(#[$doc])*
+        pub struct $name<'a> {
+            pub(crate) core: Arc<OpCore>,
+            pub(crate) descs: Vec<Descriptor<'a>>,
+        }
+
+        impl<'a> $name<'a> {
+            common_methods!();
+        }
+
+        operation!(@drop $name);
+    };
+    (@drop $name:ident) => {
+        impl Drop for $name<'_> {
+            fn drop(&mut self) {
+                // Fence first: the descriptors (dropped right after this) must
+                // not be touched by a transport any more.
+                self.core.cancel_if_open();
+            }
+        }
+
+        impl std::fmt::Debug for $name<'_> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($name))
+                    .field("status", &self.status())
+                    .field("descriptors", &self.descs.len())
+                    .finish()
+            }
+        }
+    };
+}
+
+operation!(
+    /// Passive: local memory that one remote worker may read, once.
+    ///
+    /// Created by [`Connector::create_readable`](crate::Connector::create_readable).
+    /// Completes when the remote's [`ReadOperation`] has received every byte.
+    ReadableOperation,
+    passive
+);
+operation!(
+    /// Passive: local memory that one remote worker may write, once.
+    ///
+    /// Created by [`Connector::create_writable`](crate::Connector::create_writable).
+    /// Completes when every byte of the remote's [`WriteOperation`] has landed.
+    WritableOperation,
+    passive
+);
+operation!(
+    /// Active: reads a remote [`ReadableOperation`] into local descriptors.
+    ///
+    /// Started by [`Connector::begin_read`](crate::Connector::begin_read).
+    /// After completion, [`into_descriptors`](Self::into_descriptors) gives
+    /// the filled buffers back.
+    ReadOperation,
+    active
+);
+operation!(
+    /// Active: writes local descriptors into a remote [`WritableOperation`].
+    ///
+    /// Started by [`Connector::begin_write`](crate::Connector::begin_write).
+    WriteOperation,
+    active
+);

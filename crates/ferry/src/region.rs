@@ -1,0 +1,164 @@
+//! The fence between exposed memory and the transports.
+//!
+//! A [`Region`] is the list of `(pointer, length)` segments of one
+//! operation's descriptors. Transports touch that memory only inside
+//! [`Region::write_at`] / [`Region::read_at`], which hold the region's lock
+//! for the duration of one non-blocking copy or system call. [`Region::close`]
+//! takes the same lock and marks the region closed: once it returns, no
+//! transport is inside the memory and none will enter it again. Operations
+//! close their region before they give their descriptors back or drop them,
+//! which is what makes late writes after a cancel impossible.
+
+use std::ops::Range;
+use std::sync::Mutex;
+
+use crate::Descriptor;
+
+struct Seg {
+    ptr: *mut u8,
+    len: usize,
+}
+
+pub(crate) struct Region {
+    open: Mutex<bool>,
+    segs: Vec<Seg>,
+    writable: bool,
+}
+
+// SAFETY: the raw pointers are only dereferenced inside `read_at`/`write_at`
+// while holding `open`'s lock and only while the region is open; the creator
+// of the region guarantees (see `Region::new`) that the memory is valid and
+// unaliased until `close` is called. Sharing the region between threads
+// therefore shares nothing but access serialized by the mutex.
+unsafe impl Send for Region {}
+// SAFETY: see `Send`.
+unsafe impl Sync for Region {}
+
+/// Why an access did not happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Denied {
+    /// The region was closed: the operation ended.
+    Closed,
+    /// Outside the segment, or a write into read-only memory.
+    OutOfBounds,
+}
+
+impl Region {
+    /// A region over `descs`.
+    ///
+    /// # Safety
+    ///
+    /// Until `close` has been called (and has returned), the memory of every
+    /// descriptor must stay valid (readable, and writable if `writable`) and
+    /// must not be accessed by anything except this region. Operations
+    /// guarantee that by owning or exclusively borrowing the descriptors and
+    /// calling `close` before releasing them.
+    pub(crate) unsafe fn new(descs: &[Descriptor<'_>], writable: bool) -> Self {
+        Region {
+            open: Mutex::new(true),
+            segs: descs
+                .iter()
+                .map(|d| {
+                    let (ptr, len) = d.raw();
+                    Seg { ptr, len }
+                })
+                .collect(),
+            writable,
+        }
+    }
+
+    fn range(&self, seg: usize, off: u64, len: usize) -> Result<(&Seg, Range<usize>), Denied> {
+        let s = self.segs.get(seg).ok_or(Denied::OutOfBounds)?;
+        let start = usize::try_from(off).map_err(|_| Denied::OutOfBounds)?;
+        let end = start.checked_add(len).ok_or(Denied::OutOfBounds)?;
+        if end > s.len {
+            return Err(Denied::OutOfBounds);
+        }
+        Ok((s, start..end))
+    }
+
+    /// Runs `f` on `len` bytes of segment `seg` at `off`, for writing.
+    /// `f` must not block: one memcpy or one non-blocking system call.
+    pub(crate) fn write_at<R>(
+        &self,
+        seg: usize,
+        off: u64,
+        len: usize,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, Denied> {
+        if !self.writable {
+            return Err(Denied::OutOfBounds);
+        }
+        let (s, r) = self.range(seg, off, len)?;
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if !*open {
+            return Err(Denied::Closed);
+        }
+        // SAFETY: the region is open (checked under the lock, which we hold
+        // until `f` returns, so `close` cannot complete meanwhile); by
+        // `Region::new`'s contract the segment is valid, writable and accessed
+        // by no one else; `r` lies within the segment (checked by `range`); the
+        // lock serializes all accesses through this region, so this `&mut` is
+        // unique.
+        let slice = unsafe { std::slice::from_raw_parts_mut(s.ptr.add(r.start), r.len()) };
+        Ok(f(slice))
+    }
+
+    /// Runs `f` on `len` bytes of segment `seg` at `off`, for reading.
+    pub(crate) fn read_at<R>(
+        &self,
+        seg: usize,
+        off: u64,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, Denied> {
+        let (s, r) = self.range(seg, off, len)?;
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if !*open {
+            return Err(Denied::Closed);
+        }
+        // SAFETY: as in `write_at`, for a shared slice; the lock excludes any
+        // concurrent writer through this region.
+        let slice = unsafe { std::slice::from_raw_parts(s.ptr.add(r.start), r.len()) };
+        Ok(f(slice))
+    }
+
+    /// Ends all access. When this returns, no transport is touching the
+    /// memory and none will again.
+    pub(crate) fn close(&self) {
+        *self.open.lock().unwrap_or_else(|e| e.into_inner()) = false;
+    }
+
+    pub(crate) fn is_open(&self) -> bool {
+        *self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_and_close_are_enforced() {
+        let descs = vec![
+            Descriptor::from_vec(vec![0; 8]),
+            Descriptor::from_vec(vec![0; 4]),
+        ];
+        // SAFETY: the descriptors outlive the region and are not touched elsewhere.
+        let r = unsafe { Region::new(&descs, true) };
+        assert_eq!(r.write_at(0, 4, 4, |s| s.fill(7)), Ok(()));
+        assert_eq!(r.write_at(0, 5, 4, |_| ()), Err(Denied::OutOfBounds));
+        assert_eq!(r.write_at(1, u64::MAX, 2, |_| ()), Err(Denied::OutOfBounds));
+        assert_eq!(r.write_at(2, 0, 0, |_| ()), Err(Denied::OutOfBounds));
+        assert_eq!(
+            r.read_at(0, 0, 8, |s| s.to_vec()),
+            Ok(vec![0, 0, 0, 0, 7, 7, 7, 7])
+        );
+        r.close();
+        assert_eq!(r.read_at(0, 0, 1, |_| ()), Err(Denied::Closed));
+        assert_eq!(r.write_at(0, 0, 1, |_| ()), Err(Denied::Closed));
+        // SAFETY: as above.
+        let ro = unsafe { Region::new(&descs, false) };
+        assert_eq!(ro.write_at(0, 0, 1, |_| ()), Err(Denied::OutOfBounds));
+    }
+}

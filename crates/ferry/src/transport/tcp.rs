@@ -1,0 +1,916 @@
+//! The TCP transport: one pooled connection per remote worker, shared by all
+//! operations to it, framed by `ferry_proto::wire`.
+//!
+//! Payload bytes move without staging copies: the sender hands slices of the
+//! source memory straight to the socket, the receiver reads from the socket
+//! straight into the destination memory (only a payload's first bytes that
+//! arrived together with its frame header are copied out of the read buffer).
+//! Every access to operation memory goes through [`Region`], so a cancel or a
+//! drop fences the transport out before the memory is released.
+//!
+//! All writes to a socket happen in spawned tasks holding the connection's
+//! write lock for one frame, so a caller that drops a future can never leave
+//! half a frame on the wire. Each connection has one reader task; it never
+//! waits for the write side, so two connectors writing to each other cannot
+//! deadlock.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferry_proto::wire::{self, Abort, AbortReason, Data, Hello, Message, Open, WireError};
+use ferry_proto::{Cursor, OperationKind, OperationStatus, RdmaMetadata};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+
+use super::{ActiveJob, ActiveLink, BoxFuture, Transport, TransportKind};
+use crate::connector::Inner;
+use crate::exposure::Exposure;
+use crate::op::OpShared;
+use crate::region::{Denied, Region};
+use crate::{Error, Result};
+
+/// Operations up to this size go out in one write: header, payload and end.
+const SMALL: u64 = 64 * 1024;
+/// Larger ones are sent in chunks of this size, so that concurrent operations
+/// on one connection take turns.
+const CHUNK: u32 = 2 * 1024 * 1024;
+/// How long a new connection may take to say hello.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What went wrong on a connection; it is closed afterwards.
+enum ConnError {
+    Io(io::Error),
+    Wire(WireError),
+    Violation(String),
+    Closed(Error),
+}
+
+impl From<io::Error> for ConnError {
+    fn from(e: io::Error) -> Self {
+        ConnError::Io(e)
+    }
+}
+impl From<WireError> for ConnError {
+    fn from(e: WireError) -> Self {
+        ConnError::Wire(e)
+    }
+}
+
+impl ConnError {
+    fn into_error(self, peer: &str) -> Error {
+        match self {
+            ConnError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => Error::ConnectionLost {
+                peer: peer.to_string(),
+                cause: "the remote closed the connection (did the remote process exit?)".into(),
+            },
+            ConnError::Io(e) => Error::ConnectionLost {
+                peer: peer.to_string(),
+                cause: e.to_string(),
+            },
+            ConnError::Wire(e) => Error::Protocol {
+                peer: peer.to_string(),
+                detail: e.to_string(),
+            },
+            ConnError::Violation(d) => Error::Protocol {
+                peer: peer.to_string(),
+                detail: d,
+            },
+            ConnError::Closed(e) => e,
+        }
+    }
+}
+
+/// Reads frames, keeping a buffer for headers and small bodies.
+struct FrameReader {
+    rd: OwnedReadHalf,
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl FrameReader {
+    fn new(rd: OwnedReadHalf) -> Self {
+        FrameReader {
+            rd,
+            buf: vec![0; wire::HEADER_LEN + wire::MAX_BODY as usize],
+            start: 0,
+            end: 0,
+        }
+    }
+
+    async fn fill(&mut self, need: usize) -> io::Result<()> {
+        while self.end - self.start < need {
+            if self.buf.len() - self.start < need {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            }
+            let n = self.rd.read(&mut self.buf[self.end..]).await?;
+            if n == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            self.end += n;
+        }
+        Ok(())
+    }
+
+    async fn next(&mut self) -> Result<Message, ConnError> {
+        self.fill(wire::HEADER_LEN).await?;
+        let h: [u8; wire::HEADER_LEN] = self.buf[self.start..self.start + wire::HEADER_LEN]
+            .try_into()
+            .expect("length checked");
+        let header = wire::decode_header(&h)?;
+        let total = wire::HEADER_LEN + header.body_len as usize;
+        self.fill(total).await?;
+        let msg = wire::decode_body(
+            header,
+            &self.buf[self.start + wire::HEADER_LEN..self.start + total],
+        )?;
+        self.start += total;
+        Ok(msg)
+    }
+
+    /// Moves `len` payload bytes into `dst` (segment, offset) of a region, or
+    /// discards them when there is no destination or the region closes.
+    async fn payload(
+        &mut self,
+        len: u32,
+        mut dst: Option<(&Region, u32, u64)>,
+    ) -> Result<(), ConnError> {
+        let mut left = len as usize;
+        let buffered = left.min(self.end - self.start);
+        if buffered > 0 {
+            if let Some((region, seg, off)) = dst {
+                let src = &self.buf[self.start..self.start + buffered];
+                match region.write_at(seg as usize, off, buffered, |d| d.copy_from_slice(src)) {
+                    Ok(()) => dst = Some((region, seg, off + buffered as u64)),
+                    Err(Denied::Closed) => dst = None,
+                    Err(Denied::OutOfBounds) => {
+                        return Err(ConnError::Violation("data outside the descriptor".into()))
+                    }
+                }
+            }
+            self.start += buffered;
+            left -= buffered;
+        }
+        while left > 0 {
+            match dst {
+                Some((region, seg, off)) => {
+                    self.rd.readable().await?;
+                    let rd = &self.rd;
+                    match region.write_at(seg as usize, off, left, |d| rd.try_read(d)) {
+                        Ok(Ok(0)) => {
+                            return Err(ConnError::Io(io::ErrorKind::UnexpectedEof.into()))
+                        }
+                        Ok(Ok(n)) => {
+                            left -= n;
+                            dst = Some((region, seg, off + n as u64));
+                        }
+                        Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Ok(Err(e)) => return Err(e.into()),
+                        Err(Denied::Closed) => dst = None,
+                        Err(Denied::OutOfBounds) => {
+                            return Err(ConnError::Violation("data outside the descriptor".into()))
+                        }
+                    }
+                }
+                None => {
+                    // The buffer is empty here: everything buffered was consumed above.
+                    let n = left.min(self.buf.len());
+                    self.rd.read_exact(&mut self.buf[..n]).await?;
+                    self.start = 0;
+                    self.end = 0;
+                    left -= n;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An active operation waiting for its remote.
+struct ActiveReq {
+    kind: OperationKind,
+    region: Arc<Region>,
+    shared: Arc<OpShared>,
+    cursor: Cursor,
+}
+
+/// A passive operation bound to a request on this connection.
+struct PassiveReq {
+    exposure: Arc<Exposure>,
+    /// For writes: where the next payload byte must go.
+    cursor: Option<Cursor>,
+}
+
+/// One connection to a remote connector, in either direction.
+pub(crate) struct Conn {
+    peer: String,
+    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    dead: watch::Sender<Option<String>>,
+    active: Mutex<HashMap<u64, ActiveReq>>,
+    passive: Mutex<HashMap<u64, PassiveReq>>,
+    next_req: AtomicU64,
+    handle: Handle,
+}
+
+impl Conn {
+    fn new(peer: String, writer: OwnedWriteHalf, handle: Handle) -> Arc<Self> {
+        Arc::new(Conn {
+            peer,
+            writer: tokio::sync::Mutex::new(writer),
+            dead: watch::Sender::new(None),
+            active: Mutex::new(HashMap::new()),
+            passive: Mutex::new(HashMap::new()),
+            next_req: AtomicU64::new(1),
+            handle,
+        })
+    }
+
+    fn is_alive(&self) -> bool {
+        self.dead.borrow().is_none()
+    }
+
+    fn kill(&self, cause: String) {
+        self.dead.send_if_modified(|d| {
+            if d.is_none() {
+                *d = Some(cause);
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    async fn send_frame(&self, frame: &[u8]) -> io::Result<()> {
+        let mut w = self.writer.lock().await;
+        w.write_all(frame).await
+    }
+
+    /// Sends a control frame from a task of its own.
+    pub(crate) fn send_detached(self: &Arc<Self>, msg: Message) {
+        let conn = self.clone();
+        self.handle.spawn(async move {
+            if let Err(e) = conn.send_frame(&msg.to_vec()).await {
+                conn.kill(format!("write failed: {e}"));
+            }
+        });
+    }
+
+    fn abort_detached(self: &Arc<Self>, req: u64, reason: AbortReason, detail: String) {
+        self.send_detached(Message::Abort(Abort {
+            req,
+            reason,
+            detail,
+        }));
+    }
+
+    /// Sends one `Data` frame with its payload taken from the region. If the
+    /// region closes meanwhile, the rest of the payload is zeros (the frame
+    /// must be completed) and `Ok(false)` is returned.
+    async fn send_chunk(
+        &self,
+        req: u64,
+        region: &Region,
+        desc: u32,
+        offset: u64,
+        len: u32,
+    ) -> io::Result<bool> {
+        let mut w = self.writer.lock().await;
+        w.write_all(
+            &Message::Data(Data {
+                req,
+                desc,
+                offset,
+                len,
+            })
+            .to_vec(),
+        )
+        .await?;
+        let len = len as usize;
+        let mut sent = 0usize;
+        let mut open = true;
+        while sent < len {
+            if open {
+                w.writable().await?;
+                let ww = &*w;
+                match region.read_at(desc as usize, offset + sent as u64, len - sent, |s| {
+                    ww.try_write(s)
+                }) {
+                    Ok(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
+                    Ok(Ok(n)) => sent += n,
+                    Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => open = false,
+                }
+            } else {
+                let n = (len - sent).min(ZEROS.len());
+                w.write_all(&ZEROS[..n]).await?;
+                sent += n;
+            }
+        }
+        Ok(open)
+    }
+
+    /// Sends `prefix`, then every byte of the region as `Data` frames, then
+    /// `Finish`. Returns `Ok(false)` if the region closed on the way (the
+    /// remote is then told with an `Abort`).
+    async fn stream(
+        self: &Arc<Self>,
+        req: u64,
+        region: &Region,
+        sizes: Vec<u64>,
+        mut prefix: Vec<u8>,
+        opened: Option<&watch::Sender<bool>>,
+    ) -> io::Result<bool> {
+        let r = self
+            .stream_inner(req, region, sizes, &mut prefix, opened)
+            .await;
+        if let Some(o) = opened {
+            o.send_replace(true);
+        }
+        r
+    }
+
+    async fn stream_inner(
+        self: &Arc<Self>,
+        req: u64,
+        region: &Region,
+        sizes: Vec<u64>,
+        prefix: &mut Vec<u8>,
+        opened: Option<&watch::Sender<bool>>,
+    ) -> io::Result<bool> {
+        let total: u64 = sizes.iter().sum();
+        let mut cursor = Cursor::new(sizes);
+        let closed = |conn: &Arc<Conn>| {
+            conn.abort_detached(req, AbortReason::Cancelled, String::new());
+            Ok(false)
+        };
+        if total <= SMALL {
+            prefix.reserve(total as usize + 64);
+            while let Some((d, o, l)) = cursor.next_chunk(u32::MAX) {
+                Message::Data(Data {
+                    req,
+                    desc: d,
+                    offset: o,
+                    len: l,
+                })
+                .encode(prefix);
+                if region
+                    .read_at(d as usize, o, l as usize, |s| prefix.extend_from_slice(s))
+                    .is_err()
+                {
+                    return closed(self);
+                }
+                let _ = cursor.accept(d, o, l);
+            }
+            Message::Finish { req }.encode(prefix);
+            self.send_frame(prefix).await?;
+            return Ok(true);
+        }
+        if !prefix.is_empty() {
+            self.send_frame(prefix).await?;
+        }
+        if let Some(o) = opened {
+            o.send_replace(true);
+        }
+        while let Some((d, o, l)) = cursor.next_chunk(CHUNK) {
+            if !self.send_chunk(req, region, d, o, l).await? {
+                return closed(self);
+            }
+            let _ = cursor.accept(d, o, l);
+        }
+        self.send_frame(&Message::Finish { req }.to_vec()).await?;
+        Ok(true)
+    }
+
+    /// Streams from a task of its own; a write failure kills the connection.
+    fn spawn_stream(
+        self: &Arc<Self>,
+        req: u64,
+        region: Arc<Region>,
+        sizes: Vec<u64>,
+        prefix: Vec<u8>,
+        opened: Option<Arc<watch::Sender<bool>>>,
+    ) {
+        let conn = self.clone();
+        self.handle.spawn(async move {
+            if let Err(e) = conn
+                .stream(req, &region, sizes, prefix, opened.as_deref())
+                .await
+            {
+                conn.kill(format!("write failed: {e}"));
+            }
+        });
+    }
+
+    /// Forgets a passive request (its operation was withdrawn by its owner).
+    pub(crate) fn forget_passive(&self, req: u64) {
+        lock(&self.passive).remove(&req);
+    }
+}
+
+/// The active side's handle on a request.
+struct TcpLink {
+    conn: Arc<Conn>,
+    req: u64,
+    /// Set once the `Open` is on the wire: an `Abort` must not overtake it.
+    opened: Arc<watch::Sender<bool>>,
+}
+
+impl ActiveLink for TcpLink {
+    fn cancel(&self, changed: bool) {
+        lock(&self.conn.active).remove(&self.req);
+        if changed {
+            let conn = self.conn.clone();
+            let req = self.req;
+            let mut opened = self.opened.subscribe();
+            self.conn.handle.spawn(async move {
+                until(&mut opened, |o| *o).await;
+                conn.abort_detached(req, AbortReason::Cancelled, String::new());
+            });
+        }
+    }
+}
+
+pub(crate) struct LocalInfo {
+    pub(crate) worker_id: String,
+    pub(crate) host_id: String,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) shutdown: watch::Receiver<bool>,
+    pub(crate) handle: Handle,
+}
+
+type Slot = Arc<tokio::sync::Mutex<Option<Arc<Conn>>>>;
+
+pub(crate) struct TcpTransport {
+    local: Arc<LocalInfo>,
+    pool: Mutex<HashMap<(String, Vec<SocketAddr>), Slot>>,
+}
+
+fn tune(s: &TcpStream) {
+    let _ = s.set_nodelay(true);
+    let sock = socket2::SockRef::from(s);
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(5))
+        .with_interval(Duration::from_secs(1))
+        .with_retries(5);
+    let _ = sock.set_tcp_keepalive(&ka);
+}
+
+impl TcpTransport {
+    pub(crate) fn new(local: Arc<LocalInfo>) -> Self {
+        TcpTransport {
+            local,
+            pool: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// How many pooled connections are alive.
+    pub(crate) fn connection_count(&self) -> usize {
+        let slots: Vec<Slot> = lock(&self.pool).values().cloned().collect();
+        slots
+            .iter()
+            .filter(|s| {
+                s.try_lock()
+                    .map(|g| g.as_ref().is_some_and(|c| c.is_alive()))
+                    .unwrap_or(true)
+            })
+            .count()
+    }
+
+    async fn conn_for(&self, remote: &RdmaMetadata) -> Result<Arc<Conn>> {
+        let key = (remote.worker_id().to_string(), remote.addresses().to_vec());
+        let slot = lock(&self.pool).entry(key).or_default().clone();
+        let mut g = slot.lock().await;
+        if let Some(c) = g.as_ref() {
+            if c.is_alive() {
+                return Ok(c.clone());
+            }
+        }
+        let c = self.connect(remote).await?;
+        *g = Some(c.clone());
+        Ok(c)
+    }
+
+    async fn connect(&self, remote: &RdmaMetadata) -> Result<Arc<Conn>> {
+        let mut addrs = remote.addresses().to_vec();
+        if remote.host_id() == self.local.host_id {
+            addrs.sort_by_key(|a| !a.ip().is_loopback());
+        } else if addrs.iter().any(|a| !a.ip().is_loopback()) {
+            addrs.retain(|a| !a.ip().is_loopback());
+        }
+        let mut cause = String::from("no address");
+        for a in &addrs {
+            match tokio::time::timeout(self.local.connect_timeout, TcpStream::connect(a)).await {
+                Ok(Ok(s)) => return self.handshake(s, *a, remote).await,
+                Ok(Err(e)) => cause = format!("{a}: {e}"),
+                Err(_) => {
+                    cause = format!(
+                        "{a}: connect timed out after {:?}",
+                        self.local.connect_timeout
+                    )
+                }
+            }
+        }
+        Err(Error::Unreachable {
+            worker: remote.worker_id().to_string(),
+            addresses: addrs
+                .iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            cause,
+        })
+    }
+
+    async fn handshake(
+        &self,
+        s: TcpStream,
+        addr: SocketAddr,
+        remote: &RdmaMetadata,
+    ) -> Result<Arc<Conn>> {
+        tune(&s);
+        let (r, mut w) = s.into_split();
+        let unreachable = |cause: String| Error::Unreachable {
+            worker: remote.worker_id().to_string(),
+            addresses: addr.to_string(),
+            cause,
+        };
+        let hello = Message::Hello(Hello {
+            version: wire::PROTOCOL_VERSION,
+            worker_id: self.local.worker_id.clone(),
+        });
+        w.write_all(&hello.to_vec())
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        let mut rd = FrameReader::new(r);
+        let answer = match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
+            Err(_) => return Err(unreachable("no hello from the remote".into())),
+            Ok(Err(e)) => return Err(e.into_error(&addr.to_string())),
+            Ok(Ok(m)) => m,
+        };
+        let peer = match answer {
+            Message::Hello(h) if h.version == wire::PROTOCOL_VERSION => h.worker_id,
+            Message::Hello(h) => {
+                return Err(Error::Protocol {
+                    peer: addr.to_string(),
+                    detail: format!(
+                        "protocol version {} (this build speaks {})",
+                        h.version,
+                        wire::PROTOCOL_VERSION
+                    ),
+                })
+            }
+            _ => {
+                return Err(Error::Protocol {
+                    peer: addr.to_string(),
+                    detail: "expected hello".into(),
+                })
+            }
+        };
+        if peer != remote.worker_id() {
+            return Err(Error::WrongWorker {
+                address: addr.to_string(),
+                expected: remote.worker_id().to_string(),
+                found: peer,
+            });
+        }
+        let conn = Conn::new(peer, w, self.local.handle.clone());
+        self.local.handle.spawn(run_connection(
+            conn.clone(),
+            rd,
+            self.local.shutdown.clone(),
+            None,
+        ));
+        Ok(conn)
+    }
+}
+
+impl Transport for TcpTransport {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Tcp
+    }
+
+    fn reaches(&self, _remote: &RdmaMetadata) -> bool {
+        true
+    }
+
+    fn start(&self, job: ActiveJob) -> BoxFuture<'_, Result<Arc<dyn ActiveLink>>> {
+        Box::pin(async move {
+            let conn = self.conn_for(&job.remote).await?;
+            let req = conn.next_req.fetch_add(1, Ordering::Relaxed);
+            job.shared.set_transport(TransportKind::Tcp);
+            job.shared.start();
+            lock(&conn.active).insert(
+                req,
+                ActiveReq {
+                    kind: job.kind,
+                    region: job.region.clone(),
+                    shared: job.shared.clone(),
+                    cursor: Cursor::new(job.sizes.clone()),
+                },
+            );
+            // The reader task drains the table after marking the connection
+            // dead; check after inserting so that no request is left behind.
+            if !conn.is_alive() {
+                lock(&conn.active).remove(&req);
+                let cause = conn.dead.borrow().clone().unwrap_or_default();
+                return Err(Error::ConnectionLost {
+                    peer: conn.peer.clone(),
+                    cause,
+                });
+            }
+            let open = Message::Open(Open {
+                req,
+                op_id: job.remote.operation_id(),
+                token: *job.remote.token(),
+                kind: job.kind,
+                sizes: job.sizes.clone(),
+            })
+            .to_vec();
+            let opened = Arc::new(watch::Sender::new(false));
+            match job.kind {
+                OperationKind::Read => conn.spawn_send_open(open, opened.clone()),
+                OperationKind::Write => {
+                    conn.spawn_stream(req, job.region, job.sizes, open, Some(opened.clone()))
+                }
+            }
+            Ok(Arc::new(TcpLink { conn, req, opened }) as Arc<dyn ActiveLink>)
+        })
+    }
+}
+
+impl Conn {
+    fn spawn_send_open(self: &Arc<Self>, open: Vec<u8>, opened: Arc<watch::Sender<bool>>) {
+        let conn = self.clone();
+        self.handle.spawn(async move {
+            let r = conn.send_frame(&open).await;
+            opened.send_replace(true);
+            if let Err(e) = r {
+                conn.kill(format!("write failed: {e}"));
+            }
+        });
+    }
+}
+
+/// Waits until the watched value satisfies `f` (or its sender is gone).
+async fn until<T>(rx: &mut watch::Receiver<T>, f: impl FnMut(&T) -> bool) {
+    let _ = rx.wait_for(f).await;
+}
+
+/// Accepts connections until the connector shuts down.
+pub(crate) async fn listen(
+    inner: Arc<Inner>,
+    listener: TcpListener,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let (s, addr) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    // Out of file descriptors and the like: back off briefly
+                    // instead of spinning.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = until(&mut shutdown, |s| *s) => return,
+        };
+        let inner = inner.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            tune(&s);
+            let (r, mut w) = s.into_split();
+            let mut rd = FrameReader::new(r);
+            let peer = match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
+                Ok(Ok(Message::Hello(h))) if h.version == wire::PROTOCOL_VERSION => h.worker_id,
+                Ok(Ok(_)) | Ok(Err(_)) | Err(_) => {
+                    tracing::debug!(%addr, "dropped a connection that did not start with a valid hello");
+                    return;
+                }
+            };
+            let hello = Message::Hello(Hello {
+                version: wire::PROTOCOL_VERSION,
+                worker_id: inner.worker_id.clone(),
+            });
+            if w.write_all(&hello.to_vec()).await.is_err() {
+                return;
+            }
+            tracing::debug!(%addr, peer, "accepted a connection");
+            let conn = Conn::new(peer, w, inner.handle.clone());
+            run_connection(conn, rd, shutdown, Some(inner)).await;
+        });
+    }
+}
+
+/// The reader loop of a connection. `inner` is set for connections accepted
+/// by the listener (they serve passive operations).
+async fn run_connection(
+    conn: Arc<Conn>,
+    mut rd: FrameReader,
+    mut shutdown: watch::Receiver<bool>,
+    inner: Option<Arc<Inner>>,
+) {
+    let mut dead = conn.dead.subscribe();
+    let err = loop {
+        let step = tokio::select! {
+            r = step(&conn, &mut rd, inner.as_ref()) => r,
+            _ = until(&mut dead, |d| d.is_some()) => {
+                let cause = conn.dead.borrow().clone().unwrap_or_default();
+                Err(ConnError::Closed(Error::ConnectionLost { peer: conn.peer.clone(), cause }))
+            }
+            _ = until(&mut shutdown, |s| *s) => Err(ConnError::Closed(Error::Shutdown)),
+        };
+        if let Err(e) = step {
+            break e.into_error(&conn.peer);
+        }
+    };
+    tracing::debug!(peer = conn.peer, "connection closed: {err}");
+    conn.kill(err.to_string());
+    let active: Vec<ActiveReq> = lock(&conn.active).drain().map(|(_, r)| r).collect();
+    for r in active {
+        r.region.close();
+        r.shared.fail(err.clone());
+    }
+    let passive: Vec<PassiveReq> = lock(&conn.passive).drain().map(|(_, r)| r).collect();
+    if let Some(inner) = &inner {
+        for r in passive {
+            inner
+                .exposures
+                .finish(&r.exposure, OperationStatus::Errored, Some(err.clone()));
+        }
+    }
+    let _ = conn.writer.lock().await.shutdown().await;
+}
+
+async fn step(
+    conn: &Arc<Conn>,
+    rd: &mut FrameReader,
+    inner: Option<&Arc<Inner>>,
+) -> Result<(), ConnError> {
+    let msg = rd.next().await?;
+    match (msg, inner) {
+        (Message::Hello(_), _) => Err(ConnError::Violation("unexpected hello".into())),
+        (Message::Open(o), Some(inner)) => {
+            on_open(conn, inner, o);
+            Ok(())
+        }
+        (Message::Open(_), None) => {
+            Err(ConnError::Violation("open sent to the active side".into()))
+        }
+        (Message::Data(d), Some(_)) => {
+            let region = {
+                let mut passive = lock(&conn.passive);
+                match passive.get_mut(&d.req) {
+                    Some(PassiveReq {
+                        cursor: Some(c),
+                        exposure,
+                    }) => {
+                        c.accept(d.desc, d.offset, d.len)
+                            .map_err(|e| ConnError::Violation(e.to_string()))?;
+                        Some(exposure.region.clone())
+                    }
+                    Some(_) => return Err(ConnError::Violation("data sent for a READ".into())),
+                    None => None,
+                }
+            };
+            rd.payload(d.len, region.as_deref().map(|r| (r, d.desc, d.offset)))
+                .await
+        }
+        (Message::Data(d), None) => {
+            let region = {
+                let mut active = lock(&conn.active);
+                match active.get_mut(&d.req) {
+                    Some(r) if r.kind == OperationKind::Read => {
+                        r.cursor
+                            .accept(d.desc, d.offset, d.len)
+                            .map_err(|e| ConnError::Violation(e.to_string()))?;
+                        Some(r.region.clone())
+                    }
+                    Some(_) => return Err(ConnError::Violation("data sent for a WRITE".into())),
+                    None => None,
+                }
+            };
+            rd.payload(d.len, region.as_deref().map(|r| (r, d.desc, d.offset)))
+                .await
+        }
+        (Message::Finish { req }, Some(inner)) => {
+            let Some(r) = lock(&conn.passive).remove(&req) else {
+                return Ok(());
+            };
+            if r.cursor.as_ref().is_some_and(|c| !c.is_done()) {
+                return Err(ConnError::Violation("finish before all data".into()));
+            }
+            let won = inner
+                .exposures
+                .finish(&r.exposure, OperationStatus::Complete, None);
+            if r.cursor.is_some() {
+                // A write: confirm that every byte landed.
+                if won {
+                    conn.send_detached(Message::Finish { req });
+                } else {
+                    conn.abort_detached(req, AbortReason::Cancelled, String::new());
+                }
+            }
+            Ok(())
+        }
+        (Message::Finish { req }, None) => {
+            let Some(r) = lock(&conn.active).remove(&req) else {
+                return Ok(());
+            };
+            if r.kind == OperationKind::Read {
+                if !r.cursor.is_done() {
+                    return Err(ConnError::Violation("finish before all data".into()));
+                }
+                r.region.close();
+                conn.send_detached(Message::Finish { req });
+            } else {
+                r.region.close();
+            }
+            r.shared.end(OperationStatus::Complete, None);
+            Ok(())
+        }
+        (Message::Abort(a), Some(inner)) => {
+            if let Some(r) = lock(&conn.passive).remove(&a.req) {
+                let err = remote_error(&a);
+                let status = if matches!(err, Error::RemoteCancelled) {
+                    OperationStatus::Cancelled
+                } else {
+                    OperationStatus::Errored
+                };
+                inner.exposures.finish(&r.exposure, status, Some(err));
+            }
+            Ok(())
+        }
+        (Message::Abort(a), None) => {
+            if let Some(r) = lock(&conn.active).remove(&a.req) {
+                r.region.close();
+                r.shared.fail(remote_error(&a));
+            }
+            Ok(())
+        }
+    }
+}
+
+fn remote_error(a: &Abort) -> Error {
+    match a.reason {
+        AbortReason::Cancelled => Error::RemoteCancelled,
+        reason => Error::Rejected {
+            reason,
+            detail: a.detail.clone(),
+        },
+    }
+}
+
+fn on_open(conn: &Arc<Conn>, inner: &Arc<Inner>, o: Open) {
+    if lock(&conn.passive).contains_key(&o.req) {
+        conn.abort_detached(o.req, AbortReason::Protocol, "request number in use".into());
+        return;
+    }
+    match inner.exposures.open(&o, conn) {
+        Err((reason, detail)) => {
+            tracing::info!(
+                peer = conn.peer,
+                op = o.op_id,
+                ?reason,
+                "refused an operation: {detail}"
+            );
+            conn.abort_detached(o.req, reason, detail);
+        }
+        Ok(exposure) => {
+            exposure.shared.set_transport(TransportKind::Tcp);
+            let cursor = (o.kind == OperationKind::Write).then(|| Cursor::new(o.sizes.clone()));
+            let region = exposure.region.clone();
+            lock(&conn.passive).insert(
+                o.req,
+                PassiveReq {
+                    exposure: exposure.clone(),
+                    cursor,
+                },
+            );
+            // The owner may have withdrawn it between the check and the insert.
+            if exposure.shared.status().is_terminal() {
+                conn.forget_passive(o.req);
+                return;
+            }
+            if o.kind == OperationKind::Read {
+                conn.spawn_stream(o.req, region, o.sizes, Vec::new(), None);
+            }
+        }
+    }
+}
