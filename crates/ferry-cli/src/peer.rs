@@ -424,6 +424,11 @@ impl Answers {
         })
     }
 
+    /// An answer that has already arrived, without waiting.
+    pub fn try_next(&mut self) -> Option<Event> {
+        self.rx.try_recv().ok()
+    }
+
     /// The next answer, which must be of kind `event`.
     pub async fn expect(&mut self, event: &str) -> anyhow::Result<Event> {
         let e = self.next().await?;

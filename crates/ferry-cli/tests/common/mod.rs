@@ -1,0 +1,100 @@
+//! A harness for tests that cross a process boundary: a connector in the test
+//! process and one or more `ferry peer` processes driven over pipes.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use ferry::{Connector, Descriptor, RdmaMetadata};
+use ferry_cli::peer::{self, Answers, Cmd, Event, PeerProcess, Request};
+
+pub fn exe() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_ferry"))
+}
+
+/// The transports to run the shared suite over, from `FERRY_TRANSPORTS`
+/// (default: every transport of this build).
+pub fn env() -> Vec<(&'static str, String)> {
+    match std::env::var(ferry::TRANSPORTS_ENV) {
+        Ok(v) => vec![(ferry::TRANSPORTS_ENV, v)],
+        Err(_) => Vec::new(),
+    }
+}
+
+pub async fn connector() -> Connector {
+    Connector::builder()
+        .listen("127.0.0.1:0".parse().unwrap())
+        .build()
+        .await
+        .expect("connector starts")
+}
+
+pub async fn peer() -> PeerProcess {
+    let env = env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    PeerProcess::spawn(exe(), &["--listen", "127.0.0.1:0"], &env)
+        .await
+        .expect("peer process starts")
+}
+
+pub fn req(cmd: Cmd, sizes: &[u64], seed: u64) -> Request {
+    let mut r = Request::new(0, cmd);
+    r.sizes = sizes.to_vec();
+    r.seed = seed;
+    r
+}
+
+pub fn with_meta(mut r: Request, m: &RdmaMetadata) -> Request {
+    r.metadata = Some(m.to_json());
+    r
+}
+
+/// Asks the peer to expose memory; returns the answers and the metadata.
+pub async fn expose(
+    p: &PeerProcess,
+    cmd: Cmd,
+    sizes: &[u64],
+    seed: u64,
+) -> (Answers, RdmaMetadata) {
+    let mut a = p.request(req(cmd, sizes, seed)).await.unwrap();
+    let m = a.expect("metadata").await.unwrap();
+    let meta = RdmaMetadata::from_json(m.metadata.as_deref().unwrap()).unwrap();
+    (a, meta)
+}
+
+pub async fn done(a: &mut Answers) -> Event {
+    tokio::time::timeout(Duration::from_secs(120), a.expect("done"))
+        .await
+        .expect("the peer answers within 120 s")
+        .unwrap()
+}
+
+pub fn filled(sizes: &[u64], seed: u64) -> Vec<Descriptor<'static>> {
+    peer::buffers(sizes, Some(seed))
+}
+
+pub fn zeroed(sizes: &[u64]) -> Vec<Descriptor<'static>> {
+    peer::buffers(sizes, None)
+}
+
+/// 16 descriptors of mixed sizes, 1 byte to 1 MiB.
+pub fn mixed16() -> Vec<u64> {
+    vec![
+        1,
+        7,
+        8,
+        9,
+        100,
+        4095,
+        4096,
+        4097,
+        65535,
+        65536,
+        65537,
+        1 << 20,
+        3,
+        333_333,
+        12,
+        1000,
+    ]
+}

@@ -1,0 +1,489 @@
+//! Every way an operation between two processes can go wrong, each with the
+//! error it must produce.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use ferry::{AbortReason, Error, OperationStatus, RdmaMetadata};
+use ferry_cli::peer::{Cmd, Request};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_pairing_is_refused_before_any_byte_moves() {
+    let local = connector().await;
+    let p = peer().await;
+    let (_a, readable) = expose(&p, Cmd::Readable, &[64], 1).await;
+    let err = local
+        .begin_write(filled(&[64], 1), &readable)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::WrongPairing { .. }), "{err}");
+    assert!(err.is_misuse());
+    assert!(err.to_string().contains("pair READ with READABLE"), "{err}");
+
+    let (_b, writable) = expose(&p, Cmd::Writable, &[64], 1).await;
+    let err = local
+        .begin_read(&writable, zeroed(&[64]))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::WrongPairing { .. }), "{err}");
+
+    // The peer, too, refuses to read from this process's writable.
+    let w = local.create_writable(zeroed(&[64])).await.unwrap();
+    let mut a = p
+        .request(with_meta(req(Cmd::Read, &[64], 1), w.metadata()))
+        .await
+        .unwrap();
+    let ev = done(&mut a).await;
+    assert!(
+        ev.error.as_deref().unwrap().contains("WritableOperation"),
+        "{ev:?}"
+    );
+    assert_eq!(
+        w.status(),
+        OperationStatus::Initialized,
+        "the refused read touched nothing"
+    );
+    assert_eq!(connection_free(&local), 0);
+}
+
+fn connection_free(c: &ferry::Connector) -> usize {
+    c.connection_count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn count_and_size_mismatches_are_refused() {
+    let local = connector().await;
+    let p = peer().await;
+    let (_a, m) = expose(&p, Cmd::Readable, &[10, 20], 1).await;
+    let err = local.begin_read(&m, zeroed(&[10])).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::CountMismatch {
+                local: 1,
+                remote: 2
+            }
+        ),
+        "{err}"
+    );
+    let err = local.begin_read(&m, zeroed(&[10, 21])).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::SizeMismatch {
+                index: 1,
+                local: 21,
+                remote: 20
+            }
+        ),
+        "{err}"
+    );
+    // Nothing was sent: the peer's readable is untouched and still usable.
+    let read = local.begin_read(&m, zeroed(&[10, 20])).await.unwrap();
+    read.wait_for_completion().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_metadata_is_refused_by_the_remote_without_disturbing_it() {
+    let local = connector().await;
+    let p = peer().await;
+    let (mut a, m) = expose(&p, Cmd::Writable, &[100], 5).await;
+    let edit = |f: &dyn Fn(&mut serde_json::Value)| {
+        let mut v: serde_json::Value = serde_json::from_str(&m.to_json()).unwrap();
+        f(&mut v);
+        RdmaMetadata::from_json(&v.to_string()).unwrap()
+    };
+    // Sizes claimed larger than exposed: the remote checks them itself.
+    let bigger = edit(&|v| v["descriptors"][0]["size"] = 200.into());
+    let op = local.begin_write(filled(&[200], 5), &bigger).await.unwrap();
+    let err = op.wait_for_completion().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Rejected {
+                reason: AbortReason::SizeMismatch,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // A guessed token.
+    let guessed = edit(&|v| v["token"] = "00000000000000000000000000000000".into());
+    let op = local
+        .begin_write(filled(&[100], 5), &guessed)
+        .await
+        .unwrap();
+    let err = op.wait_for_completion().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Rejected {
+                reason: AbortReason::BadToken,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Another operation id.
+    let other = edit(&|v| v["operation_id"] = 999_999.into());
+    let op = local.begin_write(filled(&[100], 5), &other).await.unwrap();
+    let err = op.wait_for_completion().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Rejected {
+                reason: AbortReason::UnknownOperation,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // The kind flipped (a READ against the writable).
+    let flipped = edit(&|v| v["operation_kind"] = 1.into());
+    let op = local.begin_read(&flipped, zeroed(&[100])).await.unwrap();
+    let err = op.wait_for_completion().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Rejected {
+                reason: AbortReason::WrongKind,
+                ..
+            }
+        ),
+        "{err}"
+    );
+
+    // The writable was not disturbed: the genuine write still lands.
+    assert!(a.try_next().is_none());
+    let op = local.begin_write(filled(&[100], 5), &m).await.unwrap();
+    op.wait_for_completion().await.unwrap();
+    let ev = done(&mut a).await;
+    assert_eq!(ev.verified, Some(true), "{ev:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_and_truncated_metadata_are_errors() {
+    let p = peer().await;
+    let local = connector().await;
+    let r = local.create_readable(filled(&[8], 1)).await.unwrap();
+    let json = r.metadata().to_json();
+    for bad in [
+        "garbage".to_string(),
+        String::new(),
+        json[..json.len() / 2].to_string(),
+        json.replace("\"version\":1", "\"version\":2"),
+    ] {
+        let err = RdmaMetadata::from_json(&bad).unwrap_err();
+        assert!(!err.to_string().is_empty());
+        // The same through the peer process, which reports it.
+        let mut rq = req(Cmd::Read, &[8], 1);
+        rq.metadata = Some(bad.clone());
+        let mut a = p.request(rq).await.unwrap();
+        let ev = done(&mut a).await;
+        assert!(
+            ev.error.as_deref().unwrap().starts_with("bad metadata"),
+            "{bad:?}: {ev:?}"
+        );
+    }
+    assert_eq!(r.status(), OperationStatus::Initialized);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_of_an_ended_operation_is_refused() {
+    let local = connector().await;
+    let p = peer().await;
+    let (mut a, m) = expose(&p, Cmd::Readable, &[4096], 3).await;
+    let read = local.begin_read(&m, zeroed(&[4096])).await.unwrap();
+    read.wait_for_completion().await.unwrap();
+    done(&mut a).await;
+    let again = local.begin_read(&m, zeroed(&[4096])).await.unwrap();
+    let err = again.wait_for_completion().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Rejected {
+                reason: AbortReason::OperationEnded,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("fresh metadata"), "{err}");
+    assert_eq!(again.status(), OperationStatus::Errored);
+
+    // Cancelled before use: the same.
+    let (_b, m) = expose(&p, Cmd::Writable, &[16], 3).await;
+    p.request(Request {
+        target: Some(_b.id),
+        ..Request::new(0, Cmd::Cancel)
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let w = local.begin_write(filled(&[16], 3), &m).await.unwrap();
+    let err = w.wait_for_completion().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Rejected {
+                reason: AbortReason::OperationEnded,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_address_is_a_quick_error() {
+    let local = connector().await;
+    let other = connector().await;
+    let r = other.create_readable(filled(&[8], 1)).await.unwrap();
+    // A port that nothing listens on.
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let m = r.metadata().clone().with_addresses(vec![free]).unwrap();
+    let t = Instant::now();
+    let err = local.begin_read(&m, zeroed(&[8])).await.unwrap_err();
+    assert!(matches!(err, Error::Unreachable { .. }), "{err}");
+    assert!(err.to_string().contains(&free.to_string()), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(5));
+
+    // A connector that has shut down.
+    drop(other);
+    let err = r.wait_for_completion().await.unwrap_err();
+    assert!(matches!(err, Error::Shutdown), "{err}");
+    let err = match local.begin_read(r.metadata(), zeroed(&[8])).await {
+        Err(e) => e,
+        Ok(op) => op.wait_for_completion().await.unwrap_err(),
+    };
+    assert!(
+        matches!(
+            err,
+            Error::Unreachable { .. } | Error::ConnectionLost { .. }
+        ),
+        "{err}"
+    );
+}
+
+async fn wait_status(
+    f: impl Fn() -> OperationStatus,
+    want: OperationStatus,
+    within: Duration,
+) -> Duration {
+    let t = Instant::now();
+    while f() != want {
+        assert!(
+            t.elapsed() < within,
+            "status {:?}, wanted {want:?} within {within:?}",
+            f()
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    t.elapsed()
+}
+
+const BIG: u64 = 1 << 30;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_killed_mid_read_of_this_process_memory() {
+    let local = connector().await;
+    let mut victim = peer().await;
+    let bystander = peer().await;
+    let readable = local.create_readable(zeroed(&[BIG])).await.unwrap();
+    let _a = victim
+        .request(with_meta(req(Cmd::Read, &[BIG], 0), readable.metadata()))
+        .await
+        .unwrap();
+    wait_status(
+        || readable.status(),
+        OperationStatus::InProgress,
+        Duration::from_secs(60),
+    )
+    .await;
+    victim.kill().await.unwrap();
+    let t = Instant::now();
+    let err = readable
+        .wait_for_completion_timeout(Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::ConnectionLost { .. }), "{err}");
+    assert_eq!(readable.status(), OperationStatus::Errored);
+    eprintln!("the survivor saw the death after {:?}", t.elapsed());
+
+    // The survivor keeps serving its other peers.
+    let r2 = local.create_readable(filled(&[1 << 20], 4)).await.unwrap();
+    let mut a = bystander
+        .request(with_meta(req(Cmd::Read, &[1 << 20], 4), r2.metadata()))
+        .await
+        .unwrap();
+    r2.wait_for_completion().await.unwrap();
+    assert_eq!(done(&mut a).await.verified, Some(true));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_killed_mid_write_into_its_memory() {
+    let local = connector().await;
+    let mut victim = peer().await;
+    let bystander = peer().await;
+    let (_a, m) = expose(&victim, Cmd::Writable, &[BIG], 0).await;
+    let write = local.begin_write(zeroed(&[BIG]), &m).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    victim.kill().await.unwrap();
+    let err = write
+        .wait_for_completion_timeout(Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::ConnectionLost { .. }), "{err}");
+
+    let (mut b, m2) = expose(&bystander, Cmd::Writable, &[1 << 20], 8).await;
+    let w2 = local.begin_write(filled(&[1 << 20], 8), &m2).await.unwrap();
+    w2.wait_for_completion().await.unwrap();
+    assert_eq!(done(&mut b).await.verified, Some(true));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_killed_while_this_process_reads_it() {
+    let local = connector().await;
+    let mut victim = peer().await;
+    let (_a, m) = expose(&victim, Cmd::Readable, &[BIG], 0).await;
+    let read = local.begin_read(&m, zeroed(&[BIG])).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    victim.kill().await.unwrap();
+    let err = read
+        .wait_for_completion_timeout(Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::ConnectionLost { .. }), "{err}");
+    assert_eq!(read.status(), OperationStatus::Errored);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_of_a_writable_during_a_transfer_stops_every_later_byte() {
+    let local = connector().await;
+    let p = peer().await;
+    let size = 256 << 20;
+    let (mut a, m) = expose(&p, Cmd::Writable, &[size], 7).await;
+    let write = local.begin_write(filled(&[size], 7), &m).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    p.request(Request {
+        target: Some(a.id),
+        ..Request::new(0, Cmd::Cancel)
+    })
+    .await
+    .unwrap();
+    let ev = done(&mut a).await;
+    assert_eq!(
+        ev.before_cancel.as_deref(),
+        Some("IN_PROGRESS"),
+        "cancelled during the transfer: {ev:?}"
+    );
+    assert_eq!(ev.status.as_deref(), Some("CANCELLED"));
+    let at_cancel = ev.checksum.unwrap();
+
+    // The writer learns of it.
+    let err = write.wait_for_completion().await.unwrap_err();
+    assert!(matches!(err, Error::RemoteCancelled), "{err}");
+    // Give a late byte every chance to land, then look again.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let later = p
+        .request(Request {
+            target: Some(a.id),
+            ..Request::new(0, Cmd::Checksum)
+        })
+        .await
+        .unwrap()
+        .expect("checksum")
+        .await
+        .unwrap();
+    assert_eq!(
+        later.checksum,
+        Some(at_cancel),
+        "bytes landed in the writable after its cancel returned"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_of_a_write_during_a_transfer_reaches_the_remote() {
+    let local = connector().await;
+    let p = peer().await;
+    let size = 256 << 20;
+    let (mut a, m) = expose(&p, Cmd::Writable, &[size], 7).await;
+    let write = local.begin_write(filled(&[size], 7), &m).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    write.cancel();
+    assert_eq!(write.status(), OperationStatus::Cancelled);
+    assert!(matches!(
+        write.wait_for_completion().await,
+        Err(Error::Cancelled)
+    ));
+    let ev = done(&mut a).await;
+    assert_eq!(ev.status.as_deref(), Some("CANCELLED"), "{ev:?}");
+    assert!(
+        ev.error
+            .as_deref()
+            .unwrap()
+            .contains("remote side cancelled"),
+        "{ev:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_before_a_transfer_on_both_sides() {
+    let local = connector().await;
+    let p = peer().await;
+    // An active read cancelled right after it began: the remote readable is told.
+    let (mut a, m) = expose(&p, Cmd::Readable, &[64 << 20], 2).await;
+    let read = local.begin_read(&m, zeroed(&[64 << 20])).await.unwrap();
+    read.cancel();
+    assert_eq!(read.status(), OperationStatus::Cancelled);
+    let ev = done(&mut a).await;
+    assert_eq!(ev.status.as_deref(), Some("CANCELLED"), "{ev:?}");
+    // Dropping counts as cancelling: a local writable dropped before the peer writes.
+    let w = local.create_writable(zeroed(&[32])).await.unwrap();
+    let meta = w.metadata().clone();
+    drop(w);
+    assert_eq!(local.exposed_count(), 0);
+    let mut a = p
+        .request(with_meta(req(Cmd::Write, &[32], 1), &meta))
+        .await
+        .unwrap();
+    let ev = done(&mut a).await;
+    assert!(
+        ev.error.as_deref().unwrap().contains("has already ended"),
+        "{ev:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadlines_fire_on_both_sides() {
+    let local = connector().await;
+    let p = peer().await;
+    let w = local.create_writable(zeroed(&[8])).await.unwrap();
+    let err = w
+        .wait_for_completion_timeout(Duration::from_millis(50))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Timeout(_)), "{err}");
+    assert_eq!(
+        w.status(),
+        OperationStatus::Initialized,
+        "a deadline does not cancel"
+    );
+    let mut r = req(Cmd::Writable, &[8], 1);
+    r.deadline_ms = Some(50);
+    let mut a = p.request(r).await.unwrap();
+    a.expect("metadata").await.unwrap();
+    let ev = done(&mut a).await;
+    assert!(
+        ev.error
+            .as_deref()
+            .unwrap()
+            .contains("did not finish within"),
+        "{ev:?}"
+    );
+}

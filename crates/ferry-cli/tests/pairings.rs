@@ -1,0 +1,99 @@
+//! The shared suite: READ and WRITE pairings between this process and a
+//! `ferry peer` process, in both directions, checked byte for byte. Set
+//! `FERRY_TRANSPORTS` to run it over one transport.
+
+mod common;
+
+use common::*;
+use ferry::{OperationStatus, TransportKind};
+use ferry_cli::peer::{self, Cmd};
+
+/// Runs the four directed pairings for one set of sizes.
+async fn all_pairings(sizes: &[u64]) {
+    let local = connector().await;
+    let p = peer().await;
+
+    // 1. The peer exposes a readable; this process reads it.
+    let (mut a, meta) = expose(&p, Cmd::Readable, sizes, 11).await;
+    let read = local.begin_read(&meta, zeroed(sizes)).await.unwrap();
+    read.wait_for_completion().await.unwrap();
+    assert_eq!(read.status(), OperationStatus::Complete);
+    assert_eq!(read.transport(), Some(TransportKind::Tcp));
+    let ev = done(&mut a).await;
+    assert_eq!(ev.status.as_deref(), Some("COMPLETE"), "{ev:?}");
+    assert!(
+        peer::verify(&read.into_descriptors(), 11),
+        "bytes read differ"
+    );
+
+    // 2. This process exposes a readable; the peer reads it.
+    let readable = local.create_readable(filled(sizes, 12)).await.unwrap();
+    let mut a = p
+        .request(with_meta(req(Cmd::Read, sizes, 12), readable.metadata()))
+        .await
+        .unwrap();
+    readable.wait_for_completion().await.unwrap();
+    let ev = done(&mut a).await;
+    assert_eq!(ev.status.as_deref(), Some("COMPLETE"), "{ev:?}");
+    assert_eq!(ev.verified, Some(true), "the peer read other bytes: {ev:?}");
+
+    // 3. The peer exposes a writable; this process writes it.
+    let (mut a, meta) = expose(&p, Cmd::Writable, sizes, 13).await;
+    let write = local.begin_write(filled(sizes, 13), &meta).await.unwrap();
+    write.wait_for_completion().await.unwrap();
+    let ev = done(&mut a).await;
+    assert_eq!(ev.status.as_deref(), Some("COMPLETE"), "{ev:?}");
+    assert_eq!(
+        ev.verified,
+        Some(true),
+        "the peer received other bytes: {ev:?}"
+    );
+
+    // 4. This process exposes a writable; the peer writes it.
+    let writable = local.create_writable(zeroed(sizes)).await.unwrap();
+    let mut a = p
+        .request(with_meta(req(Cmd::Write, sizes, 14), writable.metadata()))
+        .await
+        .unwrap();
+    writable.wait_for_completion().await.unwrap();
+    let ev = done(&mut a).await;
+    assert_eq!(ev.status.as_deref(), Some("COMPLETE"), "{ev:?}");
+    assert!(
+        peer::verify(&writable.into_descriptors(), 14),
+        "bytes written differ"
+    );
+
+    // Nothing stays exposed once every operation has ended.
+    assert_eq!(local.exposed_count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_byte() {
+    all_pairings(&[1]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_kib() {
+    all_pairings(&[4096]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_descriptors_of_mixed_sizes() {
+    all_pairings(&mixed16()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_sized_descriptor_among_others() {
+    all_pairings(&[0, 5, 0, 70_000, 0]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_fifty_six_mib() {
+    all_pairings(&[256 << 20]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_descriptors_of_64_kib_and_one_of_4_mib() {
+    all_pairings(&[64 << 10; 64]).await;
+    all_pairings(&[4 << 20]).await;
+}
