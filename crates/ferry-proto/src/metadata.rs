@@ -441,7 +441,8 @@ mod tests {
 
     #[test]
     fn validation_names_the_bad_field() {
-        let cases: Vec<(Box<dyn FnOnce(&mut serde_json::Value)>, &str)> = vec![
+        type Edit = Box<dyn FnOnce(&mut serde_json::Value)>;
+        let cases: Vec<(Edit, &str)> = vec![
             (Box::new(|v| v["version"] = 9.into()), "version 9"),
             (
                 Box::new(|v| v["operation_kind"] = 3.into()),

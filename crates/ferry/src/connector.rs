@@ -505,6 +505,38 @@ impl std::fmt::Debug for Connector {
 }
 
 /// Operations over borrowed memory; see [`Connector::scope`].
+///
+/// Memory must outlive the whole `scope` call, so a buffer made inside the
+/// closure is refused at compile time:
+///
+/// ```compile_fail
+/// # fn f(c: &ferry::Connector, h: tokio::runtime::Handle) {
+/// c.scope(|s| {
+///     let inner = vec![0u8; 8];
+///     let _ = h.block_on(s.create_readable(vec![ferry::Descriptor::from_slice(&inner)]));
+/// });
+/// # }
+/// ```
+///
+/// Outside a scope, only memory the descriptor owns is accepted:
+///
+/// ```compile_fail
+/// # async fn f(c: &ferry::Connector) {
+/// let buf = vec![0u8; 8];
+/// let _ = c.create_readable(vec![ferry::Descriptor::from_slice(&buf)]).await;
+/// # }
+/// ```
+///
+/// ```
+/// # fn f(c: &ferry::Connector, h: tokio::runtime::Handle) {
+/// let outer = vec![0u8; 8];
+/// c.scope(|s| {
+///     let op = h.block_on(s.create_readable(vec![ferry::Descriptor::from_slice(&outer)])).unwrap();
+///     // hand op.metadata() to a remote, wait, ...
+///     # drop(op);
+/// });
+/// # }
+/// ```
 pub struct Scope<'scope, 'env: 'scope> {
     connector: &'scope Connector,
     ops: Mutex<Vec<Arc<OpCore>>>,

@@ -51,3 +51,8 @@ pub use ferry_proto::{
 };
 pub use op::{ReadOperation, ReadableOperation, WritableOperation, WriteOperation};
 pub use transport::TransportKind;
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
