@@ -16,7 +16,7 @@ use anyhow::{anyhow, bail, Context};
 use ferry::{Connector, Descriptor, OperationStatus, RdmaMetadata};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
+use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::pattern;
@@ -42,6 +42,12 @@ pub enum Cmd {
     Stats,
     /// Exit the process at once (no clean-up, like a crash).
     Crash,
+    /// Baseline: accept one plain TCP connection on the answered `address`;
+    /// then for each byte `w` read `sizes[0]` bytes and answer one byte, and
+    /// for each byte `r` send `sizes[0]` bytes.
+    TcpStream,
+    /// Answers `cpu` with this process's CPU time in microseconds.
+    CpuTime,
 }
 
 /// One request line.
@@ -66,6 +72,10 @@ pub struct Request {
     /// Give up waiting after this many milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_ms: Option<u64>,
+    /// Benchmark mode: take buffers from a pool and give them back after,
+    /// without filling, checking or keeping them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reuse: bool,
 }
 
 impl Request {
@@ -79,6 +89,7 @@ impl Request {
             metadata: None,
             target: None,
             deadline_ms: None,
+            reuse: false,
         }
     }
 }
@@ -120,6 +131,12 @@ pub struct Event {
     /// For `stats`: open connections.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connections: Option<usize>,
+    /// For `listening`: where to connect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// For `done`: the transport that carried the operation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<String>,
 }
 
 impl Event {
@@ -194,6 +211,9 @@ impl AnyOp {
     fn take(self) -> Vec<Descriptor<'static>> {
         each!(self, op => op.into_descriptors())
     }
+    fn transport(&self) -> Option<ferry::TransportKind> {
+        each!(self, op => op.transport())
+    }
 }
 
 struct PeerState {
@@ -201,11 +221,44 @@ struct PeerState {
     out: mpsc::UnboundedSender<Event>,
     cancels: Mutex<HashMap<u64, oneshot::Sender<()>>>,
     kept: Mutex<HashMap<u64, Vec<Descriptor<'static>>>>,
+    pool: Mutex<HashMap<u64, Vec<Vec<u8>>>>,
 }
 
 impl PeerState {
     fn send(&self, e: Event) {
         let _ = self.out.send(e);
+    }
+
+    /// Pooled buffers of these sizes (zeroed when first made).
+    fn pooled(&self, sizes: &[u64]) -> Vec<Descriptor<'static>> {
+        let mut pool = self.pool.lock().unwrap();
+        sizes
+            .iter()
+            .map(|&s| {
+                let v = pool
+                    .get_mut(&s)
+                    .and_then(|l| l.pop())
+                    .unwrap_or_else(|| vec![0; s as usize]);
+                Descriptor::from_vec(v)
+            })
+            .collect()
+    }
+
+    fn unpool(&self, descs: Vec<Descriptor<'static>>) {
+        let mut pool = self.pool.lock().unwrap();
+        for d in descs {
+            if let Ok(v) = d.into_vec() {
+                pool.entry(v.len() as u64).or_default().push(v);
+            }
+        }
+    }
+
+    fn bufs(&self, r: &Request, seed: Option<u64>) -> Vec<Descriptor<'static>> {
+        if r.reuse {
+            self.pooled(&r.sizes)
+        } else {
+            buffers(&r.sizes, seed)
+        }
     }
 
     fn send_metadata(&self, id: u64, m: &RdmaMetadata) {
@@ -215,14 +268,8 @@ impl PeerState {
     }
 
     /// Waits for `op` (or a cancel of request `id`), then reports.
-    async fn finish(
-        &self,
-        id: u64,
-        started: Instant,
-        op: AnyOp,
-        deadline: Option<u64>,
-        seed: Option<u64>,
-    ) {
+    async fn finish(&self, r: &Request, started: Instant, op: AnyOp, seed: Option<u64>) {
+        let (id, deadline) = (r.id, r.deadline_ms);
         let (tx, rx) = oneshot::channel();
         self.cancels.lock().unwrap().insert(id, tx);
         let mut ev = Event::new(id, "done");
@@ -246,7 +293,13 @@ impl PeerState {
         ev.micros = Some(started.elapsed().as_micros() as u64);
         ev.status = Some(op.status().to_string());
         ev.error = result.err().map(|e| e.to_string());
+        ev.transport = op.transport().map(|t| t.to_string());
         let descs = op.take();
+        if r.reuse {
+            self.send(ev);
+            self.unpool(descs);
+            return;
+        }
         if let Some(seed) = seed {
             ev.verified = Some(verify(&descs, seed));
         }
@@ -270,41 +323,30 @@ impl PeerState {
         match r.cmd {
             Cmd::Readable => match self
                 .connector
-                .create_readable(buffers(&r.sizes, Some(r.seed)))
+                .create_readable(self.bufs(&r, Some(r.seed)))
                 .await
             {
                 Err(e) => self.send(fail(e.to_string())),
                 Ok(op) => {
                     self.send_metadata(r.id, op.metadata());
-                    self.finish(r.id, started, AnyOp::Readable(op), r.deadline_ms, None)
-                        .await
+                    self.finish(&r, started, AnyOp::Readable(op), None).await
                 }
             },
-            Cmd::Writable => match self
-                .connector
-                .create_writable(buffers(&r.sizes, None))
-                .await
-            {
+            Cmd::Writable => match self.connector.create_writable(self.bufs(&r, None)).await {
                 Err(e) => self.send(fail(e.to_string())),
                 Ok(op) => {
                     self.send_metadata(r.id, op.metadata());
-                    self.finish(
-                        r.id,
-                        started,
-                        AnyOp::Writable(op),
-                        r.deadline_ms,
-                        Some(r.seed),
-                    )
-                    .await
+                    let seed = (!r.reuse).then_some(r.seed);
+                    self.finish(&r, started, AnyOp::Writable(op), seed).await
                 }
             },
             Cmd::Read => match remote() {
                 Err(e) => self.send(fail(e)),
-                Ok(m) => match self.connector.begin_read(&m, buffers(&r.sizes, None)).await {
+                Ok(m) => match self.connector.begin_read(&m, self.bufs(&r, None)).await {
                     Err(e) => self.send(fail(e.to_string())),
                     Ok(op) => {
-                        self.finish(r.id, started, AnyOp::Read(op), r.deadline_ms, Some(r.seed))
-                            .await
+                        let seed = (!r.reuse).then_some(r.seed);
+                        self.finish(&r, started, AnyOp::Read(op), seed).await
                     }
                 },
             },
@@ -312,14 +354,11 @@ impl PeerState {
                 Err(e) => self.send(fail(e)),
                 Ok(m) => match self
                     .connector
-                    .begin_write(buffers(&r.sizes, Some(r.seed)), &m)
+                    .begin_write(self.bufs(&r, Some(r.seed)), &m)
                     .await
                 {
                     Err(e) => self.send(fail(e.to_string())),
-                    Ok(op) => {
-                        self.finish(r.id, started, AnyOp::Write(op), r.deadline_ms, None)
-                            .await
-                    }
+                    Ok(op) => self.finish(&r, started, AnyOp::Write(op), None).await,
                 },
             },
             Cmd::Cancel => {
@@ -349,12 +388,74 @@ impl PeerState {
                 self.send(ev);
             }
             Cmd::Crash => std::process::exit(9),
+            Cmd::TcpStream => {
+                let size = r.sizes.first().copied().unwrap_or(0) as usize;
+                let ip = self.connector.local_addr().ip();
+                let listener = match tokio::net::TcpListener::bind((ip, 0)).await {
+                    Ok(l) => l,
+                    Err(e) => return self.send(fail(e.to_string())),
+                };
+                let mut ev = Event::new(r.id, "listening");
+                ev.address = listener.local_addr().ok().map(|a| a.to_string());
+                self.send(ev);
+                if let Ok((s, _)) = listener.accept().await {
+                    let _ = tcp_stream_baseline(s, size).await;
+                }
+                self.send(Event::new(r.id, "done"));
+            }
+            Cmd::CpuTime => {
+                let mut ev = Event::new(r.id, "cpu");
+                ev.micros = Some(process_cpu_micros());
+                self.send(ev);
+            }
         }
     }
 }
 
-/// Runs the peer until stdin closes.
+/// Serves the plain-TCP baseline on one connection until it closes.
+async fn tcp_stream_baseline(s: tokio::net::TcpStream, size: usize) -> std::io::Result<()> {
+    use tokio::io::AsyncReadExt;
+    s.set_nodelay(true)?;
+    let (mut rd, mut wr) = s.into_split();
+    let mut buf = vec![0u8; size];
+    let mut cmd = [0u8; 1];
+    loop {
+        if rd.read(&mut cmd).await? == 0 {
+            return Ok(());
+        }
+        match cmd[0] {
+            b'w' => {
+                rd.read_exact(&mut buf).await?;
+                wr.write_all(b"k").await?;
+            }
+            _ => wr.write_all(&buf).await?,
+        }
+    }
+}
+
+/// This process's user and system CPU time, in microseconds (Linux).
+pub fn process_cpu_micros() -> u64 {
+    // Fields 14 and 15 of /proc/self/stat, in clock ticks (100 per second on Linux).
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, a)| a).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+    // After the ")" the fields start at number 3, so utime (14) is index 11.
+    (ticks(11) + ticks(12)) * 10_000
+}
+
+/// Runs the peer on stdin and stdout until stdin closes.
 pub async fn run(connector: Connector) -> anyhow::Result<()> {
+    run_on(connector, tokio::io::stdin(), tokio::io::stdout()).await
+}
+
+/// Runs the peer on any byte stream (a pipe, or a TCP control connection
+/// for two-host benchmarks) until its input closes.
+pub async fn run_on<R, W>(connector: Connector, input: R, output: W) -> anyhow::Result<()>
+where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
     let mut ready = Event::new(0, "ready");
     ready.worker_id = Some(connector.worker_id().to_string());
@@ -364,9 +465,10 @@ pub async fn run(connector: Connector) -> anyhow::Result<()> {
         out: tx,
         cancels: Mutex::new(HashMap::new()),
         kept: Mutex::new(HashMap::new()),
+        pool: Mutex::new(HashMap::new()),
     });
     let writer = tokio::spawn(async move {
-        let mut stdout = tokio::io::stdout();
+        let mut stdout = output;
         while let Some(ev) = rx.recv().await {
             let mut line = serde_json::to_vec(&ev).expect("events serialize");
             line.push(b'\n');
@@ -375,7 +477,7 @@ pub async fn run(connector: Connector) -> anyhow::Result<()> {
             }
         }
     });
-    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    let mut lines = BufReader::new(input).lines();
     while let Some(line) = lines.next_line().await? {
         if line.trim().is_empty() {
             continue;
@@ -396,10 +498,13 @@ pub async fn run(connector: Connector) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A peer process started by the driver.
+type Writer = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
+
+/// A peer driven by this process: a child process on a pipe, or a remote
+/// peer on a TCP control connection.
 pub struct PeerProcess {
-    child: Child,
-    stdin: tokio::sync::Mutex<ChildStdin>,
+    child: Option<Child>,
+    stdin: tokio::sync::Mutex<Writer>,
     routes: Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<Event>>>>,
     next_id: std::sync::atomic::AtomicU64,
     /// The peer's worker id.
@@ -457,6 +562,24 @@ impl PeerProcess {
             .with_context(|| format!("starting {}", exe.display()))?;
         let stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
+        Self::start(Some(child), Box::new(stdin), stdout).await
+    }
+
+    /// Drives a peer that serves its protocol on a TCP control address
+    /// (`ferry bench --role target`).
+    pub async fn connect(addr: &str) -> anyhow::Result<Self> {
+        let s = tokio::net::TcpStream::connect(addr)
+            .await
+            .with_context(|| format!("connecting to the target's control address {addr}"))?;
+        s.set_nodelay(true)?;
+        let (r, w) = s.into_split();
+        Self::start(None, Box::new(w), r).await
+    }
+
+    async fn start<R>(child: Option<Child>, stdin: Writer, stdout: R) -> anyhow::Result<Self>
+    where
+        R: tokio::io::AsyncRead + Unpin + Send + 'static,
+    {
         let routes: Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<Event>>>> = Default::default();
         let (ready_tx, mut ready_rx) = mpsc::unbounded_channel();
         routes.lock().unwrap().insert(0, ready_tx);
@@ -510,14 +633,16 @@ impl PeerProcess {
         Ok(Answers { rx, id: r.id })
     }
 
-    /// The operating system's process id.
+    /// The operating system's process id (for a child process).
     pub fn pid(&self) -> Option<u32> {
-        self.child.id()
+        self.child.as_ref().and_then(|c| c.id())
     }
 
-    /// Kills the process with SIGKILL and waits for it.
+    /// Kills the child process with SIGKILL and waits for it.
     pub async fn kill(&mut self) -> anyhow::Result<()> {
-        self.child.kill().await?;
+        if let Some(c) = &mut self.child {
+            c.kill().await?;
+        }
         Ok(())
     }
 }

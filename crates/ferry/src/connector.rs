@@ -374,8 +374,10 @@ impl Connector {
         // owns (or borrows for 'a) and keeps untouched; the operation closes
         // the region in `Drop` and before giving the descriptors back, and a
         // `Scope` closes it for borrowed memory even if the operation leaks.
-        // Between here and the construction of that operation nothing can fail
-        // or yield, and the exposure table only holds the region, not the memory.
+        // Between here and the construction of that operation nothing yields;
+        // the one failure (invalid metadata) cancels through `core`, which
+        // closes the region before the descriptors are dropped. The exposure
+        // table only holds the region, never the memory.
         let region = Arc::new(unsafe { Region::new(&descs, kind == OperationKind::Write) });
         let shared = OpShared::new(OperationStatus::Initialized);
         let (exposure, token) =

@@ -70,7 +70,10 @@ impl Descriptor<'static> {
 
     /// Owns a boxed slice.
     pub fn from_boxed_slice(b: Box<[u8]>) -> Self {
-        Self::owned(b, |b| (b.as_mut_ptr(), b.len()), true)
+        // Stored as a Vec: moving a Box would re-assert its uniqueness and
+        // invalidate the pointer taken from it; a Vec's buffer is not
+        // affected by moving the Vec.
+        Self::from_vec(b.into_vec())
     }
 
     /// Owns a `BytesMut`.

@@ -153,7 +153,10 @@ impl Exposures {
     /// is already closed). Tells the remote if one is bound.
     pub(crate) fn withdraw(&self, e: &Exposure, _changed: bool) {
         lock(&self.map).remove(&e.op_id);
-        if let Some((conn, req)) = lock(&e.binding).take() {
+        // Release `binding` before `forget_passive` takes the connection's
+        // table: the reader takes them in the other order.
+        let bound = lock(&e.binding).take();
+        if let Some((conn, req)) = bound {
             if let Some(conn) = conn.upgrade() {
                 conn.forget_passive(req);
                 conn.send_detached(Message::Abort(Abort {

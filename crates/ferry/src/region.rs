@@ -49,8 +49,9 @@ impl Region {
     /// # Safety
     ///
     /// Until `close` has been called (and has returned), the memory of every
-    /// descriptor must stay valid (readable, and writable if `writable`) and
-    /// must not be accessed by anything except this region. Operations
+    /// descriptor must stay valid (readable, and writable if `writable`); if
+    /// `writable`, nothing but this region may access it, otherwise nothing
+    /// but this region may write it (shared readers are fine). Operations
     /// guarantee that by owning or exclusively borrowing the descriptors and
     /// calling `close` before releasing them.
     pub(crate) unsafe fn new(descs: &[Descriptor<'_>], writable: bool) -> Self {

@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,6 +43,8 @@ const SMALL: u64 = 64 * 1024;
 const CHUNK: u32 = 2 * 1024 * 1024;
 /// How long a new connection may take to say hello.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most control frames a connection may have waiting to be sent.
+const MAX_QUEUED: usize = 4096;
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -104,13 +106,18 @@ impl FrameReader {
     fn new(rd: OwnedReadHalf) -> Self {
         FrameReader {
             rd,
-            buf: vec![0; wire::HEADER_LEN + wire::MAX_BODY as usize],
+            // Grows on demand up to a header plus the largest body.
+            buf: vec![0; 64 * 1024],
             start: 0,
             end: 0,
         }
     }
 
     async fn fill(&mut self, need: usize) -> io::Result<()> {
+        debug_assert!(need <= wire::HEADER_LEN + wire::MAX_BODY as usize);
+        if need > self.buf.len() {
+            self.buf.resize(need, 0);
+        }
         while self.end - self.start < need {
             if self.buf.len() - self.start < need {
                 self.buf.copy_within(self.start..self.end, 0);
@@ -223,6 +230,7 @@ pub(crate) struct Conn {
     active: Mutex<HashMap<u64, ActiveReq>>,
     passive: Mutex<HashMap<u64, PassiveReq>>,
     next_req: AtomicU64,
+    queued: AtomicUsize,
     handle: Handle,
 }
 
@@ -235,6 +243,7 @@ impl Conn {
             active: Mutex::new(HashMap::new()),
             passive: Mutex::new(HashMap::new()),
             next_req: AtomicU64::new(1),
+            queued: AtomicUsize::new(0),
             handle,
         })
     }
@@ -254,16 +263,41 @@ impl Conn {
         });
     }
 
-    async fn send_frame(&self, frame: &[u8]) -> io::Result<()> {
-        let mut w = self.writer.lock().await;
-        w.write_all(frame).await
+    /// Runs a write unless, or until, the connection dies: a write blocked
+    /// on a peer that stopped reading is abandoned once the connection is
+    /// declared dead (the connection is unusable afterwards anyway).
+    async fn unless_dead<T>(
+        &self,
+        f: impl std::future::Future<Output = io::Result<T>>,
+    ) -> io::Result<T> {
+        let mut dead = self.dead.subscribe();
+        tokio::select! {
+            r = f => r,
+            _ = until(&mut dead, |d| d.is_some()) => Err(io::Error::other("connection closed")),
+        }
     }
 
-    /// Sends a control frame from a task of its own.
+    async fn send_frame(&self, frame: &[u8]) -> io::Result<()> {
+        self.unless_dead(async {
+            let mut w = self.writer.lock().await;
+            w.write_all(frame).await
+        })
+        .await
+    }
+
+    /// Sends a control frame from a task of its own. A peer that makes us
+    /// queue more than [`MAX_QUEUED`] of them without reading is cut off.
     pub(crate) fn send_detached(self: &Arc<Self>, msg: Message) {
+        if self.queued.fetch_add(1, Ordering::Relaxed) >= MAX_QUEUED {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            self.kill("the peer does not read its replies".into());
+            return;
+        }
         let conn = self.clone();
         self.handle.spawn(async move {
-            if let Err(e) = conn.send_frame(&msg.to_vec()).await {
+            let r = conn.send_frame(&msg.to_vec()).await;
+            conn.queued.fetch_sub(1, Ordering::Relaxed);
+            if let Err(e) = r {
                 conn.kill(format!("write failed: {e}"));
             }
         });
@@ -281,6 +315,18 @@ impl Conn {
     /// region closes meanwhile, the rest of the payload is zeros (the frame
     /// must be completed) and `Ok(false)` is returned.
     async fn send_chunk(
+        &self,
+        req: u64,
+        region: &Region,
+        desc: u32,
+        offset: u64,
+        len: u32,
+    ) -> io::Result<bool> {
+        self.unless_dead(self.send_chunk_inner(req, region, desc, offset, len))
+            .await
+    }
+
+    async fn send_chunk_inner(
         &self,
         req: u64,
         region: &Region,
@@ -755,7 +801,12 @@ async fn run_connection(
                 .finish(&r.exposure, OperationStatus::Errored, Some(err.clone()));
         }
     }
-    let _ = conn.writer.lock().await.shutdown().await;
+    // Writers abandon their writes once the connection is dead, so the lock
+    // comes free; bound the wait all the same.
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = conn.writer.lock().await.shutdown().await;
+    })
+    .await;
 }
 
 async fn step(
@@ -766,10 +817,7 @@ async fn step(
     let msg = rd.next().await?;
     match (msg, inner) {
         (Message::Hello(_), _) => Err(ConnError::Violation("unexpected hello".into())),
-        (Message::Open(o), Some(inner)) => {
-            on_open(conn, inner, o);
-            Ok(())
-        }
+        (Message::Open(o), Some(inner)) => on_open(conn, inner, o),
         (Message::Open(_), None) => {
             Err(ConnError::Violation("open sent to the active side".into()))
         }
@@ -814,7 +862,15 @@ async fn step(
                 return Ok(());
             };
             if r.cursor.as_ref().is_some_and(|c| !c.is_done()) {
-                return Err(ConnError::Violation("finish before all data".into()));
+                let err = ConnError::Violation("finish before all data".into());
+                let e = Error::Protocol {
+                    peer: conn.peer.clone(),
+                    detail: "finish before all data".into(),
+                };
+                inner
+                    .exposures
+                    .finish(&r.exposure, OperationStatus::Errored, Some(e));
+                return Err(err);
             }
             let won = inner
                 .exposures
@@ -833,20 +889,28 @@ async fn step(
             let Some(r) = lock(&conn.active).remove(&req) else {
                 return Ok(());
             };
-            if r.kind == OperationKind::Read {
-                if !r.cursor.is_done() {
-                    return Err(ConnError::Violation("finish before all data".into()));
-                }
-                r.region.close();
-                conn.send_detached(Message::Finish { req });
-            } else {
-                r.region.close();
+            r.region.close();
+            if r.kind == OperationKind::Read && !r.cursor.is_done() {
+                r.shared.fail(Error::Protocol {
+                    peer: conn.peer.clone(),
+                    detail: "finish before all data".into(),
+                });
+                return Err(ConnError::Violation("finish before all data".into()));
             }
-            r.shared.end(OperationStatus::Complete, None);
+            let won = r.shared.end(OperationStatus::Complete, None);
+            if r.kind == OperationKind::Read {
+                // Confirm receipt, unless a local cancel got there first.
+                if won {
+                    conn.send_detached(Message::Finish { req });
+                } else {
+                    conn.abort_detached(req, AbortReason::Cancelled, String::new());
+                }
+            }
             Ok(())
         }
         (Message::Abort(a), Some(inner)) => {
-            if let Some(r) = lock(&conn.passive).remove(&a.req) {
+            let removed = lock(&conn.passive).remove(&a.req);
+            if let Some(r) = removed {
                 let err = remote_error(&a);
                 let status = if matches!(err, Error::RemoteCancelled) {
                     OperationStatus::Cancelled
@@ -858,7 +922,8 @@ async fn step(
             Ok(())
         }
         (Message::Abort(a), None) => {
-            if let Some(r) = lock(&conn.active).remove(&a.req) {
+            let removed = lock(&conn.active).remove(&a.req);
+            if let Some(r) = removed {
                 r.region.close();
                 r.shared.fail(remote_error(&a));
             }
@@ -877,20 +942,23 @@ fn remote_error(a: &Abort) -> Error {
     }
 }
 
-fn on_open(conn: &Arc<Conn>, inner: &Arc<Inner>, o: Open) {
+fn on_open(conn: &Arc<Conn>, inner: &Arc<Inner>, o: Open) -> Result<(), ConnError> {
     if lock(&conn.passive).contains_key(&o.req) {
-        conn.abort_detached(o.req, AbortReason::Protocol, "request number in use".into());
-        return;
+        return Err(ConnError::Violation(format!(
+            "request number {} in use",
+            o.req
+        )));
     }
     match inner.exposures.open(&o, conn) {
         Err((reason, detail)) => {
-            tracing::info!(
+            tracing::debug!(
                 peer = conn.peer,
                 op = o.op_id,
                 ?reason,
                 "refused an operation: {detail}"
             );
             conn.abort_detached(o.req, reason, detail);
+            Ok(())
         }
         Ok(exposure) => {
             exposure.shared.set_transport(TransportKind::Tcp);
@@ -906,11 +974,12 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Inner>, o: Open) {
             // The owner may have withdrawn it between the check and the insert.
             if exposure.shared.status().is_terminal() {
                 conn.forget_passive(o.req);
-                return;
+                return Ok(());
             }
             if o.kind == OperationKind::Read {
                 conn.spawn_stream(o.req, region, o.sizes, Vec::new(), None);
             }
+            Ok(())
         }
     }
 }
