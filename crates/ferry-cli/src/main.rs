@@ -22,6 +22,30 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         descriptors: usize,
     },
+    /// Measure bandwidth, operation rate and latency between two processes, with baselines.
+    Bench {
+        /// A short sweep that finishes in under a minute.
+        #[arg(long)]
+        quick: bool,
+        /// `initiator` (default: measures; starts a target itself unless --control is given) or `target`.
+        #[arg(long, default_value = "initiator")]
+        role: String,
+        /// The target's control address (initiator: where to connect; target: where to listen).
+        #[arg(long)]
+        control: Option<String>,
+        /// This process's connector listen address (use 0.0.0.0:0 between hosts).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+        /// Block sizes, e.g. 4KiB,1MiB,64MiB.
+        #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+        blocks: Vec<u64>,
+        /// Descriptors per operation, e.g. 1,16,64.
+        #[arg(long, value_delimiter = ',')]
+        batches: Vec<usize>,
+        /// Also write one JSON object per measured row to this file (`-`: stdout).
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
     /// Run a worker driven by JSON lines on stdin (used by demo, bench and tests).
     Peer {
         /// Where to listen.
@@ -69,6 +93,42 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Demo { size, descriptors } => {
             let exe = std::env::current_exe()?;
             ferry_cli::demo::run(&exe, size, descriptors).await
+        }
+        Cmd::Bench {
+            quick,
+            role,
+            control,
+            listen,
+            blocks,
+            batches,
+            json,
+        } => {
+            let mut opts = if quick {
+                ferry_cli::bench::Options::quick()
+            } else {
+                ferry_cli::bench::Options::full()
+            };
+            if !blocks.is_empty() {
+                opts.blocks = blocks;
+            }
+            if !batches.is_empty() {
+                opts.batches = batches;
+            }
+            opts.json = json;
+            opts.listen = listen.clone();
+            match role.as_str() {
+                "initiator" => {
+                    let exe = std::env::current_exe()?;
+                    ferry_cli::bench::initiator(&exe, control.as_deref(), opts)
+                        .await
+                        .map(drop)
+                }
+                "target" => {
+                    let control = control.as_deref().unwrap_or("0.0.0.0:7000");
+                    ferry_cli::bench::target(control, &listen).await
+                }
+                other => anyhow::bail!("--role must be initiator or target, not {other:?}"),
+            }
         }
         Cmd::Peer { listen, worker_id } => {
             let mut b = ferry::Connector::builder().listen(listen);

@@ -1,0 +1,501 @@
+//! `ferry bench`: bandwidth, operation rate and end-to-end latency between two
+//! processes, with the baselines of the same run (memcpy, a plain TCP
+//! stream) so that every figure can be read as a ratio.
+//!
+//! By default it starts a target process (`ferry peer`) itself and runs as
+//! the initiator. For two hosts, run `ferry bench --role target --control
+//! 0.0.0.0:7000` on one and `ferry bench --control HOST:7000` on the other.
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use ferry::{Connector, Descriptor, RdmaMetadata};
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::peer::{self, Cmd, PeerProcess, Request};
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Block sizes (bytes per descriptor).
+    pub blocks: Vec<u64>,
+    /// Descriptors per operation.
+    pub batches: Vec<usize>,
+    /// The most bytes one operation may move (larger rows are skipped).
+    pub max_op_bytes: u64,
+    /// Bytes to move per row (iterations = this / bytes per op, bounded).
+    pub budget: u64,
+    /// Fewest and most iterations per row.
+    pub iters: (usize, usize),
+    /// Stop a row after this long (at least the fewest iterations run).
+    pub row_time: Duration,
+    /// Seconds of idleness over which CPU time is measured.
+    pub idle: Duration,
+    /// Write JSON lines here (`-` for stdout).
+    pub json: Option<PathBuf>,
+    /// Listen address of this process's connector.
+    pub listen: String,
+}
+
+impl Options {
+    /// The full sweep.
+    pub fn full() -> Self {
+        Options {
+            blocks: vec![4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20],
+            batches: vec![1, 16, 64],
+            max_op_bytes: 256 << 20,
+            budget: 1 << 30,
+            iters: (20, 2000),
+            row_time: Duration::from_secs(2),
+            idle: Duration::from_secs(5),
+            json: None,
+            listen: "127.0.0.1:0".into(),
+        }
+    }
+
+    /// A sweep that finishes in well under a minute (for CI).
+    pub fn quick() -> Self {
+        Options {
+            blocks: vec![4 << 10, 64 << 10, 1 << 20, 64 << 20],
+            batches: vec![1, 64],
+            max_op_bytes: 64 << 20,
+            budget: 128 << 20,
+            iters: (5, 300),
+            row_time: Duration::from_millis(700),
+            idle: Duration::from_secs(1),
+            ..Options::full()
+        }
+    }
+}
+
+/// One measured row.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// `ferry`, or the baseline's name (`memcpy`, `tcp_stream`).
+    pub kind: String,
+    /// The transport (`tcp`; `local` for memcpy).
+    pub transport: String,
+    /// `read`, `write`, `copy` or `cold_start`.
+    pub op: String,
+    /// Bytes per descriptor.
+    pub block_size: u64,
+    /// Descriptors per operation.
+    pub batch: usize,
+    /// Operations measured.
+    pub iters: usize,
+    /// Gigabytes (1e9 bytes) per second.
+    pub gbps: f64,
+    /// Operations per second.
+    pub ops_per_s: f64,
+    /// Mean end-to-end latency, microseconds.
+    pub lat_us_avg: f64,
+    /// Median latency.
+    pub lat_us_p50: f64,
+    /// 99th percentile latency.
+    pub lat_us_p99: f64,
+    /// The baseline this row is compared with (Ferry rows).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<String>,
+    /// `gbps` divided by the baseline's (Ferry rows).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratio: Option<f64>,
+}
+
+fn row(
+    kind: &str,
+    transport: &str,
+    op: &str,
+    block: u64,
+    batch: usize,
+    lat: &mut [Duration],
+    wall: Duration,
+) -> Row {
+    lat.sort_unstable();
+    let n = lat.len().max(1);
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let pct = |p: usize| us(lat[(lat.len() * p / 100).min(lat.len() - 1)]);
+    let bytes = block as f64 * batch as f64 * lat.len() as f64;
+    Row {
+        kind: kind.into(),
+        transport: transport.into(),
+        op: op.into(),
+        block_size: block,
+        batch,
+        iters: lat.len(),
+        gbps: bytes / wall.as_secs_f64() / 1e9,
+        ops_per_s: lat.len() as f64 / wall.as_secs_f64(),
+        lat_us_avg: lat.iter().map(|d| us(*d)).sum::<f64>() / n as f64,
+        lat_us_p50: pct(50),
+        lat_us_p99: pct(99),
+        baseline: None,
+        ratio: None,
+    }
+}
+
+/// Local buffers reused across iterations.
+#[derive(Default)]
+struct Pool(HashMap<u64, Vec<Vec<u8>>>);
+
+impl Pool {
+    fn take(&mut self, block: u64, batch: usize) -> Vec<Descriptor<'static>> {
+        (0..batch)
+            .map(|_| {
+                let v = self
+                    .0
+                    .get_mut(&block)
+                    .and_then(|l| l.pop())
+                    .unwrap_or_else(|| vec![1; block as usize]);
+                Descriptor::from_vec(v)
+            })
+            .collect()
+    }
+
+    fn put(&mut self, descs: Vec<Descriptor<'static>>) {
+        for d in descs {
+            if let Ok(v) = d.into_vec() {
+                self.0.entry(v.len() as u64).or_default().push(v);
+            }
+        }
+    }
+}
+
+struct Bench {
+    opts: Options,
+    peer: PeerProcess,
+    local: Connector,
+    pool: Pool,
+    rows: Vec<Row>,
+    json: Option<Box<dyn std::io::Write>>,
+}
+
+impl Bench {
+    fn iters_for(&self, bytes: u64) -> usize {
+        ((self.opts.budget / bytes.max(1)) as usize).clamp(self.opts.iters.0, self.opts.iters.1)
+    }
+
+    fn emit(&mut self, r: Row) -> anyhow::Result<()> {
+        if let Some(j) = &mut self.json {
+            serde_json::to_writer(&mut *j, &r)?;
+            j.write_all(b"\n")?;
+            j.flush()?;
+        }
+        self.rows.push(r);
+        Ok(())
+    }
+
+    /// One Ferry operation, end to end: the target creates the passive
+    /// side, hands its metadata over the control pipe, this process runs the
+    /// active side, and both report completion.
+    async fn one(&mut self, op: &str, block: u64, batch: usize) -> anyhow::Result<Duration> {
+        let t = Instant::now();
+        let cmd = if op == "read" {
+            Cmd::Readable
+        } else {
+            Cmd::Writable
+        };
+        let mut r = Request::new(0, cmd);
+        r.sizes = vec![block; batch];
+        r.reuse = true;
+        let mut a = self.peer.request(r).await?;
+        let m = a.expect("metadata").await?;
+        let meta = RdmaMetadata::from_json(m.metadata.as_deref().unwrap_or_default())?;
+        let descs = self.pool.take(block, batch);
+        let descs = if op == "read" {
+            let o = self.local.begin_read(&meta, descs).await?;
+            o.wait_for_completion().await?;
+            o.into_descriptors()
+        } else {
+            let o = self.local.begin_write(descs, &meta).await?;
+            o.wait_for_completion().await?;
+            o.into_descriptors()
+        };
+        let done = a.expect("done").await?;
+        let elapsed = t.elapsed();
+        if let Some(e) = done.error {
+            bail!("the target's side failed: {e}");
+        }
+        self.pool.put(descs);
+        Ok(elapsed)
+    }
+
+    async fn ferry_row(&mut self, op: &str, block: u64, batch: usize) -> anyhow::Result<Row> {
+        let iters = self.iters_for(block * batch as u64);
+        // One warm-up operation (allocates the pooled buffers on both sides).
+        self.one(op, block, batch).await?;
+        let mut lat = Vec::with_capacity(iters);
+        let start = Instant::now();
+        while lat.len() < iters
+            && (lat.len() < self.opts.iters.0 || start.elapsed() < self.opts.row_time)
+        {
+            lat.push(self.one(op, block, batch).await?);
+        }
+        Ok(row(
+            "ferry",
+            "tcp",
+            op,
+            block,
+            batch,
+            &mut lat,
+            start.elapsed(),
+        ))
+    }
+
+    async fn tcp_row(&mut self, op: &str, block: u64, batch: usize) -> anyhow::Result<Row> {
+        let bytes = block * batch as u64;
+        let mut r = Request::new(0, Cmd::TcpStream);
+        r.sizes = vec![bytes];
+        let mut a = self.peer.request(r).await?;
+        let addr = a.expect("listening").await?.address.unwrap_or_default();
+        let mut s = tokio::net::TcpStream::connect(&addr).await?;
+        s.set_nodelay(true)?;
+        let mut buf = vec![1u8; bytes as usize];
+        let iters = self.iters_for(bytes);
+        let mut lat = Vec::with_capacity(iters);
+        let mut ack = [0u8; 1];
+        let mut one =
+            async |s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>| -> std::io::Result<Duration> {
+                let t = Instant::now();
+                if op == "write" {
+                    s.write_all(b"w").await?;
+                    s.write_all(buf).await?;
+                    s.read_exact(&mut ack).await?;
+                } else {
+                    s.write_all(b"r").await?;
+                    s.read_exact(buf).await?;
+                }
+                Ok(t.elapsed())
+            };
+        one(&mut s, &mut buf).await?;
+        let start = Instant::now();
+        while lat.len() < iters
+            && (lat.len() < self.opts.iters.0 || start.elapsed() < self.opts.row_time)
+        {
+            lat.push(one(&mut s, &mut buf).await?);
+        }
+        let wall = start.elapsed();
+        drop(s);
+        a.expect("done").await?;
+        Ok(row("tcp_stream", "tcp", op, block, batch, &mut lat, wall))
+    }
+
+    fn memcpy_row(&self, block: u64, batch: usize) -> Row {
+        let bytes = (block * batch as u64) as usize;
+        let src = vec![1u8; bytes];
+        let mut dst = vec![0u8; bytes];
+        let iters = self.iters_for(bytes as u64);
+        let mut lat = Vec::with_capacity(iters);
+        dst.copy_from_slice(&src);
+        let start = Instant::now();
+        while lat.len() < iters
+            && (lat.len() < self.opts.iters.0 || start.elapsed() < self.opts.row_time)
+        {
+            let t = Instant::now();
+            dst.copy_from_slice(black_box(&src));
+            black_box(&mut dst);
+            lat.push(t.elapsed());
+        }
+        row(
+            "memcpy",
+            "local",
+            "copy",
+            block,
+            batch,
+            &mut lat,
+            start.elapsed(),
+        )
+    }
+
+    async fn cold_start(&mut self, exe: Option<&Path>) -> anyhow::Result<Option<Row>> {
+        // A fresh pair: a new target process (when we start it) and a new connector here.
+        let Some(exe) = exe else { return Ok(None) };
+        let fresh_peer = PeerProcess::spawn(exe, &["--listen", "127.0.0.1:0"], &[]).await?;
+        let fresh = Connector::builder()
+            .listen(self.opts.listen.parse()?)
+            .build()
+            .await?;
+        let t = Instant::now();
+        let mut r = Request::new(0, Cmd::Writable);
+        r.sizes = vec![4096];
+        r.reuse = true;
+        let mut a = fresh_peer.request(r).await?;
+        let m = a.expect("metadata").await?;
+        let meta = RdmaMetadata::from_json(m.metadata.as_deref().unwrap_or_default())?;
+        let o = fresh
+            .begin_write(vec![vec![1u8; 4096].into()], &meta)
+            .await?;
+        o.wait_for_completion().await?;
+        a.expect("done").await?;
+        let d = t.elapsed();
+        Ok(Some(row(
+            "ferry",
+            "tcp",
+            "cold_start",
+            4096,
+            1,
+            &mut [d],
+            d,
+        )))
+    }
+}
+
+fn human(b: u64) -> String {
+    match b {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
+fn print_table(rows: &[Row]) {
+    println!(
+        "{:<11} {:<5} {:<10} {:>8} {:>5} {:>8} {:>10} {:>10} {:>10} {:>10}  {}",
+        "kind",
+        "via",
+        "op",
+        "block",
+        "batch",
+        "GB/s",
+        "ops/s",
+        "avg us",
+        "p50 us",
+        "p99 us",
+        "vs baseline"
+    );
+    for r in rows {
+        let vs = match (&r.baseline, r.ratio) {
+            (Some(b), Some(x)) => format!("{x:.2}x {b}"),
+            _ => String::new(),
+        };
+        println!(
+            "{:<11} {:<5} {:<10} {:>8} {:>5} {:>8.3} {:>10.0} {:>10.1} {:>10.1} {:>10.1}  {}",
+            r.kind,
+            r.transport,
+            r.op,
+            human(r.block_size),
+            r.batch,
+            r.gbps,
+            r.ops_per_s,
+            r.lat_us_avg,
+            r.lat_us_p50,
+            r.lat_us_p99,
+            vs
+        );
+    }
+}
+
+/// Runs the initiator: against a target it starts (`control` = None) or one
+/// serving on a control address.
+pub async fn initiator(
+    exe: &Path,
+    control: Option<&str>,
+    opts: Options,
+) -> anyhow::Result<Vec<Row>> {
+    let local = Connector::builder()
+        .listen(opts.listen.parse()?)
+        .build()
+        .await?;
+    let peer = match control {
+        Some(addr) => PeerProcess::connect(addr).await?,
+        None => PeerProcess::spawn(exe, &["--listen", "127.0.0.1:0"], &[]).await?,
+    };
+    let json: Option<Box<dyn std::io::Write>> = match &opts.json {
+        None => None,
+        Some(p) if p.as_os_str() == "-" => Some(Box::new(std::io::stdout())),
+        Some(p) => Some(Box::new(
+            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        )),
+    };
+    let mut b = Bench {
+        opts: opts.clone(),
+        peer,
+        local,
+        pool: Pool::default(),
+        rows: Vec::new(),
+        json,
+    };
+
+    let cold = b.cold_start(control.is_none().then_some(exe)).await?;
+    if let Some(r) = cold {
+        b.emit(r)?;
+    }
+
+    let shapes: Vec<(u64, usize)> = opts
+        .blocks
+        .iter()
+        .flat_map(|&bl| opts.batches.iter().map(move |&ba| (bl, ba)))
+        .filter(|&(bl, ba)| bl * ba as u64 <= opts.max_op_bytes)
+        .collect();
+    let total = shapes.len() * 5;
+    let mut done = 0;
+    for &(block, batch) in &shapes {
+        let m = b.memcpy_row(block, batch);
+        b.emit(m)?;
+        for op in ["read", "write"] {
+            done += 1;
+            eprint!(
+                "\r[{done:>3}/{total}] {op:<5} {:>7} x{batch:<3} tcp_stream   ",
+                human(block)
+            );
+            let base = b.tcp_row(op, block, batch).await?;
+            done += 1;
+            eprint!(
+                "\r[{done:>3}/{total}] {op:<5} {:>7} x{batch:<3} ferry        ",
+                human(block)
+            );
+            let mut r = b.ferry_row(op, block, batch).await?;
+            r.baseline = Some(format!("tcp_stream {op}"));
+            r.ratio = Some(r.gbps / base.gbps.max(1e-12));
+            b.emit(base)?;
+            b.emit(r)?;
+        }
+        done += 1;
+    }
+    eprintln!("\r{:<60}", "sweep done");
+
+    // Idle cost: CPU time of both processes over an idle period.
+    let cpu = |ev: peer::Event| ev.micros.unwrap_or(0);
+    let before_peer = cpu(b
+        .peer
+        .request(Request::new(0, Cmd::CpuTime))
+        .await?
+        .expect("cpu")
+        .await?);
+    let before_self = peer::process_cpu_micros();
+    tokio::time::sleep(opts.idle).await;
+    let after_peer = cpu(b
+        .peer
+        .request(Request::new(0, Cmd::CpuTime))
+        .await?
+        .expect("cpu")
+        .await?);
+    let after_self = peer::process_cpu_micros();
+
+    print_table(&b.rows);
+    println!(
+        "idle: over {:?} with connections open, the target used {} ms of CPU and this process {} ms (the clock ticks in 10 ms steps)",
+        opts.idle,
+        after_peer.saturating_sub(before_peer) / 1000,
+        after_self.saturating_sub(before_self) / 1000
+    );
+    Ok(b.rows)
+}
+
+/// Runs the target: serves the peer protocol to one initiator on `control`.
+pub async fn target(control: &str, listen: &str) -> anyhow::Result<()> {
+    let l = tokio::net::TcpListener::bind(control)
+        .await
+        .with_context(|| format!("binding the control address {control}"))?;
+    eprintln!("target: waiting for an initiator on {}", l.local_addr()?);
+    let (s, from) = l.accept().await?;
+    eprintln!("target: initiator {from} connected");
+    s.set_nodelay(true)?;
+    let (r, w) = s.into_split();
+    let connector = Connector::builder().listen(listen.parse()?).build().await?;
+    peer::run_on(connector, r, w).await
+}
