@@ -354,18 +354,8 @@ fn human(b: u64) -> String {
 
 fn print_table(rows: &[Row]) {
     println!(
-        "{:<11} {:<5} {:<10} {:>8} {:>5} {:>8} {:>10} {:>10} {:>10} {:>10}  {}",
-        "kind",
-        "via",
-        "op",
-        "block",
-        "batch",
-        "GB/s",
-        "ops/s",
-        "avg us",
-        "p50 us",
-        "p99 us",
-        "vs baseline"
+        "{:<11} {:<5} {:<10} {:>8} {:>5} {:>8} {:>10} {:>10} {:>10} {:>10}  vs baseline",
+        "kind", "via", "op", "block", "batch", "GB/s", "ops/s", "avg us", "p50 us", "p99 us",
     );
     for r in rows {
         let vs = match (&r.baseline, r.ratio) {
