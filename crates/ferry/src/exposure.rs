@@ -143,10 +143,16 @@ impl Exposures {
         // Fence before publishing the terminal state: whoever sees it may
         // take the memory back at once.
         e.region.close();
-        let changed = e.shared.end(status, error);
-        lock(&e.binding).take();
+        // Leave the table before waking waiters, so that whoever wakes sees
+        // the capability gone.
         lock(&self.map).remove(&e.op_id);
-        changed
+        lock(&e.binding).take();
+        e.shared.end(status, error)
+    }
+
+    /// Removes an exposure from the table: no new request can find it.
+    pub(crate) fn forget(&self, e: &Exposure) {
+        lock(&self.map).remove(&e.op_id);
     }
 
     /// Ends an exposure from the owner's side (cancel or drop; the region

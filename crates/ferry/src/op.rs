@@ -129,6 +129,10 @@ impl OpCore {
     /// touches the operation's memory any more.
     pub(crate) fn cancel(&self) {
         self.region.close();
+        if let Link::Passive { inner, exposure } = &self.link {
+            // The capability ends before anyone can observe the cancel.
+            inner.exposures.forget(exposure);
+        }
         let changed = self
             .shared
             .end(OperationStatus::Cancelled, Some(Error::Cancelled));

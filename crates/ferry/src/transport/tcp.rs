@@ -225,7 +225,7 @@ struct PassiveReq {
 /// One connection to a remote connector, in either direction.
 pub(crate) struct Conn {
     peer: String,
-    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    writer: Arc<tokio::sync::Mutex<OwnedWriteHalf>>,
     dead: watch::Sender<Option<String>>,
     active: Mutex<HashMap<u64, ActiveReq>>,
     passive: Mutex<HashMap<u64, PassiveReq>>,
@@ -238,7 +238,7 @@ impl Conn {
     fn new(peer: String, writer: OwnedWriteHalf, handle: Handle) -> Arc<Self> {
         Arc::new(Conn {
             peer,
-            writer: tokio::sync::Mutex::new(writer),
+            writer: Arc::new(tokio::sync::Mutex::new(writer)),
             dead: watch::Sender::new(None),
             active: Mutex::new(HashMap::new()),
             passive: Mutex::new(HashMap::new()),
@@ -285,22 +285,61 @@ impl Conn {
         .await
     }
 
-    /// Sends a control frame from a task of its own. A peer that makes us
-    /// queue more than [`MAX_QUEUED`] of them without reading is cut off.
-    pub(crate) fn send_detached(self: &Arc<Self>, msg: Message) {
+    /// Sends a frame at once if the socket is free and has room for all of
+    /// it (no task switch: this is the small-operation fast path); otherwise
+    /// hands it to a task of its own. Never blocks and never leaves half a
+    /// frame behind: a partial write is finished by a task that keeps the
+    /// write lock.
+    fn send_soon(self: &Arc<Self>, frame: Vec<u8>, opened: Option<Arc<watch::Sender<bool>>>) {
+        let done = |opened: &Option<Arc<watch::Sender<bool>>>| {
+            if let Some(o) = opened {
+                o.send_replace(true);
+            }
+        };
+        if let Ok(guard) = self.writer.clone().try_lock_owned() {
+            match guard.try_write(&frame) {
+                Ok(n) if n == frame.len() => return done(&opened),
+                Ok(n) => {
+                    let conn = self.clone();
+                    self.handle.spawn(async move {
+                        let mut guard = guard;
+                        let r = conn.unless_dead(guard.write_all(&frame[n..])).await;
+                        done(&opened);
+                        if let Err(e) = r {
+                            conn.kill(format!("write failed: {e}"));
+                        }
+                    });
+                    return;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => {
+                    done(&opened);
+                    return self.kill(format!("write failed: {e}"));
+                }
+            }
+        }
         if self.queued.fetch_add(1, Ordering::Relaxed) >= MAX_QUEUED {
             self.queued.fetch_sub(1, Ordering::Relaxed);
+            done(&opened);
             self.kill("the peer does not read its replies".into());
             return;
         }
         let conn = self.clone();
         self.handle.spawn(async move {
-            let r = conn.send_frame(&msg.to_vec()).await;
+            let r = conn.send_frame(&frame).await;
             conn.queued.fetch_sub(1, Ordering::Relaxed);
+            done(&opened);
             if let Err(e) = r {
                 conn.kill(format!("write failed: {e}"));
             }
         });
+    }
+
+    /// Sends a control frame soon (see [`send_soon`](Self::send_soon)). A peer
+    /// that makes us queue more than [`MAX_QUEUED`] frames without reading is
+    /// cut off.
+    pub(crate) fn send_detached(self: &Arc<Self>, msg: Message) {
+        self.send_soon(msg.to_vec(), None);
     }
 
     fn abort_detached(self: &Arc<Self>, req: u64, reason: AbortReason, detail: String) {
@@ -398,34 +437,11 @@ impl Conn {
         prefix: &mut Vec<u8>,
         opened: Option<&watch::Sender<bool>>,
     ) -> io::Result<bool> {
-        let total: u64 = sizes.iter().sum();
         let mut cursor = Cursor::new(sizes);
         let closed = |conn: &Arc<Conn>| {
             conn.abort_detached(req, AbortReason::Cancelled, String::new());
             Ok(false)
         };
-        if total <= SMALL {
-            prefix.reserve(total as usize + 64);
-            while let Some((d, o, l)) = cursor.next_chunk(u32::MAX) {
-                Message::Data(Data {
-                    req,
-                    desc: d,
-                    offset: o,
-                    len: l,
-                })
-                .encode(prefix);
-                if region
-                    .read_at(d as usize, o, l as usize, |s| prefix.extend_from_slice(s))
-                    .is_err()
-                {
-                    return closed(self);
-                }
-                let _ = cursor.accept(d, o, l);
-            }
-            Message::Finish { req }.encode(prefix);
-            self.send_frame(prefix).await?;
-            return Ok(true);
-        }
         if !prefix.is_empty() {
             self.send_frame(prefix).await?;
         }
@@ -442,7 +458,35 @@ impl Conn {
         Ok(true)
     }
 
-    /// Streams from a task of its own; a write failure kills the connection.
+    /// Appends a whole small transfer (data frames and `Finish`) to `out`;
+    /// `false` if the region is closed.
+    fn small_frames(req: u64, region: &Region, sizes: Vec<u64>, out: &mut Vec<u8>) -> bool {
+        let total: u64 = sizes.iter().sum();
+        out.reserve(total as usize + 64);
+        let mut cursor = Cursor::new(sizes);
+        while let Some((d, o, l)) = cursor.next_chunk(u32::MAX) {
+            Message::Data(Data {
+                req,
+                desc: d,
+                offset: o,
+                len: l,
+            })
+            .encode(out);
+            if region
+                .read_at(d as usize, o, l as usize, |s| out.extend_from_slice(s))
+                .is_err()
+            {
+                return false;
+            }
+            let _ = cursor.accept(d, o, l);
+        }
+        Message::Finish { req }.encode(out);
+        true
+    }
+
+    /// Streams the region: a small transfer goes out at once as one write,
+    /// a larger one from a task of its own. A write failure kills the
+    /// connection.
     fn spawn_stream(
         self: &Arc<Self>,
         req: u64,
@@ -451,6 +495,18 @@ impl Conn {
         prefix: Vec<u8>,
         opened: Option<Arc<watch::Sender<bool>>>,
     ) {
+        if sizes.iter().sum::<u64>() <= SMALL {
+            let mut frame = prefix;
+            if Self::small_frames(req, &region, sizes, &mut frame) {
+                self.send_soon(frame, opened);
+            } else {
+                if let Some(o) = &opened {
+                    o.send_replace(true);
+                }
+                self.abort_detached(req, AbortReason::Cancelled, String::new());
+            }
+            return;
+        }
         let conn = self.clone();
         self.handle.spawn(async move {
             if let Err(e) = conn
@@ -689,26 +745,13 @@ impl Transport for TcpTransport {
             .to_vec();
             let opened = Arc::new(watch::Sender::new(false));
             match job.kind {
-                OperationKind::Read => conn.spawn_send_open(open, opened.clone()),
+                OperationKind::Read => conn.send_soon(open, Some(opened.clone())),
                 OperationKind::Write => {
                     conn.spawn_stream(req, job.region, job.sizes, open, Some(opened.clone()))
                 }
             }
             Ok(Arc::new(TcpLink { conn, req, opened }) as Arc<dyn ActiveLink>)
         })
-    }
-}
-
-impl Conn {
-    fn spawn_send_open(self: &Arc<Self>, open: Vec<u8>, opened: Arc<watch::Sender<bool>>) {
-        let conn = self.clone();
-        self.handle.spawn(async move {
-            let r = conn.send_frame(&open).await;
-            opened.send_replace(true);
-            if let Err(e) = r {
-                conn.kill(format!("write failed: {e}"));
-            }
-        });
     }
 }
 
