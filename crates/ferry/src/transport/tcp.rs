@@ -417,12 +417,10 @@ impl Conn {
         req: u64,
         region: &Region,
         sizes: Vec<u64>,
-        mut prefix: Vec<u8>,
+        prefix: Vec<u8>,
         opened: Option<&watch::Sender<bool>>,
     ) -> io::Result<bool> {
-        let r = self
-            .stream_inner(req, region, sizes, &mut prefix, opened)
-            .await;
+        let r = self.stream_inner(req, region, sizes, &prefix, opened).await;
         if let Some(o) = opened {
             o.send_replace(true);
         }
@@ -434,7 +432,7 @@ impl Conn {
         req: u64,
         region: &Region,
         sizes: Vec<u64>,
-        prefix: &mut Vec<u8>,
+        prefix: &[u8],
         opened: Option<&watch::Sender<bool>>,
     ) -> io::Result<bool> {
         let mut cursor = Cursor::new(sizes);
