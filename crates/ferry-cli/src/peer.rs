@@ -446,7 +446,25 @@ pub fn process_cpu_micros() -> u64 {
 
 /// Runs the peer on stdin and stdout until stdin closes.
 pub async fn run(connector: Connector) -> anyhow::Result<()> {
-    run_on(connector, tokio::io::stdin(), tokio::io::stdout()).await
+    use std::os::fd::AsFd;
+    use tokio::net::unix::pipe;
+    // When driven through pipes (the usual case), use them as non-blocking
+    // pipes: Tokio's stdin and stdout go through a blocking thread pool,
+    // which would add tens of microseconds to every metadata hand-over.
+    let input = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .ok()
+        .and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok());
+    let output = std::io::stdout()
+        .as_fd()
+        .try_clone_to_owned()
+        .ok()
+        .and_then(|fd| pipe::Sender::from_owned_fd(fd).ok());
+    match (input, output) {
+        (Some(i), Some(o)) => run_on(connector, i, o).await,
+        _ => run_on(connector, tokio::io::stdin(), tokio::io::stdout()).await,
+    }
 }
 
 /// Runs the peer on any byte stream (a pipe, or a TCP control connection
