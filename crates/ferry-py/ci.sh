@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds the `ferry` Python package and runs its pytest suite.
+#
+# Run from anywhere; works from a fresh machine with Python >= 3.9, pip and a
+# Rust toolchain. Creates a virtual environment in target-py/venv, installs
+# maturin, numpy and pytest there, builds the extension (release, with
+# Cargo.lock as committed) into the environment, and runs the tests.
+# Exits non-zero if anything fails.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target-py}"
+python="${PYTHON:-python3}"
+venv="$root/target-py/venv"
+
+if [ ! -x "$venv/bin/python" ]; then
+    echo "== creating $venv"
+    "$python" -m venv "$venv"
+fi
+echo "== pip install maturin numpy pytest"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check "maturin>=1.9.4,<2" numpy pytest
+
+echo "== maturin develop --release (crates/ferry-py)"
+(cd crates/ferry-py && VIRTUAL_ENV="$venv" "$venv/bin/maturin" develop --release --locked --quiet)
+
+echo "== pytest crates/ferry-py/tests"
+"$venv/bin/python" -m pytest crates/ferry-py/tests -q -p no:cacheprovider

@@ -1,0 +1,65 @@
+"""Ferry moves memory between the workers of a distributed inference graph.
+
+This package has the API of Dynamo's NIXL Connect (``dynamo.nixl_connect``),
+so that code written for it runs with only the import changed::
+
+    import ferry as nixl_connect
+
+A worker creates a :class:`Connector`. To let a remote worker read local
+memory it creates a :class:`ReadableOperation` over :class:`Descriptor`
+objects and hands the operation's :class:`RdmaMetadata` (JSON) to the remote
+through any side channel; the remote starts a :class:`ReadOperation` with it.
+Writing works the same way with a :class:`WritableOperation` and a
+:class:`WriteOperation`. Both sides learn of completion, failure and
+cancellation; waiting is event driven and releases the GIL.
+"""
+
+from ._api import (
+    Connector,
+    DescriptorInfo,
+    PendingOperation,
+    RdmaMetadata,
+    ReadableOperation,
+    ReadOperation,
+    WritableOperation,
+    WriteOperation,
+)
+from ._errors import (
+    ConnectionLostError,
+    FerryError,
+    OperationCancelledError,
+    ProtocolError,
+    RejectedError,
+    RemoteCancelledError,
+    ShutdownError,
+    StaleMetadataError,
+    UnreachableError,
+)
+from ._ferry import __version__
+from ._types import Descriptor, Device, DeviceKind, OperationKind, OperationStatus
+
+__all__ = [
+    "Connector",
+    "Descriptor",
+    "DescriptorInfo",
+    "Device",
+    "DeviceKind",
+    "OperationKind",
+    "OperationStatus",
+    "PendingOperation",
+    "RdmaMetadata",
+    "ReadOperation",
+    "ReadableOperation",
+    "WritableOperation",
+    "WriteOperation",
+    "FerryError",
+    "UnreachableError",
+    "ConnectionLostError",
+    "RejectedError",
+    "RemoteCancelledError",
+    "OperationCancelledError",
+    "ProtocolError",
+    "StaleMetadataError",
+    "ShutdownError",
+    "__version__",
+]

@@ -1,0 +1,866 @@
+//! The compiled core of Ferry's Python package, imported as `ferry._ferry`.
+//!
+//! The public API (`ferry.Connector`, `ferry.Descriptor`, the four operation
+//! classes, the enums and the exceptions) is written in Python, in
+//! `python/ferry/`, on top of the few classes here:
+//!
+//! - [`Connector`] wraps a [`ferry::Connector`]. Creating a readable or a
+//!   writable is synchronous (nothing waits); `begin_read`/`begin_write`
+//!   return an `asyncio.Future` (or block, releasing the GIL, in their
+//!   `_blocking` forms).
+//! - [`Operation`] is any of the four operations, together with the Python
+//!   objects that own the memory it moves.
+//! - [`Metadata`] wraps a [`ferry::RdmaMetadata`].
+//!
+//! One multi-thread Tokio runtime per process runs every connector. Results
+//! reach asyncio through one delivery thread: a Tokio task that finishes sends
+//! its result there, and the delivery thread attaches to the interpreter and
+//! hands it to the waiting event loop with `loop.call_soon_threadsafe`. So
+//! Tokio's workers never wait for the GIL, nothing polls, and a Python thread
+//! that blocks on Rust releases the GIL first.
+#![deny(unsafe_code)]
+
+use std::future::Future;
+use std::pin::{pin, Pin};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use ferry::{Device, DeviceKind, OperationStatus};
+use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyTypeError, PyValueError};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyByteArray, PyBytes, PyModule, PyType};
+
+// ---------------------------------------------------------------------------
+// The runtime and the way results get back to asyncio
+// ---------------------------------------------------------------------------
+
+/// What the extension keeps per process.
+struct Core {
+    rt: tokio::runtime::Runtime,
+    /// The process that started `rt`: a child forked afterwards has none of
+    /// its threads.
+    pid: u32,
+    deliveries: mpsc::Sender<Delivery>,
+}
+
+static CORE: OnceLock<Core> = OnceLock::new();
+
+/// The runtime, started on first use.
+fn core() -> PyResult<&'static Core> {
+    let core = match CORE.get() {
+        Some(c) => c,
+        None => {
+            // Callers hold the GIL and nothing here releases it, so two
+            // threads cannot both get here; `set` failing is harmless anyway.
+            let _ = CORE.set(start_core()?);
+            CORE.get().expect("set just above")
+        }
+    };
+    if core.pid != std::process::id() {
+        return Err(PyRuntimeError::new_err(
+            "ferry was started in the parent of this forked process, and its threads \
+             do not exist here: use ferry only after fork (or use the 'spawn' start method)",
+        ));
+    }
+    Ok(core)
+}
+
+fn start_core() -> PyResult<Core> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("ferry-rt")
+        .build()
+        .map_err(|e| PyRuntimeError::new_err(format!("cannot start ferry's runtime: {e}")))?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("ferry-deliver".into())
+        .spawn(move || deliver_forever(rx))
+        .map_err(|e| PyRuntimeError::new_err(format!("cannot start ferry's thread: {e}")))?;
+    Ok(Core {
+        rt,
+        pid: std::process::id(),
+        deliveries: tx,
+    })
+}
+
+/// The result of one Rust future, for the asyncio future awaiting it.
+struct Delivery {
+    event_loop: Py<PyAny>,
+    future: Py<PyAny>,
+    outcome: Outcome,
+}
+
+enum Outcome {
+    /// A wait ended.
+    Done(ferry::Result<()>),
+    /// A `begin_read`/`begin_write` ended.
+    Started(ferry::Result<Operation>),
+}
+
+/// The delivery thread: takes every result available, attaches to the
+/// interpreter once for all of them, and schedules each on its loop.
+fn deliver_forever(rx: mpsc::Receiver<Delivery>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        batch.extend(rx.try_iter());
+        // `None` when the interpreter is shutting down: nobody awaits any more,
+        // and what is left is dropped without the GIL (references to Python
+        // objects are then released whenever the interpreter next runs).
+        let _ = Python::try_attach(|py| {
+            for d in batch.drain(..) {
+                d.deliver(py);
+            }
+        });
+    }
+}
+
+impl Delivery {
+    fn deliver(self, py: Python<'_>) {
+        let (exception, value) = outcome_to_py(py, self.outcome);
+        let Some(resolve) = RESOLVE.get(py) else {
+            return;
+        };
+        // Fails only if the loop is closed, in which case nobody can await
+        // the result: dropping it (and with it an operation, which cancels
+        // it) is all there is to do.
+        let _ = self.event_loop.call_method1(
+            py,
+            intern!(py, "call_soon_threadsafe"),
+            (resolve, self.future, exception, value),
+        );
+    }
+}
+
+/// `(exception, value)` for `resolve`: one of the two is `None`.
+fn outcome_to_py(py: Python<'_>, outcome: Outcome) -> (Py<PyAny>, Py<PyAny>) {
+    let result: PyResult<Py<PyAny>> = match outcome {
+        Outcome::Done(r) => r.map(|()| py.None()).map_err(|e| error_to_py(py, e)),
+        Outcome::Started(r) => r
+            .map_err(|e| error_to_py(py, e))
+            .and_then(|op| Ok(Py::new(py, op)?.into_any())),
+    };
+    match result {
+        Ok(v) => (py.None(), v),
+        Err(e) => (e.into_value(py).into_any(), py.None()),
+    }
+}
+
+/// The `resolve` function object, for the delivery thread.
+static RESOLVE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// Completes `future` with `exception` or, if that is `None`, with `value`;
+/// does nothing if the future is already done (it was cancelled).
+#[pyfunction]
+fn resolve(
+    future: &Bound<'_, PyAny>,
+    exception: &Bound<'_, PyAny>,
+    value: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let py = future.py();
+    if future.call_method0(intern!(py, "done"))?.is_truthy()? {
+        return Ok(());
+    }
+    if exception.is_none() {
+        future.call_method1(intern!(py, "set_result"), (value,))?;
+    } else {
+        future.call_method1(intern!(py, "set_exception"), (exception,))?;
+    }
+    Ok(())
+}
+
+/// Done-callback of an asyncio future: when the future was cancelled (by
+/// `asyncio.wait_for`, a task's cancellation...), aborts the Tokio task
+/// that would have completed it, which drops the Rust future.
+#[pyclass(frozen, module = "ferry._ferry")]
+struct AbortOnCancel(tokio::task::AbortHandle);
+
+#[pymethods]
+impl AbortOnCancel {
+    fn __call__(&self, future: &Bound<'_, PyAny>) -> PyResult<()> {
+        if future
+            .call_method0(intern!(future.py(), "cancelled"))?
+            .is_truthy()?
+        {
+            self.0.abort();
+        }
+        Ok(())
+    }
+}
+
+static GET_RUNNING_LOOP: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+fn running_loop(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    GET_RUNNING_LOOP
+        .import(py, "asyncio", "get_running_loop")?
+        .call0()
+}
+
+/// Runs `work` on the runtime and returns an `asyncio.Future` of the running
+/// loop that receives its outcome. Cancelling that future drops `work`.
+fn spawn_future<'py, F>(py: Python<'py>, work: F) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = Outcome> + Send + 'static,
+{
+    let core = core()?;
+    let event_loop = running_loop(py)?;
+    let future = event_loop.call_method0(intern!(py, "create_future"))?;
+    let tx = core.deliveries.clone();
+    let (l, f) = (event_loop.unbind(), future.clone().unbind());
+    let task = core.rt.spawn(async move {
+        let outcome = work.await;
+        let _ = tx.send(Delivery {
+            event_loop: l,
+            future: f,
+            outcome,
+        });
+    });
+    future.call_method1(
+        intern!(py, "add_done_callback"),
+        (AbortOnCancel(task.abort_handle()),),
+    )?;
+    Ok(future)
+}
+
+/// An `asyncio.Future` of the running loop, already completed with `result`.
+fn ready_future(py: Python<'_>, result: ferry::Result<()>) -> PyResult<Bound<'_, PyAny>> {
+    let future = running_loop(py)?.call_method0(intern!(py, "create_future"))?;
+    let (exception, value) = outcome_to_py(py, Outcome::Done(result));
+    resolve(&future, exception.bind(py), value.bind(py))?;
+    Ok(future)
+}
+
+// ---------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------
+
+static ERRORS: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+
+/// The exception class `name` of `ferry._errors` (pure Python, so that its
+/// classes can also derive from `ConnectionError` and the like).
+fn error_class<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyType>> {
+    let module =
+        ERRORS.get_or_try_init(py, || PyResult::Ok(py.import("ferry._errors")?.unbind()))?;
+    Ok(module.bind(py).getattr(name)?.cast_into::<PyType>()?)
+}
+
+/// The Python exception for `e`, with the core's message: `ValueError` for
+/// misuse and bad metadata, `TimeoutError` for deadlines, a `FerryError`
+/// subclass for everything that made a transfer fail.
+fn error_to_py(py: Python<'_>, e: ferry::Error) -> PyErr {
+    use ferry::Error as E;
+    let message = e.to_string();
+    let class = match e {
+        E::Timeout(_) => return PyTimeoutError::new_err(message),
+        E::InvalidMetadata(_) => return PyValueError::new_err(message),
+        ref e if e.is_misuse() => return PyValueError::new_err(message),
+        E::WrongWorker { .. } => "StaleMetadataError",
+        E::Unreachable { .. } => "UnreachableError",
+        E::Rejected { .. } => "RejectedError",
+        E::RemoteCancelled => "RemoteCancelledError",
+        E::ConnectionLost { .. } => "ConnectionLostError",
+        E::Protocol { .. } => "ProtocolError",
+        E::Cancelled => "OperationCancelledError",
+        E::Shutdown => "ShutdownError",
+        _ => "FerryError",
+    };
+    match error_class(py, class) {
+        Ok(t) => PyErr::from_type(t, message),
+        Err(err) => err,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Descriptors
+// ---------------------------------------------------------------------------
+
+/// A descriptor as the Python layer hands it over: address, size, device,
+/// writable, and the object that keeps the memory alive (and, for buffers,
+/// exported, so that it cannot be resized or freed).
+type RawDescriptor = (usize, usize, String, bool, Py<PyAny>);
+
+/// Builds the Rust descriptors, and returns them with the objects that must
+/// outlive every use of them.
+#[allow(unsafe_code)]
+fn descriptors(
+    raw: Vec<RawDescriptor>,
+) -> PyResult<(Vec<ferry::Descriptor<'static>>, Vec<Py<PyAny>>)> {
+    let mut descs = Vec::with_capacity(raw.len());
+    let mut keep = Vec::with_capacity(raw.len());
+    for (index, (ptr, size, device, writable, owner)) in raw.into_iter().enumerate() {
+        let device: Device = device
+            .parse()
+            .map_err(|e: ferry::ParseDeviceError| PyValueError::new_err(e.to_string()))?;
+        if ptr == 0 && size > 0 {
+            return Err(PyValueError::new_err(format!(
+                "descriptor {index} has a null pointer and a size of {size} bytes"
+            )));
+        }
+        if isize::try_from(size).is_err() || ptr.checked_add(size).is_none() {
+            return Err(PyValueError::new_err(format!(
+                "descriptor {index}: {size} bytes at {ptr:#x} wrap around the address space"
+            )));
+        }
+        // SAFETY: `from_raw_parts` needs the memory valid (and writable if
+        // `writable`), not freed, and not accessed by others, for as long as
+        // the descriptor or an operation holding it exists.
+        // - Validity: the Python layer (`ferry/_descriptor.py`) takes
+        //   `ptr`/`size` from the object that owns the memory: a buffer
+        //   export (bytearray, memoryview, array), NumPy's array interface,
+        //   a tensor's `data_ptr()`, or the bytes of a `bytes` object; it
+        //   marks read-only memory (bytes, read-only buffers and arrays) not
+        //   writable, and Ferry never writes into a descriptor that is not.
+        //   The raw `(ptr, size, device, ref)` form is the caller's promise,
+        //   exactly as in the reference API.
+        // - Lifetime: `owner` is that object (with the buffer export that
+        //   pins the memory: a bytearray cannot be resized while exported).
+        //   It is kept next to the descriptor — in `KeepAlive` while an
+        //   operation starts, then in `Holder` — and dropped only after the
+        //   operation, whose drop closes its memory region so that no
+        //   transport touches the memory afterwards (see `Holder`).
+        // - Exclusivity: Python code must not use the memory while an
+        //   operation is in progress, as with any buffer handed to native
+        //   code (NIXL's, DMA engines'); the package documents it.
+        // - Device memory (`cuda:N`) is never dereferenced: Ferry refuses it.
+        let d =
+            unsafe { ferry::Descriptor::from_raw_parts(ptr as *mut u8, size, device, writable) };
+        descs.push(d);
+        keep.push(owner);
+    }
+    Ok((descs, keep))
+}
+
+/// A future that owns the Python objects its descriptors point into, and
+/// drops them only after the future itself: a `begin_*` future dropped
+/// half-way (its asyncio future was cancelled) first fences its region, then
+/// the memory is released.
+struct KeepAlive<F> {
+    // Field order is drop order.
+    fut: Pin<Box<F>>,
+    keep: Option<Vec<Py<PyAny>>>,
+}
+
+impl<F: Future> Future for KeepAlive<F> {
+    type Output = (F::Output, Vec<Py<PyAny>>);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        match this.fut.as_mut().poll(cx) {
+            Poll::Ready(v) => Poll::Ready((v, this.keep.take().unwrap_or_default())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Operations
+// ---------------------------------------------------------------------------
+
+enum AnyOp {
+    Readable(ferry::ReadableOperation<'static>),
+    Writable(ferry::WritableOperation<'static>),
+    Read(ferry::ReadOperation<'static>),
+    Write(ferry::WriteOperation<'static>),
+}
+
+macro_rules! each {
+    ($self:expr, $op:ident => $e:expr) => {
+        match $self {
+            AnyOp::Readable($op) => $e,
+            AnyOp::Writable($op) => $e,
+            AnyOp::Read($op) => $e,
+            AnyOp::Write($op) => $e,
+        }
+    };
+}
+
+impl AnyOp {
+    fn status(&self) -> OperationStatus {
+        each!(self, op => op.status())
+    }
+
+    fn cancel(&self) {
+        each!(self, op => op.cancel())
+    }
+
+    fn transport(&self) -> Option<ferry::TransportKind> {
+        each!(self, op => op.transport())
+    }
+
+    async fn wait(&self, timeout: Option<Duration>) -> ferry::Result<()> {
+        match timeout {
+            None => each!(self, op => op.wait_for_completion().await),
+            Some(t) => each!(self, op => op.wait_for_completion_timeout(t).await),
+        }
+    }
+
+    /// The outcome of an operation that has ended.
+    fn ended(&self) -> ferry::Result<()> {
+        debug_assert!(self.status().is_terminal());
+        // Waiting on an ended operation is ready at once.
+        match pin!(self.wait(None)).poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(r) => r,
+            Poll::Pending => Err(ferry::Error::Cancelled),
+        }
+    }
+}
+
+/// An operation and the Python objects that own the memory it moves.
+struct Holder {
+    // Field order is drop order: the operation first (its drop closes the
+    // region: no transport touches the memory afterwards), then the owners.
+    op: AnyOp,
+    _keep: Vec<Py<PyAny>>,
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        // Dropping `op` would do this too; done explicitly so that the order
+        // does not rest on field order alone. A no-op for an ended operation,
+        // whose region is already closed.
+        self.op.cancel();
+    }
+}
+
+enum State {
+    Open(Arc<Holder>),
+    /// `close` released the operation; this is how it had ended.
+    Closed(OperationStatus, ferry::Result<()>),
+}
+
+/// One of the four operations (see `kind`).
+#[pyclass(frozen, module = "ferry._ferry")]
+struct Operation {
+    kind: &'static str,
+    metadata: Option<ferry::RdmaMetadata>,
+    state: Mutex<State>,
+}
+
+impl Operation {
+    fn new(op: AnyOp, keep: Vec<Py<PyAny>>) -> Self {
+        let (kind, metadata) = match &op {
+            AnyOp::Readable(o) => ("readable", Some(o.metadata().clone())),
+            AnyOp::Writable(o) => ("writable", Some(o.metadata().clone())),
+            AnyOp::Read(_) => ("read", None),
+            AnyOp::Write(_) => ("write", None),
+        };
+        Operation {
+            kind,
+            metadata,
+            state: Mutex::new(State::Open(Arc::new(Holder { op, _keep: keep }))),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn holder(&self) -> Option<Arc<Holder>> {
+        match &*self.state() {
+            State::Open(h) => Some(h.clone()),
+            State::Closed(..) => None,
+        }
+    }
+}
+
+fn timeout_arg(timeout: Option<f64>) -> PyResult<Option<Duration>> {
+    timeout
+        .map(|t| {
+            Duration::try_from_secs_f64(t).map_err(|_| {
+                PyValueError::new_err(format!(
+                    "timeout must be a finite number of seconds >= 0, not {t}"
+                ))
+            })
+        })
+        .transpose()
+}
+
+#[pymethods]
+impl Operation {
+    /// "readable", "writable", "read" or "write".
+    #[getter]
+    fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    /// The status, as the reference's number (0 to 5).
+    fn status(&self) -> u8 {
+        match &*self.state() {
+            State::Open(h) => h.op.status().as_u8(),
+            State::Closed(s, _) => s.as_u8(),
+        }
+    }
+
+    /// Cancels the operation unless it has ended; the remote is told. When
+    /// this returns, Ferry no longer touches the memory.
+    fn cancel(&self, py: Python<'_>) {
+        if let Some(h) = self.holder() {
+            py.detach(|| h.op.cancel());
+        }
+    }
+
+    /// Cancels the operation unless it has ended, and releases it: the
+    /// exposure is withdrawn and the memory's owners are let go (once no
+    /// pending wait holds them). Status and outcome stay readable.
+    fn close(&self, py: Python<'_>) {
+        let mut state = self.state();
+        if let State::Open(h) = &*state {
+            let h = h.clone();
+            let (status, outcome) = py.detach(|| {
+                h.op.cancel();
+                (h.op.status(), h.op.ended())
+            });
+            *state = State::Closed(status, outcome);
+        }
+    }
+
+    /// Whether `close` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        matches!(&*self.state(), State::Closed(..))
+    }
+
+    /// An asyncio future that completes when the operation ends: with
+    /// `None` when it completed, else with the exception saying why.
+    #[pyo3(signature = (timeout=None))]
+    fn wait<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyAny>> {
+        let timeout = timeout_arg(timeout)?;
+        let holder = match &*self.state() {
+            State::Closed(_, outcome) => return ready_future(py, outcome.clone()),
+            State::Open(h) => h.clone(),
+        };
+        if holder.op.status().is_terminal() {
+            return ready_future(py, holder.op.ended());
+        }
+        spawn_future(
+            py,
+            async move { Outcome::Done(holder.op.wait(timeout).await) },
+        )
+    }
+
+    /// Blocks (without the GIL) until the operation ends.
+    #[pyo3(signature = (timeout=None))]
+    fn wait_blocking(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        let timeout = timeout_arg(timeout)?;
+        let holder = match &*self.state() {
+            State::Closed(_, outcome) => return outcome.clone().map_err(|e| error_to_py(py, e)),
+            State::Open(h) => h.clone(),
+        };
+        let core = core()?;
+        py.detach(|| core.rt.block_on(holder.op.wait(timeout)))
+            .map_err(|e| error_to_py(py, e))
+    }
+
+    /// The metadata of a readable or writable, `None` for a read or write.
+    fn metadata(&self) -> Option<Metadata> {
+        self.metadata.clone().map(Metadata)
+    }
+
+    /// The transport that carries the bytes ("tcp"), once known.
+    fn transport(&self) -> Option<&'static str> {
+        self.holder()?.op.transport().map(|t| t.name())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Metadata
+// ---------------------------------------------------------------------------
+
+/// What a readable or writable hands to its remote (a capability: treat its
+/// JSON like a password).
+#[pyclass(frozen, module = "ferry._ferry")]
+#[derive(Clone)]
+struct Metadata(ferry::RdmaMetadata);
+
+#[pymethods]
+impl Metadata {
+    /// Parses and validates metadata JSON (`str`, `bytes` or `bytearray`).
+    #[staticmethod]
+    fn from_json(data: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let parsed = if let Ok(b) = data.cast::<PyBytes>() {
+            ferry::RdmaMetadata::from_json_bytes(b.as_bytes())
+        } else if let Ok(b) = data.cast::<PyByteArray>() {
+            ferry::RdmaMetadata::from_json_bytes(&b.to_vec())
+        } else if let Ok(s) = data.extract::<String>() {
+            ferry::RdmaMetadata::from_json(&s)
+        } else {
+            return Err(PyTypeError::new_err(format!(
+                "metadata JSON must be str, bytes or bytearray, not {}",
+                data.get_type().name()?
+            )));
+        };
+        parsed
+            .map(Metadata)
+            .map_err(|e| PyValueError::new_err(ferry::Error::from(e).to_string()))
+    }
+
+    /// The JSON to hand to the remote worker.
+    fn to_json(&self) -> String {
+        self.0.to_json()
+    }
+
+    /// 1 (READ: metadata of a readable) or 2 (WRITE: of a writable).
+    #[getter]
+    fn operation_kind(&self) -> u8 {
+        self.0.kind().as_u8()
+    }
+
+    /// The exposing worker's id.
+    #[getter]
+    fn worker_id(&self) -> &str {
+        self.0.worker_id()
+    }
+
+    /// The exposing worker's host name.
+    #[getter]
+    fn hostname(&self) -> &str {
+        self.0.hostname()
+    }
+
+    /// `(device, size)` of each exposed descriptor.
+    #[getter]
+    fn descriptors(&self) -> Vec<(String, u64)> {
+        self.0
+            .descriptors()
+            .iter()
+            .map(|d| (d.device.to_string(), d.size))
+            .collect()
+    }
+
+    /// The sum of the descriptors' sizes.
+    #[getter]
+    fn total_size(&self) -> u64 {
+        self.0.total_size()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Connector
+// ---------------------------------------------------------------------------
+
+/// One worker's connector.
+#[pyclass(frozen, module = "ferry._ferry")]
+struct Connector {
+    inner: Arc<ferry::Connector>,
+}
+
+#[pymethods]
+impl Connector {
+    #[new]
+    #[pyo3(signature = (worker_id=None, listen=None))]
+    fn new(py: Python<'_>, worker_id: Option<String>, listen: Option<&str>) -> PyResult<Self> {
+        let core = core()?;
+        let mut builder = ferry::Connector::builder();
+        if let Some(id) = worker_id {
+            builder = builder.worker_id(id);
+        }
+        if let Some(addr) = listen {
+            let addr = addr.parse().map_err(|_| {
+                PyValueError::new_err(format!(
+                    "listen address {addr:?} is not of the form ip:port (e.g. \"127.0.0.1:0\")"
+                ))
+            })?;
+            builder = builder.listen(addr);
+        }
+        let connector = py
+            .detach(|| core.rt.block_on(builder.build()))
+            .map_err(|e| error_to_py(py, e))?;
+        Ok(Connector {
+            inner: Arc::new(connector),
+        })
+    }
+
+    /// The worker id.
+    #[getter]
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// This host's name.
+    #[getter]
+    fn hostname(&self) -> &str {
+        self.inner.hostname()
+    }
+
+    /// Whether CUDA memory can be moved (not in this version).
+    #[getter]
+    fn is_cuda_available(&self) -> bool {
+        self.inner.is_cuda_available()
+    }
+
+    /// The address the connector listens on, `ip:port`.
+    #[getter]
+    fn local_address(&self) -> String {
+        self.inner.local_addr().to_string()
+    }
+
+    /// How many readables and writables currently expose memory.
+    fn exposed_count(&self) -> usize {
+        self.inner.exposed_count()
+    }
+
+    /// How many pooled connections to remote workers are open.
+    fn connection_count(&self) -> usize {
+        self.inner.connection_count()
+    }
+
+    /// Exposes memory for one remote worker to read.
+    fn create_readable(
+        &self,
+        py: Python<'_>,
+        descriptors: Vec<RawDescriptor>,
+    ) -> PyResult<Operation> {
+        self.expose(py, descriptors, false)
+    }
+
+    /// Exposes memory for one remote worker to write.
+    fn create_writable(
+        &self,
+        py: Python<'_>,
+        descriptors: Vec<RawDescriptor>,
+    ) -> PyResult<Operation> {
+        self.expose(py, descriptors, true)
+    }
+
+    /// Starts reading the remote readable `metadata` describes; returns an
+    /// asyncio future of the operation.
+    fn begin_read<'py>(
+        &self,
+        py: Python<'py>,
+        metadata: &Metadata,
+        descriptors: Vec<RawDescriptor>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let work = self.begin(metadata, descriptors, false)?;
+        spawn_future(py, async move { Outcome::Started(work.await) })
+    }
+
+    /// Starts writing into the remote writable `metadata` describes; returns
+    /// an asyncio future of the operation.
+    fn begin_write<'py>(
+        &self,
+        py: Python<'py>,
+        descriptors: Vec<RawDescriptor>,
+        metadata: &Metadata,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let work = self.begin(metadata, descriptors, true)?;
+        spawn_future(py, async move { Outcome::Started(work.await) })
+    }
+
+    /// `begin_read`, blocking (without the GIL) until the operation has started.
+    fn begin_read_blocking(
+        &self,
+        py: Python<'_>,
+        metadata: &Metadata,
+        descriptors: Vec<RawDescriptor>,
+    ) -> PyResult<Operation> {
+        let work = self.begin(metadata, descriptors, false)?;
+        let core = core()?;
+        py.detach(|| core.rt.block_on(work))
+            .map_err(|e| error_to_py(py, e))
+    }
+
+    /// `begin_write`, blocking (without the GIL) until the operation has started.
+    fn begin_write_blocking(
+        &self,
+        py: Python<'_>,
+        descriptors: Vec<RawDescriptor>,
+        metadata: &Metadata,
+    ) -> PyResult<Operation> {
+        let work = self.begin(metadata, descriptors, true)?;
+        let core = core()?;
+        py.detach(|| core.rt.block_on(work))
+            .map_err(|e| error_to_py(py, e))
+    }
+}
+
+impl Connector {
+    fn expose(
+        &self,
+        py: Python<'_>,
+        raw: Vec<RawDescriptor>,
+        writable: bool,
+    ) -> PyResult<Operation> {
+        let core = core()?;
+        let (descs, keep) = descriptors(raw)?;
+        let inner = &self.inner;
+        // Nothing waits in here; `block_on` only provides the runtime context.
+        let op = py.detach(|| {
+            core.rt.block_on(async {
+                if writable {
+                    inner.create_writable(descs).await.map(AnyOp::Writable)
+                } else {
+                    inner.create_readable(descs).await.map(AnyOp::Readable)
+                }
+            })
+        });
+        // On failure the descriptors are gone by now, and `keep` goes after them.
+        Ok(Operation::new(op.map_err(|e| error_to_py(py, e))?, keep))
+    }
+
+    /// The future that starts a read or write, owning everything it needs.
+    fn begin(
+        &self,
+        metadata: &Metadata,
+        raw: Vec<RawDescriptor>,
+        write: bool,
+    ) -> PyResult<impl Future<Output = ferry::Result<Operation>> + Send + 'static> {
+        let (descs, keep) = descriptors(raw)?;
+        let inner = self.inner.clone();
+        let remote = metadata.0.clone();
+        let start = KeepAlive {
+            fut: Box::pin(async move {
+                if write {
+                    inner.begin_write(descs, &remote).await.map(AnyOp::Write)
+                } else {
+                    inner.begin_read(&remote, descs).await.map(AnyOp::Read)
+                }
+            }),
+            keep: Some(keep),
+        };
+        Ok(async move {
+            let (op, keep) = start.await;
+            op.map(|op| Operation::new(op, keep))
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Functions and the module
+// ---------------------------------------------------------------------------
+
+/// Parses "cpu", "cuda" or "cuda:N" into `(kind, id)`, kind 1 for host
+/// memory and 2 for CUDA (the reference's `DeviceKind` numbers).
+#[pyfunction]
+fn parse_device(device: &str) -> PyResult<(u8, u32)> {
+    let d: Device = device
+        .parse()
+        .map_err(|e: ferry::ParseDeviceError| PyValueError::new_err(e.to_string()))?;
+    let kind = match d.kind() {
+        DeviceKind::Cpu => 1,
+        DeviceKind::Cuda => 2,
+    };
+    Ok((kind, d.id()))
+}
+
+/// The address of the bytes of a `bytes` object (immutable, valid while the
+/// object lives).
+#[pyfunction]
+fn bytes_address(data: &Bound<'_, PyBytes>) -> usize {
+    data.as_bytes().as_ptr() as usize
+}
+
+/// Ferry's compiled core; use the `ferry` package instead.
+#[pymodule]
+fn _ferry(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<Connector>()?;
+    m.add_class::<Operation>()?;
+    m.add_class::<Metadata>()?;
+    m.add_function(wrap_pyfunction!(parse_device, m)?)?;
+    m.add_function(wrap_pyfunction!(bytes_address, m)?)?;
+    let _ = RESOLVE.set(py, wrap_pyfunction!(resolve, m)?.into_any().unbind());
+    Ok(())
+}

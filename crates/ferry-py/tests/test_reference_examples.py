@@ -1,0 +1,125 @@
+"""The examples of the reference pages (Dynamo's NIXL Connect), run with only
+the import changed: ``import dynamo.nixl_connect`` becomes the namespace
+below. The bodies of ``read_from_remote`` and ``recv_data`` are the
+reference's, line for line."""
+
+from __future__ import annotations
+
+import types
+
+import buffers
+import pytest
+from conftest import Peer, run
+
+import ferry
+
+dynamo = types.SimpleNamespace(nixl_connect=ferry)  # was: import dynamo.nixl_connect
+
+TENSOR_KINDS = ["tensorlike"] + (["torch"] if buffers.torch is not None else [])
+
+
+class Worker:
+    """The reference's snippets are methods of a worker that owns a connector."""
+
+    def __init__(self, peer: Peer) -> None:
+        self.connector = dynamo.nixl_connect.Connector(listen="127.0.0.1:0")
+        self.peer = peer
+        self.replies: list = []
+
+    async def request_remote_data(self, op_metadata) -> None:
+        # The side channel: the remote worker writes into our writable.
+        size = op_metadata.descriptors[0].size
+        self.replies.append(
+            await self.peer.request("write", metadata=op_metadata.model_dump_json(), sizes=[size], seed=42)
+        )
+
+    # From the reference page of ReadOperation.
+    async def read_from_remote(
+        self,
+        remote_metadata: dynamo.nixl_connect.RdmaMetadata,
+        local_tensor: torch.Tensor,  # noqa: F821 - annotations are not evaluated
+    ) -> None:
+        descriptor = dynamo.nixl_connect.Descriptor(local_tensor)
+        with self.connector.begin_read(descriptor, remote_metadata) as read_op:
+            # Wait for the operation to complete writing data from the remote worker to local_tensor.
+            await read_op.wait_for_completion()
+
+    # From the reference page of WritableOperation.
+    async def recv_data(
+        self,
+        local_tensor: torch.Tensor,  # noqa: F821
+    ) -> None:
+        descriptor = dynamo.nixl_connect.Descriptor(local_tensor)
+        with self.connector.create_writable(descriptor) as write_op:
+            op_metadata = write_op.metadata()
+            # Send the metadata to the remote worker via sideband communication.
+            await self.request_remote_data(op_metadata)
+            # Wait the remote worker to complete its write operation to local_tensor.
+            # AKA receive data from remote worker.
+            await write_op.wait_for_completion()
+
+
+@pytest.mark.parametrize("kind", TENSOR_KINDS)
+def test_read_operation_example(helper, kind):
+    size = 1 << 16
+
+    async def main():
+        peer = await Peer.connect(helper)
+        worker = Worker(peer)
+        rid = peer.send("readable", sizes=[size], seed=41)
+        remote_metadata = dynamo.nixl_connect.RdmaMetadata.model_validate_json(
+            (await peer.expect(rid, "metadata"))["metadata"]
+        )
+        local_tensor = buffers.new(kind, size)
+        await worker.read_from_remote(remote_metadata, local_tensor)
+        assert buffers.contents(kind, local_tensor) == buffers.pattern(41, 0, size)
+        assert (await peer.expect(rid, "done"))["status"] == "COMPLETE"
+        await peer.close()
+
+    run(main())
+
+
+@pytest.mark.parametrize("kind", TENSOR_KINDS)
+def test_writable_operation_example(helper, kind):
+    size = 1 << 16
+
+    async def main():
+        peer = await Peer.connect(helper)
+        worker = Worker(peer)
+        local_tensor = buffers.new(kind, size)
+        await worker.recv_data(local_tensor)
+        assert worker.replies[0]["status"] == "COMPLETE", worker.replies
+        assert buffers.contents(kind, local_tensor) == buffers.pattern(42, 0, size)
+        await peer.close()
+
+    run(main())
+
+
+def test_reference_names_exist():
+    """Every class and member the reference pages name."""
+    nc = dynamo.nixl_connect
+    for name in [
+        "Connector",
+        "Descriptor",
+        "Device",
+        "DeviceKind",
+        "OperationKind",
+        "OperationStatus",
+        "RdmaMetadata",
+        "ReadOperation",
+        "ReadableOperation",
+        "WritableOperation",
+        "WriteOperation",
+    ]:
+        assert hasattr(nc, name), name
+    for cls in (nc.ReadOperation, nc.WriteOperation):
+        for member in ("cancel", "wait_for_completion", "status"):
+            assert hasattr(cls, member), (cls, member)
+    for cls in (nc.ReadableOperation, nc.WritableOperation):
+        for member in ("metadata", "wait_for_completion", "status"):
+            assert hasattr(cls, member), (cls, member)
+    assert hasattr(nc.ReadOperation, "results")
+    for member in ("create_readable", "create_writable", "begin_read", "begin_write", "name", "hostname", "is_cuda_available"):
+        assert hasattr(nc.Connector, member), member
+    for member in ("model_dump_json", "model_validate_json"):
+        assert hasattr(nc.RdmaMetadata, member), member
