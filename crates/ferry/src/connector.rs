@@ -1,6 +1,6 @@
 use std::marker::PhantomData;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use ferry_proto::{DescriptorInfo, OperationKind, OperationStatus, RdmaMetadata, MAX_DESCRIPTORS};
@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use crate::exposure::Exposures;
 use crate::op::{Link, OpCore, OpShared};
 use crate::region::Region;
-use crate::transport::tcp::{self, LocalInfo, TcpTransport};
+use crate::transport::tcp::{self, Conn, LocalInfo, TcpTransport};
 use crate::transport::{ActiveJob, Transport, TransportKind};
 use crate::{
     host, Descriptor, Error, ReadOperation, ReadableOperation, Result, WritableOperation,
@@ -143,6 +143,7 @@ impl ConnectorBuilder {
             transports: vec![tcp as Arc<dyn Transport>],
             shutdown,
             handle,
+            incoming: Mutex::new(Vec::new()),
         });
         tokio::spawn(tcp::listen(inner.clone(), listener, shutdown_rx));
         tracing::debug!(worker = inner.worker_id, addr = %local_addr, "connector started");
@@ -178,6 +179,15 @@ pub(crate) struct Inner {
     transports: Vec<Arc<dyn Transport>>,
     shutdown: watch::Sender<bool>,
     pub(crate) handle: Handle,
+    incoming: Mutex<Vec<Weak<Conn>>>,
+}
+
+impl Inner {
+    pub(crate) fn track_incoming(&self, c: &Arc<Conn>) {
+        let mut v = self.incoming.lock().unwrap_or_else(|e| e.into_inner());
+        v.retain(|w| w.strong_count() > 0);
+        v.push(Arc::downgrade(c));
+    }
 }
 
 /// One worker's entry point: creates the four operations, owns the listener,
@@ -272,6 +282,39 @@ impl Connector {
     /// readable and writable has ended.
     pub fn exposed_count(&self) -> usize {
         self.inner.exposures.len()
+    }
+
+    /// How many requests are in flight on this connector's connections (as
+    /// the active side, and as the passive side). Zero when idle: nothing
+    /// accumulates.
+    pub fn pending_count(&self) -> usize {
+        let incoming: usize = self
+            .inner
+            .incoming
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|c| c.pending())
+            .sum();
+        self.inner.tcp.pending() + incoming
+    }
+
+    /// Closes every connection to and from remote workers, as a network
+    /// failure would: operations on them fail with
+    /// [`Error::ConnectionLost`], and the next operation reconnects.
+    pub fn close_connections(&self) {
+        self.inner.tcp.close_all("closed by close_connections()");
+        let incoming: Vec<_> = std::mem::take(
+            &mut *self
+                .inner
+                .incoming
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        for c in incoming.iter().filter_map(Weak::upgrade) {
+            c.close("closed by close_connections()");
+        }
     }
 
     /// How many pooled connections to remote workers are open.

@@ -1,5 +1,6 @@
 //! The four operations and the state they share with the transports.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -24,6 +25,9 @@ pub(crate) struct OpState {
 pub(crate) struct OpShared {
     tx: watch::Sender<OpState>,
     transport: OnceLock<TransportKind>,
+    /// Every byte and the final `Finish` are on their way: the outcome is
+    /// now the remote's to decide, and a cancel no longer changes it.
+    sealed: AtomicBool,
 }
 
 impl OpShared {
@@ -34,11 +38,20 @@ impl OpShared {
                 error: None,
             }),
             transport: OnceLock::new(),
+            sealed: AtomicBool::new(false),
         })
     }
 
     pub(crate) fn status(&self) -> OperationStatus {
         self.tx.borrow().status
+    }
+
+    pub(crate) fn seal(&self) {
+        self.sealed.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn is_sealed(&self) -> bool {
+        self.sealed.load(Ordering::Acquire)
     }
 
     pub(crate) fn set_transport(&self, t: TransportKind) {
@@ -129,6 +142,11 @@ impl OpCore {
     /// touches the operation's memory any more.
     pub(crate) fn cancel(&self) {
         self.region.close();
+        if self.shared.is_sealed() {
+            // Too late to cancel: the remote has (or will have) every byte
+            // and decides the outcome; both sides will agree on it.
+            return;
+        }
         if let Link::Passive { inner, exposure } = &self.link {
             // The capability ends before anyone can observe the cancel.
             inner.exposures.forget(exposure);
@@ -169,6 +187,11 @@ macro_rules! common_methods {
 
         /// Cancels the operation unless it has already ended; the remote is
         /// told. When this returns, the memory is no longer touched by Ferry.
+        ///
+        /// Once the last byte is on its way to the remote the outcome is the
+        /// remote's to decide, so a cancel then changes nothing: the
+        /// operation goes on to complete (or fail) as it does on the other
+        /// side, and both sides report the same outcome.
         pub fn cancel(&self) {
             if !self.status().is_terminal() {
                 self.core.cancel();

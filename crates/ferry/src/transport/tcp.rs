@@ -419,8 +419,11 @@ impl Conn {
         sizes: Vec<u64>,
         prefix: Vec<u8>,
         opened: Option<&watch::Sender<bool>>,
+        shared: &OpShared,
     ) -> io::Result<bool> {
-        let r = self.stream_inner(req, region, sizes, &prefix, opened).await;
+        let r = self
+            .stream_inner(req, region, sizes, &prefix, opened, shared)
+            .await;
         if let Some(o) = opened {
             o.send_replace(true);
         }
@@ -434,6 +437,7 @@ impl Conn {
         sizes: Vec<u64>,
         prefix: &[u8],
         opened: Option<&watch::Sender<bool>>,
+        shared: &OpShared,
     ) -> io::Result<bool> {
         let mut cursor = Cursor::new(sizes);
         let closed = |conn: &Arc<Conn>| {
@@ -452,6 +456,7 @@ impl Conn {
             }
             let _ = cursor.accept(d, o, l);
         }
+        shared.seal();
         self.send_frame(&Message::Finish { req }.to_vec()).await?;
         Ok(true)
     }
@@ -492,10 +497,14 @@ impl Conn {
         sizes: Vec<u64>,
         prefix: Vec<u8>,
         opened: Option<Arc<watch::Sender<bool>>>,
+        shared: Arc<OpShared>,
     ) {
         if sizes.iter().sum::<u64>() <= SMALL {
             let mut frame = prefix;
             if Self::small_frames(req, &region, sizes, &mut frame) {
+                // Sealed before it leaves: a cancel from here on cannot
+                // contradict what the remote will conclude.
+                shared.seal();
                 self.send_soon(frame, opened);
             } else {
                 if let Some(o) = &opened {
@@ -507,16 +516,26 @@ impl Conn {
         }
         let conn = self.clone();
         self.handle.spawn(async move {
-            if let Err(e) = conn
-                .stream(req, &region, sizes, prefix, opened.as_deref())
+            match conn
+                .stream(req, &region, sizes, prefix, opened.as_deref(), &shared)
                 .await
             {
-                conn.kill(format!("write failed: {e}"));
+                Ok(_) => {}
+                Err(e) => conn.kill(format!("write failed: {e}")),
             }
         });
     }
 
     /// Forgets a passive request (its operation was withdrawn by its owner).
+    /// Requests in flight on this connection, in both roles.
+    pub(crate) fn pending(&self) -> usize {
+        lock(&self.active).len() + lock(&self.passive).len()
+    }
+
+    pub(crate) fn close(&self, cause: &str) {
+        self.kill(cause.to_string());
+    }
+
     pub(crate) fn forget_passive(&self, req: u64) {
         lock(&self.passive).remove(&req);
     }
@@ -576,6 +595,28 @@ impl TcpTransport {
             local,
             pool: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Closes every pooled connection; the next operation reconnects.
+    pub(crate) fn close_all(&self, cause: &str) {
+        let slots: Vec<Slot> = lock(&self.pool).drain().map(|(_, s)| s).collect();
+        for s in slots {
+            if let Ok(g) = s.try_lock() {
+                if let Some(c) = g.as_ref() {
+                    c.kill(cause.to_string());
+                }
+            }
+        }
+    }
+
+    /// Requests in flight on pooled (outgoing) connections.
+    pub(crate) fn pending(&self) -> usize {
+        let slots: Vec<Slot> = lock(&self.pool).values().cloned().collect();
+        slots
+            .iter()
+            .filter_map(|s| s.try_lock().ok().and_then(|g| g.clone()))
+            .map(|c| c.pending())
+            .sum()
     }
 
     /// How many pooled connections are alive.
@@ -744,9 +785,14 @@ impl Transport for TcpTransport {
             let opened = Arc::new(watch::Sender::new(false));
             match job.kind {
                 OperationKind::Read => conn.send_soon(open, Some(opened.clone())),
-                OperationKind::Write => {
-                    conn.spawn_stream(req, job.region, job.sizes, open, Some(opened.clone()))
-                }
+                OperationKind::Write => conn.spawn_stream(
+                    req,
+                    job.region,
+                    job.sizes,
+                    open,
+                    Some(opened.clone()),
+                    job.shared.clone(),
+                ),
             }
             Ok(Arc::new(TcpLink { conn, req, opened }) as Arc<dyn ActiveLink>)
         })
@@ -800,6 +846,7 @@ pub(crate) async fn listen(
             }
             tracing::debug!(%addr, peer, "accepted a connection");
             let conn = Conn::new(peer, w, inner.handle.clone());
+            inner.track_incoming(&conn);
             run_connection(conn, rd, shutdown, Some(inner)).await;
         });
     }
@@ -1005,6 +1052,7 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Inner>, o: Open) -> Result<(), ConnErro
             exposure.shared.set_transport(TransportKind::Tcp);
             let cursor = (o.kind == OperationKind::Write).then(|| Cursor::new(o.sizes.clone()));
             let region = exposure.region.clone();
+            let shared = exposure.shared.clone();
             lock(&conn.passive).insert(
                 o.req,
                 PassiveReq {
@@ -1018,7 +1066,7 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Inner>, o: Open) -> Result<(), ConnErro
                 return Ok(());
             }
             if o.kind == OperationKind::Read {
-                conn.spawn_stream(o.req, region, o.sizes, Vec::new(), None);
+                conn.spawn_stream(o.req, region, o.sizes, Vec::new(), None, shared);
             }
             Ok(())
         }
