@@ -131,6 +131,9 @@ pub struct Event {
     /// For `stats`: open connections.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connections: Option<usize>,
+    /// For `stats`: requests in flight on its connections.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<usize>,
     /// For `listening`: where to connect.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
@@ -385,6 +388,7 @@ impl PeerState {
                 let mut ev = Event::new(r.id, "stats");
                 ev.exposed = Some(self.connector.exposed_count());
                 ev.connections = Some(self.connector.connection_count());
+                ev.pending = Some(self.connector.pending_count());
                 self.send(ev);
             }
             Cmd::Crash => std::process::exit(9),
@@ -523,17 +527,26 @@ type Writer = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
 pub struct PeerProcess {
     child: Option<Child>,
     stdin: tokio::sync::Mutex<Writer>,
-    routes: Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<Event>>>>,
+    routes: Routes,
     next_id: std::sync::atomic::AtomicU64,
     /// The peer's worker id.
     pub worker_id: String,
 }
 
+type Routes = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<Event>>>>;
+
 /// The answers to one request.
 pub struct Answers {
     rx: mpsc::UnboundedReceiver<Event>,
+    routes: Routes,
     /// The request's id.
     pub id: u64,
+}
+
+impl Drop for Answers {
+    fn drop(&mut self) {
+        self.routes.lock().unwrap().remove(&self.id);
+    }
 }
 
 impl Answers {
@@ -648,7 +661,11 @@ impl PeerProcess {
             .await
             .context("writing to the peer")?;
         stdin.flush().await?;
-        Ok(Answers { rx, id: r.id })
+        Ok(Answers {
+            rx,
+            routes: self.routes.clone(),
+            id: r.id,
+        })
     }
 
     /// The operating system's process id (for a child process).

@@ -347,6 +347,39 @@ async fn remote_killed_mid_write_into_its_memory() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_killed_mid_write_into_this_process_memory() {
+    let local = connector().await;
+    let mut victim = peer().await;
+    let bystander = peer().await;
+    let writable = local.create_writable(zeroed(&[BIG])).await.unwrap();
+    let mut r = with_meta(req(Cmd::Write, &[BIG], 0), writable.metadata());
+    r.reuse = true; // no pattern to compute: start writing at once
+    let _a = victim.request(r).await.unwrap();
+    wait_status(
+        || writable.status(),
+        OperationStatus::InProgress,
+        Duration::from_secs(60),
+    )
+    .await;
+    victim.kill().await.unwrap();
+    let err = writable
+        .wait_for_completion_timeout(Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::ConnectionLost { .. }), "{err}");
+    assert_eq!(local.exposed_count(), 0);
+
+    let w2 = local.create_writable(zeroed(&[1 << 20])).await.unwrap();
+    let mut a = bystander
+        .request(with_meta(req(Cmd::Write, &[1 << 20], 6), w2.metadata()))
+        .await
+        .unwrap();
+    w2.wait_for_completion().await.unwrap();
+    done(&mut a).await;
+    assert!(ferry_cli::peer::verify(&w2.into_descriptors(), 6));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remote_killed_while_this_process_reads_it() {
     let local = connector().await;
     let mut victim = peer().await;
