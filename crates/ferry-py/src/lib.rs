@@ -21,8 +21,12 @@
 #![deny(unsafe_code)]
 
 use std::future::Future;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
 use std::pin::{pin, Pin};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -43,7 +47,6 @@ struct Core {
     /// The process that started `rt`: a child forked afterwards has none of
     /// its threads.
     pid: u32,
-    deliveries: mpsc::Sender<Delivery>,
 }
 
 static CORE: OnceLock<Core> = OnceLock::new();
@@ -55,7 +58,17 @@ fn core() -> PyResult<&'static Core> {
         None => {
             // Callers hold the GIL and nothing here releases it, so two
             // threads cannot both get here; `set` failing is harmless anyway.
-            let _ = CORE.set(start_core()?);
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .thread_name("ferry-rt")
+                .build()
+                .map_err(|e| {
+                    PyRuntimeError::new_err(format!("cannot start ferry's runtime: {e}"))
+                })?;
+            let _ = CORE.set(Core {
+                rt,
+                pid: std::process::id(),
+            });
             CORE.get().expect("set just above")
         }
     };
@@ -68,70 +81,12 @@ fn core() -> PyResult<&'static Core> {
     Ok(core)
 }
 
-fn start_core() -> PyResult<Core> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("ferry-rt")
-        .build()
-        .map_err(|e| PyRuntimeError::new_err(format!("cannot start ferry's runtime: {e}")))?;
-    let (tx, rx) = mpsc::channel();
-    std::thread::Builder::new()
-        .name("ferry-deliver".into())
-        .spawn(move || deliver_forever(rx))
-        .map_err(|e| PyRuntimeError::new_err(format!("cannot start ferry's thread: {e}")))?;
-    Ok(Core {
-        rt,
-        pid: std::process::id(),
-        deliveries: tx,
-    })
-}
-
-/// The result of one Rust future, for the asyncio future awaiting it.
-struct Delivery {
-    event_loop: Py<PyAny>,
-    future: Py<PyAny>,
-    outcome: Outcome,
-}
-
+/// What a Rust future hands to the asyncio future awaiting it.
 enum Outcome {
     /// A wait ended.
     Done(ferry::Result<()>),
     /// A `begin_read`/`begin_write` ended.
     Started(ferry::Result<Operation>),
-}
-
-/// The delivery thread: takes every result available, attaches to the
-/// interpreter once for all of them, and schedules each on its loop.
-fn deliver_forever(rx: mpsc::Receiver<Delivery>) {
-    while let Ok(first) = rx.recv() {
-        let mut batch = vec![first];
-        batch.extend(rx.try_iter());
-        // `None` when the interpreter is shutting down: nobody awaits any more,
-        // and what is left is dropped without the GIL (references to Python
-        // objects are then released whenever the interpreter next runs).
-        let _ = Python::try_attach(|py| {
-            for d in batch.drain(..) {
-                d.deliver(py);
-            }
-        });
-    }
-}
-
-impl Delivery {
-    fn deliver(self, py: Python<'_>) {
-        let (exception, value) = outcome_to_py(py, self.outcome);
-        let Some(resolve) = RESOLVE.get(py) else {
-            return;
-        };
-        // Fails only if the loop is closed, in which case nobody can await
-        // the result: dropping it (and with it an operation, which cancels
-        // it) is all there is to do.
-        let _ = self.event_loop.call_method1(
-            py,
-            intern!(py, "call_soon_threadsafe"),
-            (resolve, self.future, exception, value),
-        );
-    }
 }
 
 /// `(exception, value)` for `resolve`: one of the two is `None`.
@@ -148,27 +103,92 @@ fn outcome_to_py(py: Python<'_>, outcome: Outcome) -> (Py<PyAny>, Py<PyAny>) {
     }
 }
 
-/// The `resolve` function object, for the delivery thread.
-static RESOLVE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-
-/// Completes `future` with `exception` or, if that is `None`, with `value`;
-/// does nothing if the future is already done (it was cancelled).
-#[pyfunction]
-fn resolve(
-    future: &Bound<'_, PyAny>,
-    exception: &Bound<'_, PyAny>,
-    value: &Bound<'_, PyAny>,
-) -> PyResult<()> {
+/// Completes `future` with `outcome`, unless it is already done (cancelled).
+/// An operation that nobody receives is dropped, which cancels it.
+fn resolve(future: &Bound<'_, PyAny>, outcome: Outcome) -> PyResult<()> {
     let py = future.py();
     if future.call_method0(intern!(py, "done"))?.is_truthy()? {
         return Ok(());
     }
-    if exception.is_none() {
-        future.call_method1(intern!(py, "set_result"), (value,))?;
-    } else {
-        future.call_method1(intern!(py, "set_exception"), (exception,))?;
-    }
+    match outcome_to_py(py, outcome) {
+        (exception, value) if exception.is_none(py) => {
+            future.call_method1(intern!(py, "set_result"), (value,))?
+        }
+        (exception, _) => future.call_method1(intern!(py, "set_exception"), (exception,))?,
+    };
     Ok(())
+}
+
+/// Results finished on the runtime, waiting for one event loop to pick them
+/// up.
+///
+/// A Tokio task that finishes posts its result here and, if the mailbox was
+/// not signalled yet, writes one byte into a socket pair whose other end the
+/// loop watches (`loop.add_reader`): the loop wakes up and `drain`s every
+/// result posted so far, on its own thread, with the GIL. No thread but the
+/// loop's touches Python objects or waits for the GIL, nothing polls, and
+/// many results cost one wake-up.
+struct Mailbox {
+    posted: Mutex<Vec<(Py<PyAny>, Outcome)>>,
+    signalled: AtomicBool,
+    wake: UnixStream,
+    woken: UnixStream,
+}
+
+impl Mailbox {
+    fn post(&self, future: Py<PyAny>, outcome: Outcome) {
+        lock(&self.posted).push((future, outcome));
+        if !self.signalled.swap(true, Ordering::AcqRel) {
+            // Non-blocking; it cannot be full: at most one byte is written
+            // per signal, and `drain` reads them all.
+            let _ = (&self.wake).write(&[1]);
+        }
+    }
+}
+
+/// The mailbox of one event loop (see [`Mailbox`]); `ferry` makes one per loop.
+#[pyclass(frozen, module = "ferry._ferry")]
+struct Bridge(Arc<Mailbox>);
+
+#[pymethods]
+impl Bridge {
+    #[new]
+    fn new() -> PyResult<Self> {
+        let (wake, woken) = UnixStream::pair()?;
+        wake.set_nonblocking(true)?;
+        woken.set_nonblocking(true)?;
+        Ok(Bridge(Arc::new(Mailbox {
+            posted: Mutex::new(Vec::new()),
+            signalled: AtomicBool::new(false),
+            wake,
+            woken,
+        })))
+    }
+
+    /// The descriptor the loop watches for readability.
+    fn fileno(&self) -> i32 {
+        self.0.woken.as_raw_fd()
+    }
+
+    /// Completes the futures of every result posted so far. Called by the
+    /// loop when `fileno` is readable.
+    fn drain(&self, py: Python<'_>) {
+        let mut buf = [0u8; 64];
+        while matches!((&self.0.woken).read(&mut buf), Ok(n) if n > 0) {}
+        // Cleared before taking the results: a result posted from here on
+        // signals again.
+        self.0.signalled.store(false, Ordering::Release);
+        let posted = std::mem::take(&mut *lock(&self.0.posted));
+        for (future, outcome) in posted {
+            if let Err(e) = resolve(future.bind(py), outcome) {
+                e.write_unraisable(py, Some(future.bind(py)));
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Done-callback of an asyncio future: when the future was cancelled (by
@@ -191,45 +211,64 @@ impl AbortOnCancel {
 }
 
 static GET_RUNNING_LOOP: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static BRIDGE_FOR: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
-fn running_loop(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
-    GET_RUNNING_LOOP
-        .import(py, "asyncio", "get_running_loop")?
-        .call0()
+/// Polls `fut` once on the calling thread, inside the runtime's context.
+/// Most of Ferry's futures are ready at once (creating a readable, starting
+/// a read on a pooled connection, waiting for an operation that has ended):
+/// they then cost no thread hop at all.
+fn poll_once<F: Future>(core: &Core, fut: Pin<&mut F>) -> Poll<F::Output> {
+    let _context = core.rt.enter();
+    fut.poll(&mut Context::from_waker(Waker::noop()))
 }
 
-/// Runs `work` on the runtime and returns an `asyncio.Future` of the running
-/// loop that receives its outcome. Cancelling that future drops `work`.
-fn spawn_future<'py, F>(py: Python<'py>, work: F) -> PyResult<Bound<'py, PyAny>>
+/// An `asyncio.Future` of the running loop with the outcome of `work`: set
+/// at once when `work` is ready at once, else from the runtime through the
+/// loop's [`Bridge`]. Cancelling the asyncio future drops `work`.
+fn run_future<'py, F>(py: Python<'py>, work: F) -> PyResult<Bound<'py, PyAny>>
 where
     F: Future<Output = Outcome> + Send + 'static,
 {
     let core = core()?;
-    let event_loop = running_loop(py)?;
+    let event_loop = GET_RUNNING_LOOP
+        .import(py, "asyncio", "get_running_loop")?
+        .call0()?;
     let future = event_loop.call_method0(intern!(py, "create_future"))?;
-    let tx = core.deliveries.clone();
-    let (l, f) = (event_loop.unbind(), future.clone().unbind());
-    let task = core.rt.spawn(async move {
-        let outcome = work.await;
-        let _ = tx.send(Delivery {
-            event_loop: l,
-            future: f,
-            outcome,
-        });
-    });
-    future.call_method1(
-        intern!(py, "add_done_callback"),
-        (AbortOnCancel(task.abort_handle()),),
-    )?;
+    let mut work = Box::pin(work);
+    match poll_once(core, work.as_mut()) {
+        Poll::Ready(outcome) => resolve(&future, outcome)?,
+        Poll::Pending => {
+            let bridge = BRIDGE_FOR
+                .import(py, "ferry._api", "_bridge_for")?
+                .call1((&event_loop,))?;
+            let mailbox = bridge.cast::<Bridge>()?.get().0.clone();
+            let f = future.clone().unbind();
+            let task = core.rt.spawn(async move {
+                let outcome = work.await;
+                mailbox.post(f, outcome);
+            });
+            future.call_method1(
+                intern!(py, "add_done_callback"),
+                (AbortOnCancel(task.abort_handle()),),
+            )?;
+        }
+    }
     Ok(future)
 }
 
-/// An `asyncio.Future` of the running loop, already completed with `result`.
-fn ready_future(py: Python<'_>, result: ferry::Result<()>) -> PyResult<Bound<'_, PyAny>> {
-    let future = running_loop(py)?.call_method0(intern!(py, "create_future"))?;
-    let (exception, value) = outcome_to_py(py, Outcome::Done(result));
-    resolve(&future, exception.bind(py), value.bind(py))?;
-    Ok(future)
+/// Runs `fut` to completion on the calling thread: at once if it is ready
+/// at once, else blocking without the GIL.
+fn block_on<F>(py: Python<'_>, fut: F) -> PyResult<F::Output>
+where
+    F: Future + Send,
+    F::Output: Send,
+{
+    let core = core()?;
+    let mut fut = pin!(fut);
+    Ok(match poll_once(core, fut.as_mut()) {
+        Poll::Ready(v) => v,
+        Poll::Pending => py.detach(|| core.rt.block_on(fut)),
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -454,13 +493,20 @@ impl Operation {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.state)
     }
 
     fn holder(&self) -> Option<Arc<Holder>> {
+        self.snapshot().ok()
+    }
+
+    /// The operation, or how it ended if closed. The lock is released on
+    /// return: it is never held while Python code runs or the GIL is
+    /// released, or two threads could each wait for what the other holds.
+    fn snapshot(&self) -> Result<Arc<Holder>, ferry::Result<()>> {
         match &*self.state() {
-            State::Open(h) => Some(h.clone()),
-            State::Closed(..) => None,
+            State::Open(h) => Ok(h.clone()),
+            State::Closed(_, outcome) => Err(outcome.clone()),
         }
     }
 }
@@ -505,15 +551,23 @@ impl Operation {
     /// exposure is withdrawn and the memory's owners are let go (once no
     /// pending wait holds them). Status and outcome stay readable.
     fn close(&self, py: Python<'_>) {
+        // The lock is never held while detached: a thread waiting for it
+        // would hold the GIL that this one needs back.
+        let Some(h) = self.holder() else {
+            return;
+        };
+        let (status, outcome) = py.detach(|| {
+            h.op.cancel();
+            (h.op.status(), h.op.ended())
+        });
         let mut state = self.state();
-        if let State::Open(h) = &*state {
-            let h = h.clone();
-            let (status, outcome) = py.detach(|| {
-                h.op.cancel();
-                (h.op.status(), h.op.ended())
-            });
+        if let State::Open(_) = &*state {
             *state = State::Closed(status, outcome);
         }
+        drop(state);
+        // The operation goes here (or with the last pending wait), after
+        // its state was replaced.
+        drop(h);
     }
 
     /// Whether `close` was called.
@@ -527,30 +581,24 @@ impl Operation {
     #[pyo3(signature = (timeout=None))]
     fn wait<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyAny>> {
         let timeout = timeout_arg(timeout)?;
-        let holder = match &*self.state() {
-            State::Closed(_, outcome) => return ready_future(py, outcome.clone()),
-            State::Open(h) => h.clone(),
-        };
-        if holder.op.status().is_terminal() {
-            return ready_future(py, holder.op.ended());
-        }
-        spawn_future(
-            py,
-            async move { Outcome::Done(holder.op.wait(timeout).await) },
-        )
+        let holder = self.snapshot();
+        run_future(py, async move {
+            Outcome::Done(match holder {
+                Ok(h) => h.op.wait(timeout).await,
+                Err(outcome) => outcome,
+            })
+        })
     }
 
     /// Blocks (without the GIL) until the operation ends.
     #[pyo3(signature = (timeout=None))]
     fn wait_blocking(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
         let timeout = timeout_arg(timeout)?;
-        let holder = match &*self.state() {
-            State::Closed(_, outcome) => return outcome.clone().map_err(|e| error_to_py(py, e)),
-            State::Open(h) => h.clone(),
+        let holder = match self.snapshot() {
+            Ok(h) => h,
+            Err(outcome) => return outcome.map_err(|e| error_to_py(py, e)),
         };
-        let core = core()?;
-        py.detach(|| core.rt.block_on(holder.op.wait(timeout)))
-            .map_err(|e| error_to_py(py, e))
+        block_on(py, holder.op.wait(timeout))?.map_err(|e| error_to_py(py, e))
     }
 
     /// The metadata of a readable or writable, `None` for a read or write.
@@ -651,7 +699,6 @@ impl Connector {
     #[new]
     #[pyo3(signature = (worker_id=None, listen=None))]
     fn new(py: Python<'_>, worker_id: Option<String>, listen: Option<&str>) -> PyResult<Self> {
-        let core = core()?;
         let mut builder = ferry::Connector::builder();
         if let Some(id) = worker_id {
             builder = builder.worker_id(id);
@@ -664,9 +711,7 @@ impl Connector {
             })?;
             builder = builder.listen(addr);
         }
-        let connector = py
-            .detach(|| core.rt.block_on(builder.build()))
-            .map_err(|e| error_to_py(py, e))?;
+        let connector = block_on(py, builder.build())?.map_err(|e| error_to_py(py, e))?;
         Ok(Connector {
             inner: Arc::new(connector),
         })
@@ -733,7 +778,7 @@ impl Connector {
         descriptors: Vec<RawDescriptor>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let work = self.begin(metadata, descriptors, false)?;
-        spawn_future(py, async move { Outcome::Started(work.await) })
+        run_future(py, async move { Outcome::Started(work.await) })
     }
 
     /// Starts writing into the remote writable `metadata` describes; returns
@@ -745,7 +790,7 @@ impl Connector {
         metadata: &Metadata,
     ) -> PyResult<Bound<'py, PyAny>> {
         let work = self.begin(metadata, descriptors, true)?;
-        spawn_future(py, async move { Outcome::Started(work.await) })
+        run_future(py, async move { Outcome::Started(work.await) })
     }
 
     /// `begin_read`, blocking (without the GIL) until the operation has started.
@@ -756,9 +801,7 @@ impl Connector {
         descriptors: Vec<RawDescriptor>,
     ) -> PyResult<Operation> {
         let work = self.begin(metadata, descriptors, false)?;
-        let core = core()?;
-        py.detach(|| core.rt.block_on(work))
-            .map_err(|e| error_to_py(py, e))
+        block_on(py, work)?.map_err(|e| error_to_py(py, e))
     }
 
     /// `begin_write`, blocking (without the GIL) until the operation has started.
@@ -769,9 +812,7 @@ impl Connector {
         metadata: &Metadata,
     ) -> PyResult<Operation> {
         let work = self.begin(metadata, descriptors, true)?;
-        let core = core()?;
-        py.detach(|| core.rt.block_on(work))
-            .map_err(|e| error_to_py(py, e))
+        block_on(py, work)?.map_err(|e| error_to_py(py, e))
     }
 }
 
@@ -782,19 +823,16 @@ impl Connector {
         raw: Vec<RawDescriptor>,
         writable: bool,
     ) -> PyResult<Operation> {
-        let core = core()?;
         let (descs, keep) = descriptors(raw)?;
         let inner = &self.inner;
-        // Nothing waits in here; `block_on` only provides the runtime context.
-        let op = py.detach(|| {
-            core.rt.block_on(async {
-                if writable {
-                    inner.create_writable(descs).await.map(AnyOp::Writable)
-                } else {
-                    inner.create_readable(descs).await.map(AnyOp::Readable)
-                }
-            })
-        });
+        // Ready at once: exposing memory waits for nothing.
+        let op = block_on(py, async {
+            if writable {
+                inner.create_writable(descs).await.map(AnyOp::Writable)
+            } else {
+                inner.create_readable(descs).await.map(AnyOp::Readable)
+            }
+        })?;
         // On failure the descriptors are gone by now, and `keep` goes after them.
         Ok(Operation::new(op.map_err(|e| error_to_py(py, e))?, keep))
     }
@@ -851,16 +889,24 @@ fn bytes_address(data: &Bound<'_, PyBytes>) -> usize {
     data.as_bytes().as_ptr() as usize
 }
 
+/// `(address, length)` of the bytes of a `bytearray`. The caller holds an
+/// export of it (a `memoryview`), so that it can be neither resized nor
+/// freed while the address is used.
+#[pyfunction]
+fn bytearray_address(data: &Bound<'_, PyByteArray>) -> (usize, usize) {
+    (data.data() as usize, data.len())
+}
+
 /// Ferry's compiled core; use the `ferry` package instead.
 #[pymodule]
 fn _ferry(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    let py = m.py();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<Connector>()?;
     m.add_class::<Operation>()?;
     m.add_class::<Metadata>()?;
+    m.add_class::<Bridge>()?;
     m.add_function(wrap_pyfunction!(parse_device, m)?)?;
     m.add_function(wrap_pyfunction!(bytes_address, m)?)?;
-    let _ = RESOLVE.set(py, wrap_pyfunction!(resolve, m)?.into_any().unbind());
+    m.add_function(wrap_pyfunction!(bytearray_address, m)?)?;
     Ok(())
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import weakref
 from typing import (
     Any,
     Awaitable,
@@ -35,6 +36,21 @@ __all__ = [
 ]
 
 _STATUSES = tuple(OperationStatus)
+
+_bridges: Any = weakref.WeakKeyDictionary()
+
+
+def _bridge_for(loop: Any) -> _ferry.Bridge:
+    """The mailbox through which results of Ferry's runtime reach `loop`
+    (called by the compiled core). The loop watches its descriptor, so a
+    result wakes the loop directly: no thread of ours takes the GIL."""
+    try:
+        return _bridges[loop]  # type: ignore[no-any-return]
+    except KeyError:
+        bridge = _ferry.Bridge()
+        loop.add_reader(bridge.fileno(), bridge.drain)
+        _bridges[loop] = bridge
+        return bridge
 Descriptors = Union[Descriptor, Sequence[Descriptor]]
 
 
@@ -315,11 +331,18 @@ class PendingOperation(Generic[T]):
     It starts the operation once; nothing happens until then.
     """
 
-    __slots__ = ("_start", "_start_blocking", "_op", "_started")
+    __slots__ = ("_begin", "_begin_blocking", "_wrap", "_op", "_started")
 
-    def __init__(self, start: Callable[[], Awaitable[T]], start_blocking: Callable[[], T]) -> None:
-        self._start = start
-        self._start_blocking = start_blocking
+    def __init__(
+        self,
+        begin: Optional[Callable[[], Awaitable[_ferry.Operation]]],
+        begin_blocking: Callable[[], _ferry.Operation],
+        wrap: Callable[[_ferry.Operation], T],
+    ) -> None:
+        # `begin` is None when starting never waits (readables, writables).
+        self._begin = begin
+        self._begin_blocking = begin_blocking
+        self._wrap = wrap
         self._op: Optional[T] = None
         self._started = False
 
@@ -328,16 +351,16 @@ class PendingOperation(Generic[T]):
             raise RuntimeError("this operation was already started: await it (or enter it) once")
         self._started = True
 
-    async def _run(self) -> T:
-        self._claim()
-        return await self._start()
-
     def __await__(self) -> Generator[Any, None, T]:
-        return self._run().__await__()
+        self._claim()
+        if self._begin is None:
+            return self._wrap(self._begin_blocking())
+        core = yield from self._begin().__await__()
+        return self._wrap(core)
 
     def __enter__(self) -> T:
         self._claim()
-        self._op = self._start_blocking()
+        self._op = self._wrap(self._begin_blocking())
         return self._op
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -345,8 +368,7 @@ class PendingOperation(Generic[T]):
             self._op.__exit__(exc_type, exc, tb)
 
     async def __aenter__(self) -> T:
-        self._claim()
-        self._op = await self._start()
+        self._op = await self
         return self._op
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -461,15 +483,11 @@ class Connector:
         descs = _descriptor_list(local_descriptors, "local_descriptors")
         _check_writable(descs, "ReadOperation")
         raw = [d._raw for d in descs]
-
-        async def start() -> ReadOperation:
-            op = await self._core.begin_read(meta._core, raw)
-            return ReadOperation._new(op, descs, self)
-
-        def start_blocking() -> ReadOperation:
-            return ReadOperation._new(self._core.begin_read_blocking(meta._core, raw), descs, self)
-
-        return PendingOperation(start, start_blocking)
+        return PendingOperation(
+            lambda: self._core.begin_read(meta._core, raw),
+            lambda: self._core.begin_read_blocking(meta._core, raw),
+            lambda op: ReadOperation._new(op, descs, self),
+        )
 
     def begin_write(
         self, local_descriptors: Descriptors, remote_metadata: RdmaMetadata
@@ -482,15 +500,11 @@ class Connector:
         meta = _metadata_arg(remote_metadata)
         descs = _descriptor_list(local_descriptors, "local_descriptors")
         raw = [d._raw for d in descs]
-
-        async def start() -> WriteOperation:
-            op = await self._core.begin_write(raw, meta._core)
-            return WriteOperation._new(op, descs, self)
-
-        def start_blocking() -> WriteOperation:
-            return WriteOperation._new(self._core.begin_write_blocking(raw, meta._core), descs, self)
-
-        return PendingOperation(start, start_blocking)
+        return PendingOperation(
+            lambda: self._core.begin_write(raw, meta._core),
+            lambda: self._core.begin_write_blocking(raw, meta._core),
+            lambda op: WriteOperation._new(op, descs, self),
+        )
 
     def _expose(
         self,
@@ -499,14 +513,7 @@ class Connector:
         create: Callable[[List[Any]], _ferry.Operation],
     ) -> PendingOperation[_Op]:
         raw = [d._raw for d in descs]
-
-        def start_blocking() -> _Op:
-            return cls._new(create(raw), descs, self)
-
-        async def start() -> _Op:
-            return start_blocking()
-
-        return PendingOperation(start, start_blocking)
+        return PendingOperation(None, lambda: create(raw), lambda op: cls._new(op, descs, self))
 
     def _stats(self) -> Dict[str, int]:
         """Exposed operations and open connections (for tests)."""

@@ -226,6 +226,12 @@ def _describe(data: Any) -> Tuple[int, int, Device, bool, Any]:
     """``(ptr, size, device, readonly, ref)`` of `data`."""
     if isinstance(data, bytes):
         return _ferry.bytes_address(data), len(data), CPU, True, data
+    if isinstance(data, bytearray):
+        # The export first: from then on the bytearray can be neither
+        # resized nor freed, so its address holds.
+        pin = memoryview(data)
+        ptr, size = _ferry.bytearray_address(data)
+        return ptr, size, CPU, False, (data, pin)
     if isinstance(data, tuple):
         return _describe_tuple(data)
     if _is_tensor(data):
