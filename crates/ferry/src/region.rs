@@ -124,6 +124,16 @@ impl Region {
         Ok(f(slice))
     }
 
+    /// Runs `f` if the region is still open, under its lock, so that `f`
+    /// happens either entirely before or entirely after a `close`.
+    pub(crate) fn seal_if_open(&self, f: impl FnOnce()) -> bool {
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if *open {
+            f();
+        }
+        *open
+    }
+
     /// Ends all access. When this returns, no transport is touching the
     /// memory and none will again.
     pub(crate) fn close(&self) {

@@ -456,7 +456,9 @@ impl Conn {
             }
             let _ = cursor.accept(d, o, l);
         }
-        shared.seal();
+        if !region.seal_if_open(|| shared.seal()) {
+            return closed(self);
+        }
         self.send_frame(&Message::Finish { req }.to_vec()).await?;
         Ok(true)
     }
@@ -501,10 +503,12 @@ impl Conn {
     ) {
         if sizes.iter().sum::<u64>() <= SMALL {
             let mut frame = prefix;
-            if Self::small_frames(req, &region, sizes, &mut frame) {
-                // Sealed before it leaves: a cancel from here on cannot
-                // contradict what the remote will conclude.
-                shared.seal();
+            // Sealed before it leaves, under the region's lock: a cancel
+            // either comes first (and the transfer is aborted) or finds the
+            // operation sealed, so it cannot contradict the remote.
+            if Self::small_frames(req, &region, sizes, &mut frame)
+                && region.seal_if_open(|| shared.seal())
+            {
                 self.send_soon(frame, opened);
             } else {
                 if let Some(o) = &opened {
