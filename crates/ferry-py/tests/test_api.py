@@ -5,7 +5,9 @@ from __future__ import annotations
 import array
 import asyncio
 import gc
+import os
 import pickle
+import warnings
 import weakref
 
 import buffers
@@ -334,3 +336,41 @@ def test_blocking_with_outside_asyncio():
 
 def test_version():
     assert isinstance(ferry.__version__, str) and ferry.__version__.count(".") == 2
+
+
+def test_event_loops_come_and_go_without_leaking():
+    """Each event loop gets its own mailbox, released with the loop."""
+    a, b = pair()
+
+    async def once():
+        with await a.create_readable(Descriptor(bytearray(64))) as readable:
+            waiting = asyncio.ensure_future(readable.wait_for_completion())
+            async with b.begin_read(readable.metadata(), Descriptor(bytearray(64))) as read:
+                await read.wait_for_completion()
+            await waiting
+
+    run(once())
+    gc.collect()
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(30):
+        run(once())
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) <= before + 2
+
+
+def test_forked_child_is_refused():
+    Connector(listen="127.0.0.1:0")  # the runtime is running in this process
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # "multi-threaded": that is the point
+        pid = os.fork()
+    if pid == 0:  # the child: ferry's threads are not here
+        try:
+            Connector(listen="127.0.0.1:0")
+            code = 1
+        except RuntimeError as e:
+            code = 0 if "fork" in str(e) else 2
+        except BaseException:
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0

@@ -123,3 +123,17 @@ def test_reference_names_exist():
         assert hasattr(nc.Connector, member), member
     for member in ("model_dump_json", "model_validate_json"):
         assert hasattr(nc.RdmaMetadata, member), member
+
+
+def test_readme_example():
+    """The Python example of crates/ferry-py/README.md runs as written."""
+    pytest.importorskip("numpy")
+    import os
+    import re
+
+    path = os.path.join(os.path.dirname(__file__), "..", "README.md")
+    with open(path) as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    assert blocks
+    for code in blocks:
+        exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
