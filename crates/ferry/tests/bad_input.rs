@@ -1,0 +1,1584 @@
+//! Bad input on a real TCP connection to a connector's listener.
+//!
+//! Each test plays a hostile or broken peer: it opens a plain `TcpStream` to
+//! the listener and speaks raw bytes or hand-made `ferry_proto::wire` frames,
+//! with tokens and operation ids taken from real metadata. Every test then
+//! checks that the connection was answered with the right `Abort` or closed,
+//! that nothing in the library panicked, that exposed memory outside what the
+//! capability grants is untouched, that the attacked operation is in the
+//! state it should be, and that a separate legitimate transfer on the same
+//! connector still completes.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Once;
+use std::time::Duration;
+
+use ferry::{
+    AbortReason, Connector, Descriptor, Error, OperationKind, OperationStatus, RdmaMetadata,
+    TransportKind,
+};
+use ferry_proto::wire::{
+    self, Abort, Data, Hello, Message, Open, MAX_BODY, MAX_CHUNK, PROTOCOL_VERSION,
+};
+use ferry_proto::Token;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::timeout;
+
+/// How long any single step may take before the test fails.
+const STEP: Duration = Duration::from_secs(2);
+/// What untouched exposed memory holds.
+const UNTOUCHED: u8 = 0xEE;
+
+// ---------------------------------------------------------------------------
+// Panic watch: a panic inside the library (in any task) fails the test.
+
+static LIBRARY_PANICS: AtomicUsize = AtomicUsize::new(0);
+
+fn watch_panics() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let in_library = info.location().is_some_and(|l| {
+                let f = l.file().replace('\\', "/");
+                f.contains("ferry/src/") || f.contains("ferry-proto/src/")
+            });
+            let in_worker = std::thread::current()
+                .name()
+                .is_some_and(|n| n.starts_with("tokio-runtime-worker"));
+            if in_library || in_worker {
+                LIBRARY_PANICS.fetch_add(1, Ordering::SeqCst);
+            }
+            previous(info);
+        }));
+    });
+}
+
+fn assert_no_library_panic() {
+    assert_eq!(
+        LIBRARY_PANICS.load(Ordering::SeqCst),
+        0,
+        "code inside the library panicked (see the panic message above)"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Helpers.
+
+/// A connector on loopback. Its active operations use TCP only, so that the
+/// legitimate transfers of these tests go through the listener under attack
+/// even when a faster same-process transport exists.
+async fn connector() -> Connector {
+    watch_panics();
+    Connector::builder()
+        .listen("127.0.0.1:0".parse().unwrap())
+        .transports(&[TransportKind::Tcp])
+        .build()
+        .await
+        .expect("connector starts")
+}
+
+async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
+    timeout(STEP, f).await.expect("step took more than 2 s")
+}
+
+fn untouched(size: usize) -> Descriptor<'static> {
+    vec![UNTOUCHED; size].into()
+}
+
+fn pattern(size: usize, seed: u8) -> Vec<u8> {
+    (0..size)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn sizes_of(m: &RdmaMetadata) -> Vec<u64> {
+    m.descriptors().iter().map(|d| d.size).collect()
+}
+
+fn open_frame(req: u64, m: &RdmaMetadata, kind: OperationKind) -> Message {
+    Message::Open(Open {
+        req,
+        op_id: m.operation_id(),
+        token: *m.token(),
+        kind,
+        sizes: sizes_of(m),
+    })
+}
+
+/// A `Data` frame followed by its payload.
+fn data_frame(req: u64, desc: u32, offset: u64, payload: &[u8]) -> Vec<u8> {
+    let mut v = Message::Data(Data {
+        req,
+        desc,
+        offset,
+        len: payload.len() as u32,
+    })
+    .to_vec();
+    v.extend_from_slice(payload);
+    v
+}
+
+fn header(ty: u8, body_len: u32) -> Vec<u8> {
+    let mut v = vec![ty, 0, 0, 0];
+    v.extend_from_slice(&body_len.to_le_bytes());
+    v
+}
+
+/// Deterministic pseudo-random bytes.
+fn noise(n: usize, mut seed: u64) -> Vec<u8> {
+    (0..n)
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed as u8
+        })
+        .collect()
+}
+
+fn is_closed(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::UnexpectedEof
+    )
+}
+
+/// A hand-driven connection to a connector's listener.
+struct Raw {
+    s: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Raw {
+    async fn connect_bare(addr: SocketAddr) -> Raw {
+        let s = within(TcpStream::connect(addr)).await.unwrap();
+        s.set_nodelay(true).unwrap();
+        Raw { s, buf: Vec::new() }
+    }
+
+    /// Connects and exchanges hellos.
+    async fn connect(c: &Connector) -> Raw {
+        let mut r = Raw::connect_bare(c.local_addr()).await;
+        r.send(&Message::Hello(Hello {
+            version: PROTOCOL_VERSION,
+            worker_id: "raw-test-peer".into(),
+        }))
+        .await;
+        match r.next().await {
+            Some((Message::Hello(h), _)) => assert_eq!(h.worker_id, c.worker_id()),
+            other => panic!("expected the connector's hello, got {other:?}"),
+        }
+        r
+    }
+
+    async fn send(&mut self, m: &Message) {
+        self.s.write_all(&m.to_vec()).await.unwrap();
+    }
+
+    /// Writes bytes; the connector may already have closed the connection.
+    async fn send_raw(&mut self, b: &[u8]) -> io::Result<()> {
+        match timeout(STEP, self.s.write_all(b)).await {
+            Ok(r) => r,
+            Err(_) => panic!("the connector stopped reading"),
+        }
+    }
+
+    /// The next frame (with its payload, for `Data`), or `None` once the
+    /// connector has closed the connection.
+    async fn next(&mut self) -> Option<(Message, Vec<u8>)> {
+        timeout(STEP, self.next_inner())
+            .await
+            .expect("the connector neither answered nor closed within 2 s")
+    }
+
+    async fn next_inner(&mut self) -> Option<(Message, Vec<u8>)> {
+        loop {
+            match wire::decode_frame(&self.buf) {
+                Err(e) => panic!("the connector sent a frame that does not decode: {e}"),
+                Ok(Some((msg, used))) => {
+                    let plen = match &msg {
+                        Message::Data(d) => d.len as usize,
+                        _ => 0,
+                    };
+                    if self.buf.len() >= used + plen {
+                        let payload = self.buf[used..used + plen].to_vec();
+                        self.buf.drain(..used + plen);
+                        return Some((msg, payload));
+                    }
+                }
+                Ok(None) => {}
+            }
+            let mut tmp = vec![0u8; 64 * 1024];
+            match self.s.read(&mut tmp).await {
+                Ok(0) => return None,
+                Ok(n) => self.buf.extend_from_slice(&tmp[..n]),
+                Err(e) if is_closed(&e) => return None,
+                Err(e) => panic!("read failed: {e}"),
+            }
+        }
+    }
+
+    /// Reads until the connector closes the connection; returns what came before.
+    async fn closed(&mut self) -> Vec<Message> {
+        let mut got = Vec::new();
+        while let Some((m, _)) = self.next().await {
+            got.push(m);
+        }
+        got
+    }
+
+    /// Reads until the connector closes the connection; nothing may come before.
+    async fn expect_closed(&mut self) {
+        let got = self.closed().await;
+        assert!(
+            got.is_empty(),
+            "expected the connection to be closed without a word, got {got:?}"
+        );
+    }
+
+    async fn expect_abort(&mut self, req: u64, reason: AbortReason) -> String {
+        match self.next().await {
+            Some((Message::Abort(a), _)) => {
+                assert_eq!((a.req, a.reason), (req, reason), "{a:?}");
+                a.detail
+            }
+            other => panic!("expected an abort {reason:?} for request {req}, got {other:?}"),
+        }
+    }
+
+    /// A frame the connector answers at once: once its answer is here, every
+    /// frame sent before it has been handled.
+    async fn barrier(&mut self, req: u64) {
+        self.send(&Message::Open(Open {
+            req,
+            op_id: u64::MAX,
+            token: Token::from_bytes([0; 16]),
+            kind: OperationKind::Write,
+            sizes: vec![1],
+        }))
+        .await;
+        self.expect_abort(req, AbortReason::UnknownOperation).await;
+    }
+
+    /// Nothing arrives for a while (the connection stays open and quiet).
+    async fn expect_quiet(&mut self, d: Duration) {
+        assert!(self.buf.is_empty(), "unexpected bytes {:?}", self.buf);
+        let mut tmp = [0u8; 256];
+        match timeout(d, self.s.read(&mut tmp)).await {
+            Err(_) => {}
+            Ok(r) => panic!("expected silence, got {r:?} ({:?})", &tmp[..]),
+        }
+    }
+}
+
+/// A separate legitimate WRITE and READ, by another connector with real
+/// metadata, still complete on `target`, every byte checked.
+async fn legit_transfers_still_work(target: &Connector) {
+    let peer = connector().await;
+    let before = target.exposed_count();
+
+    let data = pattern(70_000, 3);
+    let w = target
+        .create_writable(vec![vec![0u8; 70_000].into(), vec![0u8; 5].into()])
+        .await
+        .unwrap();
+    let op = peer
+        .begin_write(vec![data.clone().into(), vec![9u8; 5].into()], w.metadata())
+        .await
+        .unwrap();
+    within(op.wait_for_completion()).await.unwrap();
+    within(w.wait_for_completion()).await.unwrap();
+    assert_eq!(w.transport(), Some(TransportKind::Tcp));
+    let got = w.into_descriptors();
+    assert_eq!(got[0].as_slice().unwrap(), &data[..]);
+    assert_eq!(got[1].as_slice().unwrap(), &[9u8; 5][..]);
+
+    let r = target
+        .create_readable(vec![data.clone().into()])
+        .await
+        .unwrap();
+    let op = peer
+        .begin_read(r.metadata(), vec![vec![0u8; 70_000].into()])
+        .await
+        .unwrap();
+    within(op.wait_for_completion()).await.unwrap();
+    within(r.wait_for_completion()).await.unwrap();
+    assert_eq!(op.into_descriptors()[0].as_slice().unwrap(), &data[..]);
+
+    assert_eq!(target.exposed_count(), before, "the legit operations ended");
+    assert_no_library_panic();
+}
+
+/// A legitimate holder of `w`'s metadata can still write it.
+async fn holder_can_still_write(w: ferry::WritableOperation<'static>) {
+    let peer = connector().await;
+    let sizes = sizes_of(w.metadata());
+    let src: Vec<Descriptor<'static>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| pattern(s as usize, i as u8).into())
+        .collect();
+    let op = peer.begin_write(src, w.metadata()).await.unwrap();
+    within(op.wait_for_completion()).await.unwrap();
+    within(w.wait_for_completion()).await.unwrap();
+    for (i, (d, &s)) in w.into_descriptors().iter().zip(&sizes).enumerate() {
+        assert_eq!(d.as_slice().unwrap(), &pattern(s as usize, i as u8)[..]);
+    }
+}
+
+/// A legitimate holder of `r`'s metadata can still read it.
+async fn holder_can_still_read(r: ferry::ReadableOperation<'static>, expected: &[u8]) {
+    let peer = connector().await;
+    let op = peer
+        .begin_read(r.metadata(), vec![vec![0u8; expected.len()].into()])
+        .await
+        .unwrap();
+    within(op.wait_for_completion()).await.unwrap();
+    within(r.wait_for_completion()).await.unwrap();
+    assert_eq!(op.into_descriptors()[0].as_slice().unwrap(), expected);
+}
+
+fn assert_all(d: &Descriptor<'_>, byte: u8, what: &str) {
+    let s = d.as_slice().unwrap();
+    if let Some(i) = s.iter().position(|&b| b != byte) {
+        panic!("{what}: byte {i} is {:#x}, expected {byte:#x}", s[i]);
+    }
+}
+
+async fn expect_errored_protocol(w: &ferry::WritableOperation<'static>) {
+    let err = within(w.wait_for_completion()).await.unwrap_err();
+    assert!(matches!(err, Error::Protocol { .. }), "{err}");
+    assert_eq!(w.status(), OperationStatus::Errored);
+}
+
+// ---------------------------------------------------------------------------
+// Before the hello.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_bytes_on_the_listener_port_are_dropped() {
+    let target = connector().await;
+    let w = target.create_writable(vec![untouched(64)]).await.unwrap();
+    let meta = w.metadata().clone();
+    let mut bad_magic = Message::Hello(Hello {
+        version: PROTOCOL_VERSION,
+        worker_id: "x".into(),
+    })
+    .to_vec();
+    bad_magic[wire::HEADER_LEN] = b'X';
+    let mut bad_utf8 = Message::Hello(Hello {
+        version: PROTOCOL_VERSION,
+        worker_id: "ab".into(),
+    })
+    .to_vec();
+    let n = bad_utf8.len();
+    bad_utf8[n - 1] = 0xff;
+    let inputs: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "http request",
+            b"GET / HTTP/1.1\r\nHost: ferry\r\n\r\n".to_vec(),
+        ),
+        ("random bytes", noise(4096, 7)),
+        ("zeros", vec![0u8; 64]),
+        ("hello with bad magic", bad_magic),
+        ("hello with invalid utf-8 worker id", bad_utf8),
+        (
+            "hello of another protocol version",
+            Message::Hello(Hello {
+                version: PROTOCOL_VERSION + 1,
+                worker_id: "x".into(),
+            })
+            .to_vec(),
+        ),
+        (
+            // A valid Open with the real token, but no hello first.
+            "open before hello",
+            open_frame(1, &meta, OperationKind::Write).to_vec(),
+        ),
+    ];
+    for (what, bytes) in inputs {
+        let mut raw = Raw::connect_bare(target.local_addr()).await;
+        let _ = raw.send_raw(&bytes).await;
+        let got = raw.closed().await;
+        assert!(
+            got.is_empty(),
+            "{what}: no hello may come back, got {got:?}"
+        );
+    }
+    assert_eq!(w.status(), OperationStatus::Initialized);
+    assert_all(&w.into_descriptors()[0], UNTOUCHED, "exposed buffer");
+    legit_transfers_still_work(&target).await;
+}
+
+/// A connection that says nothing, or half a hello, is dropped after the
+/// 10 s hello timeout (virtual time: the test runs in milliseconds).
+#[tokio::test(start_paused = true)]
+async fn silent_connection_is_dropped_after_the_hello_timeout() {
+    let target = connector().await;
+    for prefix in [&[][..], &[1u8, 0, 0][..]] {
+        let mut raw = Raw::connect_bare(target.local_addr()).await;
+        raw.send_raw(prefix).await.unwrap();
+        let start = tokio::time::Instant::now();
+        let mut tmp = [0u8; 16];
+        let r = timeout(Duration::from_secs(60), raw.s.read(&mut tmp))
+            .await
+            .expect("the connector drops a silent connection");
+        assert!(
+            matches!(r, Ok(0)) || r.as_ref().is_err_and(is_closed),
+            "{r:?}"
+        );
+        let waited = start.elapsed();
+        assert!(
+            waited >= Duration::from_secs(10) && waited < Duration::from_secs(11),
+            "dropped after {waited:?}"
+        );
+    }
+    tokio::time::resume();
+    legit_transfers_still_work(&target).await;
+}
+
+// ---------------------------------------------------------------------------
+// Framing.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_after_the_hello_closes_the_connection() {
+    let target = connector().await;
+    let w = target.create_writable(vec![untouched(64)]).await.unwrap();
+    let inputs: Vec<(&str, Vec<u8>)> = vec![
+        ("random bytes", noise(1000, 99)),
+        ("unknown frame type", header(9, 0)),
+        ("frame type zero", header(0, 8)),
+        ("reserved header bytes set", vec![4, 1, 0, 0, 8, 0, 0, 0]),
+        (
+            "a second hello",
+            Message::Hello(Hello {
+                version: PROTOCOL_VERSION,
+                worker_id: "again".into(),
+            })
+            .to_vec(),
+        ),
+        ("finish with a trailing byte", {
+            let mut v = header(4, 9);
+            v.extend_from_slice(&[0; 9]);
+            v
+        }),
+        ("open with zero descriptors", {
+            let mut body = vec![0u8; 8 + 8 + 16];
+            body.push(2);
+            body.extend_from_slice(&0u32.to_le_bytes());
+            let mut v = header(2, body.len() as u32);
+            v.extend_from_slice(&body);
+            v
+        }),
+        ("open with kind 3", {
+            let mut body = vec![0u8; 8 + 8 + 16];
+            body.push(3);
+            body.extend_from_slice(&1u32.to_le_bytes());
+            body.extend_from_slice(&64u64.to_le_bytes());
+            let mut v = header(2, body.len() as u32);
+            v.extend_from_slice(&body);
+            v
+        }),
+    ];
+    for (what, bytes) in inputs {
+        let mut raw = Raw::connect(&target).await;
+        let _ = raw.send_raw(&bytes).await;
+        let got = raw.closed().await;
+        assert!(
+            got.is_empty(),
+            "{what}: expected a plain close, got {got:?}"
+        );
+    }
+    assert_eq!(w.status(), OperationStatus::Initialized);
+    assert_all(&w.into_descriptors()[0], UNTOUCHED, "exposed buffer");
+    legit_transfers_still_work(&target).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absurd_body_length_closes_the_connection_at_once() {
+    let target = connector().await;
+    let w = target.create_writable(vec![untouched(64)]).await.unwrap();
+    for ty in 1..=5u8 {
+        for len in [u32::MAX, MAX_BODY + 1, 1 << 31] {
+            // After the hello, and in place of the hello.
+            let mut raw = Raw::connect(&target).await;
+            let _ = raw.send_raw(&header(ty, len)).await;
+            raw.expect_closed().await;
+            let mut raw = Raw::connect_bare(target.local_addr()).await;
+            let _ = raw.send_raw(&header(ty, len)).await;
+            raw.expect_closed().await;
+        }
+    }
+    // A Data frame may announce at most MAX_CHUNK payload bytes.
+    let mut raw = Raw::connect(&target).await;
+    let _ = raw
+        .send_raw(
+            &Message::Data(Data {
+                req: 1,
+                desc: 0,
+                offset: 0,
+                len: MAX_CHUNK + 1,
+            })
+            .to_vec(),
+        )
+        .await;
+    raw.expect_closed().await;
+    assert_eq!(w.status(), OperationStatus::Initialized);
+    assert_all(&w.into_descriptors()[0], UNTOUCHED, "exposed buffer");
+    legit_transfers_still_work(&target).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncated_frame_then_close() {
+    let target = connector().await;
+    let w = target.create_writable(vec![untouched(64)]).await.unwrap();
+    let meta = w.metadata().clone();
+
+    // Half a header, half an Open (with the real token), and a header that
+    // announces more body than ever comes: then the write side is closed.
+    let open = open_frame(1, &meta, OperationKind::Write).to_vec();
+    let mut long = header(2, MAX_BODY);
+    long.extend_from_slice(&[0; 100]);
+    for bytes in [vec![2u8, 0, 0], open[..open.len() / 2].to_vec(), long] {
+        let mut raw = Raw::connect(&target).await;
+        raw.send_raw(&bytes).await.unwrap();
+        raw.s.shutdown().await.unwrap();
+        raw.expect_closed().await;
+    }
+    assert_eq!(w.status(), OperationStatus::Initialized, "never opened");
+
+    // An opened WRITE whose Data payload stops half-way: the bytes that
+    // came lie inside the grant; the operation fails; nothing else changes.
+    let mut raw = Raw::connect(&target).await;
+    raw.send(&open_frame(1, &meta, OperationKind::Write)).await;
+    let mut d = Message::Data(Data {
+        req: 1,
+        desc: 0,
+        offset: 0,
+        len: 64,
+    })
+    .to_vec();
+    d.extend_from_slice(&[1u8; 20]);
+    raw.send_raw(&d).await.unwrap();
+    raw.s.shutdown().await.unwrap();
+    raw.expect_closed().await;
+    let err = within(w.wait_for_completion()).await.unwrap_err();
+    assert!(matches!(err, Error::ConnectionLost { .. }), "{err}");
+    assert_eq!(w.status(), OperationStatus::Errored);
+    assert_eq!(target.exposed_count(), 0);
+    let got = w.into_descriptors();
+    let s = got[0].as_slice().unwrap();
+    assert!(s[..20].iter().all(|&b| b == 1), "{s:?}");
+    assert!(s[20..].iter().all(|&b| b == UNTOUCHED), "{s:?}");
+    legit_transfers_still_work(&target).await;
+}
+
+// ---------------------------------------------------------------------------
+// Data that the capability does not cover.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_for_a_request_never_opened_is_skipped() {
+    let target = connector().await;
+    let w = target.create_writable(vec![untouched(64)]).await.unwrap();
+    let w2 = target.create_writable(vec![untouched(100)]).await.unwrap();
+    let mut raw = Raw::connect(&target).await;
+    // Data for requests that were never opened (or were aborted): the
+    // payload is read and thrown away, whatever its header says.
+    let mut bytes = data_frame(77, 0, 0, &[1u8; 1000]);
+    bytes.extend(data_frame(78, u32::MAX, u64::MAX, &vec![2u8; 1 << 20]));
+    bytes.extend(Message::Finish { req: 77 }.to_vec());
+    bytes.extend(
+        Message::Abort(Abort {
+            req: 79,
+            reason: AbortReason::Cancelled,
+            detail: String::new(),
+        })
+        .to_vec(),
+    );
+    raw.send_raw(&bytes).await.unwrap();
+    // The stream is still in step: a proper WRITE on the same connection works.
+    raw.send(&open_frame(1, w2.metadata(), OperationKind::Write))
+        .await;
+    raw.send_raw(&data_frame(1, 0, 0, &[5u8; 100]))
+        .await
+        .unwrap();
+    raw.send(&Message::Finish { req: 1 }).await;
+    match raw.next().await {
+        Some((Message::Finish { req: 1 }, _)) => {}
+        other => panic!("expected the write to be confirmed, got {other:?}"),
+    }
+    within(w2.wait_for_completion()).await.unwrap();
+    assert_all(&w2.into_descriptors()[0], 5, "written buffer");
+    assert_eq!(w.status(), OperationStatus::Initialized);
+    raw.expect_quiet(Duration::from_millis(50)).await;
+    assert_all(&w.into_descriptors()[0], UNTOUCHED, "other exposed buffer");
+    legit_transfers_still_work(&target).await;
+}
+
+/// Opens a WRITE of the writable [32, 16] with the real token, sends
+/// `frames`, and checks that the connector closes the connection, errors the
+/// operation, and that only the first `landed` bytes of descriptor 0 changed
+/// (to 1).
+async fn bad_data_case(frames: Vec<u8>, landed: usize) {
+    let target = connector().await;
+    let w = target
+        .create_writable(vec![untouched(32), untouched(16)])
+        .await
+        .unwrap();
+    let bystander = target.create_writable(vec![untouched(32)]).await.unwrap();
+    let mut raw = Raw::connect(&target).await;
+    raw.send(&open_frame(1, w.metadata(), OperationKind::Write))
+        .await;
+    let _ = raw.send_raw(&frames).await;
+    raw.expect_closed().await;
+    expect_errored_protocol(&w).await;
+    assert_eq!(target.exposed_count(), 1, "only the bystander is left");
+    let got = w.into_descriptors();
+    let s = got[0].as_slice().unwrap();
+    assert!(s[..landed].iter().all(|&b| b == 1), "{s:?}");
+    assert!(s[landed..].iter().all(|&b| b == UNTOUCHED), "{s:?}");
+    assert_all(&got[1], UNTOUCHED, "descriptor 1");
+    assert_eq!(bystander.status(), OperationStatus::Initialized);
+    holder_can_still_write(bystander).await;
+    legit_transfers_still_work(&target).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_past_the_end_of_a_descriptor_is_refused() {
+    bad_data_case(data_frame(1, 0, 0, &[1u8; 33]), 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_at_an_offset_past_the_end_is_refused() {
+    bad_data_case(data_frame(1, 0, 32, &[1u8; 1]), 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_whose_offset_plus_length_overflows_is_refused() {
+    bad_data_case(data_frame(1, 0, u64::MAX - 7, &[1u8; 16]), 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_at_offset_u64_max_is_refused() {
+    bad_data_case(data_frame(1, 0, u64::MAX, &[1u8; 1]), 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_for_a_descriptor_that_does_not_exist_is_refused() {
+    bad_data_case(data_frame(1, 2, 0, &[1u8; 1]), 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_for_descriptor_u32_max_is_refused() {
+    bad_data_case(data_frame(1, u32::MAX, 0, &[1u8; 1]), 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_with_a_gap_is_refused() {
+    let mut f = data_frame(1, 0, 0, &[1u8; 8]);
+    f.extend(data_frame(1, 0, 16, &[1u8; 8]));
+    bad_data_case(f, 8).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_going_back_over_written_bytes_is_refused() {
+    let mut f = data_frame(1, 0, 0, &[1u8; 8]);
+    f.extend(data_frame(1, 0, 4, &[1u8; 8]));
+    bad_data_case(f, 8).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_jumping_to_the_next_descriptor_early_is_refused() {
+    let mut f = data_frame(1, 0, 0, &[1u8; 8]);
+    f.extend(data_frame(1, 1, 0, &[1u8; 8]));
+    bad_data_case(f, 8).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_of_length_zero_is_refused() {
+    bad_data_case(data_frame(1, 0, 0, &[]), 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finish_before_all_data_is_refused() {
+    let mut f = data_frame(1, 0, 0, &[1u8; 32]);
+    f.extend(Message::Finish { req: 1 }.to_vec());
+    bad_data_case(f, 32).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_sent_into_a_read_is_refused() {
+    let target = connector().await;
+    let secret = pattern(32, 40);
+    let r = target
+        .create_readable(vec![secret.clone().into()])
+        .await
+        .unwrap();
+    let mut raw = Raw::connect(&target).await;
+    raw.send(&open_frame(1, r.metadata(), OperationKind::Read))
+        .await;
+    let _ = raw.send_raw(&data_frame(1, 0, 0, &[1u8; 32])).await;
+    // The connector may have started to stream the readable before it saw
+    // the Data; whatever came, the connection ends and the read fails.
+    for m in raw.closed().await {
+        assert!(
+            matches!(m, Message::Data(_) | Message::Finish { req: 1 }),
+            "{m:?}"
+        );
+    }
+    let err = within(r.wait_for_completion()).await.unwrap_err();
+    assert!(matches!(err, Error::Protocol { .. }), "{err}");
+    assert_eq!(r.status(), OperationStatus::Errored);
+    assert_eq!(r.into_descriptors()[0].as_slice().unwrap(), &secret[..]);
+    legit_transfers_still_work(&target).await;
+}
+
+// ---------------------------------------------------------------------------
+// Capabilities.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn right_token_with_the_wrong_kind_or_shape_is_refused() {
+    let target = connector().await;
+    let w = target
+        .create_writable(vec![untouched(16), untouched(8)])
+        .await
+        .unwrap();
+    let secret = pattern(24, 8);
+    let r = target
+        .create_readable(vec![secret.clone().into()])
+        .await
+        .unwrap();
+    let mut raw = Raw::connect(&target).await;
+
+    // READ against a writable, WRITE against a readable.
+    raw.send(&open_frame(1, w.metadata(), OperationKind::Read))
+        .await;
+    let detail = raw.expect_abort(1, AbortReason::WrongKind).await;
+    assert!(detail.contains("WritableOperation"), "{detail}");
+    raw.send(&open_frame(2, r.metadata(), OperationKind::Write))
+        .await;
+    raw.expect_abort(2, AbortReason::WrongKind).await;
+    // Data that follows a refused Open is skipped, not written.
+    let _ = raw.send_raw(&data_frame(2, 0, 0, &[1u8; 24])).await;
+
+    // Right token and kind, wrong count or sizes.
+    let shapes: Vec<(Vec<u64>, AbortReason)> = vec![
+        (vec![16], AbortReason::CountMismatch),
+        (vec![16, 8, 1], AbortReason::CountMismatch),
+        (
+            vec![1; ferry_proto::MAX_DESCRIPTORS],
+            AbortReason::CountMismatch,
+        ),
+        (vec![16, 9], AbortReason::SizeMismatch),
+        (vec![u64::MAX, 8], AbortReason::SizeMismatch),
+    ];
+    for (i, (sizes, reason)) in shapes.into_iter().enumerate() {
+        let req = 10 + i as u64;
+        raw.send(&Message::Open(Open {
+            req,
+            op_id: w.metadata().operation_id(),
+            token: *w.metadata().token(),
+            kind: OperationKind::Write,
+            sizes,
+        }))
+        .await;
+        raw.expect_abort(req, reason).await;
+    }
+    // Neither operation was started nor consumed by the refusals.
+    assert_eq!(w.status(), OperationStatus::Initialized);
+    assert_eq!(r.status(), OperationStatus::Initialized);
+    raw.expect_quiet(Duration::from_millis(50)).await;
+    holder_can_still_write(w).await;
+    holder_can_still_read(r, &secret).await;
+    legit_transfers_still_work(&target).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_token_is_refused_and_does_not_burn_the_capability() {
+    let target = connector().await;
+    let w = target.create_writable(vec![untouched(64)]).await.unwrap();
+    let other = target.create_writable(vec![untouched(64)]).await.unwrap();
+    let good = *w.metadata().token().as_bytes();
+    let mut one_bit = good;
+    one_bit[15] ^= 1;
+    let tokens = [
+        one_bit,
+        [0u8; 16],
+        [0xff; 16],
+        *other.metadata().token().as_bytes(),
+    ];
+    let mut raw = Raw::connect(&target).await;
+    for (i, t) in tokens.into_iter().enumerate() {
+        let req = i as u64 + 1;
+        raw.send(&Message::Open(Open {
+            req,
+            op_id: w.metadata().operation_id(),
+            token: Token::from_bytes(t),
+            kind: OperationKind::Write,
+            sizes: vec![64],
+        }))
+        .await;
+        let detail = raw.expect_abort(req, AbortReason::BadToken).await;
+        assert!(detail.is_empty(), "{detail}");
+        // Data after the refusal goes nowhere.
+        let _ = raw.send_raw(&data_frame(req, 0, 0, &[1u8; 64])).await;
+    }
+    raw.barrier(100).await;
+    assert_eq!(w.status(), OperationStatus::Initialized);
+    assert_eq!(other.status(), OperationStatus::Initialized);
+    assert_all(&other.into_descriptors()[0], UNTOUCHED, "other buffer");
+    holder_can_still_write(w).await;
+    legit_transfers_still_work(&target).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_operation_ids_are_refused() {
+    let target = connector().await;
+    let w = target.create_writable(vec![untouched(8)]).await.unwrap();
+    let ended = target.create_writable(vec![untouched(8)]).await.unwrap();
+    let ended_meta = ended.metadata().clone();
+    drop(ended);
+    let issued = ended_meta.operation_id();
+    let mut raw = Raw::connect(&target).await;
+    let cases = [
+        (0, AbortReason::UnknownOperation),
+        (issued + 1, AbortReason::UnknownOperation),
+        (u64::MAX, AbortReason::UnknownOperation),
+        // Ids up to the last one issued are known to have existed: this
+        // reveals how many operations the connector has exposed so far.
+        (issued, AbortReason::OperationEnded),
+    ];
+    for (i, (op_id, reason)) in cases.into_iter().enumerate() {
+        let req = i as u64 + 1;
+        raw.send(&Message::Open(Open {
+            req,
+            op_id,
+            token: *w.metadata().token(),
+            kind: OperationKind::Write,
+            sizes: vec![8],
+        }))
+        .await;
+        raw.expect_abort(req, reason).await;
+    }
+    assert_eq!(w.status(), OperationStatus::Initialized);
+    holder_can_still_write(w).await;
+    legit_transfers_still_work(&target).await;
+}
+
+/// Opens `m` on a raw connection and expects `OperationEnded`; Data sent
+/// after the refusal must go nowhere.
+async fn expect_ended(target: &Connector, m: &RdmaMetadata) {
+    let mut raw = Raw::connect(target).await;
+    raw.send(&open_frame(1, m, m.kind())).await;
+    let detail = raw.expect_abort(1, AbortReason::OperationEnded).await;
+    assert!(detail.contains("has ended"), "{detail}");
+    if m.kind() == OperationKind::Write {
+        let _ = raw
+            .send_raw(&data_frame(1, 0, 0, &vec![1u8; m.total_size() as usize]))
+            .await;
+        raw.send(&Message::Finish { req: 1 }).await;
+    }
+    raw.barrier(2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_of_a_completed_operation_is_refused() {
+    let target = connector().await;
+    let peer = connector().await;
+    let w = target.create_writable(vec![untouched(64)]).await.unwrap();
+    let op = peer
+        .begin_write(vec![vec![7u8; 64].into()], w.metadata())
+        .await
+        .unwrap();
+    within(op.wait_for_completion()).await.unwrap();
+    within(w.wait_for_completion()).await.unwrap();
+    let secret = pattern(64, 1);
+    let r = target
+        .create_readable(vec![secret.clone().into()])
+        .await
+        .unwrap();
+    let op = peer
+        .begin_read(r.metadata(), vec![vec![0u8; 64].into()])
+        .await
+        .unwrap();
+    within(op.wait_for_completion()).await.unwrap();
+    within(r.wait_for_completion()).await.unwrap();
+
+    expect_ended(&target, w.metadata()).await;
+    expect_ended(&target, r.metadata()).await;
+    // The peer that completed them cannot use them again either.
+    let again = peer
+        .begin_write(vec![vec![8u8; 64].into()], w.metadata())
+        .await
+        .unwrap();
+    let err = within(again.wait_for_completion()).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Rejected {
+                reason: AbortReason::OperationEnded,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(w.status(), OperationStatus::Complete);
+    assert_eq!(r.status(), OperationStatus::Complete);
+    assert_all(&w.into_descriptors()[0], 7, "completed buffer");
+    assert_eq!(target.exposed_count(), 0);
+    legit_transfers_still_work(&target).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_of_a_cancelled_operation_is_refused() {
+    let target = connector().await;
+    let w = target.create_writable(vec![untouched(64)]).await.unwrap();
+    let r = target
+        .create_readable(vec![pattern(64, 2).into()])
+        .await
+        .unwrap();
+    w.cancel();
+    r.cancel();
+    expect_ended(&target, w.metadata()).await;
+    expect_ended(&target, r.metadata()).await;
+    assert_eq!(w.status(), OperationStatus::Cancelled);
+    assert_eq!(r.status(), OperationStatus::Cancelled);
+    assert_all(&w.into_descriptors()[0], UNTOUCHED, "cancelled buffer");
+    assert_eq!(target.exposed_count(), 0);
+    legit_transfers_still_work(&target).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_of_a_dropped_operation_is_refused() {
+    let target = connector().await;
+    let w = target.create_writable(vec![untouched(64)]).await.unwrap();
+    let r = target
+        .create_readable(vec![pattern(64, 2).into()])
+        .await
+        .unwrap();
+    let (wm, rm) = (w.metadata().clone(), r.metadata().clone());
+    drop(w);
+    drop(r);
+    assert_eq!(target.exposed_count(), 0);
+    expect_ended(&target, &wm).await;
+    expect_ended(&target, &rm).await;
+    legit_transfers_still_work(&target).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_of_an_operation_cancelled_mid_transfer_is_refused() {
+    let target = connector().await;
+    let w = target
+        .create_writable(vec![untouched(64), untouched(64)])
+        .await
+        .unwrap();
+    let mut raw = Raw::connect(&target).await;
+    raw.send(&open_frame(1, w.metadata(), OperationKind::Write))
+        .await;
+    raw.send_raw(&data_frame(1, 0, 0, &[1u8; 64]))
+        .await
+        .unwrap();
+    raw.barrier(2).await;
+    assert_eq!(w.status(), OperationStatus::InProgress);
+    w.cancel();
+    // The owner's cancel reaches the remote...
+    raw.expect_abort(1, AbortReason::Cancelled).await;
+    // ...and the rest of the remote's data, and its Finish, go nowhere.
+    raw.send_raw(&data_frame(1, 1, 0, &[1u8; 64]))
+        .await
+        .unwrap();
+    raw.send(&Message::Finish { req: 1 }).await;
+    raw.barrier(3).await;
+    raw.expect_quiet(Duration::from_millis(50)).await;
+    expect_ended(&target, w.metadata()).await;
+    assert_eq!(w.status(), OperationStatus::Cancelled);
+    let got = w.into_descriptors();
+    assert_all(&got[0], 1, "descriptor written before the cancel");
+    assert_all(&got[1], UNTOUCHED, "descriptor after the cancel");
+    legit_transfers_still_work(&target).await;
+}
+
+// ---------------------------------------------------------------------------
+// Replays.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replayed_finish_is_ignored() {
+    let target = connector().await;
+    let w = target.create_writable(vec![untouched(64)]).await.unwrap();
+    let mut raw = Raw::connect(&target).await;
+    raw.send(&open_frame(1, w.metadata(), OperationKind::Write))
+        .await;
+    raw.send_raw(&data_frame(1, 0, 0, &[3u8; 64]))
+        .await
+        .unwrap();
+    raw.send(&Message::Finish { req: 1 }).await;
+    match raw.next().await {
+        Some((Message::Finish { req: 1 }, _)) => {}
+        other => panic!("expected the write to be confirmed, got {other:?}"),
+    }
+    within(w.wait_for_completion()).await.unwrap();
+    // The same Finish again, and a Finish for a request never opened.
+    raw.send(&Message::Finish { req: 1 }).await;
+    raw.send(&Message::Finish { req: 999 }).await;
+    raw.barrier(2).await;
+    raw.expect_quiet(Duration::from_millis(50)).await;
+    // The request number is free again, but the operation is over.
+    raw.send(&open_frame(1, w.metadata(), OperationKind::Write))
+        .await;
+    raw.expect_abort(1, AbortReason::OperationEnded).await;
+    assert_eq!(w.status(), OperationStatus::Complete);
+    assert_all(&w.into_descriptors()[0], 3, "written buffer");
+    legit_transfers_still_work(&target).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replayed_read_confirmation_is_ignored() {
+    let target = connector().await;
+    let secret = pattern(100, 5);
+    let r = target
+        .create_readable(vec![secret.clone().into()])
+        .await
+        .unwrap();
+    let mut raw = Raw::connect(&target).await;
+    raw.send(&open_frame(1, r.metadata(), OperationKind::Read))
+        .await;
+    match raw.next().await {
+        Some((Message::Data(d), payload)) => {
+            assert_eq!((d.req, d.desc, d.offset, d.len), (1, 0, 0, 100));
+            assert_eq!(payload, secret);
+        }
+        other => panic!("expected the data, got {other:?}"),
+    }
+    match raw.next().await {
+        Some((Message::Finish { req: 1 }, _)) => {}
+        other => panic!("expected finish, got {other:?}"),
+    }
+    raw.send(&Message::Finish { req: 1 }).await;
+    within(r.wait_for_completion()).await.unwrap();
+    raw.send(&Message::Finish { req: 1 }).await;
+    raw.barrier(2).await;
+    raw.expect_quiet(Duration::from_millis(50)).await;
+    assert_eq!(r.status(), OperationStatus::Complete);
+    expect_ended(&target, r.metadata()).await;
+    legit_transfers_still_work(&target).await;
+}
+
+/// A reader's `Finish` confirms that every byte arrived; sent before the
+/// readable has even sent them all, it is a lie the passive side can see.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "bug: a READ confirmation (Finish) received before the readable has sent all its data marks the readable COMPLETE"]
+async fn read_confirmation_before_all_data_is_refused() {
+    let target = connector().await;
+    let r = target
+        .create_readable(vec![vec![0x11u8; 8 << 20].into()])
+        .await
+        .unwrap();
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let s = within(sock.connect(target.local_addr())).await.unwrap();
+    let mut raw = Raw { s, buf: Vec::new() };
+    raw.send(&Message::Hello(Hello {
+        version: PROTOCOL_VERSION,
+        worker_id: "early-confirmer".into(),
+    }))
+    .await;
+    raw.send(&open_frame(1, r.metadata(), OperationKind::Read))
+        .await;
+    // Confirm at once, without reading a byte of the 8 MiB.
+    raw.send(&Message::Finish { req: 1 }).await;
+    let outcome = within(r.wait_for_completion()).await;
+    assert!(
+        matches!(outcome, Err(Error::Protocol { .. })),
+        "the readable ended with {outcome:?} ({})",
+        r.status()
+    );
+    legit_transfers_still_work(&target).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finish_for_an_operation_completed_on_another_connection_is_ignored() {
+    let target = connector().await;
+    let peer = connector().await;
+    let w = target.create_writable(vec![untouched(64)]).await.unwrap();
+    let op = peer
+        .begin_write(vec![vec![4u8; 64].into()], w.metadata())
+        .await
+        .unwrap();
+    within(op.wait_for_completion()).await.unwrap();
+    within(w.wait_for_completion()).await.unwrap();
+    // Another connection replays completions for the request numbers the
+    // legitimate peer used: requests are per connection, so they match nothing.
+    let mut raw = Raw::connect(&target).await;
+    for req in [0, 1, 2, u64::MAX] {
+        raw.send(&Message::Finish { req }).await;
+    }
+    raw.barrier(3).await;
+    raw.expect_quiet(Duration::from_millis(50)).await;
+    assert_eq!(w.status(), OperationStatus::Complete);
+    assert_all(&w.into_descriptors()[0], 4, "written buffer");
+    legit_transfers_still_work(&target).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_request_number_closes_the_connection() {
+    let target = connector().await;
+    let w1 = target.create_writable(vec![untouched(64)]).await.unwrap();
+    let w2 = target.create_writable(vec![untouched(64)]).await.unwrap();
+    let mut raw = Raw::connect(&target).await;
+    raw.send(&open_frame(5, w1.metadata(), OperationKind::Write))
+        .await;
+    raw.barrier(6).await;
+    assert_eq!(w1.status(), OperationStatus::InProgress);
+    let _ = raw
+        .send_raw(&open_frame(5, w2.metadata(), OperationKind::Write).to_vec())
+        .await;
+    raw.expect_closed().await;
+    // The operation bound to the connection fails; the one named by the
+    // offending Open was never touched and is still usable.
+    expect_errored_protocol(&w1).await;
+    assert_all(&w1.into_descriptors()[0], UNTOUCHED, "first buffer");
+    assert_eq!(w2.status(), OperationStatus::Initialized);
+    holder_can_still_write(w2).await;
+    legit_transfers_still_work(&target).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn second_open_of_an_operation_in_progress_is_busy() {
+    let target = connector().await;
+    let w = target.create_writable(vec![untouched(64)]).await.unwrap();
+    let mut first = Raw::connect(&target).await;
+    first
+        .send(&open_frame(1, w.metadata(), OperationKind::Write))
+        .await;
+    first.barrier(2).await;
+    // Someone else with the same metadata, on another connection and on the same.
+    let mut second = Raw::connect(&target).await;
+    second
+        .send(&open_frame(1, w.metadata(), OperationKind::Write))
+        .await;
+    second.expect_abort(1, AbortReason::Busy).await;
+    let _ = second.send_raw(&data_frame(1, 0, 0, &[9u8; 64])).await;
+    second.barrier(2).await;
+    first
+        .send(&open_frame(3, w.metadata(), OperationKind::Write))
+        .await;
+    first.expect_abort(3, AbortReason::Busy).await;
+    // The first remote finishes its transfer undisturbed.
+    first
+        .send_raw(&data_frame(1, 0, 0, &[6u8; 64]))
+        .await
+        .unwrap();
+    first.send(&Message::Finish { req: 1 }).await;
+    match first.next().await {
+        Some((Message::Finish { req: 1 }, _)) => {}
+        other => panic!("expected the write to be confirmed, got {other:?}"),
+    }
+    within(w.wait_for_completion()).await.unwrap();
+    assert_all(&w.into_descriptors()[0], 6, "written buffer");
+    legit_transfers_still_work(&target).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_from_the_remote_ends_only_its_operation() {
+    let target = connector().await;
+    let w1 = target.create_writable(vec![untouched(64)]).await.unwrap();
+    let w2 = target.create_writable(vec![untouched(64)]).await.unwrap();
+    let mut raw = Raw::connect(&target).await;
+    raw.send(&open_frame(1, w1.metadata(), OperationKind::Write))
+        .await;
+    raw.send(&open_frame(2, w2.metadata(), OperationKind::Write))
+        .await;
+    for (req, reason) in [
+        (1, AbortReason::Cancelled),
+        (2, AbortReason::Other(200)),
+        (3, AbortReason::Protocol),
+    ] {
+        raw.send(&Message::Abort(Abort {
+            req,
+            reason,
+            detail: "x".repeat(wire::MAX_DETAIL),
+        }))
+        .await;
+    }
+    raw.barrier(4).await;
+    let err = within(w1.wait_for_completion()).await.unwrap_err();
+    assert!(matches!(err, Error::RemoteCancelled), "{err}");
+    assert_eq!(w1.status(), OperationStatus::Cancelled);
+    let err = within(w2.wait_for_completion()).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Rejected {
+                reason: AbortReason::Other(200),
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(w2.status(), OperationStatus::Errored);
+    expect_ended(&target, w1.metadata()).await;
+    assert_all(&w1.into_descriptors()[0], UNTOUCHED, "first buffer");
+    assert_all(&w2.into_descriptors()[0], UNTOUCHED, "second buffer");
+    legit_transfers_still_work(&target).await;
+}
+
+// ---------------------------------------------------------------------------
+// Load from one peer.
+
+/// A peer that sends Opens as fast as it can and never reads the replies is
+/// cut off once 4096 replies are queued; the capability it aimed at is
+/// untouched and other connections go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flood_of_opens_without_reading_replies_is_cut_off() {
+    let target = connector().await;
+    let w = target.create_writable(vec![untouched(64)]).await.unwrap();
+    // A small receive buffer so that the replies back up quickly.
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let s = within(sock.connect(target.local_addr())).await.unwrap();
+    let mut raw = Raw { s, buf: Vec::new() };
+    raw.send(&Message::Hello(Hello {
+        version: PROTOCOL_VERSION,
+        worker_id: "flooder".into(),
+    }))
+    .await;
+    // READ against the writable: refused with WrongKind and a long detail.
+    let mut batch = Vec::new();
+    for req in 0..2000 {
+        open_frame(req, w.metadata(), OperationKind::Read).encode(&mut batch);
+    }
+    let mut sent = 0usize;
+    let cut_off = timeout(Duration::from_secs(10), async {
+        loop {
+            match raw.s.write_all(&batch).await {
+                Ok(()) => sent += 2000,
+                Err(e) if is_closed(&e) => return,
+                Err(e) => panic!("write failed: {e}"),
+            }
+        }
+    })
+    .await;
+    assert!(
+        cut_off.is_ok(),
+        "the connector kept serving a peer that never reads ({sent} opens sent)"
+    );
+    assert!(sent >= 4096, "cut off after only {sent} opens");
+    // Whatever replies made it, the connection is over.
+    for m in raw.closed().await {
+        assert!(
+            matches!(
+                m,
+                Message::Hello(_)
+                    | Message::Abort(Abort {
+                        reason: AbortReason::WrongKind,
+                        ..
+                    })
+            ),
+            "{m:?}"
+        );
+    }
+    assert_eq!(w.status(), OperationStatus::Initialized);
+    holder_can_still_write(w).await;
+    legit_transfers_still_work(&target).await;
+}
+
+/// A peer that opens a large READ and then stops reading holds its own
+/// connection's write side; the owner's cancel still fences it out at once:
+/// the memory comes back while the transport is blocked mid-chunk, and not
+/// one byte of it is read afterwards (the rest of the chunk goes out as zeros).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_reader_is_fenced_out_by_cancel() {
+    const SIZE: usize = 32 << 20;
+    let target = connector().await;
+    let r = target
+        .create_readable(vec![vec![0x11u8; SIZE].into()])
+        .await
+        .unwrap();
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let s = within(sock.connect(target.local_addr())).await.unwrap();
+    let mut raw = Raw { s, buf: Vec::new() };
+    raw.send(&Message::Hello(Hello {
+        version: PROTOCOL_VERSION,
+        worker_id: "stalled-reader".into(),
+    }))
+    .await;
+    raw.send(&open_frame(1, r.metadata(), OperationKind::Read))
+        .await;
+    // Let the connector fill the socket and block.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(r.status(), OperationStatus::InProgress);
+    // Other connections are not held up by the stalled one.
+    legit_transfers_still_work(&target).await;
+
+    r.cancel();
+    assert_eq!(r.status(), OperationStatus::Cancelled);
+    let mut back = r.into_descriptors();
+    back[0].as_mut_slice().unwrap().fill(0xAA);
+
+    // Now drain: pattern bytes sent before the cancel, then zeros, then an
+    // Abort; never a byte written after the memory came back.
+    let (mut pattern_bytes, mut zeros) = (0usize, 0usize);
+    let mut aborted = false;
+    while let Some((m, payload)) = raw.next().await {
+        match m {
+            Message::Hello(_) => {}
+            Message::Data(d) => {
+                assert_eq!(d.req, 1);
+                assert!(!aborted, "data after the abort");
+                for b in payload {
+                    match b {
+                        0x11 => pattern_bytes += 1,
+                        0 => zeros += 1,
+                        other => panic!("byte {other:#x} read after the cancel"),
+                    }
+                }
+            }
+            Message::Abort(a) => {
+                // Both the owner's withdrawal and the interrupted stream say
+                // so; the second is redundant but harmless.
+                assert_eq!((a.req, a.reason), (1, AbortReason::Cancelled));
+                aborted = true;
+                if raw.buf.is_empty()
+                    && timeout(Duration::from_millis(50), raw.s.readable())
+                        .await
+                        .is_err()
+                {
+                    break;
+                }
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(aborted, "the reader is told of the cancel");
+    assert!(pattern_bytes < SIZE, "the cancel cut the stream short");
+    assert!(back[0].as_slice().unwrap().iter().all(|&b| b == 0xAA));
+    assert_eq!(target.exposed_count(), 0);
+    // Chunks are 2 MiB; unless the cancel fell between two of them, the
+    // rest of the interrupted one went out as zeros.
+    assert!(zeros > 0 || pattern_bytes % (2 << 20) == 0, "{zeros}");
+    legit_transfers_still_work(&target).await;
+}
+
+// ---------------------------------------------------------------------------
+// The other direction: a hostile passive side. The test listens, answers
+// the active connector's hello, and sends it bad frames.
+
+const FAKE_WORKER: &str = "fake-passive";
+
+async fn fake_passive(
+    kind: OperationKind,
+    sizes: &[u64],
+) -> (tokio::net::TcpListener, RdmaMetadata) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let m = RdmaMetadata::new(
+        kind,
+        FAKE_WORKER.into(),
+        "fake-host".into(),
+        "fake-boot-id".into(),
+        vec![l.local_addr().unwrap()],
+        1,
+        Token::from_bytes([7; 16]),
+        sizes
+            .iter()
+            .map(|&size| ferry_proto::DescriptorInfo {
+                device: ferry::Device::CPU,
+                size,
+            })
+            .collect(),
+    )
+    .unwrap();
+    (l, m)
+}
+
+/// Accepts the active side's connection, answers its hello as `worker_id`,
+/// and returns the connection and the active side's Open.
+async fn accept_active(l: &tokio::net::TcpListener, worker_id: &str) -> (Raw, Option<Open>) {
+    let (s, _) = within(l.accept()).await.unwrap();
+    let mut raw = Raw { s, buf: Vec::new() };
+    match raw.next().await {
+        Some((Message::Hello(h), _)) => assert_eq!(h.version, PROTOCOL_VERSION),
+        other => panic!("expected a hello, got {other:?}"),
+    }
+    raw.send(&Message::Hello(Hello {
+        version: PROTOCOL_VERSION,
+        worker_id: worker_id.into(),
+    }))
+    .await;
+    if worker_id != FAKE_WORKER {
+        return (raw, None);
+    }
+    match raw.next().await {
+        Some((Message::Open(o), _)) => {
+            assert_eq!(o.token.as_bytes(), &[7; 16]);
+            (raw, Some(o))
+        }
+        other => panic!("expected an open, got {other:?}"),
+    }
+}
+
+/// The active connector's other operations, as initiator and as target, go on.
+async fn active_side_still_works(active: &Connector) {
+    let other = connector().await;
+    let w = other
+        .create_writable(vec![vec![0u8; 1000].into()])
+        .await
+        .unwrap();
+    let op = active
+        .begin_write(vec![pattern(1000, 4).into()], w.metadata())
+        .await
+        .unwrap();
+    within(op.wait_for_completion()).await.unwrap();
+    within(w.wait_for_completion()).await.unwrap();
+    legit_transfers_still_work(active).await;
+}
+
+async fn hostile_reply_to_a_read(reply: impl FnOnce(u64) -> Vec<u8>, landed: usize) {
+    let reader = connector().await;
+    let (l, meta) = fake_passive(OperationKind::Read, &[32, 16]).await;
+    let (op, (mut raw, open)) = tokio::join!(
+        reader.begin_read(&meta, vec![untouched(32), untouched(16)]),
+        accept_active(&l, FAKE_WORKER)
+    );
+    let op = op.unwrap();
+    let req = open.unwrap().req;
+    let _ = raw.send_raw(&reply(req)).await;
+    let _ = raw.closed().await;
+    let err = within(op.wait_for_completion()).await.unwrap_err();
+    assert!(matches!(err, Error::Protocol { .. }), "{err}");
+    assert_eq!(op.status(), OperationStatus::Errored);
+    let got = op.into_descriptors();
+    let s = got[0].as_slice().unwrap();
+    assert!(s[..landed].iter().all(|&b| b == 1), "{s:?}");
+    assert!(s[landed..].iter().all(|&b| b == UNTOUCHED), "{s:?}");
+    assert_all(&got[1], UNTOUCHED, "descriptor 1");
+    active_side_still_works(&reader).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_passive_data_past_the_end_of_a_read_is_refused() {
+    hostile_reply_to_a_read(|req| data_frame(req, 0, 0, &[1u8; 33]), 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_passive_data_with_overflowing_offset_is_refused() {
+    hostile_reply_to_a_read(|req| data_frame(req, 0, u64::MAX - 3, &[1u8; 8]), 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_passive_data_with_a_gap_is_refused() {
+    hostile_reply_to_a_read(
+        |req| {
+            let mut f = data_frame(req, 0, 0, &[1u8; 8]);
+            f.extend(data_frame(req, 1, 0, &[1u8; 8]));
+            f
+        },
+        8,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_passive_finish_before_all_data_is_refused() {
+    hostile_reply_to_a_read(
+        |req| {
+            let mut f = data_frame(req, 0, 0, &[1u8; 32]);
+            f.extend(Message::Finish { req }.to_vec());
+            f
+        },
+        32,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_passive_open_sent_to_the_active_side_is_refused() {
+    hostile_reply_to_a_read(
+        |req| {
+            Message::Open(Open {
+                req,
+                op_id: 1,
+                token: Token::from_bytes([7; 16]),
+                kind: OperationKind::Write,
+                sizes: vec![32, 16],
+            })
+            .to_vec()
+        },
+        0,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_passive_data_into_a_write_is_refused() {
+    let writer = connector().await;
+    let (l, meta) = fake_passive(OperationKind::Write, &[32]).await;
+    let (op, (mut raw, open)) = tokio::join!(
+        writer.begin_write(vec![pattern(32, 1).into()], &meta),
+        accept_active(&l, FAKE_WORKER)
+    );
+    let op = op.unwrap();
+    let req = open.unwrap().req;
+    let _ = raw.send_raw(&data_frame(req, 0, 0, &[1u8; 32])).await;
+    for m in raw.closed().await {
+        assert!(
+            matches!(m, Message::Data(_) | Message::Finish { .. }),
+            "{m:?}"
+        );
+    }
+    let err = within(op.wait_for_completion()).await.unwrap_err();
+    assert!(matches!(err, Error::Protocol { .. }), "{err}");
+    assert_eq!(
+        op.into_descriptors()[0].as_slice().unwrap(),
+        &pattern(32, 1)[..],
+        "a write's source is never written"
+    );
+    active_side_still_works(&writer).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listener_answering_as_another_worker_is_refused() {
+    let reader = connector().await;
+    let (l, meta) = fake_passive(OperationKind::Read, &[32]).await;
+    let (op, _raw) = tokio::join!(
+        reader.begin_read(&meta, vec![untouched(32)]),
+        accept_active(&l, "someone-else")
+    );
+    let err = op.unwrap_err();
+    assert!(
+        matches!(err, Error::WrongWorker { ref found, .. } if found == "someone-else"),
+        "{err}"
+    );
+    active_side_still_works(&reader).await;
+}
+
+/// The WRITE-side twin of `read_confirmation_before_all_data_is_refused`:
+/// the passive side confirms a write before the writer has sent its bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "bug: a WRITE confirmation (Finish) received before the writer has sent all its data marks the WriteOperation COMPLETE"]
+async fn hostile_passive_write_confirmation_before_all_data_is_refused() {
+    let writer = connector().await;
+    let (l, meta) = fake_passive(OperationKind::Write, &[8 << 20]).await;
+    let (op, (mut raw, open)) = tokio::join!(
+        writer.begin_write(vec![vec![0x11u8; 8 << 20].into()], &meta),
+        accept_active(&l, FAKE_WORKER)
+    );
+    let op = op.unwrap();
+    let req = open.unwrap().req;
+    // Confirm at once, having read at most the first chunk of 8 MiB.
+    raw.send(&Message::Finish { req }).await;
+    let outcome = within(op.wait_for_completion()).await;
+    assert!(
+        matches!(outcome, Err(Error::Protocol { .. })),
+        "the write ended with {outcome:?} ({})",
+        op.status()
+    );
+    drop(raw);
+    active_side_still_works(&writer).await;
+}

@@ -1,0 +1,40 @@
+//! `RdmaMetadata::from_json_bytes` over arbitrary bytes: never panics, and
+//! whatever it accepts obeys every limit and survives a round trip.
+#![no_main]
+
+use ferry_proto::{RdmaMetadata, MAX_ADDRESSES, MAX_DESCRIPTORS, MAX_METADATA_JSON};
+use libfuzzer_sys::fuzz_target;
+
+/// `metadata::MAX_DESCRIPTOR_SIZE` and `MAX_TOTAL_SIZE` (not exported).
+const MAX_DESCRIPTOR_SIZE: u64 = 1 << 40;
+const MAX_TOTAL_SIZE: u64 = 1 << 48;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(m) = RdmaMetadata::from_json_bytes(data) else {
+        return;
+    };
+    assert!(data.len() <= MAX_METADATA_JSON);
+    let n = m.descriptors().len();
+    assert!((1..=MAX_DESCRIPTORS).contains(&n), "{n} descriptors");
+    assert!(m
+        .descriptors()
+        .iter()
+        .all(|d| d.size <= MAX_DESCRIPTOR_SIZE));
+    assert!(m.total_size() <= MAX_TOTAL_SIZE);
+    assert!((1..=MAX_ADDRESSES).contains(&m.addresses().len()));
+    for s in [m.worker_id(), m.hostname(), m.host_id()] {
+        assert!((1..=256).contains(&s.len()));
+    }
+    let json = m.to_json();
+    let back = RdmaMetadata::from_json(&json).expect("accepted metadata re-parses");
+    assert_eq!(back, m);
+    assert_eq!(back.to_json(), json, "serialization is canonical");
+    // The Debug form never carries the token.
+    let hex: String = m
+        .token()
+        .as_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert!(!format!("{m:?}").contains(&hex));
+});
