@@ -50,7 +50,8 @@ impl Token {
     }
 
     fn from_hex(s: &str) -> Option<Token> {
-        if s.len() != 32 || !s.is_ascii() {
+        // Only hexadecimal digits: `from_str_radix` alone would accept a sign.
+        if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
             return None;
         }
         let mut out = [0u8; 16];
@@ -161,6 +162,7 @@ pub struct RdmaMetadata {
     operation_id: u64,
     token: Token,
     descriptors: Vec<DescriptorInfo>,
+    process_id: Option<String>,
 }
 
 impl PartialEq for Token {
@@ -182,6 +184,8 @@ struct RawMetadata {
     operation_id: u64,
     token: String,
     descriptors: Vec<DescriptorInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    process_id: Option<String>,
 }
 
 fn check_name(s: &str, field: &'static str) -> Result<(), MetadataError> {
@@ -215,7 +219,7 @@ impl TryFrom<RawMetadata> for RdmaMetadata {
                     .map_err(|_| MetadataError::InvalidAddress(a.chars().take(64).collect()))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        RdmaMetadata::new(
+        let m = RdmaMetadata::new(
             kind,
             r.worker_id,
             r.hostname,
@@ -224,7 +228,11 @@ impl TryFrom<RawMetadata> for RdmaMetadata {
             r.operation_id,
             token,
             r.descriptors,
-        )
+        )?;
+        match r.process_id {
+            Some(p) => m.with_process_id(p),
+            None => Ok(m),
+        }
     }
 }
 
@@ -240,6 +248,7 @@ impl From<RdmaMetadata> for RawMetadata {
             operation_id: m.operation_id,
             token: m.token.to_hex(),
             descriptors: m.descriptors,
+            process_id: m.process_id,
         }
     }
 }
@@ -294,7 +303,22 @@ impl RdmaMetadata {
             operation_id,
             token,
             descriptors,
+            process_id: None,
         })
+    }
+
+    /// Names the process that exposed the memory (an opaque random id), so
+    /// that a connector in the same process can move the bytes with a plain
+    /// copy.
+    pub fn with_process_id(mut self, id: String) -> Result<Self, MetadataError> {
+        check_name(&id, "process_id")?;
+        self.process_id = Some(id);
+        Ok(self)
+    }
+
+    /// The exposing process's id, if the metadata names it.
+    pub fn process_id(&self) -> Option<&str> {
+        self.process_id.as_deref()
     }
 
     /// Parses and validates metadata JSON.

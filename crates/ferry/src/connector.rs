@@ -11,6 +11,7 @@ use tokio::sync::watch;
 use crate::exposure::Exposures;
 use crate::op::{Link, OpCore, OpShared};
 use crate::region::Region;
+use crate::transport::local::{self, LocalTransport};
 use crate::transport::tcp::{self, Conn, LocalInfo, TcpTransport};
 use crate::transport::{ActiveJob, Transport, TransportKind};
 use crate::{
@@ -140,11 +141,19 @@ impl ConnectorBuilder {
             advertised,
             exposures: Exposures::default(),
             tcp: tcp.clone(),
-            transports: vec![tcp as Arc<dyn Transport>],
+            transports: {
+                let mut t: Vec<Arc<dyn Transport>> = Vec::new();
+                if transports.contains(&TransportKind::Local) {
+                    t.push(Arc::new(LocalTransport));
+                }
+                t.push(tcp);
+                t
+            },
             shutdown,
             handle,
             incoming: Mutex::new(Vec::new()),
         });
+        local::register(&inner.worker_id, &inner.advertised, &inner);
         tokio::spawn(tcp::listen(inner.clone(), listener, shutdown_rx));
         tracing::debug!(worker = inner.worker_id, addr = %local_addr, "connector started");
         Ok(Connector { inner })
@@ -183,6 +192,10 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    pub(crate) fn is_shut_down(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+
     pub(crate) fn track_incoming(&self, c: &Arc<Conn>) {
         let mut v = self.incoming.lock().unwrap_or_else(|e| e.into_inner());
         v.retain(|w| w.strong_count() > 0);
@@ -442,7 +455,8 @@ impl Connector {
                     size: d.size() as u64,
                 })
                 .collect(),
-        );
+        )
+        .and_then(|m| m.with_process_id(host::process_id().to_string()));
         let core = Arc::new(OpCore {
             shared,
             region,

@@ -22,8 +22,17 @@ pub(crate) struct Exposure {
     sizes: Vec<u64>,
     pub(crate) region: Arc<Region>,
     pub(crate) shared: Arc<OpShared>,
-    /// The connection and request currently transferring this operation.
-    binding: Mutex<Option<(Weak<Conn>, u64)>>,
+    /// Who is transferring this operation right now.
+    binding: Mutex<Option<Binding>>,
+}
+
+/// The remote side an exposure is bound to while it transfers.
+pub(crate) enum Binding {
+    /// A request on a TCP connection.
+    Tcp(Weak<Conn>, u64),
+    /// A connector of this process, copying directly; it notices a cancel
+    /// through the closed region.
+    Local,
 }
 
 #[derive(Default)]
@@ -69,7 +78,7 @@ impl Exposures {
     pub(crate) fn open(
         &self,
         o: &Open,
-        conn: &Arc<Conn>,
+        to: Binding,
     ) -> Result<Arc<Exposure>, (AbortReason, String)> {
         let Some(e) = lock(&self.map).get(&o.op_id).cloned() else {
             let issued = self.next_id.load(Ordering::Relaxed);
@@ -127,7 +136,7 @@ impl Exposures {
                 format!("operation {} has ended", o.op_id),
             ));
         }
-        *binding = Some((Arc::downgrade(conn), o.req));
+        *binding = Some(to);
         drop(binding);
         Ok(e)
     }
@@ -162,7 +171,7 @@ impl Exposures {
         // Release `binding` before `forget_passive` takes the connection's
         // table: the reader takes them in the other order.
         let bound = lock(&e.binding).take();
-        if let Some((conn, req)) = bound {
+        if let Some(Binding::Tcp(conn, req)) = bound {
             if let Some(conn) = conn.upgrade() {
                 conn.forget_passive(req);
                 conn.send_detached(Message::Abort(Abort {

@@ -23,6 +23,12 @@ pub(crate) fn host_id() -> String {
         .unwrap_or_else(|| format!("random-{}", hex(&random_bytes())))
 }
 
+/// A random id of this process, the same for all its connectors.
+pub(crate) fn process_id() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| hex(&random_bytes()))
+}
+
 /// 16 bytes from the operating system's secure random source.
 pub(crate) fn random_bytes() -> [u8; 16] {
     let mut b = [0u8; 16];

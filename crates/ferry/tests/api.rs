@@ -86,7 +86,7 @@ async fn misuse_is_a_typed_error() {
         .unwrap_err();
     assert!(matches!(err, Error::Config(_)), "{err}");
     let err = "rdma".parse::<TransportKind>().unwrap_err();
-    assert!(err.to_string().contains("tcp"), "{err}");
+    assert!(err.to_string().contains("local, tcp"), "{err}");
     assert_eq!(a.exposed_count(), 1);
 }
 
@@ -223,8 +223,12 @@ async fn same_process_transfer_reports_its_transport() {
         .unwrap();
     op.wait_for_completion().await.unwrap();
     w.wait_for_completion().await.unwrap();
-    assert_eq!(op.transport(), Some(TransportKind::Tcp));
-    assert_eq!(w.transport(), Some(TransportKind::Tcp));
+    assert_eq!(
+        op.transport(),
+        Some(TransportKind::Local),
+        "same process: a plain copy"
+    );
+    assert_eq!(w.transport(), Some(TransportKind::Local));
     assert_eq!(
         w.descriptors().unwrap()[0].as_slice().unwrap(),
         &[5u8; 100][..]

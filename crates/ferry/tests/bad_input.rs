@@ -1072,7 +1072,6 @@ async fn replayed_read_confirmation_is_ignored() {
 /// A reader's `Finish` confirms that every byte arrived; sent before the
 /// readable has even sent them all, it is a lie the passive side can see.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: a READ confirmation (Finish) received before the readable has sent all its data marks the readable COMPLETE"]
 async fn read_confirmation_before_all_data_is_refused() {
     let target = connector().await;
     let r = target
@@ -1561,7 +1560,6 @@ async fn listener_answering_as_another_worker_is_refused() {
 /// The WRITE-side twin of `read_confirmation_before_all_data_is_refused`:
 /// the passive side confirms a write before the writer has sent its bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: a WRITE confirmation (Finish) received before the writer has sent all its data marks the WriteOperation COMPLETE"]
 async fn hostile_passive_write_confirmation_before_all_data_is_refused() {
     let writer = connector().await;
     let (l, meta) = fake_passive(OperationKind::Write, &[8 << 20]).await;

@@ -4,14 +4,23 @@
 
 use std::time::{Duration, Instant};
 
-use ferry::{Connector, Descriptor, Error, OperationStatus};
+use ferry::{Connector, Descriptor, Error, OperationStatus, TransportKind};
 use ferry_proto::wire::{Hello, Message, Open, PROTOCOL_VERSION};
 use ferry_proto::OperationKind;
 use tokio::io::AsyncWriteExt;
 
 async fn connector() -> Connector {
+    connector_over(TransportKind::Tcp).await
+}
+
+async fn connector_over(t: TransportKind) -> Connector {
+    let mut only = vec![t];
+    if t != TransportKind::Tcp {
+        only.push(TransportKind::Tcp);
+    }
     Connector::builder()
         .listen("127.0.0.1:0".parse().unwrap())
+        .transports(&only)
         .build()
         .await
         .unwrap()
@@ -170,11 +179,17 @@ async fn in_flight_operations_fail_on_both_sides_when_a_connection_resets() {
 /// two sides agree: both COMPLETE (every byte landed), or neither. A remote
 /// that finds the operation already cancelled sees it refused as ended.
 async fn cancel_race(kind: OperationKind, cancel_active: bool) {
-    let a = connector().await;
-    let b = connector().await;
+    for t in [TransportKind::Tcp, TransportKind::Local] {
+        cancel_race_over(t, kind, cancel_active).await;
+    }
+}
+
+async fn cancel_race_over(t: TransportKind, kind: OperationKind, cancel_active: bool) {
+    let a = connector_over(t).await;
+    let b = connector_over(t).await;
     let mut outcomes = std::collections::BTreeMap::new();
     for i in 0..200u64 {
-        let size = if i % 2 == 0 { 4096 } else { 1 << 20 };
+        let size = if i % 2 == 0 { 4096 } else { 8 << 20 };
         let spin = Duration::from_micros((i * 37) % 400);
         let (passive_status, active_status, active_err): (
             OperationStatus,
@@ -270,7 +285,7 @@ async fn cancel_race(kind: OperationKind, cancel_active: bool) {
             .or_insert(0) += 1;
     }
     eprintln!(
-        "{kind:?} cancelled by the {} side: {outcomes:?}",
+        "{t}: {kind:?} cancelled by the {} side: {outcomes:?}",
         if cancel_active { "active" } else { "passive" }
     );
     assert_eq!(a.exposed_count(), 0);

@@ -18,12 +18,15 @@ use crate::op::OpShared;
 use crate::region::Region;
 use crate::{Error, Result};
 
+pub(crate) mod local;
 pub(crate) mod tcp;
 
 /// A way of moving bytes between two workers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum TransportKind {
+    /// A plain copy between two connectors of the same process.
+    Local,
     /// A TCP connection between the two connectors: works between any two
     /// workers that can reach each other.
     Tcp,
@@ -31,11 +34,12 @@ pub enum TransportKind {
 
 impl TransportKind {
     /// Every transport this build has, best first.
-    pub const ALL: &'static [TransportKind] = &[TransportKind::Tcp];
+    pub const ALL: &'static [TransportKind] = &[TransportKind::Local, TransportKind::Tcp];
 
     /// The name used in `FERRY_TRANSPORTS` and reports.
     pub fn name(self) -> &'static str {
         match self {
+            TransportKind::Local => "local",
             TransportKind::Tcp => "tcp",
         }
     }

@@ -31,7 +31,7 @@ use tokio::sync::watch;
 
 use super::{ActiveJob, ActiveLink, BoxFuture, Transport, TransportKind};
 use crate::connector::Inner;
-use crate::exposure::Exposure;
+use crate::exposure::{Binding, Exposure};
 use crate::op::OpShared;
 use crate::region::{Denied, Region};
 use crate::{Error, Result};
@@ -953,7 +953,13 @@ async fn step(
             let Some(r) = lock(&conn.passive).remove(&req) else {
                 return Ok(());
             };
-            if r.cursor.as_ref().is_some_and(|c| !c.is_done()) {
+            // A write's Finish must follow all its data; a read's confirmation
+            // must follow our own Finish (sent only once sealed).
+            let premature = match &r.cursor {
+                Some(c) => !c.is_done(),
+                None => !r.exposure.shared.is_sealed(),
+            };
+            if premature {
                 let err = ConnError::Violation("finish before all data".into());
                 let e = Error::Protocol {
                     peer: conn.peer.clone(),
@@ -982,7 +988,13 @@ async fn step(
                 return Ok(());
             };
             r.region.close();
-            if r.kind == OperationKind::Read && !r.cursor.is_done() {
+            // A read's Finish must follow all its data; a write's confirmation
+            // must follow our own Finish (sent only once sealed).
+            let premature = match r.kind {
+                OperationKind::Read => !r.cursor.is_done(),
+                OperationKind::Write => !r.shared.is_sealed(),
+            };
+            if premature {
                 r.shared.fail(Error::Protocol {
                     peer: conn.peer.clone(),
                     detail: "finish before all data".into(),
@@ -1041,7 +1053,10 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Inner>, o: Open) -> Result<(), ConnErro
             o.req
         )));
     }
-    match inner.exposures.open(&o, conn) {
+    match inner
+        .exposures
+        .open(&o, Binding::Tcp(Arc::downgrade(conn), o.req))
+    {
         Err((reason, detail)) => {
             tracing::debug!(
                 peer = conn.peer,

@@ -1,0 +1,185 @@
+//! The same-process transport: when the remote connector lives in this
+//! process, the bytes move with a plain copy between the two regions.
+//!
+//! The capability checks are the same as over TCP (the exposure table's
+//! `open`). The copy goes chunk by chunk, each chunk under both regions'
+//! locks, so a cancel on either side is fenced within one chunk; the last
+//! chunk seals both operations under both locks, so a cancel either stops
+//! the transfer or finds it sealed and both sides agree on the outcome.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use ferry_proto::wire::Open;
+use ferry_proto::{OperationKind, OperationStatus, RdmaMetadata};
+
+use super::{ActiveJob, ActiveLink, BoxFuture, Transport, TransportKind};
+use crate::connector::Inner;
+use crate::exposure::{Binding, Exposure};
+use crate::op::OpShared;
+use crate::region::{Denied, Region};
+use crate::{host, Error, Result};
+
+/// Copies larger than this run on a blocking thread, not on the runtime.
+const INLINE: u64 = 1 << 20;
+/// Bytes copied under one pair of locks.
+const CHUNK: usize = 4 << 20;
+
+type Entry = (String, Vec<SocketAddr>, Weak<Inner>);
+
+fn registry() -> &'static Mutex<Vec<Entry>> {
+    static R: OnceLock<Mutex<Vec<Entry>>> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Makes a connector reachable by the others of this process.
+pub(crate) fn register(worker_id: &str, addrs: &[SocketAddr], inner: &Arc<Inner>) {
+    let mut r = lock(registry());
+    r.retain(|(_, _, w)| w.strong_count() > 0);
+    r.push((worker_id.to_string(), addrs.to_vec(), Arc::downgrade(inner)));
+}
+
+fn find(remote: &RdmaMetadata) -> Option<Arc<Inner>> {
+    if remote.process_id() != Some(host::process_id()) {
+        return None;
+    }
+    lock(registry())
+        .iter()
+        .find(|(id, addrs, _)| id == remote.worker_id() && addrs == remote.addresses())
+        .and_then(|(_, _, w)| w.upgrade())
+        .filter(|inner| !inner.is_shut_down())
+}
+
+pub(crate) struct LocalTransport;
+
+struct LocalLink;
+
+impl ActiveLink for LocalLink {
+    fn cancel(&self, _changed: bool) {
+        // The copier sees the closed region and tells the passive side.
+    }
+}
+
+impl Transport for LocalTransport {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Local
+    }
+
+    fn reaches(&self, remote: &RdmaMetadata) -> bool {
+        find(remote).is_some()
+    }
+
+    fn start(&self, job: ActiveJob) -> BoxFuture<'_, Result<Arc<dyn ActiveLink>>> {
+        Box::pin(async move {
+            let inner = find(&job.remote).ok_or_else(|| Error::Unreachable {
+                worker: job.remote.worker_id().to_string(),
+                addresses: "this process".into(),
+                cause: "the connector has shut down".into(),
+            })?;
+            job.shared.set_transport(TransportKind::Local);
+            job.shared.start();
+            let open = Open {
+                req: 0,
+                op_id: job.remote.operation_id(),
+                token: *job.remote.token(),
+                kind: job.kind,
+                sizes: job.sizes.clone(),
+            };
+            let exposure = match inner.exposures.open(&open, Binding::Local) {
+                Ok(e) => e,
+                Err((reason, detail)) => {
+                    job.region.close();
+                    job.shared.fail(Error::Rejected { reason, detail });
+                    return Ok(Arc::new(LocalLink) as Arc<dyn ActiveLink>);
+                }
+            };
+            exposure.shared.set_transport(TransportKind::Local);
+            let total: u64 = job.sizes.iter().sum();
+            let run = move || {
+                copy(
+                    &inner,
+                    &exposure,
+                    job.kind,
+                    &job.region,
+                    &job.shared,
+                    &job.sizes,
+                )
+            };
+            if total <= INLINE {
+                run();
+            } else {
+                tokio::task::spawn_blocking(run);
+            }
+            Ok(Arc::new(LocalLink) as Arc<dyn ActiveLink>)
+        })
+    }
+}
+
+/// Copies every byte between the two regions, then ends both operations.
+fn copy(
+    inner: &Inner,
+    exposure: &Exposure,
+    kind: OperationKind,
+    active: &Region,
+    shared: &OpShared,
+    sizes: &[u64],
+) {
+    let (src, dst) = match kind {
+        OperationKind::Read => (&*exposure.region, active),
+        OperationKind::Write => (active, &*exposure.region),
+    };
+    let mut stopped = false;
+    'outer: for (i, &size) in sizes.iter().enumerate() {
+        let mut off = 0usize;
+        while (off as u64) < size {
+            let n = CHUNK.min(size as usize - off);
+            let r = src.read_at(i, off as u64, n, |s| {
+                dst.write_at(i, off as u64, n, |d| d.copy_from_slice(s))
+            });
+            match r {
+                Ok(Ok(())) => off += n,
+                Ok(Err(Denied::Closed)) | Err(Denied::Closed) => {
+                    stopped = true;
+                    break 'outer;
+                }
+                Ok(Err(Denied::OutOfBounds)) | Err(Denied::OutOfBounds) => {
+                    // Sizes were checked against the exposure; cannot happen.
+                    stopped = true;
+                    break 'outer;
+                }
+            }
+        }
+    }
+    let sealed = !stopped
+        && src.seal_if_open(|| {
+            dst.seal_if_open(|| {
+                shared.seal();
+                exposure.shared.seal();
+            });
+        })
+        && shared.is_sealed();
+    if sealed {
+        inner
+            .exposures
+            .finish(exposure, OperationStatus::Complete, None);
+        active.close();
+        shared.end(OperationStatus::Complete, None);
+        return;
+    }
+    // One side closed its region: it was cancelled (or dropped). Tell the other.
+    let active_cancelled = !active.is_open() || shared.status().is_terminal();
+    if active_cancelled {
+        inner.exposures.finish(
+            exposure,
+            OperationStatus::Cancelled,
+            Some(Error::RemoteCancelled),
+        );
+    } else {
+        active.close();
+        shared.fail(Error::RemoteCancelled);
+    }
+}

@@ -1,0 +1,231 @@
+//! The shared suite, run once per transport, between two connectors of this
+//! process. (The cross-process suite in crates/ferry-cli/tests covers TCP
+//! between processes.)
+
+use std::time::Duration;
+
+use ferry::{
+    AbortReason, Connector, Descriptor, Error, OperationStatus, RdmaMetadata, TransportKind,
+};
+
+async fn pair(t: TransportKind) -> (Connector, Connector) {
+    let only: Vec<TransportKind> = if t == TransportKind::Tcp {
+        vec![t]
+    } else {
+        vec![t, TransportKind::Tcp]
+    };
+    let mk = || {
+        Connector::builder()
+            .listen("127.0.0.1:0".parse().unwrap())
+            .transports(&only)
+            .build()
+    };
+    (mk().await.unwrap(), mk().await.unwrap())
+}
+
+fn pattern(seed: u8, size: usize) -> Vec<u8> {
+    (0..size)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn descs(sizes: &[usize], seed: Option<u8>) -> Vec<Descriptor<'static>> {
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| match seed {
+            Some(seed) => Descriptor::from_vec(pattern(seed.wrapping_add(i as u8), s)),
+            None => Descriptor::from_vec(vec![0; s]),
+        })
+        .collect()
+}
+
+fn check(got: &[Descriptor<'_>], sizes: &[usize], seed: u8) {
+    for (i, (d, &s)) in got.iter().zip(sizes).enumerate() {
+        assert!(
+            d.as_slice().unwrap() == pattern(seed.wrapping_add(i as u8), s).as_slice(),
+            "descriptor {i} differs"
+        );
+    }
+}
+
+const TRANSPORTS: [TransportKind; 2] = [TransportKind::Local, TransportKind::Tcp];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pairings_on_every_transport() {
+    let mixed: Vec<usize> = vec![
+        1,
+        7,
+        4096,
+        4097,
+        65_536,
+        1 << 20,
+        3,
+        333_333,
+        0,
+        12,
+        1000,
+        8,
+        9,
+        100,
+        65_537,
+        5,
+    ];
+    for t in TRANSPORTS {
+        let (a, b) = pair(t).await;
+        for sizes in [vec![1usize], vec![4096], mixed.clone(), vec![64 << 20]] {
+            let r = a.create_readable(descs(&sizes, Some(1))).await.unwrap();
+            let op = b
+                .begin_read(r.metadata(), descs(&sizes, None))
+                .await
+                .unwrap();
+            op.wait_for_completion().await.unwrap();
+            r.wait_for_completion().await.unwrap();
+            assert_eq!(op.transport(), Some(t));
+            check(&op.into_descriptors(), &sizes, 1);
+
+            let w = a.create_writable(descs(&sizes, None)).await.unwrap();
+            let op = b
+                .begin_write(descs(&sizes, Some(2)), w.metadata())
+                .await
+                .unwrap();
+            op.wait_for_completion().await.unwrap();
+            w.wait_for_completion().await.unwrap();
+            assert_eq!(w.transport(), Some(t));
+            check(&w.into_descriptors(), &sizes, 2);
+        }
+        assert_eq!(a.exposed_count(), 0);
+        assert_eq!(a.pending_count() + b.pending_count(), 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_on_every_transport() {
+    for t in TRANSPORTS {
+        let (a, b) = pair(t).await;
+        let w = a.create_writable(descs(&[100], None)).await.unwrap();
+        let m = w.metadata().clone();
+        assert!(matches!(
+            b.begin_read(&m, descs(&[100], None)).await,
+            Err(Error::WrongPairing { .. })
+        ));
+        assert!(matches!(
+            b.begin_write(descs(&[99], Some(1)), &m).await,
+            Err(Error::SizeMismatch { .. })
+        ));
+        assert!(matches!(
+            b.begin_write(descs(&[100, 1], Some(1)), &m).await,
+            Err(Error::CountMismatch { .. })
+        ));
+
+        let edit = |f: &dyn Fn(&mut serde_json::Value)| {
+            let mut v: serde_json::Value = serde_json::from_str(&m.to_json()).unwrap();
+            f(&mut v);
+            RdmaMetadata::from_json(&v.to_string()).unwrap()
+        };
+        let cases: Vec<(RdmaMetadata, usize, AbortReason)> = vec![
+            (
+                edit(&|v| v["descriptors"][0]["size"] = 200.into()),
+                200,
+                AbortReason::SizeMismatch,
+            ),
+            (
+                edit(&|v| v["token"] = "0123456789abcdef0123456789abcdef".into()),
+                100,
+                AbortReason::BadToken,
+            ),
+            (
+                edit(&|v| v["operation_id"] = 424_242.into()),
+                100,
+                AbortReason::UnknownOperation,
+            ),
+        ];
+        for (forged, size, reason) in cases {
+            let op = b
+                .begin_write(descs(&[size], Some(1)), &forged)
+                .await
+                .unwrap();
+            let err = op.wait_for_completion().await.unwrap_err();
+            assert!(
+                matches!(err, Error::Rejected { reason: r, .. } if r == reason),
+                "{t}: {err}"
+            );
+        }
+        let flipped = edit(&|v| v["operation_kind"] = 1.into());
+        let op = b.begin_read(&flipped, descs(&[100], None)).await.unwrap();
+        let err = op.wait_for_completion().await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Rejected {
+                    reason: AbortReason::WrongKind,
+                    ..
+                }
+            ),
+            "{t}: {err}"
+        );
+
+        // Untouched by all of that: the genuine write lands, once.
+        assert_eq!(w.status(), OperationStatus::Initialized);
+        let op = b.begin_write(descs(&[100], Some(3)), &m).await.unwrap();
+        op.wait_for_completion().await.unwrap();
+        w.wait_for_completion().await.unwrap();
+        let again = b.begin_write(descs(&[100], Some(4)), &m).await.unwrap();
+        let err = again.wait_for_completion().await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Rejected {
+                    reason: AbortReason::OperationEnded,
+                    ..
+                }
+            ),
+            "{t}: {err}"
+        );
+        check(&w.into_descriptors(), &[100], 3);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancels_on_every_transport() {
+    let big = 256usize << 20;
+    for t in TRANSPORTS {
+        let (a, b) = pair(t).await;
+        // The writable is cancelled during the transfer: no byte lands after.
+        let w = a.create_writable(descs(&[big], None)).await.unwrap();
+        let op = b
+            .begin_write(vec![vec![7u8; big].into()], w.metadata())
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(w.status(), OperationStatus::InProgress, "{t}");
+        let back = w.into_descriptors(); // cancels
+        let at_cancel: Vec<u8> = back[0].as_slice().unwrap().to_vec();
+        let err = op.wait_for_completion().await.unwrap_err();
+        assert!(matches!(err, Error::RemoteCancelled), "{t}: {err}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            back[0].as_slice().unwrap() == at_cancel.as_slice(),
+            "{t}: bytes landed after the cancel"
+        );
+        assert!(
+            at_cancel.contains(&0),
+            "{t}: the transfer had finished before the cancel"
+        );
+
+        // The write is cancelled during the transfer: the writable learns it.
+        let w = a.create_writable(descs(&[big], None)).await.unwrap();
+        let op = b
+            .begin_write(vec![vec![7u8; big].into()], w.metadata())
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        op.cancel();
+        let err = w
+            .wait_for_completion_timeout(Duration::from_secs(10))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::RemoteCancelled), "{t}: {err}");
+        assert_eq!(a.exposed_count(), 0);
+    }
+}
