@@ -12,12 +12,13 @@
 //!   objects that own the memory it moves.
 //! - [`Metadata`] wraps a [`ferry::RdmaMetadata`].
 //!
-//! One multi-thread Tokio runtime per process runs every connector. Results
-//! reach asyncio through one delivery thread: a Tokio task that finishes sends
-//! its result there, and the delivery thread attaches to the interpreter and
-//! hands it to the waiting event loop with `loop.call_soon_threadsafe`. So
-//! Tokio's workers never wait for the GIL, nothing polls, and a Python thread
-//! that blocks on Rust releases the GIL first.
+//! One multi-thread Tokio runtime per process runs every connector. A future
+//! that is ready at once (most are: creating a readable, starting a read on a
+//! pooled connection) completes on the calling thread. The others run on the
+//! runtime and post their result to the [`Mailbox`] of the event loop that
+//! awaits them, which wakes that loop through a socket pair it watches. So no
+//! thread but the loop's ever takes the GIL, nothing polls, and a Python
+//! thread that blocks on Rust releases the GIL first.
 #![deny(unsafe_code)]
 
 use std::future::Future;
@@ -86,7 +87,7 @@ enum Outcome {
     /// A wait ended.
     Done(ferry::Result<()>),
     /// A `begin_read`/`begin_write` ended.
-    Started(ferry::Result<Operation>),
+    Started(ferry::Result<Box<Operation>>),
 }
 
 /// `(exception, value)` for `resolve`: one of the two is `None`.
@@ -95,7 +96,7 @@ fn outcome_to_py(py: Python<'_>, outcome: Outcome) -> (Py<PyAny>, Py<PyAny>) {
         Outcome::Done(r) => r.map(|()| py.None()).map_err(|e| error_to_py(py, e)),
         Outcome::Started(r) => r
             .map_err(|e| error_to_py(py, e))
-            .and_then(|op| Ok(Py::new(py, op)?.into_any())),
+            .and_then(|op| Ok(Py::new(py, *op)?.into_any())),
     };
     match result {
         Ok(v) => (py.None(), v),
@@ -326,8 +327,9 @@ type RawDescriptor = (usize, usize, String, bool, Py<PyAny>);
 fn descriptors(
     raw: Vec<RawDescriptor>,
 ) -> PyResult<(Vec<ferry::Descriptor<'static>>, Vec<Py<PyAny>>)> {
-    let mut descs = Vec::with_capacity(raw.len());
+    // `descs` is declared last so that it is dropped first on an early return.
     let mut keep = Vec::with_capacity(raw.len());
+    let mut descs = Vec::with_capacity(raw.len());
     for (index, (ptr, size, device, writable, owner)) in raw.into_iter().enumerate() {
         let device: Device = device
             .parse()
@@ -345,7 +347,7 @@ fn descriptors(
         // SAFETY: `from_raw_parts` needs the memory valid (and writable if
         // `writable`), not freed, and not accessed by others, for as long as
         // the descriptor or an operation holding it exists.
-        // - Validity: the Python layer (`ferry/_descriptor.py`) takes
+        // - Validity: the Python layer (`ferry/_types.py`) takes
         //   `ptr`/`size` from the object that owns the memory: a buffer
         //   export (bytearray, memoryview, array), NumPy's array interface,
         //   a tensor's `data_ptr()`, or the bytes of a `bytes` object; it
@@ -801,7 +803,9 @@ impl Connector {
         descriptors: Vec<RawDescriptor>,
     ) -> PyResult<Operation> {
         let work = self.begin(metadata, descriptors, false)?;
-        block_on(py, work)?.map_err(|e| error_to_py(py, e))
+        block_on(py, work)?
+            .map(|op| *op)
+            .map_err(|e| error_to_py(py, e))
     }
 
     /// `begin_write`, blocking (without the GIL) until the operation has started.
@@ -812,7 +816,9 @@ impl Connector {
         metadata: &Metadata,
     ) -> PyResult<Operation> {
         let work = self.begin(metadata, descriptors, true)?;
-        block_on(py, work)?.map_err(|e| error_to_py(py, e))
+        block_on(py, work)?
+            .map(|op| *op)
+            .map_err(|e| error_to_py(py, e))
     }
 }
 
@@ -843,7 +849,7 @@ impl Connector {
         metadata: &Metadata,
         raw: Vec<RawDescriptor>,
         write: bool,
-    ) -> PyResult<impl Future<Output = ferry::Result<Operation>> + Send + 'static> {
+    ) -> PyResult<impl Future<Output = ferry::Result<Box<Operation>>> + Send + 'static> {
         let (descs, keep) = descriptors(raw)?;
         let inner = self.inner.clone();
         let remote = metadata.0.clone();
@@ -859,7 +865,7 @@ impl Connector {
         };
         Ok(async move {
             let (op, keep) = start.await;
-            op.map(|op| Operation::new(op, keep))
+            op.map(|op| Box::new(Operation::new(op, keep)))
         })
     }
 }

