@@ -3,8 +3,9 @@
 #
 # Run from anywhere; works from a fresh machine with Python >= 3.9, pip and a
 # Rust toolchain. Creates a virtual environment in target-py/venv, installs
-# maturin, numpy and pytest there, builds the extension (release, with
-# Cargo.lock as committed) into the environment, and runs the tests.
+# maturin, numpy, pytest and mypy there, builds the extension (release, with
+# Cargo.lock as committed) into the environment, type-checks the package and
+# runs the tests.
 # Exits non-zero if anything fails.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,11 +19,14 @@ if [ ! -x "$venv/bin/python" ]; then
     echo "== creating $venv"
     "$python" -m venv "$venv"
 fi
-echo "== pip install maturin numpy pytest"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check "maturin>=1.9.4,<2" numpy pytest
+echo "== pip install maturin numpy pytest mypy"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check "maturin>=1.9.4,<2" numpy pytest mypy
 
 echo "== maturin develop --release (crates/ferry-py)"
 (cd crates/ferry-py && VIRTUAL_ENV="$venv" "$venv/bin/maturin" develop --release --locked --quiet)
+
+echo "== mypy --strict (the package, its stubs and annotations)"
+(cd crates/ferry-py/python && "$venv/bin/python" -m mypy --strict --no-incremental ferry)
 
 echo "== pytest crates/ferry-py/tests"
 "$venv/bin/python" -m pytest crates/ferry-py/tests -q -p no:cacheprovider

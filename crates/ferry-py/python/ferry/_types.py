@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import re
 from enum import IntEnum
-from typing import Any, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 from . import _ferry
 
@@ -350,7 +350,7 @@ def _describe_array(a: Any, device: Optional[Device]) -> Tuple[int, int, Device,
     return ptr, size, device, readonly, a
 
 
-def _itemsize(a: Any, iface: dict) -> int:
+def _itemsize(a: Any, iface: Dict[str, Any]) -> int:
     n = getattr(a, "itemsize", None)
     if isinstance(n, int):
         return n
