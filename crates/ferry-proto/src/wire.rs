@@ -82,6 +82,8 @@ pub enum AbortReason {
     Protocol,
     /// The sender is shutting down.
     ShuttingDown,
+    /// The peers do not share the same secret (or one has none).
+    Unauthenticated,
     /// A reason this build does not know.
     Other(u8),
 }
@@ -100,6 +102,7 @@ impl AbortReason {
             Self::Busy => 8,
             Self::Protocol => 9,
             Self::ShuttingDown => 10,
+            Self::Unauthenticated => 11,
             Self::Other(n) => n,
         }
     }
@@ -117,6 +120,7 @@ impl AbortReason {
             8 => Self::Busy,
             9 => Self::Protocol,
             10 => Self::ShuttingDown,
+            11 => Self::Unauthenticated,
             n => Self::Other(n),
         }
     }
@@ -170,6 +174,18 @@ pub struct Abort {
     pub detail: String,
 }
 
+/// Mutual authentication with a shared secret, right after `Hello`:
+/// the active side sends its nonce (`mac` zero), the passive side answers
+/// with its nonce and its proof, the active side sends its proof (`nonce`
+/// zero). See `docs/security.md`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Auth {
+    /// A fresh random nonce of the sender (zero when not needed).
+    pub nonce: [u8; 16],
+    /// HMAC-SHA-256 proof of the secret over both nonces and both worker ids (zero when not needed).
+    pub mac: [u8; 32],
+}
+
 /// One decoded frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
@@ -186,6 +202,8 @@ pub enum Message {
     },
     /// See [`Abort`].
     Abort(Abort),
+    /// See [`Auth`].
+    Auth(Auth),
 }
 
 const T_HELLO: u8 = 1;
@@ -193,6 +211,7 @@ const T_OPEN: u8 = 2;
 const T_DATA: u8 = 3;
 const T_FINISH: u8 = 4;
 const T_ABORT: u8 = 5;
+const T_AUTH: u8 = 6;
 
 fn put_header(out: &mut Vec<u8>, ty: u8, body_len: usize) {
     out.extend_from_slice(&[ty, 0, 0, 0]);
@@ -254,6 +273,11 @@ impl Message {
                 out.extend_from_slice(d.as_bytes());
                 T_ABORT
             }
+            Message::Auth(a) => {
+                out.extend_from_slice(&a.nonce);
+                out.extend_from_slice(&a.mac);
+                T_AUTH
+            }
         };
         let body_len = out.len() - start - HEADER_LEN;
         out[start] = ty;
@@ -279,7 +303,7 @@ pub struct Header {
 /// Checks a frame header.
 pub fn decode_header(h: &[u8; HEADER_LEN]) -> Result<Header, WireError> {
     let ty = h[0];
-    if !(T_HELLO..=T_ABORT).contains(&ty) {
+    if !(T_HELLO..=T_AUTH).contains(&ty) {
         return Err(WireError::UnknownType(ty));
     }
     if h[1..4] != [0, 0, 0] {
@@ -395,6 +419,10 @@ pub fn decode_body(h: Header, body: &[u8]) -> Result<Message, WireError> {
                 detail,
             })
         }
+        T_AUTH => Message::Auth(Auth {
+            nonce: r.take(16)?.try_into().unwrap(),
+            mac: r.take(32)?.try_into().unwrap(),
+        }),
         other => return Err(WireError::UnknownType(other)),
     };
     r.end()?;
@@ -441,6 +469,10 @@ mod tests {
                 len: 4096,
             }),
             Message::Finish { req: 77 },
+            Message::Auth(Auth {
+                nonce: [1; 16],
+                mac: [2; 32],
+            }),
             Message::Abort(Abort {
                 req: 3,
                 reason: AbortReason::SizeMismatch,
@@ -483,7 +515,7 @@ mod tests {
         }
 
         #[test]
-        fn decoder_never_panics_on_valid_headers(ty in 1u8..=5, body in proptest::collection::vec(any::<u8>(), 0..300)) {
+        fn decoder_never_panics_on_valid_headers(ty in 1u8..=6, body in proptest::collection::vec(any::<u8>(), 0..300)) {
             let mut v = vec![ty, 0, 0, 0];
             v.extend_from_slice(&(body.len() as u32).to_le_bytes());
             v.extend_from_slice(&body);

@@ -8,6 +8,7 @@ use tokio::net::TcpListener;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
+use crate::auth::Secret;
 use crate::exposure::Exposures;
 use crate::op::{Link, OpCore, OpShared};
 use crate::region::Region;
@@ -21,6 +22,8 @@ use crate::{
 
 /// The environment variable that restricts transports, e.g. `FERRY_TRANSPORTS=tcp`.
 pub const TRANSPORTS_ENV: &str = "FERRY_TRANSPORTS";
+/// The environment variable that holds the deployment's shared secret.
+pub const SECRET_ENV: &str = "FERRY_SECRET";
 
 /// Configures a [`Connector`].
 ///
@@ -40,6 +43,7 @@ pub struct ConnectorBuilder {
     advertise: Option<Vec<SocketAddr>>,
     transports: Option<Vec<TransportKind>>,
     connect_timeout: Duration,
+    secret: Option<Secret>,
 }
 
 impl Default for ConnectorBuilder {
@@ -50,6 +54,7 @@ impl Default for ConnectorBuilder {
             advertise: None,
             transports: None,
             connect_timeout: Duration::from_secs(5),
+            secret: None,
         }
     }
 }
@@ -78,6 +83,17 @@ impl ConnectorBuilder {
     /// Restricts the transports (default: `FERRY_TRANSPORTS` if set, else all).
     pub fn transports(mut self, t: &[TransportKind]) -> Self {
         self.transports = Some(t.to_vec());
+        self
+    }
+
+    /// A secret shared by the deployment's workers (default: `FERRY_SECRET`
+    /// if set, else none). With one, every connection proves in both
+    /// directions that its peer knows the same secret (HMAC-SHA-256 over
+    /// fresh nonces) before any operation is served; workers without it, or
+    /// with another, are refused with [`Error::Unauthenticated`]. Use at
+    /// least 16 random bytes.
+    pub fn secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.secret = Some(Secret::new(secret.as_ref()));
         self
     }
 
@@ -114,6 +130,15 @@ impl ConnectorBuilder {
                     .into(),
             ));
         }
+        let secret = match self.secret {
+            Some(s) => Some(s),
+            None => std::env::var(SECRET_ENV)
+                .ok()
+                .map(|s| Secret::new(s.as_bytes())),
+        };
+        if secret.as_ref().is_some_and(|s| s.is_empty()) {
+            return Err(Error::Config("the shared secret is empty".into()));
+        }
         let listener = TcpListener::bind(self.listen).await?;
         let local_addr = listener.local_addr()?;
         let advertised = match self.advertise {
@@ -129,6 +154,7 @@ impl ConnectorBuilder {
             worker_id: worker_id.clone(),
             host_id: host_id.clone(),
             connect_timeout: self.connect_timeout,
+            secret: secret.clone(),
             shutdown: shutdown_rx.clone(),
             handle: handle.clone(),
         });
@@ -144,7 +170,9 @@ impl ConnectorBuilder {
             transports: {
                 let mut t: Vec<Arc<dyn Transport>> = Vec::new();
                 if transports.contains(&TransportKind::Local) {
-                    t.push(Arc::new(LocalTransport));
+                    t.push(Arc::new(LocalTransport {
+                        secret: secret.clone(),
+                    }));
                 }
                 t.push(tcp);
                 t
@@ -152,6 +180,7 @@ impl ConnectorBuilder {
             shutdown,
             handle,
             incoming: Mutex::new(Vec::new()),
+            secret,
         });
         local::register(&inner.worker_id, &inner.advertised, &inner);
         tokio::spawn(tcp::listen(inner.clone(), listener, shutdown_rx));
@@ -189,6 +218,7 @@ pub(crate) struct Inner {
     shutdown: watch::Sender<bool>,
     pub(crate) handle: Handle,
     incoming: Mutex<Vec<Weak<Conn>>>,
+    pub(crate) secret: Option<Secret>,
 }
 
 impl Inner {

@@ -127,6 +127,15 @@ pub enum Error {
         /// What was wrong.
         detail: String,
     },
+    /// The two workers could not prove to each other that they share the
+    /// same secret (or only one of them has one).
+    #[error("authentication with worker {peer:?} failed: {detail}; give both workers the same secret (FERRY_SECRET or ConnectorBuilder::secret)")]
+    Unauthenticated {
+        /// The remote worker id (empty if unknown).
+        peer: String,
+        /// What went wrong.
+        detail: String,
+    },
     /// This side cancelled (or dropped) the operation.
     #[error("the operation was cancelled")]
     Cancelled,
@@ -164,6 +173,7 @@ fn describe(r: AbortReason) -> &'static str {
         AbortReason::Busy => "another remote is already transferring this operation",
         AbortReason::Protocol => "protocol violation",
         AbortReason::ShuttingDown => "the remote connector is shutting down",
+        AbortReason::Unauthenticated => "the peers do not share the same secret",
         _ => "unknown reason",
     }
 }

@@ -32,6 +32,7 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod auth;
 mod connector;
 mod descriptor;
 mod error;
@@ -41,7 +42,7 @@ mod op;
 mod region;
 mod transport;
 
-pub use connector::{Connector, ConnectorBuilder, Scope, TRANSPORTS_ENV};
+pub use connector::{Connector, ConnectorBuilder, Scope, SECRET_ENV, TRANSPORTS_ENV};
 pub use descriptor::Descriptor;
 pub use error::{Error, Result};
 pub use ferry_proto::wire::AbortReason;

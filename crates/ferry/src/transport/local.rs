@@ -14,6 +14,7 @@ use ferry_proto::wire::Open;
 use ferry_proto::{OperationKind, OperationStatus, RdmaMetadata};
 
 use super::{ActiveJob, ActiveLink, BoxFuture, Transport, TransportKind};
+use crate::auth::Secret;
 use crate::connector::Inner;
 use crate::exposure::{Binding, Exposure};
 use crate::op::OpShared;
@@ -54,7 +55,17 @@ fn find(remote: &RdmaMetadata) -> Option<Arc<Inner>> {
         .filter(|inner| !inner.is_shut_down())
 }
 
-pub(crate) struct LocalTransport;
+/// Copies between connectors of this process that share this connector's
+/// secret (or, like it, have none): the same rule as over the network.
+pub(crate) struct LocalTransport {
+    pub(crate) secret: Option<Secret>,
+}
+
+impl LocalTransport {
+    fn find(&self, remote: &RdmaMetadata) -> Option<Arc<Inner>> {
+        find(remote).filter(|inner| inner.secret == self.secret)
+    }
+}
 
 struct LocalLink;
 
@@ -70,12 +81,12 @@ impl Transport for LocalTransport {
     }
 
     fn reaches(&self, remote: &RdmaMetadata) -> bool {
-        find(remote).is_some()
+        self.find(remote).is_some()
     }
 
     fn start(&self, job: ActiveJob) -> BoxFuture<'_, Result<Arc<dyn ActiveLink>>> {
         Box::pin(async move {
-            let inner = find(&job.remote).ok_or_else(|| Error::Unreachable {
+            let inner = self.find(&job.remote).ok_or_else(|| Error::Unreachable {
                 worker: job.remote.worker_id().to_string(),
                 addresses: "this process".into(),
                 cause: "the connector has shut down".into(),

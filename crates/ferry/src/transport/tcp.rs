@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ferry_proto::wire::{self, Abort, AbortReason, Data, Hello, Message, Open, WireError};
+use ferry_proto::wire::{self, Abort, AbortReason, Auth, Data, Hello, Message, Open, WireError};
 use ferry_proto::{Cursor, OperationKind, OperationStatus, RdmaMetadata};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -30,8 +30,10 @@ use tokio::runtime::Handle;
 use tokio::sync::watch;
 
 use super::{ActiveJob, ActiveLink, BoxFuture, Transport, TransportKind};
+use crate::auth::{Role, Secret, Transcript};
 use crate::connector::Inner;
 use crate::exposure::{Binding, Exposure};
+use crate::host;
 use crate::op::OpShared;
 use crate::region::{Denied, Region};
 use crate::{Error, Result};
@@ -572,6 +574,7 @@ pub(crate) struct LocalInfo {
     pub(crate) worker_id: String,
     pub(crate) host_id: String,
     pub(crate) connect_timeout: Duration,
+    pub(crate) secret: Option<Secret>,
     pub(crate) shutdown: watch::Receiver<bool>,
     pub(crate) handle: Handle,
 }
@@ -694,11 +697,20 @@ impl TcpTransport {
             addresses: addr.to_string(),
             cause,
         };
-        let hello = Message::Hello(Hello {
+        let mut first = Message::Hello(Hello {
             version: wire::PROTOCOL_VERSION,
             worker_id: self.local.worker_id.clone(),
-        });
-        w.write_all(&hello.to_vec())
+        })
+        .to_vec();
+        let my_nonce = host::random_bytes();
+        if self.local.secret.is_some() {
+            Message::Auth(Auth {
+                nonce: my_nonce,
+                mac: [0; 32],
+            })
+            .encode(&mut first);
+        }
+        w.write_all(&first)
             .await
             .map_err(|e| unreachable(e.to_string()))?;
         let mut rd = FrameReader::new(r);
@@ -732,6 +744,42 @@ impl TcpTransport {
                 expected: remote.worker_id().to_string(),
                 found: peer,
             });
+        }
+        if let Some(secret) = &self.local.secret {
+            let unauthenticated = |detail: &str| Error::Unauthenticated {
+                peer: peer.clone(),
+                detail: detail.to_string(),
+            };
+            let theirs = match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
+                Ok(Ok(Message::Auth(a))) => a,
+                Ok(Ok(Message::Abort(a))) if a.reason == AbortReason::Unauthenticated => {
+                    return Err(unauthenticated(&a.detail))
+                }
+                Ok(Err(_)) | Err(_) => {
+                    return Err(unauthenticated(
+                        "the remote closed the connection or went silent during authentication",
+                    ))
+                }
+                Ok(Ok(_)) => return Err(unauthenticated("the remote did not authenticate")),
+            };
+            let t = Transcript {
+                active_nonce: &my_nonce,
+                passive_nonce: &theirs.nonce,
+                active_id: &self.local.worker_id,
+                passive_id: &peer,
+            };
+            if !secret.verify(Role::Passive, &t, &theirs.mac) {
+                return Err(unauthenticated(
+                    "the remote's proof does not match: the two workers have different secrets",
+                ));
+            }
+            let proof = Message::Auth(Auth {
+                nonce: [0; 16],
+                mac: secret.prove(Role::Active, &t),
+            });
+            w.write_all(&proof.to_vec())
+                .await
+                .map_err(|e| unreachable(e.to_string()))?;
         }
         let conn = Conn::new(peer, w, self.local.handle.clone());
         self.local.handle.spawn(run_connection(
@@ -848,11 +896,78 @@ pub(crate) async fn listen(
             if w.write_all(&hello.to_vec()).await.is_err() {
                 return;
             }
+            if let Some(secret) = &inner.secret {
+                if let Err(why) =
+                    authenticate(secret, &mut rd, &mut w, &peer, &inner.worker_id).await
+                {
+                    tracing::info!(%addr, peer, "refused a connection: {why}");
+                    let _ = w.shutdown().await;
+                    return;
+                }
+            }
             tracing::debug!(%addr, peer, "accepted a connection");
             let conn = Conn::new(peer, w, inner.handle.clone());
             inner.track_incoming(&conn);
             run_connection(conn, rd, shutdown, Some(inner)).await;
         });
+    }
+}
+
+/// The passive side of the authentication (see `auth.rs`). On failure the
+/// remote is told why, and the connection must be closed.
+async fn authenticate(
+    secret: &Secret,
+    rd: &mut FrameReader,
+    w: &mut OwnedWriteHalf,
+    peer: &str,
+    me: &str,
+) -> Result<(), String> {
+    let refuse = async |w: &mut OwnedWriteHalf, req: u64, detail: &str| {
+        let abort = Message::Abort(Abort {
+            req,
+            reason: AbortReason::Unauthenticated,
+            detail: detail.to_string(),
+        });
+        let _ = w.write_all(&abort.to_vec()).await;
+        Err(detail.to_string())
+    };
+    let theirs = match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
+        Ok(Ok(Message::Auth(a))) => a,
+        Ok(Ok(Message::Open(o))) => {
+            return refuse(
+                w,
+                o.req,
+                "this worker requires a shared secret (FERRY_SECRET)",
+            )
+            .await
+        }
+        _ => return refuse(w, 0, "this worker requires a shared secret (FERRY_SECRET)").await,
+    };
+    let my_nonce = host::random_bytes();
+    let t = Transcript {
+        active_nonce: &theirs.nonce,
+        passive_nonce: &my_nonce,
+        active_id: peer,
+        passive_id: me,
+    };
+    let answer = Message::Auth(Auth {
+        nonce: my_nonce,
+        mac: secret.prove(Role::Passive, &t),
+    });
+    w.write_all(&answer.to_vec())
+        .await
+        .map_err(|e| e.to_string())?;
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
+        Ok(Ok(Message::Auth(p))) if secret.verify(Role::Active, &t, &p.mac) => Ok(()),
+        Ok(Ok(Message::Auth(_))) => {
+            refuse(
+                w,
+                0,
+                "the proof does not match: the two workers have different secrets",
+            )
+            .await
+        }
+        _ => refuse(w, 0, "no proof of the shared secret").await,
     }
 }
 
@@ -909,6 +1024,19 @@ async fn step(
     let msg = rd.next().await?;
     match (msg, inner) {
         (Message::Hello(_), _) => Err(ConnError::Violation("unexpected hello".into())),
+        (Message::Auth(_), _) => {
+            // Only reached when this side has no secret (with one, the
+            // handshake consumed the Auth frames).
+            let abort = Message::Abort(Abort {
+                req: 0,
+                reason: AbortReason::Unauthenticated,
+                detail: "this worker has no shared secret configured".into(),
+            });
+            let _ = conn.send_frame(&abort.to_vec()).await;
+            Err(ConnError::Violation(
+                "authentication offered to a worker without a secret".into(),
+            ))
+        }
         (Message::Open(o), Some(inner)) => on_open(conn, inner, o),
         (Message::Open(_), None) => {
             Err(ConnError::Violation("open sent to the active side".into()))
@@ -1039,6 +1167,10 @@ async fn step(
 fn remote_error(a: &Abort) -> Error {
     match a.reason {
         AbortReason::Cancelled => Error::RemoteCancelled,
+        AbortReason::Unauthenticated => Error::Unauthenticated {
+            peer: String::new(),
+            detail: a.detail.clone(),
+        },
         reason => Error::Rejected {
             reason,
             detail: a.detail.clone(),
