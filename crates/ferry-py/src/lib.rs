@@ -4,18 +4,18 @@
 //! classes, the enums and the exceptions) is written in Python, in
 //! `python/ferry/`, on top of the few classes here:
 //!
-//! - [`Connector`] wraps a [`ferry::Connector`]. Creating a readable or a
+//! - `Connector` wraps a [`ferry::Connector`]. Creating a readable or a
 //!   writable is synchronous (nothing waits); `begin_read`/`begin_write`
 //!   return an `asyncio.Future` (or block, releasing the GIL, in their
 //!   `_blocking` forms).
-//! - [`Operation`] is any of the four operations, together with the Python
+//! - `Operation` is any of the four operations, together with the Python
 //!   objects that own the memory it moves.
-//! - [`Metadata`] wraps a [`ferry::RdmaMetadata`].
+//! - `Metadata` wraps a [`ferry::RdmaMetadata`].
 //!
 //! One multi-thread Tokio runtime per process runs every connector. A future
 //! that is ready at once (most are: creating a readable, starting a read on a
 //! pooled connection) completes on the calling thread. The others run on the
-//! runtime and post their result to the [`Mailbox`] of the event loop that
+//! runtime and post their result to the `Mailbox` of the event loop that
 //! awaits them, which wakes that loop through a socket pair it watches. So no
 //! thread but the loop's ever takes the GIL, nothing polls, and a Python
 //! thread that blocks on Rust releases the GIL first.
@@ -27,7 +27,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -321,12 +321,28 @@ fn error_to_py(py: Python<'_>, e: ferry::Error) -> PyErr {
 /// exported, so that it cannot be resized or freed).
 type RawDescriptor = (usize, usize, String, bool, Py<PyAny>);
 
-/// Builds the Rust descriptors, and returns them with the objects that must
-/// outlive every use of them.
+/// What an operation's memory needs until the operation has let go of it:
+/// the claim on the address ranges, and the Python objects that own them.
+struct Owners {
+    _claim: Claim,
+    _keep: Vec<Py<PyAny>>,
+}
+
+/// Builds the Rust descriptors for an operation that `writes` into them (a
+/// read, a writable) or only reads them, claims their memory, and returns
+/// them with what must outlive every use of them.
 #[allow(unsafe_code)]
 fn descriptors(
     raw: Vec<RawDescriptor>,
-) -> PyResult<(Vec<ferry::Descriptor<'static>>, Vec<Py<PyAny>>)> {
+    writes: bool,
+) -> PyResult<(Vec<ferry::Descriptor<'static>>, Owners)> {
+    let mut ranges = Vec::with_capacity(raw.len());
+    for (index, (ptr, size, device, _, _)) in raw.iter().enumerate() {
+        if device == "cpu" && *size > 0 {
+            ranges.push((index, *ptr, ptr.saturating_add(*size)));
+        }
+    }
+    let claim = Claim::new(ranges, writes)?;
     // `descs` is declared last so that it is dropped first on an early return.
     let mut keep = Vec::with_capacity(raw.len());
     let mut descs = Vec::with_capacity(raw.len());
@@ -370,7 +386,116 @@ fn descriptors(
         descs.push(d);
         keep.push(owner);
     }
-    Ok((descs, keep))
+    Ok((
+        descs,
+        Owners {
+            _claim: claim,
+            _keep: keep,
+        },
+    ))
+}
+
+/// Host memory that operations in progress use. A second operation that
+/// would write bytes another one uses, or use bytes another one writes, is
+/// refused: the two would race on those bytes. (The reference leaves this to
+/// the caller; from Python, passing one buffer to two operations is easy.)
+static CLAIMS: Mutex<Vec<Claimed>> = Mutex::new(Vec::new());
+
+struct Claimed {
+    start: usize,
+    end: usize,
+    writes: bool,
+    by: Arc<ClaimOwner>,
+}
+
+/// The operation behind a claim: unknown while it starts.
+#[derive(Default)]
+struct ClaimOwner(OnceLock<Weak<Holder>>);
+
+impl ClaimOwner {
+    /// Whether the operation may still touch its memory. An operation that
+    /// has ended has closed its region, even if its handle lives on. A
+    /// handle found here is pushed to `found`, to be dropped only after
+    /// `CLAIMS` is unlocked (its drop takes that lock).
+    fn in_use(&self, found: &mut Vec<Arc<Holder>>) -> bool {
+        match self.0.get() {
+            None => true,
+            Some(op) => match op.upgrade() {
+                None => false,
+                Some(h) => {
+                    let open = !h.op.status().is_terminal();
+                    found.push(h);
+                    open
+                }
+            },
+        }
+    }
+}
+
+/// One operation's claim on its memory, released when dropped.
+struct Claim(Arc<ClaimOwner>);
+
+impl Claim {
+    /// Claims `(index, start, end)` ranges, or says which one conflicts.
+    fn new(mut ranges: Vec<(usize, usize, usize)>, writes: bool) -> PyResult<Claim> {
+        let by = Arc::new(ClaimOwner::default());
+        if ranges.is_empty() {
+            return Ok(Claim(by));
+        }
+        ranges.sort_unstable_by_key(|&(_, start, _)| start);
+        if writes {
+            if let Some(w) = ranges.windows(2).find(|w| w[1].1 < w[0].2) {
+                return Err(PyValueError::new_err(format!(
+                    "descriptors {} and {} overlap, and this operation writes into them",
+                    w[0].0.min(w[1].0),
+                    w[0].0.max(w[1].0)
+                )));
+            }
+        }
+        let low = ranges[0].1;
+        let high = ranges.iter().map(|r| r.2).max().unwrap_or(low);
+        let mut found = Vec::new();
+        let mut claims = lock(&CLAIMS);
+        claims.retain(|c| c.by.in_use(&mut found));
+        let conflict = claims
+            .iter()
+            .filter(|c| (writes || c.writes) && c.start < high && low < c.end)
+            .find_map(|c| {
+                ranges
+                    .iter()
+                    .find(|&&(_, start, end)| start < c.end && c.start < end)
+                    .map(|&(index, _, _)| (index, c.writes))
+            });
+        if conflict.is_none() {
+            claims.extend(ranges.iter().map(|&(_, start, end)| Claimed {
+                start,
+                end,
+                writes,
+                by: by.clone(),
+            }));
+        }
+        drop(claims);
+        drop(found);
+        match conflict {
+            None => Ok(Claim(by)),
+            Some((index, other_writes)) => Err(PyValueError::new_err(format!(
+                "descriptor {index} overlaps memory that an operation in progress {}:                  the two would race on those bytes; wait for the other operation to end                  (or cancel it), or use another buffer",
+                if other_writes { "writes into" } else { "reads" }
+            ))),
+        }
+    }
+
+    /// Ties the claim to the operation, so that it lapses when the
+    /// operation ends.
+    fn attach(&self, holder: &Arc<Holder>) {
+        let _ = self.0 .0.set(Arc::downgrade(holder));
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        lock(&CLAIMS).retain(|c| !Arc::ptr_eq(&c.by, &self.0));
+    }
 }
 
 /// A future that owns the Python objects its descriptors point into, and
@@ -380,16 +505,16 @@ fn descriptors(
 struct KeepAlive<F> {
     // Field order is drop order.
     fut: Pin<Box<F>>,
-    keep: Option<Vec<Py<PyAny>>>,
+    owners: Option<Owners>,
 }
 
 impl<F: Future> Future for KeepAlive<F> {
-    type Output = (F::Output, Vec<Py<PyAny>>);
+    type Output = (F::Output, Owners);
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         match this.fut.as_mut().poll(cx) {
-            Poll::Ready(v) => Poll::Ready((v, this.keep.take().unwrap_or_default())),
+            Poll::Ready(v) => Poll::Ready((v, this.owners.take().expect("polled after Ready"))),
             Poll::Pending => Poll::Pending,
         }
     }
@@ -453,7 +578,7 @@ struct Holder {
     // Field order is drop order: the operation first (its drop closes the
     // region: no transport touches the memory afterwards), then the owners.
     op: AnyOp,
-    _keep: Vec<Py<PyAny>>,
+    owners: Owners,
 }
 
 impl Drop for Holder {
@@ -480,17 +605,19 @@ struct Operation {
 }
 
 impl Operation {
-    fn new(op: AnyOp, keep: Vec<Py<PyAny>>) -> Self {
+    fn new(op: AnyOp, owners: Owners) -> Self {
         let (kind, metadata) = match &op {
             AnyOp::Readable(o) => ("readable", Some(o.metadata().clone())),
             AnyOp::Writable(o) => ("writable", Some(o.metadata().clone())),
             AnyOp::Read(_) => ("read", None),
             AnyOp::Write(_) => ("write", None),
         };
+        let holder = Arc::new(Holder { op, owners });
+        holder.owners._claim.attach(&holder);
         Operation {
             kind,
             metadata,
-            state: Mutex::new(State::Open(Arc::new(Holder { op, _keep: keep }))),
+            state: Mutex::new(State::Open(holder)),
         }
     }
 
@@ -829,7 +956,7 @@ impl Connector {
         raw: Vec<RawDescriptor>,
         writable: bool,
     ) -> PyResult<Operation> {
-        let (descs, keep) = descriptors(raw)?;
+        let (descs, owners) = descriptors(raw, writable)?;
         let inner = &self.inner;
         // Ready at once: exposing memory waits for nothing.
         let op = block_on(py, async {
@@ -839,8 +966,8 @@ impl Connector {
                 inner.create_readable(descs).await.map(AnyOp::Readable)
             }
         })?;
-        // On failure the descriptors are gone by now, and `keep` goes after them.
-        Ok(Operation::new(op.map_err(|e| error_to_py(py, e))?, keep))
+        // On failure the descriptors are gone by now, and `owners` go after them.
+        Ok(Operation::new(op.map_err(|e| error_to_py(py, e))?, owners))
     }
 
     /// The future that starts a read or write, owning everything it needs.
@@ -850,7 +977,8 @@ impl Connector {
         raw: Vec<RawDescriptor>,
         write: bool,
     ) -> PyResult<impl Future<Output = ferry::Result<Box<Operation>>> + Send + 'static> {
-        let (descs, keep) = descriptors(raw)?;
+        // A read writes into its descriptors; a write only reads them.
+        let (descs, owners) = descriptors(raw, !write)?;
         let inner = self.inner.clone();
         let remote = metadata.0.clone();
         let start = KeepAlive {
@@ -861,11 +989,11 @@ impl Connector {
                     inner.begin_read(&remote, descs).await.map(AnyOp::Read)
                 }
             }),
-            keep: Some(keep),
+            owners: Some(owners),
         };
         Ok(async move {
-            let (op, keep) = start.await;
-            op.map(|op| Box::new(Operation::new(op, keep)))
+            let (op, owners) = start.await;
+            op.map(|op| Box::new(Operation::new(op, owners)))
         })
     }
 }

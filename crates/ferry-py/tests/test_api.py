@@ -374,3 +374,52 @@ def test_forked_child_is_refused():
         os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0
+
+
+def test_overlapping_operations_are_refused():
+    """Two operations in progress may share memory only if neither writes it."""
+    numpy = pytest.importorskip("numpy")
+
+    async def main():
+        a, b = pair()
+        buf = bytearray(1024)
+        source = await b.create_readable(Descriptor(bytes(1024)))
+        other = await b.create_readable(Descriptor(bytes(1024)))
+        with await a.create_writable(Descriptor(buf)) as writable:
+            # Written by the writable: nobody else may use it meanwhile.
+            with pytest.raises(ValueError, match="overlaps memory that an operation in progress writes"):
+                await a.begin_read(source.metadata(), Descriptor(buf))
+            with pytest.raises(ValueError, match="overlaps"):
+                await a.create_readable(Descriptor(memoryview(buf)))
+        # The writable was cancelled on leaving the block: the memory is free.
+        async with a.begin_read(source.metadata(), Descriptor(buf)) as read:
+            await read.wait_for_completion()
+        # `read` ended (it is still referenced): the memory is free again.
+        async with a.begin_read(other.metadata(), Descriptor(buf)) as read2:
+            await read2.wait_for_completion()
+
+        # Sources may share memory; disjoint slices of one array are fine.
+        data = numpy.zeros(100, dtype=numpy.uint8)
+        r1 = await a.create_readable(Descriptor(data))
+        r2 = await a.create_readable(Descriptor(data))
+        with pytest.raises(ValueError, match="overlaps memory that an operation in progress reads"):
+            await a.create_writable(Descriptor(data[50:]))
+        r1.cancel()
+        r2.cancel()
+        w = await a.create_writable(Descriptor(data[50:]))
+        w.cancel()
+
+    run(main())
+
+    async def disjoint():
+        a, _ = pair()
+        data = numpy.zeros(100, dtype=numpy.uint8)
+        w1 = await a.create_writable(Descriptor(data[:50]))
+        w2 = await a.create_writable(Descriptor(data[50:]))
+        with pytest.raises(ValueError, match="descriptors 0 and 1 overlap"):
+            await a.create_writable([Descriptor(data[60:70]), Descriptor(data[65:80])])
+        r = await a.create_readable([Descriptor(b"abc"), Descriptor(b"abc")])  # bytes may repeat
+        for op in (w1, w2, r):
+            op.cancel()
+
+    run(disjoint())
