@@ -47,10 +47,21 @@ def _bridge_for(loop: Any) -> _ferry.Bridge:
     try:
         return _bridges[loop]  # type: ignore[no-any-return]
     except KeyError:
-        bridge = _ferry.Bridge()
-        loop.add_reader(bridge.fileno(), bridge.drain)
-        _bridges[loop] = bridge
-        return bridge
+        pass
+    except TypeError:  # a loop that takes no weak reference: kept for good
+        return _bridges_kept.setdefault(id(loop), (loop, _new_bridge(loop)))[1]
+    bridge = _new_bridge(loop)
+    _bridges[loop] = bridge
+    return bridge
+
+
+_bridges_kept: Dict[int, Any] = {}
+
+
+def _new_bridge(loop: Any) -> _ferry.Bridge:
+    bridge = _ferry.Bridge()
+    loop.add_reader(bridge.fileno(), bridge.drain)
+    return bridge
 Descriptors = Union[Descriptor, Sequence[Descriptor]]
 
 
