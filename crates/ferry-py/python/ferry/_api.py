@@ -16,6 +16,7 @@ from typing import (
     NamedTuple,
     Optional,
     Sequence,
+    Tuple,
     Type,
     TypeVar,
     Union,
@@ -49,13 +50,15 @@ def _bridge_for(loop: Any) -> _ferry.Bridge:
     except KeyError:
         pass
     except TypeError:  # a loop that takes no weak reference: kept for good
-        return _bridges_kept.setdefault(id(loop), (loop, _new_bridge(loop)))[1]
+        if id(loop) not in _bridges_kept:
+            _bridges_kept[id(loop)] = (loop, _new_bridge(loop))
+        return _bridges_kept[id(loop)][1]
     bridge = _new_bridge(loop)
     _bridges[loop] = bridge
     return bridge
 
 
-_bridges_kept: Dict[int, Any] = {}
+_bridges_kept: Dict[int, Tuple[Any, _ferry.Bridge]] = {}
 
 
 def _new_bridge(loop: Any) -> _ferry.Bridge:
