@@ -15,7 +15,7 @@
 //! deadlock.
 
 use std::collections::HashMap;
-use std::io;
+use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -102,7 +102,16 @@ struct FrameReader {
     buf: Vec<u8>,
     start: usize,
     end: usize,
+    /// The stream carries large payloads: read headers without reading far
+    /// ahead, so that payload bytes go from the socket straight into their
+    /// destination instead of through `buf`.
+    bulk: bool,
 }
+
+/// Payloads from this size on switch the reader to bulk mode.
+const BULK_PAYLOAD: u32 = 32 * 1024;
+/// How far a bulk-mode reader reads past the bytes it needs.
+const BULK_READ_AHEAD: usize = 512;
 
 impl FrameReader {
     fn new(rd: OwnedReadHalf) -> Self {
@@ -112,6 +121,7 @@ impl FrameReader {
             buf: vec![0; 64 * 1024],
             start: 0,
             end: 0,
+            bulk: false,
         }
     }
 
@@ -126,7 +136,12 @@ impl FrameReader {
                 self.end -= self.start;
                 self.start = 0;
             }
-            let n = self.rd.read(&mut self.buf[self.end..]).await?;
+            let limit = if self.bulk {
+                (self.start + need + BULK_READ_AHEAD).min(self.buf.len())
+            } else {
+                self.buf.len()
+            };
+            let n = self.rd.read(&mut self.buf[self.end..limit]).await?;
             if n == 0 {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }
@@ -158,6 +173,7 @@ impl FrameReader {
         len: u32,
         mut dst: Option<(&Region, u32, u64)>,
     ) -> Result<(), ConnError> {
+        self.bulk = len >= BULK_PAYLOAD;
         let mut left = len as usize;
         let buffered = left.min(self.end - self.start);
         if buffered > 0 {
@@ -375,34 +391,47 @@ impl Conn {
         offset: u64,
         len: u32,
     ) -> io::Result<bool> {
+        let header = Message::Data(Data {
+            req,
+            desc,
+            offset,
+            len,
+        })
+        .to_vec();
         let mut w = self.writer.lock().await;
-        w.write_all(
-            &Message::Data(Data {
-                req,
-                desc,
-                offset,
-                len,
-            })
-            .to_vec(),
-        )
-        .await?;
         let len = len as usize;
-        let mut sent = 0usize;
+        let (mut hdr_sent, mut sent) = (0usize, 0usize);
         let mut open = true;
-        while sent < len {
+        while hdr_sent < header.len() || sent < len {
             if open {
                 w.writable().await?;
                 let ww = &*w;
-                match region.read_at(desc as usize, offset + sent as u64, len - sent, |s| {
-                    ww.try_write(s)
-                }) {
+                // Header and payload in one system call, the payload straight
+                // from the source memory.
+                let r = region.read_at(desc as usize, offset + sent as u64, len - sent, |s| {
+                    if hdr_sent < header.len() {
+                        ww.try_write_vectored(&[IoSlice::new(&header[hdr_sent..]), IoSlice::new(s)])
+                    } else {
+                        ww.try_write(s)
+                    }
+                });
+                match r {
                     Ok(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
-                    Ok(Ok(n)) => sent += n,
+                    Ok(Ok(n)) => {
+                        let h = n.min(header.len() - hdr_sent);
+                        hdr_sent += h;
+                        sent += n - h;
+                    }
                     Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Ok(Err(e)) => return Err(e),
+                    // Closed before the frame started: send nothing of it.
+                    Err(_) if hdr_sent == 0 => return Ok(false),
                     Err(_) => open = false,
                 }
             } else {
+                // Closed mid-frame: complete it with zeros.
+                w.write_all(&header[hdr_sent..]).await?;
+                hdr_sent = header.len();
                 let n = (len - sent).min(ZEROS.len());
                 w.write_all(&ZEROS[..n]).await?;
                 sent += n;
