@@ -65,6 +65,8 @@ def _new_bridge(loop: Any) -> _ferry.Bridge:
     bridge = _ferry.Bridge()
     loop.add_reader(bridge.fileno(), bridge.drain)
     return bridge
+
+
 Descriptors = Union[Descriptor, Sequence[Descriptor]]
 
 
