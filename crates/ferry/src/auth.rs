@@ -51,8 +51,8 @@ impl Secret {
         Secret(bytes.into())
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
-        self.0.is_empty()
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
     }
 
     fn hmac(&self, role: Role, t: &Transcript<'_>) -> Hmac<Sha256> {

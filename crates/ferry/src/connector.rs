@@ -24,6 +24,8 @@ use crate::{
 pub const TRANSPORTS_ENV: &str = "FERRY_TRANSPORTS";
 /// The environment variable that holds the deployment's shared secret.
 pub const SECRET_ENV: &str = "FERRY_SECRET";
+/// The shortest shared secret accepted, in bytes.
+pub const MIN_SECRET: usize = 16;
 
 /// Configures a [`Connector`].
 ///
@@ -136,8 +138,12 @@ impl ConnectorBuilder {
                 .ok()
                 .map(|s| Secret::new(s.as_bytes())),
         };
-        if secret.as_ref().is_some_and(|s| s.is_empty()) {
-            return Err(Error::Config("the shared secret is empty".into()));
+        // The passive side proves first, so anyone who can connect obtains
+        // an HMAC over known inputs: a short secret could be guessed offline.
+        if secret.as_ref().is_some_and(|s| s.len() < MIN_SECRET) {
+            return Err(Error::Config(format!(
+                "the shared secret must be at least {MIN_SECRET} bytes (use random bytes, e.g. 32 hexadecimal digits)"
+            )));
         }
         let listener = TcpListener::bind(self.listen).await?;
         let local_addr = listener.local_addr()?;

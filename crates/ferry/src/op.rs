@@ -50,6 +50,12 @@ impl OpShared {
         self.sealed.store(true, Ordering::Release);
     }
 
+    /// Undoes a `seal` whose frame did not leave after all (only under the
+    /// region's lock, in the same critical section as the `seal`).
+    pub(crate) fn unseal(&self) {
+        self.sealed.store(false, Ordering::Release);
+    }
+
     pub(crate) fn is_sealed(&self) -> bool {
         self.sealed.load(Ordering::Acquire)
     }

@@ -10,6 +10,7 @@
 //! which is what makes late writes after a cancel impossible.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use crate::Descriptor;
@@ -21,6 +22,10 @@ struct Seg {
 
 pub(crate) struct Region {
     open: Mutex<bool>,
+    /// Set by `close` before it waits for the lock, so that a transport in
+    /// a tight loop of accesses stops at its next one instead of starving
+    /// the close (std's mutex is not fair).
+    closing: AtomicBool,
     segs: Vec<Seg>,
     writable: bool,
 }
@@ -57,6 +62,7 @@ impl Region {
     pub(crate) unsafe fn new(descs: &[Descriptor<'_>], writable: bool) -> Self {
         Region {
             open: Mutex::new(true),
+            closing: AtomicBool::new(false),
             segs: descs
                 .iter()
                 .map(|d| {
@@ -91,6 +97,9 @@ impl Region {
             return Err(Denied::OutOfBounds);
         }
         let (s, r) = self.range(seg, off, len)?;
+        if self.closing.load(Ordering::Acquire) {
+            return Err(Denied::Closed);
+        }
         let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         if !*open {
             return Err(Denied::Closed);
@@ -114,6 +123,9 @@ impl Region {
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R, Denied> {
         let (s, r) = self.range(seg, off, len)?;
+        if self.closing.load(Ordering::Acquire) {
+            return Err(Denied::Closed);
+        }
         let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         if !*open {
             return Err(Denied::Closed);
@@ -127,6 +139,9 @@ impl Region {
     /// Runs `f` if the region is still open, under its lock, so that `f`
     /// happens either entirely before or entirely after a `close`.
     pub(crate) fn seal_if_open(&self, f: impl FnOnce()) -> bool {
+        if self.closing.load(Ordering::Acquire) {
+            return false;
+        }
         let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         if *open {
             f();
@@ -134,14 +149,29 @@ impl Region {
         *open
     }
 
+    /// Closes the region unless it is already closed or closing; true if
+    /// every access so far found it open (nothing was dropped).
+    pub(crate) fn close_if_intact(&self) -> bool {
+        if self.closing.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let intact = *open && !self.closing.swap(true, Ordering::AcqRel);
+        *open = false;
+        intact
+    }
+
     /// Ends all access. When this returns, no transport is touching the
     /// memory and none will again.
     pub(crate) fn close(&self) {
+        self.closing.store(true, Ordering::Release);
         *self.open.lock().unwrap_or_else(|e| e.into_inner()) = false;
     }
 
+    /// Whether the region is open and nobody has begun to close it.
     pub(crate) fn is_open(&self) -> bool {
-        *self.open.lock().unwrap_or_else(|e| e.into_inner())
+        !self.closing.load(Ordering::Acquire)
+            && *self.open.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -67,9 +67,9 @@ async fn the_same_secret_on_both_sides_works() {
 async fn a_missing_or_different_secret_is_refused_in_both_directions() {
     for t in [TCP, ALL] {
         for (active, passive) in [
-            (None, Some("x-secret")),
-            (Some("x-secret"), None),
-            (Some("x-secret"), Some("y-secret")),
+            (None, Some("x-secret-of-16-bytes")),
+            (Some("x-secret-of-16-bytes"), None),
+            (Some("x-secret-of-16-bytes"), Some("y-secret-of-16-bytes")),
         ] {
             let a = with_secret(active, t).await;
             let p = with_secret(passive, t).await;
@@ -95,7 +95,7 @@ async fn a_missing_or_different_secret_is_refused_in_both_directions() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raw_peer_with_a_valid_token_but_no_secret_touches_nothing() {
-    let p = with_secret(Some("k"), TCP).await;
+    let p = with_secret(Some("k-secret-of-16-bytes"), TCP).await;
     let w = p.create_writable(vec![vec![0u8; 64].into()]).await.unwrap();
     let m = w.metadata().clone();
     let mut s = tokio::net::TcpStream::connect(p.local_addr())
@@ -130,7 +130,17 @@ async fn a_raw_peer_with_a_valid_token_but_no_secret_touches_nothing() {
     );
     assert_eq!(w.status(), ferry::OperationStatus::Initialized);
     // The capability is intact for the rightful holder.
-    let b = with_secret(Some("k"), TCP).await;
+    let b = with_secret(Some("k-secret-of-16-bytes"), TCP).await;
     let op = b.begin_write(vec![vec![4u8; 64].into()], &m).await.unwrap();
     op.wait_for_completion().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_short_secret_is_refused() {
+    let err = Connector::builder()
+        .secret("short")
+        .build()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err}");
 }

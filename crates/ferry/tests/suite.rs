@@ -201,7 +201,10 @@ async fn cancels_on_every_transport() {
         assert_eq!(w.status(), OperationStatus::InProgress, "{t}");
         let back = w.into_descriptors(); // cancels
         let at_cancel: Vec<u8> = back[0].as_slice().unwrap().to_vec();
-        let err = op.wait_for_completion().await.unwrap_err();
+        let err = op
+            .wait_for_completion()
+            .await
+            .expect_err(&format!("{t}: the writer must learn of the cancel"));
         assert!(matches!(err, Error::RemoteCancelled), "{t}: {err}");
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(
@@ -221,10 +224,15 @@ async fn cancels_on_every_transport() {
             .unwrap();
         tokio::time::sleep(Duration::from_millis(5)).await;
         op.cancel();
+        assert_eq!(
+            op.status(),
+            OperationStatus::Cancelled,
+            "{t}: the cancel took effect"
+        );
         let err = w
             .wait_for_completion_timeout(Duration::from_secs(10))
             .await
-            .unwrap_err();
+            .expect_err(&format!("{t}: the writable must learn of the cancel"));
         assert!(matches!(err, Error::RemoteCancelled), "{t}: {err}");
         assert_eq!(a.exposed_count(), 0);
     }

@@ -192,5 +192,10 @@ fn copy(
     } else {
         active.close();
         shared.fail(Error::RemoteCancelled);
+        // Normally already ended by its own cancel; `finish` is idempotent
+        // and makes sure no exposure stays bound to a copy that stopped.
+        inner
+            .exposures
+            .finish(exposure, OperationStatus::Cancelled, Some(Error::Cancelled));
     }
 }

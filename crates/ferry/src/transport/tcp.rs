@@ -308,12 +308,21 @@ impl Conn {
     /// hands it to a task of its own. Never blocks and never leaves half a
     /// frame behind: a partial write is finished by a task that keeps the
     /// write lock.
-    fn send_soon(self: &Arc<Self>, frame: Vec<u8>, opened: Option<Arc<watch::Sender<bool>>>) {
+    fn send_soon(
+        self: &Arc<Self>,
+        frame: Vec<u8>,
+        opened: Option<Arc<watch::Sender<bool>>>,
+        reply: bool,
+    ) {
         let done = |opened: &Option<Arc<watch::Sender<bool>>>| {
             if let Some(o) = opened {
                 o.send_replace(true);
             }
         };
+        if !self.is_alive() {
+            // A write may have been abandoned mid-frame: nothing may follow.
+            return done(&opened);
+        }
         if let Ok(guard) = self.writer.clone().try_lock_owned() {
             match guard.try_write(&frame) {
                 Ok(n) if n == frame.len() => return done(&opened),
@@ -336,7 +345,9 @@ impl Conn {
                 }
             }
         }
-        if self.queued.fetch_add(1, Ordering::Relaxed) >= MAX_QUEUED {
+        // Only replies the peer provokes count against it; our own frames
+        // simply wait for their turn.
+        if reply && self.queued.fetch_add(1, Ordering::Relaxed) >= MAX_QUEUED {
             self.queued.fetch_sub(1, Ordering::Relaxed);
             done(&opened);
             self.kill("the peer does not read its replies".into());
@@ -345,7 +356,9 @@ impl Conn {
         let conn = self.clone();
         self.handle.spawn(async move {
             let r = conn.send_frame(&frame).await;
-            conn.queued.fetch_sub(1, Ordering::Relaxed);
+            if reply {
+                conn.queued.fetch_sub(1, Ordering::Relaxed);
+            }
             done(&opened);
             if let Err(e) = r {
                 conn.kill(format!("write failed: {e}"));
@@ -357,7 +370,50 @@ impl Conn {
     /// that makes us queue more than [`MAX_QUEUED`] frames without reading is
     /// cut off.
     pub(crate) fn send_detached(self: &Arc<Self>, msg: Message) {
-        self.send_soon(msg.to_vec(), None);
+        self.send_soon(msg.to_vec(), None, true);
+    }
+
+    /// Writes the last frame of a transfer (its `Finish`, or a whole small
+    /// transfer), sealing the operation under the region's lock at the
+    /// moment its first byte enters the socket: a cancel either comes first
+    /// (nothing of the frame is sent: `Ok(false)`) or finds the operation
+    /// sealed, so the two sides cannot disagree; and while the socket is
+    /// full, the operation is not sealed, so a cancel still ends it.
+    async fn write_final(
+        &self,
+        w: &mut OwnedWriteHalf,
+        region: &Region,
+        shared: &OpShared,
+        frame: &[u8],
+    ) -> io::Result<bool> {
+        loop {
+            w.writable().await?;
+            let mut r = None;
+            let open = region.seal_if_open(|| {
+                // Sealed before the bytes can reach the remote (its answer
+                // may be read before `try_write` even returns here), and
+                // unsealed if nothing went out: all under the lock, so a
+                // cancel never sees the difference.
+                shared.seal();
+                let x = w.try_write(frame);
+                if !matches!(x, Ok(n) if n > 0) {
+                    shared.unseal();
+                }
+                r = Some(x);
+            });
+            if !open {
+                return Ok(false);
+            }
+            match r.expect("ran under the lock") {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    w.write_all(&frame[n..]).await?;
+                    return Ok(true);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     fn abort_detached(self: &Arc<Self>, req: u64, reason: AbortReason, detail: String) {
@@ -487,10 +543,16 @@ impl Conn {
             }
             let _ = cursor.accept(d, o, l);
         }
-        if !region.seal_if_open(|| shared.seal()) {
+        let fin = Message::Finish { req }.to_vec();
+        let sent = self
+            .unless_dead(async {
+                let mut w = self.writer.lock().await;
+                self.write_final(&mut w, region, shared, &fin).await
+            })
+            .await?;
+        if !sent {
             return closed(self);
         }
-        self.send_frame(&Message::Finish { req }.to_vec()).await?;
         Ok(true)
     }
 
@@ -533,20 +595,91 @@ impl Conn {
         shared: Arc<OpShared>,
     ) {
         if sizes.iter().sum::<u64>() <= SMALL {
+            // Cancelled before a byte went out: still send the `Open` (if
+            // this is a write) followed by the `Abort`, so that the remote
+            // learns of the cancel as it would mid-transfer.
+            let mut cancelled = prefix.clone();
+            Message::Abort(Abort {
+                req,
+                reason: AbortReason::Cancelled,
+                detail: String::new(),
+            })
+            .encode(&mut cancelled);
             let mut frame = prefix;
-            // Sealed before it leaves, under the region's lock: a cancel
-            // either comes first (and the transfer is aborted) or finds the
-            // operation sealed, so it cannot contradict the remote.
-            if Self::small_frames(req, &region, sizes, &mut frame)
-                && region.seal_if_open(|| shared.seal())
-            {
-                self.send_soon(frame, opened);
-            } else {
-                if let Some(o) = &opened {
-                    o.send_replace(true);
-                }
-                self.abort_detached(req, AbortReason::Cancelled, String::new());
+            let aborted = move |conn: &Arc<Conn>, opened: &Option<Arc<watch::Sender<bool>>>| {
+                conn.send_soon(cancelled, opened.clone(), false);
+            };
+            if !Self::small_frames(req, &region, sizes, &mut frame) {
+                return aborted(self, &opened);
             }
+            // Fast path: the whole transfer in one system call, now.
+            if let Ok(mut guard) = self.writer.clone().try_lock_owned() {
+                let mut r = None;
+                let open = region.seal_if_open(|| {
+                    // As in `write_final`.
+                    shared.seal();
+                    let x = guard.try_write(&frame);
+                    if !matches!(x, Ok(n) if n > 0) {
+                        shared.unseal();
+                    }
+                    r = Some(x);
+                });
+                if !open {
+                    return aborted(self, &opened);
+                }
+                match r.expect("ran under the lock") {
+                    Ok(n) if n == frame.len() => {
+                        if let Some(o) = &opened {
+                            o.send_replace(true);
+                        }
+                        return;
+                    }
+                    Ok(n) if n > 0 => {
+                        let conn = self.clone();
+                        self.handle.spawn(async move {
+                            let r = conn.unless_dead(guard.write_all(&frame[n..])).await;
+                            if let Some(o) = &opened {
+                                o.send_replace(true);
+                            }
+                            if let Err(e) = r {
+                                conn.kill(format!("write failed: {e}"));
+                            }
+                        });
+                        return;
+                    }
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => {
+                        if let Some(o) = &opened {
+                            o.send_replace(true);
+                        }
+                        return self.kill(format!("write failed: {e}"));
+                    }
+                }
+            }
+            let conn = self.clone();
+            self.handle.spawn(async move {
+                let r = conn
+                    .unless_dead(async {
+                        let mut w = conn.writer.lock().await;
+                        conn.write_final(&mut w, &region, &shared, &frame).await
+                    })
+                    .await;
+                match r {
+                    Ok(true) => {
+                        if let Some(o) = &opened {
+                            o.send_replace(true);
+                        }
+                    }
+                    Ok(false) => aborted(&conn, &opened),
+                    Err(e) => {
+                        if let Some(o) = &opened {
+                            o.send_replace(true);
+                        }
+                        conn.kill(format!("write failed: {e}"));
+                    }
+                }
+            });
             return;
         }
         let conn = self.clone();
@@ -561,7 +694,6 @@ impl Conn {
         });
     }
 
-    /// Forgets a passive request (its operation was withdrawn by its owner).
     /// Requests in flight on this connection, in both roles.
     pub(crate) fn pending(&self) -> usize {
         lock(&self.active).len() + lock(&self.passive).len()
@@ -865,7 +997,7 @@ impl Transport for TcpTransport {
             .to_vec();
             let opened = Arc::new(watch::Sender::new(false));
             match job.kind {
-                OperationKind::Read => conn.send_soon(open, Some(opened.clone())),
+                OperationKind::Read => conn.send_soon(open, Some(opened.clone()), false),
                 OperationKind::Write => conn.spawn_stream(
                     req,
                     job.region,
@@ -1053,18 +1185,21 @@ async fn step(
     let msg = rd.next().await?;
     match (msg, inner) {
         (Message::Hello(_), _) => Err(ConnError::Violation("unexpected hello".into())),
-        (Message::Auth(_), _) => {
-            // Only reached when this side has no secret (with one, the
-            // handshake consumed the Auth frames).
-            let abort = Message::Abort(Abort {
+        (Message::Auth(_), inner) => {
+            // With a secret, the handshake consumed the Auth frames: another
+            // one is out of place. Without one, say so to the peer.
+            let has_secret = inner.is_some_and(|i| i.secret.is_some());
+            let detail = if has_secret {
+                "unexpected authentication frame"
+            } else {
+                "this worker has no shared secret configured"
+            };
+            conn.send_detached(Message::Abort(Abort {
                 req: 0,
                 reason: AbortReason::Unauthenticated,
-                detail: "this worker has no shared secret configured".into(),
-            });
-            let _ = conn.send_frame(&abort.to_vec()).await;
-            Err(ConnError::Violation(
-                "authentication offered to a worker without a secret".into(),
-            ))
+                detail: detail.into(),
+            }));
+            Err(ConnError::Violation(detail.into()))
         }
         (Message::Open(o), Some(inner)) => on_open(conn, inner, o),
         (Message::Open(_), None) => {
@@ -1127,6 +1262,12 @@ async fn step(
                     .finish(&r.exposure, OperationStatus::Errored, Some(e));
                 return Err(err);
             }
+            // A write is complete only if every byte landed: if the owner
+            // began to close the region (a cancel in progress), some may
+            // have been dropped; the cancel ends it and tells the writer.
+            if r.cursor.is_some() && !r.exposure.region.close_if_intact() {
+                return Ok(());
+            }
             let won = inner
                 .exposures
                 .finish(&r.exposure, OperationStatus::Complete, None);
@@ -1144,7 +1285,13 @@ async fn step(
             let Some(r) = lock(&conn.active).remove(&req) else {
                 return Ok(());
             };
-            r.region.close();
+            // A read is complete only if every byte landed: if a local
+            // cancel began to close the region, some may have been dropped;
+            // that cancel ends the read and tells the remote.
+            let intact = r.region.close_if_intact();
+            if r.kind == OperationKind::Read && !intact {
+                return Ok(());
+            }
             // A read's Finish must follow all its data; a write's confirmation
             // must follow our own Finish (sent only once sealed).
             let premature = match r.kind {
