@@ -93,7 +93,7 @@ impl ConnectorBuilder {
     /// directions that its peer knows the same secret (HMAC-SHA-256 over
     /// fresh nonces) before any operation is served; workers without it, or
     /// with another, are refused with [`Error::Unauthenticated`]. Use at
-    /// least 16 random bytes.
+    /// at least [`MIN_SECRET`] (16) random bytes; shorter ones are refused.
     pub fn secret(mut self, secret: impl AsRef<[u8]>) -> Self {
         self.secret = Some(Secret::new(secret.as_ref()));
         self
