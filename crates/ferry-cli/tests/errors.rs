@@ -399,7 +399,7 @@ async fn remote_killed_while_this_process_reads_it() {
 async fn cancel_of_a_writable_during_a_transfer_stops_every_later_byte() {
     let local = connector().await;
     let p = peer().await;
-    let size = 256 << 20;
+    let size = BIG; // long enough that the cancel lands mid-transfer even on a loaded machine
     let (mut a, m) = expose(&p, Cmd::Writable, &[size], 7).await;
     let write = local.begin_write(filled(&[size], 7), &m).await.unwrap();
     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -444,7 +444,7 @@ async fn cancel_of_a_writable_during_a_transfer_stops_every_later_byte() {
 async fn cancel_of_a_write_during_a_transfer_reaches_the_remote() {
     let local = connector().await;
     let p = peer().await;
-    let size = 256 << 20;
+    let size = BIG; // long enough that the cancel lands mid-transfer even on a loaded machine
     let (mut a, m) = expose(&p, Cmd::Writable, &[size], 7).await;
     let write = local.begin_write(filled(&[size], 7), &m).await.unwrap();
     tokio::time::sleep(Duration::from_millis(20)).await;
