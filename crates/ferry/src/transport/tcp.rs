@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use ferry_proto::wire::{self, Abort, AbortReason, Auth, Data, Hello, Message, Open, WireError};
@@ -745,6 +745,9 @@ type Slot = Arc<tokio::sync::Mutex<Option<Arc<Conn>>>>;
 pub(crate) struct TcpTransport {
     local: Arc<LocalInfo>,
     pool: Mutex<HashMap<(String, Vec<SocketAddr>), Slot>>,
+    /// Every outgoing connection, also those whose slot is busy connecting
+    /// a replacement, for `close_all` and `pending`.
+    outgoing: Mutex<Vec<Weak<Conn>>>,
 }
 
 fn tune(s: &TcpStream) {
@@ -762,29 +765,26 @@ impl TcpTransport {
         TcpTransport {
             local,
             pool: Mutex::new(HashMap::new()),
+            outgoing: Mutex::new(Vec::new()),
         }
     }
 
     /// Closes every pooled connection; the next operation reconnects.
     pub(crate) fn close_all(&self, cause: &str) {
-        let slots: Vec<Slot> = lock(&self.pool).drain().map(|(_, s)| s).collect();
-        for s in slots {
-            if let Ok(g) = s.try_lock() {
-                if let Some(c) = g.as_ref() {
-                    c.kill(cause.to_string());
-                }
-            }
+        lock(&self.pool).clear();
+        let all = std::mem::take(&mut *lock(&self.outgoing));
+        for c in all.iter().filter_map(Weak::upgrade) {
+            c.kill(cause.to_string());
         }
     }
 
     /// Requests in flight on pooled (outgoing) connections.
     pub(crate) fn pending(&self) -> usize {
-        let slots: Vec<Slot> = lock(&self.pool).values().cloned().collect();
-        slots
+        let all: Vec<_> = lock(&self.outgoing)
             .iter()
-            .filter_map(|s| s.try_lock().ok().and_then(|g| g.clone()))
-            .map(|c| c.pending())
-            .sum()
+            .filter_map(Weak::upgrade)
+            .collect();
+        all.iter().map(|c| c.pending()).sum()
     }
 
     /// How many pooled connections are alive.
@@ -810,6 +810,11 @@ impl TcpTransport {
             }
         }
         let c = self.connect(remote).await?;
+        {
+            let mut all = lock(&self.outgoing);
+            all.retain(|w| w.strong_count() > 0);
+            all.push(Arc::downgrade(&c));
+        }
         *g = Some(c.clone());
         Ok(c)
     }
