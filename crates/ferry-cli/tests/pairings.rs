@@ -1,6 +1,7 @@
 //! The shared suite: READ and WRITE pairings between this process and a
-//! `ferry peer` process, in both directions, checked byte for byte. Set
-//! `FERRY_TRANSPORTS` to run it over one transport.
+//! `ferry peer` process, in both directions, checked byte for byte, once
+//! over each transport between two processes (TCP, and cross-memory attach
+//! for every size); each side must report the transport that carried it.
 
 mod common;
 
@@ -8,19 +9,31 @@ use common::*;
 use ferry::{OperationStatus, TransportKind};
 use ferry_cli::peer::{self, Cmd};
 
-/// Runs the four directed pairings for one set of sizes.
+/// Runs the four directed pairings for one set of sizes over each transport.
 async fn all_pairings(sizes: &[u64]) {
-    let local = connector().await;
-    let p = peer().await;
+    for t in [TransportKind::Tcp, TransportKind::Cma] {
+        pairings_over(sizes, t).await;
+    }
+}
+
+async fn pairings_over(sizes: &[u64], t: TransportKind) {
+    let transports = match t {
+        TransportKind::Cma => vec![TransportKind::Cma, TransportKind::Tcp],
+        other => vec![other],
+    };
+    let local = connector_over(&transports).await;
+    let p = peer_over(&transports, &[]).await;
+    let name = Some(t.name());
 
     // 1. The peer exposes a readable; this process reads it.
     let (mut a, meta) = expose(&p, Cmd::Readable, sizes, 11).await;
     let read = local.begin_read(&meta, zeroed(sizes)).await.unwrap();
     read.wait_for_completion().await.unwrap();
     assert_eq!(read.status(), OperationStatus::Complete);
-    assert_eq!(read.transport(), Some(TransportKind::Tcp));
+    assert_eq!(read.transport(), Some(t));
     let ev = done(&mut a).await;
     assert_eq!(ev.status.as_deref(), Some("COMPLETE"), "{ev:?}");
+    assert_eq!(ev.transport.as_deref(), name, "{ev:?}");
     assert!(
         peer::verify(&read.into_descriptors(), 11),
         "bytes read differ"
@@ -33,16 +46,20 @@ async fn all_pairings(sizes: &[u64]) {
         .await
         .unwrap();
     readable.wait_for_completion().await.unwrap();
+    assert_eq!(readable.transport(), Some(t));
     let ev = done(&mut a).await;
     assert_eq!(ev.status.as_deref(), Some("COMPLETE"), "{ev:?}");
+    assert_eq!(ev.transport.as_deref(), name, "{ev:?}");
     assert_eq!(ev.verified, Some(true), "the peer read other bytes: {ev:?}");
 
     // 3. The peer exposes a writable; this process writes it.
     let (mut a, meta) = expose(&p, Cmd::Writable, sizes, 13).await;
     let write = local.begin_write(filled(sizes, 13), &meta).await.unwrap();
     write.wait_for_completion().await.unwrap();
+    assert_eq!(write.transport(), Some(t));
     let ev = done(&mut a).await;
     assert_eq!(ev.status.as_deref(), Some("COMPLETE"), "{ev:?}");
+    assert_eq!(ev.transport.as_deref(), name, "{ev:?}");
     assert_eq!(
         ev.verified,
         Some(true),
@@ -56,15 +73,18 @@ async fn all_pairings(sizes: &[u64]) {
         .await
         .unwrap();
     writable.wait_for_completion().await.unwrap();
+    assert_eq!(writable.transport(), Some(t));
     let ev = done(&mut a).await;
     assert_eq!(ev.status.as_deref(), Some("COMPLETE"), "{ev:?}");
+    assert_eq!(ev.transport.as_deref(), name, "{ev:?}");
     assert!(
         peer::verify(&writable.into_descriptors(), 14),
         "bytes written differ"
     );
 
-    // Nothing stays exposed once every operation has ended.
+    // Nothing stays exposed or lent once every operation has ended.
     assert_eq!(local.exposed_count(), 0);
+    assert_eq!(local.pending_count(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

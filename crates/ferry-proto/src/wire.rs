@@ -148,6 +148,55 @@ pub struct Open {
     pub kind: OperationKind,
     /// The active side's descriptor sizes; must equal the exposed ones.
     pub sizes: Vec<u64>,
+    /// The bytes should move by cross-memory attach: for a READ the active
+    /// side asks for a [`Lease`] instead of `Data`; for a WRITE a `Lease`
+    /// follows this frame. The passive side may still answer a READ with
+    /// `Data` (the fallback).
+    pub pull: bool,
+}
+
+/// The most segments one [`Lease`] may carry.
+pub const MAX_LEASE_SEGMENTS: usize = 8192;
+
+/// The source side of request `req` lets the destination copy its bytes by
+/// cross-memory attach: segment `i` (address in the source process, length)
+/// holds descriptor `i`. Only sent to a peer whose identity was verified by
+/// [`Attach`]; the lease ends with the destination's `Finish` or `Abort`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The request.
+    pub req: u64,
+    /// `(address, length)` per descriptor, at most [`MAX_LEASE_SEGMENTS`].
+    pub segments: Vec<(u64, u64)>,
+}
+
+/// What one side found when it tried to read the other's probe bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Not probed yet (the first `Attach` of a connection).
+    Unknown,
+    /// The sender read the receiver's probe bytes: it can copy from it.
+    CanPull,
+    /// The kernel refused, or the bytes did not match.
+    Refused,
+}
+
+/// Same-host set-up of cross-memory attach, right after the handshake: the
+/// active side sends its `pid` and where its 16 random `cookie` bytes lie; the
+/// passive side reads them by cross-memory attach (this proves both the
+/// permission and that `pid` names the sender in the reader's namespace),
+/// answers with its verdict and its own pid/cookie, and the active side
+/// answers with its verdict (`pid` 0 when it offers nothing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attach {
+    /// The sender's process id (0: the sender does not offer attach).
+    pub pid: u32,
+    /// Address of the cookie in the sender's memory.
+    pub addr: u64,
+    /// The cookie's bytes.
+    pub cookie: [u8; 16],
+    /// Whether the sender could read the receiver's cookie.
+    pub verdict: Verdict,
 }
 
 /// Header of a run of payload bytes for descriptor `desc` at `offset`.
@@ -204,6 +253,10 @@ pub enum Message {
     Abort(Abort),
     /// See [`Auth`].
     Auth(Auth),
+    /// See [`Lease`].
+    Lease(Lease),
+    /// See [`Attach`].
+    Attach(Attach),
 }
 
 const T_HELLO: u8 = 1;
@@ -212,6 +265,8 @@ const T_DATA: u8 = 3;
 const T_FINISH: u8 = 4;
 const T_ABORT: u8 = 5;
 const T_AUTH: u8 = 6;
+const T_LEASE: u8 = 7;
+const T_ATTACH: u8 = 8;
 
 fn put_header(out: &mut Vec<u8>, ty: u8, body_len: usize) {
     out.extend_from_slice(&[ty, 0, 0, 0]);
@@ -248,6 +303,7 @@ impl Message {
                 out.extend_from_slice(&o.op_id.to_le_bytes());
                 out.extend_from_slice(o.token.as_bytes());
                 out.push(o.kind.as_u8());
+                out.push(u8::from(o.pull));
                 out.extend_from_slice(&(o.sizes.len() as u32).to_le_bytes());
                 for s in &o.sizes {
                     out.extend_from_slice(&s.to_le_bytes());
@@ -278,6 +334,26 @@ impl Message {
                 out.extend_from_slice(&a.mac);
                 T_AUTH
             }
+            Message::Lease(l) => {
+                out.extend_from_slice(&l.req.to_le_bytes());
+                out.extend_from_slice(&(l.segments.len() as u32).to_le_bytes());
+                for (addr, len) in &l.segments {
+                    out.extend_from_slice(&addr.to_le_bytes());
+                    out.extend_from_slice(&len.to_le_bytes());
+                }
+                T_LEASE
+            }
+            Message::Attach(a) => {
+                out.extend_from_slice(&a.pid.to_le_bytes());
+                out.extend_from_slice(&a.addr.to_le_bytes());
+                out.extend_from_slice(&a.cookie);
+                out.push(match a.verdict {
+                    Verdict::Unknown => 0,
+                    Verdict::CanPull => 1,
+                    Verdict::Refused => 2,
+                });
+                T_ATTACH
+            }
         };
         let body_len = out.len() - start - HEADER_LEN;
         out[start] = ty;
@@ -303,7 +379,7 @@ pub struct Header {
 /// Checks a frame header.
 pub fn decode_header(h: &[u8; HEADER_LEN]) -> Result<Header, WireError> {
     let ty = h[0];
-    if !(T_HELLO..=T_AUTH).contains(&ty) {
+    if !(T_HELLO..=T_ATTACH).contains(&ty) {
         return Err(WireError::UnknownType(ty));
     }
     if h[1..4] != [0, 0, 0] {
@@ -376,6 +452,11 @@ pub fn decode_body(h: Header, body: &[u8]) -> Result<Message, WireError> {
             let op_id = r.u64()?;
             let token = Token::from_bytes(r.take(16)?.try_into().unwrap());
             let kind = OperationKind::from_u8(r.u8()?).ok_or(WireError::InvalidField("kind"))?;
+            let pull = match r.u8()? {
+                0 => false,
+                1 => true,
+                _ => return Err(WireError::InvalidField("pull")),
+            };
             let n = r.u32()? as usize;
             if n == 0 || n > MAX_DESCRIPTORS {
                 return Err(WireError::InvalidField("descriptor count"));
@@ -394,6 +475,7 @@ pub fn decode_body(h: Header, body: &[u8]) -> Result<Message, WireError> {
                 token,
                 kind,
                 sizes,
+                pull,
             })
         }
         T_DATA => {
@@ -422,6 +504,35 @@ pub fn decode_body(h: Header, body: &[u8]) -> Result<Message, WireError> {
         T_AUTH => Message::Auth(Auth {
             nonce: r.take(16)?.try_into().unwrap(),
             mac: r.take(32)?.try_into().unwrap(),
+        }),
+        T_LEASE => {
+            let req = r.u64()?;
+            let n = r.u32()? as usize;
+            if n == 0 || n > MAX_LEASE_SEGMENTS {
+                return Err(WireError::InvalidField("segment count"));
+            }
+            if r.0.len() != n * 16 {
+                return Err(if r.0.len() < n * 16 {
+                    WireError::Truncated
+                } else {
+                    WireError::Trailing(r.0.len() - n * 16)
+                });
+            }
+            let segments = (0..n)
+                .map(|_| Ok((r.u64()?, r.u64()?)))
+                .collect::<Result<Vec<_>, WireError>>()?;
+            Message::Lease(Lease { req, segments })
+        }
+        T_ATTACH => Message::Attach(Attach {
+            pid: r.u32()?,
+            addr: r.u64()?,
+            cookie: r.take(16)?.try_into().unwrap(),
+            verdict: match r.u8()? {
+                0 => Verdict::Unknown,
+                1 => Verdict::CanPull,
+                2 => Verdict::Refused,
+                _ => return Err(WireError::InvalidField("verdict")),
+            },
         }),
         other => return Err(WireError::UnknownType(other)),
     };
@@ -461,6 +572,17 @@ mod tests {
                 token: Token::from_bytes([9; 16]),
                 kind: OperationKind::Write,
                 sizes: vec![1, 2, 3],
+                pull: true,
+            }),
+            Message::Lease(Lease {
+                req: 4,
+                segments: vec![(0x7f00_0000_1000, 4096), (1, u64::MAX)],
+            }),
+            Message::Attach(Attach {
+                pid: 1234,
+                addr: 0x5555_0000,
+                cookie: [7; 16],
+                verdict: Verdict::CanPull,
             }),
             Message::Data(Data {
                 req: 5,
@@ -515,7 +637,7 @@ mod tests {
         }
 
         #[test]
-        fn decoder_never_panics_on_valid_headers(ty in 1u8..=6, body in proptest::collection::vec(any::<u8>(), 0..300)) {
+        fn decoder_never_panics_on_valid_headers(ty in 1u8..=8, body in proptest::collection::vec(any::<u8>(), 0..300)) {
             let mut v = vec![ty, 0, 0, 0];
             v.extend_from_slice(&(body.len() as u32).to_le_bytes());
             v.extend_from_slice(&body);

@@ -192,6 +192,13 @@ impl<'a> Descriptor<'a> {
         self.into_owner::<Vec<u8>>()
     }
 
+    /// Takes the storage that keeps the memory alive (owned descriptors
+    /// only), for a descriptor about to be dropped whose memory a peer may
+    /// still read (see `Region::keep_while_lent`).
+    pub(crate) fn take_owner(&mut self) -> Option<Box<dyn Any + Send>> {
+        self.owner.take()
+    }
+
     pub(crate) fn raw(&self) -> (*mut u8, usize) {
         (self.ptr.as_ptr(), self.len)
     }

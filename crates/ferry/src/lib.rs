@@ -42,7 +42,10 @@ mod op;
 mod region;
 mod transport;
 
-pub use connector::{Connector, ConnectorBuilder, Scope, MIN_SECRET, SECRET_ENV, TRANSPORTS_ENV};
+pub use connector::{
+    Connector, ConnectorBuilder, Scope, CMA_THRESHOLD_ENV, DEFAULT_CMA_THRESHOLD, MIN_SECRET, SECRET_ENV,
+    TRANSPORTS_ENV,
+};
 pub use descriptor::Descriptor;
 pub use error::{Error, Result};
 pub use ferry_proto::wire::AbortReason;

@@ -211,6 +211,14 @@ macro_rules! common_methods {
 
         /// Takes the descriptors back, cancelling the operation if it has not
         /// ended. After a completed read they hold the data.
+        ///
+        /// Nothing writes into them any more. One case to know: if this side
+        /// is the *source* of a cross-memory-attach transfer (a readable, or
+        /// a write) that is cancelled half-way, the peer may still be copying
+        /// its current chunk (at most 2 MiB) *from* them until it has seen
+        /// the cancel; it then reports the operation cancelled. Drop the
+        /// operation instead if its memory must hold something else at once:
+        /// dropped storage is kept alive until the peer confirms.
         pub fn into_descriptors(mut self) -> Vec<Descriptor<'a>> {
             self.core.cancel_if_open();
             std::mem::take(&mut self.descs)
@@ -279,6 +287,16 @@ macro_rules! operation {
                 // Fence first: the descriptors (dropped right after this) must
                 // not be touched by a transport any more.
                 self.core.cancel_if_open();
+                // A peer on this host may still be copying *from* this memory
+                // by cross-memory attach (it stops at its next chunk, once it
+                // has our cancel): owned storage stays alive until it says so.
+                if self.core.region.is_lent() {
+                    for d in &mut self.descs {
+                        if let Some(owner) = d.take_owner() {
+                            drop(self.core.region.keep_while_lent(owner));
+                        }
+                    }
+                }
             }
         }
 

@@ -9,9 +9,11 @@
 //! close their region before they give their descriptors back or drop them,
 //! which is what makes late writes after a cancel impossible.
 
+use std::any::Any;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::Descriptor;
 
@@ -28,6 +30,17 @@ pub(crate) struct Region {
     closing: AtomicBool,
     segs: Vec<Seg>,
     writable: bool,
+    /// Source memory lent to a peer's cross-memory attach (see `lend`).
+    lent: Mutex<Lent>,
+    returned: Condvar,
+}
+
+/// Leases of a source region to peers that copy from it by cross-memory
+/// attach, and the storage kept alive for them.
+#[derive(Default)]
+struct Lent {
+    count: usize,
+    kept: Vec<Box<dyn Any + Send>>,
 }
 
 // SAFETY: the raw pointers are only dereferenced inside `read_at`/`write_at`
@@ -71,7 +84,85 @@ impl Region {
                 })
                 .collect(),
             writable,
+            lent: Mutex::new(Lent::default()),
+            returned: Condvar::new(),
         }
+    }
+
+    /// `(address, length)` of every segment, for a cross-memory lease.
+    pub(crate) fn segments(&self) -> Vec<(u64, u64)> {
+        self.segs
+            .iter()
+            .map(|s| (s.ptr as usize as u64, s.len as u64))
+            .collect()
+    }
+
+    /// The sizes of the segments.
+    pub(crate) fn sizes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.segs.iter().map(|s| s.len as u64)
+    }
+
+    fn lent(&self) -> std::sync::MutexGuard<'_, Lent> {
+        self.lent.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A peer may now read this memory by cross-memory attach, until the
+    /// matching [`give_back`](Self::give_back).
+    pub(crate) fn lend(&self) {
+        self.lent().count += 1;
+    }
+
+    /// The peer stopped reading (it said so, or the connection ended):
+    /// storage kept for it is released.
+    pub(crate) fn give_back(&self) {
+        let kept = {
+            let mut l = self.lent();
+            l.count = l.count.saturating_sub(1);
+            if l.count > 0 {
+                return;
+            }
+            std::mem::take(&mut l.kept)
+        };
+        self.returned.notify_all();
+        drop(kept);
+    }
+
+    /// Whether a peer may still be reading this memory.
+    pub(crate) fn is_lent(&self) -> bool {
+        self.lent().count > 0
+    }
+
+    /// Keeps `owner` (the storage behind a segment) alive while the memory
+    /// is lent; gives it back if it is not lent (the caller drops it).
+    pub(crate) fn keep_while_lent(
+        &self,
+        owner: Box<dyn Any + Send>,
+    ) -> Option<Box<dyn Any + Send>> {
+        let mut l = self.lent();
+        if l.count == 0 {
+            return Some(owner);
+        }
+        l.kept.push(owner);
+        None
+    }
+
+    /// Blocks until no peer may read this memory, at most `timeout`; true
+    /// if none may.
+    pub(crate) fn wait_returned(&self, timeout: Duration) -> bool {
+        let end = Instant::now() + timeout;
+        let mut l = self.lent();
+        while l.count > 0 {
+            let now = Instant::now();
+            if now >= end {
+                return false;
+            }
+            l = self
+                .returned
+                .wait_timeout(l, end - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
     }
 
     fn range(&self, seg: usize, off: u64, len: usize) -> Result<(&Seg, Range<usize>), Denied> {

@@ -104,6 +104,7 @@ async fn a_raw_peer_with_a_valid_token_but_no_secret_touches_nothing() {
         token: *m.token(),
         kind: OperationKind::Write,
         sizes: vec![64],
+        pull: false,
     })
     .encode(&mut out);
     s.write_all(&out).await.unwrap();

@@ -106,6 +106,7 @@ fn open_frame(req: u64, m: &RdmaMetadata, kind: OperationKind) -> Message {
         token: *m.token(),
         kind,
         sizes: sizes_of(m),
+        pull: false,
     })
 }
 
@@ -262,6 +263,7 @@ impl Raw {
             token: Token::from_bytes([0; 16]),
             kind: OperationKind::Write,
             sizes: vec![1],
+            pull: false,
         }))
         .await;
         self.expect_abort(req, AbortReason::UnknownOperation).await;
@@ -786,6 +788,7 @@ async fn right_token_with_the_wrong_kind_or_shape_is_refused() {
             token: *w.metadata().token(),
             kind: OperationKind::Write,
             sizes,
+            pull: false,
         }))
         .await;
         raw.expect_abort(req, reason).await;
@@ -822,6 +825,7 @@ async fn wrong_token_is_refused_and_does_not_burn_the_capability() {
             token: Token::from_bytes(t),
             kind: OperationKind::Write,
             sizes: vec![64],
+            pull: false,
         }))
         .await;
         let detail = raw.expect_abort(req, AbortReason::BadToken).await;
@@ -862,6 +866,7 @@ async fn unknown_operation_ids_are_refused() {
             token: *w.metadata().token(),
             kind: OperationKind::Write,
             sizes: vec![8],
+            pull: false,
         }))
         .await;
         raw.expect_abort(req, reason).await;
@@ -1506,6 +1511,7 @@ async fn hostile_passive_open_sent_to_the_active_side_is_refused() {
                 token: Token::from_bytes([7; 16]),
                 kind: OperationKind::Write,
                 sizes: vec![32, 16],
+                pull: false,
             })
             .to_vec()
         },

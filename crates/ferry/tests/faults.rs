@@ -65,6 +65,7 @@ async fn a_peer_that_stops_reading_meets_the_deadline_and_the_cancel() {
         token: *m.token(),
         kind: OperationKind::Read,
         sizes: vec![size as u64],
+        pull: false,
     })
     .encode(&mut frames);
     s.write_all(&frames).await.unwrap();

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use ferry::{Connector, Descriptor, RdmaMetadata};
+use ferry::{Connector, Descriptor, RdmaMetadata, TransportKind};
 use ferry_cli::peer::{self, Answers, Cmd, Event, PeerProcess, Request};
 
 pub fn exe() -> &'static Path {
@@ -35,6 +35,37 @@ pub async fn peer() -> PeerProcess {
     PeerProcess::spawn(exe(), &["--listen", "127.0.0.1:0"], &env)
         .await
         .expect("peer process starts")
+}
+
+/// A connector over exactly `transports`, every transfer by attach when
+/// `cma` is among them.
+pub async fn connector_over(transports: &[TransportKind]) -> Connector {
+    Connector::builder()
+        .listen("127.0.0.1:0".parse().unwrap())
+        .transports(transports)
+        .cma_threshold(0)
+        .build()
+        .await
+        .expect("connector starts")
+}
+
+/// A peer process over exactly `transports` (see [`connector_over`]), with
+/// extra command-line arguments.
+pub async fn peer_over(transports: &[TransportKind], args: &[&str]) -> PeerProcess {
+    let names: Vec<&str> = transports.iter().map(|t| t.name()).collect();
+    let names = names.join(",");
+    let mut all = vec!["--listen", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    PeerProcess::spawn(
+        exe(),
+        &all,
+        &[
+            (ferry::TRANSPORTS_ENV, names.as_str()),
+            (ferry::CMA_THRESHOLD_ENV, "0"),
+        ],
+    )
+    .await
+    .expect("peer process starts")
 }
 
 pub fn req(cmd: Cmd, sizes: &[u64], seed: u64) -> Request {

@@ -99,6 +99,7 @@ impl Transport for LocalTransport {
                 token: *job.remote.token(),
                 kind: job.kind,
                 sizes: job.sizes.clone(),
+                pull: false,
             };
             let exposure = match inner.exposures.open(&open, Binding::Local) {
                 Ok(e) => e,

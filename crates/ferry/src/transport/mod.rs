@@ -18,6 +18,7 @@ use crate::op::OpShared;
 use crate::region::Region;
 use crate::{Error, Result};
 
+pub(crate) mod cma;
 pub(crate) mod local;
 pub(crate) mod tcp;
 
@@ -27,6 +28,12 @@ pub(crate) mod tcp;
 pub enum TransportKind {
     /// A plain copy between two connectors of the same process.
     Local,
+    /// Same host, other process: one copy by cross-memory attach
+    /// (`process_vm_readv`), set up and fenced over the TCP connection. Used
+    /// when the kernel permits it (probed per connection) and for transfers
+    /// of at least [`ConnectorBuilder::cma_threshold`](crate::ConnectorBuilder::cma_threshold)
+    /// bytes; otherwise the bytes go over TCP.
+    Cma,
     /// A TCP connection between the two connectors: works between any two
     /// workers that can reach each other.
     Tcp,
@@ -34,12 +41,14 @@ pub enum TransportKind {
 
 impl TransportKind {
     /// Every transport this build has, best first.
-    pub const ALL: &'static [TransportKind] = &[TransportKind::Local, TransportKind::Tcp];
+    pub const ALL: &'static [TransportKind] =
+        &[TransportKind::Local, TransportKind::Cma, TransportKind::Tcp];
 
     /// The name used in `FERRY_TRANSPORTS` and reports.
     pub fn name(self) -> &'static str {
         match self {
             TransportKind::Local => "local",
+            TransportKind::Cma => "cma",
             TransportKind::Tcp => "tcp",
         }
     }

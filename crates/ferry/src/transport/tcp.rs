@@ -17,11 +17,14 @@
 use std::collections::HashMap;
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-use ferry_proto::wire::{self, Abort, AbortReason, Auth, Data, Hello, Message, Open, WireError};
+use ferry_proto::wire::{
+    self, Abort, AbortReason, Attach, Auth, Data, Hello, Lease, Message, Open, Verdict, WireError,
+    MAX_LEASE_SEGMENTS,
+};
 use ferry_proto::{Cursor, OperationKind, OperationStatus, RdmaMetadata};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -29,7 +32,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
-use super::{ActiveJob, ActiveLink, BoxFuture, Transport, TransportKind};
+use super::{cma, ActiveJob, ActiveLink, BoxFuture, Transport, TransportKind};
 use crate::auth::{Role, Secret, Transcript};
 use crate::connector::Inner;
 use crate::exposure::{Binding, Exposure};
@@ -48,6 +51,12 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most control frames a connection may have waiting to be sent.
 const MAX_QUEUED: usize = 4096;
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+/// A cross-memory copy holds the destination's lock for at most this many
+/// bytes, so that a cancel waits at most that long.
+const PULL_CHUNK: u64 = 2 * 1024 * 1024;
+/// Cross-memory copies up to this size run on the reader task itself;
+/// larger ones on a blocking thread.
+const PULL_INLINE: u64 = 256 * 1024;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -225,12 +234,28 @@ impl FrameReader {
     }
 }
 
+/// The part a request plays in a cross-memory-attach transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cma {
+    /// The bytes go in `Data` frames.
+    No,
+    /// This side is the source and lent its memory (`Lease` sent).
+    Lent,
+    /// A READ asked for a lease; the answer is a `Lease` or `Data` frames.
+    Requested,
+    /// A pulled WRITE whose `Lease` has not arrived yet.
+    AwaitLease,
+    /// This side is the destination and copies from the peer.
+    Pulling,
+}
+
 /// An active operation waiting for its remote.
 struct ActiveReq {
     kind: OperationKind,
     region: Arc<Region>,
     shared: Arc<OpShared>,
     cursor: Cursor,
+    cma: Cma,
 }
 
 /// A passive operation bound to a request on this connection.
@@ -238,6 +263,52 @@ struct PassiveReq {
     exposure: Arc<Exposure>,
     /// For writes: where the next payload byte must go.
     cursor: Option<Cursor>,
+    cma: Cma,
+}
+
+/// How a cross-memory copy ended.
+enum PullEnd {
+    /// Every byte landed and the operation is sealed.
+    Done,
+    /// The destination closed (a cancel or the end of the operation).
+    Closed,
+    /// The copy failed; the operation must fail on both sides.
+    Failed(String),
+}
+
+/// Copies every segment of a lease from process `pid` into `region`, one
+/// chunk per region lock, then seals the operation under that lock.
+fn pull_all(pid: u32, region: &Region, shared: &OpShared, segs: &[(u64, u64)]) -> PullEnd {
+    for (i, &(addr, len)) in segs.iter().enumerate() {
+        let mut off = 0u64;
+        while off < len {
+            let n = (len - off).min(PULL_CHUNK) as usize;
+            let Some(at) = addr.checked_add(off) else {
+                return PullEnd::Failed("lease address overflows".into());
+            };
+            match region.write_at(i, off, n, |d| cma::pull(pid, d, at)) {
+                Ok(Ok(())) => off += n as u64,
+                Ok(Err(e)) => {
+                    return PullEnd::Failed(format!(
+                        "cross-memory copy from process {pid} failed: {e}"
+                    ))
+                }
+                Err(Denied::Closed) => return PullEnd::Closed,
+                Err(Denied::OutOfBounds) => {
+                    return PullEnd::Failed("lease larger than the destination".into())
+                }
+            }
+        }
+    }
+    if region.seal_if_open(|| shared.seal()) {
+        PullEnd::Done
+    } else {
+        PullEnd::Closed
+    }
+}
+
+fn lease_matches(segs: &[(u64, u64)], region: &Region) -> bool {
+    segs.len() == region.sizes().count() && segs.iter().map(|s| s.1).eq(region.sizes())
 }
 
 /// One connection to a remote connector, in either direction.
@@ -250,6 +321,13 @@ pub(crate) struct Conn {
     next_req: AtomicU64,
     queued: AtomicUsize,
     handle: Handle,
+    /// The peer's pid, once this process has proven it can copy from it.
+    peer_pid: OnceLock<u32>,
+    /// The peer has proven it can copy from this process.
+    peer_pulls: AtomicBool,
+    attach_seen: AtomicBool,
+    /// Source memory lent to the peer, by request.
+    leases: Mutex<HashMap<u64, Arc<Region>>>,
 }
 
 impl Conn {
@@ -263,7 +341,76 @@ impl Conn {
             next_req: AtomicU64::new(1),
             queued: AtomicUsize::new(0),
             handle,
+            peer_pid: OnceLock::new(),
+            peer_pulls: AtomicBool::new(false),
+            attach_seen: AtomicBool::new(false),
+            leases: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Lends `region` to the peer for request `req`.
+    fn lend(&self, req: u64, region: &Arc<Region>) {
+        region.lend();
+        lock(&self.leases).insert(req, region.clone());
+        // The reader drains the leases after marking the connection dead.
+        if !self.is_alive() {
+            self.give_back(req);
+        }
+    }
+
+    /// The peer no longer copies from the memory of request `req`.
+    fn give_back(&self, req: u64) {
+        let r = lock(&self.leases).remove(&req);
+        if let Some(r) = r {
+            r.give_back();
+        }
+    }
+
+    /// Tells the source of request `req` that this side stopped copying.
+    fn release(self: &Arc<Self>, req: u64) {
+        self.send_soon(
+            Message::Abort(Abort {
+                req,
+                reason: AbortReason::Cancelled,
+                detail: "released".into(),
+            })
+            .to_vec(),
+            None,
+            false,
+        );
+    }
+
+    /// Copies a lease into `region` (from the reader task for small
+    /// transfers, else from a blocking thread), then tells the source: all
+    /// copied (`Finish`), or the failure through `fail`. A closed region
+    /// ends it silently: whoever closed it tells the peer.
+    fn spawn_pull(
+        self: &Arc<Self>,
+        req: u64,
+        region: Arc<Region>,
+        shared: Arc<OpShared>,
+        segs: Vec<(u64, u64)>,
+        fail: impl FnOnce(&Arc<Conn>, String) + Send + 'static,
+    ) {
+        let Some(&pid) = self.peer_pid.get() else {
+            return fail(self, "a lease from a peer this process cannot attach to".into());
+        };
+        let end = move |conn: &Arc<Conn>, e: PullEnd| match e {
+            PullEnd::Done => conn.send_soon(Message::Finish { req }.to_vec(), None, false),
+            PullEnd::Closed => {}
+            PullEnd::Failed(why) => fail(conn, why),
+        };
+        let total: u64 = segs.iter().map(|s| s.1).sum();
+        if total <= PULL_INLINE {
+            let e = pull_all(pid, &region, &shared, &segs);
+            end(self, e);
+        } else {
+            let conn = self.clone();
+            self.handle.spawn_blocking(move || {
+                let e = pull_all(pid, &region, &shared, &segs);
+                end(&conn, e);
+            });
+        }
     }
 
     fn is_alive(&self) -> bool {
@@ -696,7 +843,7 @@ impl Conn {
 
     /// Requests in flight on this connection, in both roles.
     pub(crate) fn pending(&self) -> usize {
-        lock(&self.active).len() + lock(&self.passive).len()
+        lock(&self.active).len() + lock(&self.passive).len() + lock(&self.leases).len()
     }
 
     pub(crate) fn close(&self, cause: &str) {
@@ -736,6 +883,8 @@ pub(crate) struct LocalInfo {
     pub(crate) host_id: String,
     pub(crate) connect_timeout: Duration,
     pub(crate) secret: Option<Secret>,
+    pub(crate) cma: bool,
+    pub(crate) cma_threshold: u64,
     pub(crate) shutdown: watch::Receiver<bool>,
     pub(crate) handle: Handle,
 }
@@ -947,7 +1096,67 @@ impl TcpTransport {
                 .await
                 .map_err(|e| unreachable(e.to_string()))?;
         }
+        let (mut peer_pid, mut peer_pulls) = (None, false);
+        if self.local.cma && remote.host_id() == self.local.host_id {
+            let c = cma::cookie();
+            let offer = Message::Attach(Attach {
+                pid: cma::pid(),
+                addr: c.as_ptr() as u64,
+                cookie: *c,
+                verdict: Verdict::Unknown,
+            });
+            w.write_all(&offer.to_vec())
+                .await
+                .map_err(|e| unreachable(e.to_string()))?;
+            let theirs = match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
+                Ok(Ok(Message::Attach(a))) => a,
+                // A passive side with a secret refuses a peer without one
+                // at its first frame after the hello.
+                Ok(Ok(Message::Abort(a))) if a.reason == AbortReason::Unauthenticated => {
+                    return Err(Error::Unauthenticated {
+                        peer,
+                        detail: a.detail,
+                    })
+                }
+                Ok(Ok(_)) => {
+                    return Err(Error::Protocol {
+                        peer: addr.to_string(),
+                        detail: "expected the answer to attach".into(),
+                    })
+                }
+                Ok(Err(e)) => return Err(e.into_error(&addr.to_string())),
+                Err(_) => return Err(unreachable("no answer to attach".into())),
+            };
+            peer_pulls = theirs.verdict == Verdict::CanPull;
+            let ok = cma::probe(theirs.pid, theirs.addr, &theirs.cookie);
+            if ok {
+                peer_pid = Some(theirs.pid);
+            }
+            let answer = Message::Attach(Attach {
+                pid: 0,
+                addr: 0,
+                cookie: [0; 16],
+                verdict: if ok {
+                    Verdict::CanPull
+                } else {
+                    Verdict::Refused
+                },
+            });
+            w.write_all(&answer.to_vec())
+                .await
+                .map_err(|e| unreachable(e.to_string()))?;
+            tracing::debug!(
+                peer,
+                pull_from_peer = ok,
+                peer_pulls,
+                "cross-memory attach probed"
+            );
+        }
         let conn = Conn::new(peer, w, self.local.handle.clone());
+        if let Some(p) = peer_pid {
+            let _ = conn.peer_pid.set(p);
+        }
+        conn.peer_pulls.store(peer_pulls, Ordering::Release);
         self.local.handle.spawn(run_connection(
             conn.clone(),
             rd,
@@ -971,7 +1180,25 @@ impl Transport for TcpTransport {
         Box::pin(async move {
             let conn = self.conn_for(&job.remote).await?;
             let req = conn.next_req.fetch_add(1, Ordering::Relaxed);
-            job.shared.set_transport(TransportKind::Tcp);
+            let total: u64 = job.sizes.iter().sum();
+            let pull = self.local.cma
+                && total >= self.local.cma_threshold
+                && job.sizes.len() <= MAX_LEASE_SEGMENTS
+                && match job.kind {
+                    OperationKind::Read => conn.peer_pid.get().is_some(),
+                    OperationKind::Write => conn.peer_pulls.load(Ordering::Acquire),
+                };
+            let cma = match (pull, job.kind) {
+                (false, _) => Cma::No,
+                (true, OperationKind::Read) => Cma::Requested,
+                (true, OperationKind::Write) => Cma::Lent,
+            };
+            match cma {
+                Cma::No => job.shared.set_transport(TransportKind::Tcp),
+                Cma::Lent => job.shared.set_transport(TransportKind::Cma),
+                // Known once the remote answers with a lease or with data.
+                _ => {}
+            }
             job.shared.start();
             lock(&conn.active).insert(
                 req,
@@ -980,6 +1207,7 @@ impl Transport for TcpTransport {
                     region: job.region.clone(),
                     shared: job.shared.clone(),
                     cursor: Cursor::new(job.sizes.clone()),
+                    cma,
                 },
             );
             // The reader task drains the table after marking the connection
@@ -998,12 +1226,23 @@ impl Transport for TcpTransport {
                 token: *job.remote.token(),
                 kind: job.kind,
                 sizes: job.sizes.clone(),
+                pull,
             })
             .to_vec();
             let opened = Arc::new(watch::Sender::new(false));
-            match job.kind {
-                OperationKind::Read => conn.send_soon(open, Some(opened.clone()), false),
-                OperationKind::Write => conn.spawn_stream(
+            match (job.kind, pull) {
+                (OperationKind::Read, _) => conn.send_soon(open, Some(opened.clone()), false),
+                (OperationKind::Write, true) => {
+                    let mut frames = open;
+                    Message::Lease(Lease {
+                        req,
+                        segments: job.region.segments(),
+                    })
+                    .encode(&mut frames);
+                    conn.lend(req, &job.region);
+                    conn.send_soon(frames, Some(opened.clone()), false);
+                }
+                (OperationKind::Write, false) => conn.spawn_stream(
                     req,
                     job.region,
                     job.sizes,
@@ -1174,6 +1413,13 @@ async fn run_connection(
                 .finish(&r.exposure, OperationStatus::Errored, Some(err.clone()));
         }
     }
+    // Our own copies from the peer have stopped (regions closed above); the
+    // peer's copies from us end with its process or its reader (it closes
+    // its regions the same way when it sees the connection end).
+    let leases: Vec<Arc<Region>> = lock(&conn.leases).drain().map(|(_, r)| r).collect();
+    for r in leases {
+        r.give_back();
+    }
     // Writers abandon their writes once the connection is dead, so the lock
     // comes free; bound the wait all the same.
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
@@ -1206,6 +1452,122 @@ async fn step(
             }));
             Err(ConnError::Violation(detail.into()))
         }
+        (Message::Attach(a), Some(inner)) => {
+            if a.verdict != Verdict::Unknown {
+                // The active side's verdict on us.
+                conn.peer_pulls
+                    .store(inner.cma && a.verdict == Verdict::CanPull, Ordering::Release);
+                return Ok(());
+            }
+            if conn.attach_seen.swap(true, Ordering::AcqRel) {
+                return Err(ConnError::Violation("a second attach".into()));
+            }
+            let ok = inner.cma && cma::probe(a.pid, a.addr, &a.cookie);
+            if ok {
+                let _ = conn.peer_pid.set(a.pid);
+            }
+            let c = cma::cookie();
+            let (pid, addr, cookie) = if inner.cma {
+                (cma::pid(), c.as_ptr() as u64, *c)
+            } else {
+                (0, 0, [0; 16])
+            };
+            conn.send_detached(Message::Attach(Attach {
+                pid,
+                addr,
+                cookie,
+                verdict: if ok {
+                    Verdict::CanPull
+                } else {
+                    Verdict::Refused
+                },
+            }));
+            Ok(())
+        }
+        (Message::Attach(_), None) => Err(ConnError::Violation("unexpected attach".into())),
+        (Message::Lease(l), Some(inner)) => {
+            // A pulled WRITE: the active side lends its source.
+            let job = {
+                let mut passive = lock(&conn.passive);
+                match passive.get_mut(&l.req) {
+                    Some(r) if r.cma == Cma::AwaitLease => {
+                        if !lease_matches(&l.segments, &r.exposure.region) {
+                            return Err(ConnError::Violation(
+                                "the lease does not match the descriptors".into(),
+                            ));
+                        }
+                        r.cma = Cma::Pulling;
+                        Some(r.exposure.clone())
+                    }
+                    Some(_) => return Err(ConnError::Violation("unexpected lease".into())),
+                    None => None,
+                }
+            };
+            let Some(exposure) = job else {
+                // Ended here meanwhile; the source must not wait for us.
+                conn.release(l.req);
+                return Ok(());
+            };
+            let inner = inner.clone();
+            let req = l.req;
+            conn.spawn_pull(
+                req,
+                exposure.region.clone(),
+                exposure.shared.clone(),
+                l.segments,
+                move |conn, why| {
+                    let removed = lock(&conn.passive).remove(&req);
+                    if let Some(r) = removed {
+                        let e = Error::Protocol {
+                            peer: conn.peer.clone(),
+                            detail: why.clone(),
+                        };
+                        inner
+                            .exposures
+                            .finish(&r.exposure, OperationStatus::Errored, Some(e));
+                    }
+                    conn.abort_detached(req, AbortReason::Protocol, why);
+                },
+            );
+            Ok(())
+        }
+        (Message::Lease(l), None) => {
+            // A pulled READ: the passive side lends its source.
+            let job = {
+                let mut active = lock(&conn.active);
+                match active.get_mut(&l.req) {
+                    Some(r) if r.cma == Cma::Requested => {
+                        if !lease_matches(&l.segments, &r.region) {
+                            return Err(ConnError::Violation(
+                                "the lease does not match the descriptors".into(),
+                            ));
+                        }
+                        r.cma = Cma::Pulling;
+                        r.shared.set_transport(TransportKind::Cma);
+                        Some((r.region.clone(), r.shared.clone()))
+                    }
+                    Some(_) => return Err(ConnError::Violation("unexpected lease".into())),
+                    None => None,
+                }
+            };
+            let Some((region, shared)) = job else {
+                conn.release(l.req);
+                return Ok(());
+            };
+            let req = l.req;
+            conn.spawn_pull(req, region, shared, l.segments, move |conn, why| {
+                let removed = lock(&conn.active).remove(&req);
+                if let Some(r) = removed {
+                    r.region.close();
+                    r.shared.fail(Error::Protocol {
+                        peer: conn.peer.clone(),
+                        detail: why.clone(),
+                    });
+                }
+                conn.abort_detached(req, AbortReason::Protocol, why);
+            });
+            Ok(())
+        }
         (Message::Open(o), Some(inner)) => on_open(conn, inner, o),
         (Message::Open(_), None) => {
             Err(ConnError::Violation("open sent to the active side".into()))
@@ -1217,12 +1579,17 @@ async fn step(
                     Some(PassiveReq {
                         cursor: Some(c),
                         exposure,
+                        ..
                     }) => {
                         c.accept(d.desc, d.offset, d.len)
                             .map_err(|e| ConnError::Violation(e.to_string()))?;
                         Some(exposure.region.clone())
                     }
-                    Some(_) => return Err(ConnError::Violation("data sent for a READ".into())),
+                    Some(_) => {
+                        return Err(ConnError::Violation(
+                            "data sent for a READ or a leased WRITE".into(),
+                        ))
+                    }
                     None => None,
                 }
             };
@@ -1233,13 +1600,22 @@ async fn step(
             let region = {
                 let mut active = lock(&conn.active);
                 match active.get_mut(&d.req) {
-                    Some(r) if r.kind == OperationKind::Read => {
+                    Some(r) if r.kind == OperationKind::Read && r.cma != Cma::Pulling => {
+                        if r.cma == Cma::Requested {
+                            // The passive side chose to stream instead of lending.
+                            r.cma = Cma::No;
+                            r.shared.set_transport(TransportKind::Tcp);
+                        }
                         r.cursor
                             .accept(d.desc, d.offset, d.len)
                             .map_err(|e| ConnError::Violation(e.to_string()))?;
                         Some(r.region.clone())
                     }
-                    Some(_) => return Err(ConnError::Violation("data sent for a WRITE".into())),
+                    Some(_) => {
+                        return Err(ConnError::Violation(
+                            "data sent for a WRITE or a leased READ".into(),
+                        ))
+                    }
                     None => None,
                 }
             };
@@ -1247,9 +1623,55 @@ async fn step(
                 .await
         }
         (Message::Finish { req }, Some(inner)) => {
+            // A destination that copied from us has stopped.
+            conn.give_back(req);
             let Some(r) = lock(&conn.passive).remove(&req) else {
                 return Ok(());
             };
+            match r.cma {
+                Cma::Lent => {
+                    // A leased READ: the remote has every byte. Commit,
+                    // unless a cancel got here first (it tells the remote).
+                    let e = &r.exposure;
+                    if e.region.seal_if_open(|| e.shared.seal()) {
+                        if inner.exposures.finish(e, OperationStatus::Complete, None) {
+                            conn.send_soon(Message::Finish { req }.to_vec(), None, true);
+                        } else {
+                            conn.abort_detached(req, AbortReason::Cancelled, String::new());
+                        }
+                    }
+                    return Ok(());
+                }
+                Cma::Pulling => {
+                    // A pulled WRITE: the source commits what we copied.
+                    if !r.exposure.shared.is_sealed() {
+                        let detail = "finish before the copy ended";
+                        let e = Error::Protocol {
+                            peer: conn.peer.clone(),
+                            detail: detail.into(),
+                        };
+                        inner
+                            .exposures
+                            .finish(&r.exposure, OperationStatus::Errored, Some(e));
+                        return Err(ConnError::Violation(detail.into()));
+                    }
+                    inner
+                        .exposures
+                        .finish(&r.exposure, OperationStatus::Complete, None);
+                    return Ok(());
+                }
+                Cma::AwaitLease => {
+                    let e = Error::Protocol {
+                        peer: conn.peer.clone(),
+                        detail: "finish before the lease".into(),
+                    };
+                    inner
+                        .exposures
+                        .finish(&r.exposure, OperationStatus::Errored, Some(e));
+                    return Err(ConnError::Violation("finish before the lease".into()));
+                }
+                Cma::No | Cma::Requested => {}
+            }
             // A write's Finish must follow all its data; a read's confirmation
             // must follow our own Finish (sent only once sealed).
             let premature = match &r.cursor {
@@ -1287,9 +1709,38 @@ async fn step(
             Ok(())
         }
         (Message::Finish { req }, None) => {
+            // A destination that copied from us has stopped.
+            conn.give_back(req);
             let Some(r) = lock(&conn.active).remove(&req) else {
                 return Ok(());
             };
+            match r.cma {
+                Cma::Lent => {
+                    // A leased WRITE: the remote has every byte. Commit,
+                    // unless a cancel got here first (it tells the remote).
+                    if r.region.seal_if_open(|| r.shared.seal()) {
+                        r.region.close();
+                        r.shared.end(OperationStatus::Complete, None);
+                        conn.send_soon(Message::Finish { req }.to_vec(), None, true);
+                    }
+                    return Ok(());
+                }
+                Cma::Pulling => {
+                    // A leased READ: the source commits what we copied.
+                    if !r.shared.is_sealed() {
+                        r.region.close();
+                        r.shared.fail(Error::Protocol {
+                            peer: conn.peer.clone(),
+                            detail: "finish before the copy ended".into(),
+                        });
+                        return Err(ConnError::Violation("finish before the copy ended".into()));
+                    }
+                    r.region.close();
+                    r.shared.end(OperationStatus::Complete, None);
+                    return Ok(());
+                }
+                Cma::No | Cma::Requested | Cma::AwaitLease => {}
+            }
             // A read is complete only if every byte landed: if a local
             // cancel began to close the region, some may have been dropped;
             // that cancel ends the read and tells the remote.
@@ -1322,6 +1773,8 @@ async fn step(
             Ok(())
         }
         (Message::Abort(a), Some(inner)) => {
+            // A destination that copied from us has stopped.
+            conn.give_back(a.req);
             let removed = lock(&conn.passive).remove(&a.req);
             if let Some(r) = removed {
                 let err = remote_error(&a);
@@ -1330,15 +1783,25 @@ async fn step(
                 } else {
                     OperationStatus::Errored
                 };
+                // Closes the region: our copy from the source stops first.
                 inner.exposures.finish(&r.exposure, status, Some(err));
+                if r.cma == Cma::Pulling {
+                    conn.release(a.req);
+                }
             }
             Ok(())
         }
         (Message::Abort(a), None) => {
+            // A destination that copied from us has stopped.
+            conn.give_back(a.req);
             let removed = lock(&conn.active).remove(&a.req);
             if let Some(r) = removed {
+                // Our copy from the source (if any) stops here.
                 r.region.close();
                 r.shared.fail(remote_error(&a));
+                if r.cma == Cma::Pulling {
+                    conn.release(a.req);
+                }
             }
             Ok(())
         }
@@ -1381,8 +1844,26 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Inner>, o: Open) -> Result<(), ConnErro
             Ok(())
         }
         Ok(exposure) => {
-            exposure.shared.set_transport(TransportKind::Tcp);
-            let cursor = (o.kind == OperationKind::Write).then(|| Cursor::new(o.sizes.clone()));
+            let cma = match (o.kind, o.pull) {
+                (_, false) => Cma::No,
+                (OperationKind::Read, true)
+                    if inner.cma
+                        && conn.peer_pulls.load(Ordering::Acquire)
+                        && o.sizes.len() <= MAX_LEASE_SEGMENTS =>
+                {
+                    Cma::Lent
+                }
+                // Fall back to streaming the bytes.
+                (OperationKind::Read, true) => Cma::No,
+                (OperationKind::Write, true) => Cma::AwaitLease,
+            };
+            exposure.shared.set_transport(if cma == Cma::No {
+                TransportKind::Tcp
+            } else {
+                TransportKind::Cma
+            });
+            let cursor = (o.kind == OperationKind::Write && !o.pull)
+                .then(|| Cursor::new(o.sizes.clone()));
             let region = exposure.region.clone();
             let shared = exposure.shared.clone();
             lock(&conn.passive).insert(
@@ -1390,6 +1871,7 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Inner>, o: Open) -> Result<(), ConnErro
                 PassiveReq {
                     exposure: exposure.clone(),
                     cursor,
+                    cma,
                 },
             );
             // The owner may have withdrawn it between the check and the insert.
@@ -1397,8 +1879,19 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Inner>, o: Open) -> Result<(), ConnErro
                 conn.forget_passive(o.req);
                 return Ok(());
             }
-            if o.kind == OperationKind::Read {
-                conn.spawn_stream(o.req, region, o.sizes, Vec::new(), None, shared);
+            match (o.kind, cma) {
+                (OperationKind::Read, Cma::Lent) => {
+                    conn.lend(o.req, &region);
+                    let lease = Message::Lease(Lease {
+                        req: o.req,
+                        segments: region.segments(),
+                    });
+                    conn.send_soon(lease.to_vec(), None, true);
+                }
+                (OperationKind::Read, _) => {
+                    conn.spawn_stream(o.req, region, o.sizes, Vec::new(), None, shared)
+                }
+                (OperationKind::Write, _) => {}
             }
             Ok(())
         }
