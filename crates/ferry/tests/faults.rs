@@ -21,6 +21,7 @@ async fn connector_over(t: TransportKind) -> Connector {
     Connector::builder()
         .listen("127.0.0.1:0".parse().unwrap())
         .transports(&only)
+        .cma_threshold(0)
         .build()
         .await
         .unwrap()
@@ -180,7 +181,7 @@ async fn in_flight_operations_fail_on_both_sides_when_a_connection_resets() {
 /// two sides agree: both COMPLETE (every byte landed), or neither. A remote
 /// that finds the operation already cancelled sees it refused as ended.
 async fn cancel_race(kind: OperationKind, cancel_active: bool) {
-    for t in [TransportKind::Tcp, TransportKind::Local] {
+    for t in [TransportKind::Tcp, TransportKind::Local, TransportKind::Cma] {
         cancel_race_over(t, kind, cancel_active).await;
     }
 }

@@ -1,6 +1,7 @@
 //! The shared suite, run once per transport, between two connectors of this
-//! process. (The cross-process suite in crates/ferry-cli/tests covers TCP
-//! between processes.)
+//! process: a plain copy, cross-memory attach (to this same process, every
+//! size by attach) and TCP. (The cross-process suite in crates/ferry-cli/tests
+//! covers TCP and attach between processes.)
 
 use std::time::Duration;
 
@@ -18,6 +19,7 @@ async fn pair(t: TransportKind) -> (Connector, Connector) {
         Connector::builder()
             .listen("127.0.0.1:0".parse().unwrap())
             .transports(&only)
+            .cma_threshold(0)
             .build()
     };
     (mk().await.unwrap(), mk().await.unwrap())
@@ -49,7 +51,7 @@ fn check(got: &[Descriptor<'_>], sizes: &[usize], seed: u8) {
     }
 }
 
-const TRANSPORTS: [TransportKind; 2] = [TransportKind::Local, TransportKind::Tcp];
+const TRANSPORTS: [TransportKind; 3] = [TransportKind::Local, TransportKind::Cma, TransportKind::Tcp];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pairings_on_every_transport() {
@@ -235,5 +237,66 @@ async fn cancels_on_every_transport() {
             .expect_err(&format!("{t}: the writable must learn of the cancel"));
         assert!(matches!(err, Error::RemoteCancelled), "{t}: {err}");
         assert_eq!(a.exposed_count(), 0);
+    }
+}
+
+/// Dropping a writable (here: the end of the scope that borrowed its memory)
+/// while a remote is writing it: once the drop has returned, not one more
+/// byte lands, on every transport. Repeated until the drop has caught a
+/// transfer half-way at least once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_writable_mid_transfer_fences_every_transport() {
+    let size = 64usize << 20;
+    for t in TRANSPORTS {
+        let (a, b) = pair(t).await;
+        let (a, b) = (std::sync::Arc::new(a), std::sync::Arc::new(b));
+        let mut caught_mid_transfer = 0;
+        for attempt in 0..20u64 {
+            let handle = tokio::runtime::Handle::current();
+            let (a2, b2) = (a.clone(), b.clone());
+            let delay = Duration::from_micros(500 + attempt * 700);
+            let (dest, op) = tokio::task::spawn_blocking(move || {
+                let mut dest = vec![0u8; size];
+                let op = a2.scope(|s| {
+                    handle.block_on(async {
+                        let w = s
+                            .create_writable(vec![Descriptor::from_mut_slice(&mut dest)])
+                            .await
+                            .unwrap();
+                        let op = b2
+                            .begin_write(vec![vec![7u8; size].into()], w.metadata())
+                            .await
+                            .unwrap();
+                        tokio::time::sleep(delay).await;
+                        drop(w);
+                        op
+                    })
+                });
+                (dest, op)
+            })
+            .await
+            .unwrap();
+            // The drop has returned: take a snapshot, let the writer end,
+            // give a late byte every chance, and look again.
+            let landed = dest.iter().filter(|&&x| x == 7).count();
+            let snapshot = dest.clone();
+            let _ = op.wait_for_completion_timeout(Duration::from_secs(10)).await;
+            assert!(op.status().is_terminal(), "{t}: the writer never ended");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(dest == snapshot, "{t}: bytes landed after the drop returned");
+            if landed > 0 && landed < size {
+                caught_mid_transfer += 1;
+                assert_eq!(op.status(), OperationStatus::Cancelled, "{t}");
+            }
+            if caught_mid_transfer >= 2 {
+                break;
+            }
+        }
+        assert!(
+            caught_mid_transfer > 0,
+            "{t}: no drop landed mid-transfer in 20 attempts"
+        );
+        assert_eq!(a.exposed_count(), 0);
+        assert_eq!(a.pending_count() + b.pending_count(), 0, "{t}");
     }
 }
