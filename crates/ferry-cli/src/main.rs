@@ -3,6 +3,8 @@ use std::net::SocketAddr;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
+mod sandbox;
+
 /// Ferry: move memory between the workers of an inference graph.
 #[derive(Parser)]
 #[command(version, about)]
@@ -54,6 +56,10 @@ enum Cmd {
         /// This worker's id (default: random).
         #[arg(long)]
         worker_id: Option<String>,
+        /// Refuse cross-memory attach with a seccomp filter, as a default
+        /// container profile does (for tests of the fallback).
+        #[arg(long)]
+        deny_cma: bool,
     },
     /// Check a metadata JSON document read from stdin and print what it grants (never the token).
     Inspect,
@@ -130,7 +136,14 @@ async fn main() -> anyhow::Result<()> {
                 other => anyhow::bail!("--role must be initiator or target, not {other:?}"),
             }
         }
-        Cmd::Peer { listen, worker_id } => {
+        Cmd::Peer {
+            listen,
+            worker_id,
+            deny_cma,
+        } => {
+            if deny_cma {
+                sandbox::deny_cross_memory_attach()?;
+            }
             let mut b = ferry::Connector::builder().listen(listen);
             if let Some(id) = worker_id {
                 b = b.worker_id(id);

@@ -117,3 +117,64 @@ async fn sixty_four_descriptors_of_64_kib_and_one_of_4_mib() {
     all_pairings(&[64 << 10; 64]).await;
     all_pairings(&[4 << 20]).await;
 }
+
+/// The peer process refuses cross-memory attach (a seccomp filter, as in a
+/// default container profile): the permission is probed per connection, so
+/// every transfer whose destination is the peer falls back to TCP, while
+/// this process, which may attach, still copies by attach where it is the
+/// destination. Every byte arrives either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attach_refused_by_the_kernel_falls_back_to_tcp() {
+    let both = [TransportKind::Cma, TransportKind::Tcp];
+    let local = connector_over(&both).await;
+    let p = peer_over(&both, &["--deny-cma"]).await;
+    let sizes = [1u64 << 20, 4096];
+    let (cma, tcp) = (Some("cma"), Some("tcp"));
+
+    // This process reads the peer: this process copies, by attach.
+    let (mut a, meta) = expose(&p, Cmd::Readable, &sizes, 21).await;
+    let read = local.begin_read(&meta, zeroed(&sizes)).await.unwrap();
+    read.wait_for_completion().await.unwrap();
+    assert_eq!(read.transport(), Some(TransportKind::Cma));
+    let ev = done(&mut a).await;
+    assert_eq!(ev.status.as_deref(), Some("COMPLETE"), "{ev:?}");
+    assert_eq!(ev.transport.as_deref(), cma, "{ev:?}");
+    assert!(peer::verify(&read.into_descriptors(), 21));
+
+    // The peer reads this process: the peer may not attach: TCP.
+    let readable = local.create_readable(filled(&sizes, 22)).await.unwrap();
+    let mut a = p
+        .request(with_meta(req(Cmd::Read, &sizes, 22), readable.metadata()))
+        .await
+        .unwrap();
+    readable.wait_for_completion().await.unwrap();
+    assert_eq!(readable.transport(), Some(TransportKind::Tcp));
+    let ev = done(&mut a).await;
+    assert_eq!(ev.status.as_deref(), Some("COMPLETE"), "{ev:?}");
+    assert_eq!(ev.transport.as_deref(), tcp, "{ev:?}");
+    assert_eq!(ev.verified, Some(true), "{ev:?}");
+
+    // This process writes the peer: the peer would copy: TCP.
+    let (mut a, meta) = expose(&p, Cmd::Writable, &sizes, 23).await;
+    let write = local.begin_write(filled(&sizes, 23), &meta).await.unwrap();
+    write.wait_for_completion().await.unwrap();
+    assert_eq!(write.transport(), Some(TransportKind::Tcp));
+    let ev = done(&mut a).await;
+    assert_eq!(ev.status.as_deref(), Some("COMPLETE"), "{ev:?}");
+    assert_eq!(ev.transport.as_deref(), tcp, "{ev:?}");
+    assert_eq!(ev.verified, Some(true), "{ev:?}");
+
+    // The peer writes this process: this process copies, by attach.
+    let writable = local.create_writable(zeroed(&sizes)).await.unwrap();
+    let mut a = p
+        .request(with_meta(req(Cmd::Write, &sizes, 24), writable.metadata()))
+        .await
+        .unwrap();
+    writable.wait_for_completion().await.unwrap();
+    assert_eq!(writable.transport(), Some(TransportKind::Cma));
+    let ev = done(&mut a).await;
+    assert_eq!(ev.status.as_deref(), Some("COMPLETE"), "{ev:?}");
+    assert_eq!(ev.transport.as_deref(), cma, "{ev:?}");
+    assert!(peer::verify(&writable.into_descriptors(), 24));
+    assert_eq!(local.pending_count(), 0);
+}

@@ -485,7 +485,9 @@ impl Connector {
                     // this process anyway (it passed the kernel's ptrace
                     // check), so after the bound we give up rather than hang.
                     if op.region.is_lent() && !op.region.wait_returned(Duration::from_secs(5)) {
-                        tracing::warn!("a peer did not confirm the end of a cross-memory lease within 5 s");
+                        tracing::warn!(
+                            "a peer did not confirm the end of a cross-memory lease within 5 s"
+                        );
                     }
                 }
             }

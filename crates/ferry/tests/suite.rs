@@ -51,7 +51,8 @@ fn check(got: &[Descriptor<'_>], sizes: &[usize], seed: u8) {
     }
 }
 
-const TRANSPORTS: [TransportKind; 3] = [TransportKind::Local, TransportKind::Cma, TransportKind::Tcp];
+const TRANSPORTS: [TransportKind; 3] =
+    [TransportKind::Local, TransportKind::Cma, TransportKind::Tcp];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pairings_on_every_transport() {
@@ -280,10 +281,15 @@ async fn dropping_a_writable_mid_transfer_fences_every_transport() {
             // give a late byte every chance, and look again.
             let landed = dest.iter().filter(|&&x| x == 7).count();
             let snapshot = dest.clone();
-            let _ = op.wait_for_completion_timeout(Duration::from_secs(10)).await;
+            let _ = op
+                .wait_for_completion_timeout(Duration::from_secs(10))
+                .await;
             assert!(op.status().is_terminal(), "{t}: the writer never ended");
             tokio::time::sleep(Duration::from_millis(50)).await;
-            assert!(dest == snapshot, "{t}: bytes landed after the drop returned");
+            assert!(
+                dest == snapshot,
+                "{t}: bytes landed after the drop returned"
+            );
             if landed > 0 && landed < size {
                 caught_mid_transfer += 1;
                 assert_eq!(op.status(), OperationStatus::Cancelled, "{t}");

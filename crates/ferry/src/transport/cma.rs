@@ -90,7 +90,10 @@ pub(crate) fn probe(pid: u32, addr: u64, cookie: &[u8; 16]) -> bool {
         Ok(()) => {
             let ok = &got == cookie;
             if !ok {
-                tracing::debug!(pid, "cross-memory attach: the probe bytes differ (another pid namespace?)");
+                tracing::debug!(
+                    pid,
+                    "cross-memory attach: the probe bytes differ (another pid namespace?)"
+                );
             }
             ok
         }

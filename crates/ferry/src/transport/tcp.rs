@@ -393,7 +393,10 @@ impl Conn {
         fail: impl FnOnce(&Arc<Conn>, String) + Send + 'static,
     ) {
         let Some(&pid) = self.peer_pid.get() else {
-            return fail(self, "a lease from a peer this process cannot attach to".into());
+            return fail(
+                self,
+                "a lease from a peer this process cannot attach to".into(),
+            );
         };
         let end = move |conn: &Arc<Conn>, e: PullEnd| match e {
             PullEnd::Done => conn.send_soon(Message::Finish { req }.to_vec(), None, false),
@@ -1455,8 +1458,10 @@ async fn step(
         (Message::Attach(a), Some(inner)) => {
             if a.verdict != Verdict::Unknown {
                 // The active side's verdict on us.
-                conn.peer_pulls
-                    .store(inner.cma && a.verdict == Verdict::CanPull, Ordering::Release);
+                conn.peer_pulls.store(
+                    inner.cma && a.verdict == Verdict::CanPull,
+                    Ordering::Release,
+                );
                 return Ok(());
             }
             if conn.attach_seen.swap(true, Ordering::AcqRel) {
@@ -1862,8 +1867,8 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Inner>, o: Open) -> Result<(), ConnErro
             } else {
                 TransportKind::Cma
             });
-            let cursor = (o.kind == OperationKind::Write && !o.pull)
-                .then(|| Cursor::new(o.sizes.clone()));
+            let cursor =
+                (o.kind == OperationKind::Write && !o.pull).then(|| Cursor::new(o.sizes.clone()));
             let region = exposure.region.clone();
             let shared = exposure.shared.clone();
             lock(&conn.passive).insert(
