@@ -1,6 +1,7 @@
 //! `ferry bench`: bandwidth, operation rate and end-to-end latency between two
-//! processes, with the baselines of the same run (memcpy, a plain TCP
-//! stream) so that every figure can be read as a ratio.
+//! processes, per transport, with the baselines of the same run (memcpy, a
+//! raw cross-memory-attach loop, a plain TCP stream) so that every figure can
+//! be read as a ratio.
 //!
 //! By default it starts a target process (`ferry peer`) itself and runs as
 //! the initiator. For two hosts, run `ferry bench --role target --control
@@ -13,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use ferry::{Connector, Descriptor, RdmaMetadata};
+use ferry::{Connector, Descriptor, RdmaMetadata, TransportKind};
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -76,9 +77,9 @@ impl Options {
 /// One measured row.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
-    /// `ferry`, or the baseline's name (`memcpy`, `tcp_stream`).
+    /// `ferry`, or the baseline's name (`memcpy`, `cma`, `tcp_stream`).
     pub kind: String,
-    /// The transport (`tcp`; `local` for memcpy).
+    /// The transport that carried it (`tcp`, `cma`; `local` for memcpy).
     pub transport: String,
     /// `read`, `write`, `copy` or `cold_start`.
     pub op: String,
@@ -167,7 +168,12 @@ impl Pool {
 struct Bench {
     opts: Options,
     peer: PeerProcess,
-    local: Connector,
+    /// A connector restricted to TCP.
+    tcp: Connector,
+    /// A connector that sends every transfer by cross-memory attach.
+    cma: Connector,
+    /// The target runs on this host: both processes read one monotonic clock.
+    same_clock: bool,
     pool: Pool,
     rows: Vec<Row>,
     json: Option<Box<dyn std::io::Write>>,
@@ -191,7 +197,13 @@ impl Bench {
     /// One Ferry operation, end to end: the target creates the passive
     /// side, hands its metadata over the control pipe, this process runs the
     /// active side, and both report completion.
-    async fn one(&mut self, op: &str, block: u64, batch: usize) -> anyhow::Result<Duration> {
+    async fn one(
+        &mut self,
+        via: TransportKind,
+        op: &str,
+        block: u64,
+        batch: usize,
+    ) -> anyhow::Result<(Duration, Option<TransportKind>)> {
         let t = Instant::now();
         let cmd = if op == "read" {
             Cmd::Readable
@@ -204,39 +216,67 @@ impl Bench {
         let mut a = self.peer.request(r).await?;
         let m = a.expect("metadata").await?;
         let meta = RdmaMetadata::from_json(m.metadata.as_deref().unwrap_or_default())?;
+        let created = m.created_ns;
         let descs = self.pool.take(block, batch);
-        let descs = if op == "read" {
-            let o = self.local.begin_read(&meta, descs).await?;
-            o.wait_for_completion().await?;
-            o.into_descriptors()
+        let local = if via == TransportKind::Cma {
+            &self.cma
         } else {
-            let o = self.local.begin_write(descs, &meta).await?;
+            &self.tcp
+        };
+        let ours;
+        let (descs, used) = if op == "read" {
+            let o = local.begin_read(&meta, descs).await?;
             o.wait_for_completion().await?;
-            o.into_descriptors()
+            ours = crate::clock::monotonic_ns();
+            let used = o.transport();
+            (o.into_descriptors(), used)
+        } else {
+            let o = local.begin_write(descs, &meta).await?;
+            o.wait_for_completion().await?;
+            ours = crate::clock::monotonic_ns();
+            let used = o.transport();
+            (o.into_descriptors(), used)
         };
         let done = a.expect("done").await?;
-        let elapsed = t.elapsed();
+        let mut elapsed = t.elapsed();
         if let Some(e) = done.error {
             bail!("the target's side failed: {e}");
         }
+        // End to end as defined: from the passive side's creation to the
+        // later of the two completions (one clock on one host; otherwise
+        // from this side's request to the target's answer, which is longer).
+        if let (true, Some(c), Some(theirs)) = (self.same_clock, created, done.done_ns) {
+            if c > 0 && theirs > 0 {
+                elapsed = Duration::from_nanos(ours.max(theirs).saturating_sub(c));
+            }
+        }
         self.pool.put(descs);
-        Ok(elapsed)
+        Ok((elapsed, used))
     }
 
-    async fn ferry_row(&mut self, op: &str, block: u64, batch: usize) -> anyhow::Result<Row> {
+    async fn ferry_row(
+        &mut self,
+        via: TransportKind,
+        op: &str,
+        block: u64,
+        batch: usize,
+    ) -> anyhow::Result<Row> {
         let iters = self.iters_for(block * batch as u64);
         // One warm-up operation (allocates the pooled buffers on both sides).
-        self.one(op, block, batch).await?;
+        self.one(via, op, block, batch).await?;
         let mut lat = Vec::with_capacity(iters);
+        let mut used = None;
         let start = Instant::now();
         while lat.len() < iters
             && (lat.len() < self.opts.iters.0 || start.elapsed() < self.opts.row_time)
         {
-            lat.push(self.one(op, block, batch).await?);
+            let (d, t) = self.one(via, op, block, batch).await?;
+            lat.push(d);
+            used = t;
         }
         Ok(row(
             "ferry",
-            "tcp",
+            used.map(|t| t.name()).unwrap_or("?"),
             op,
             block,
             batch,
@@ -281,6 +321,60 @@ impl Bench {
         drop(s);
         a.expect("done").await?;
         Ok(row("tcp_stream", "tcp", op, block, batch, &mut lat, wall))
+    }
+
+    /// The raw cross-memory-attach loop between the two processes: the
+    /// destination copies with `process_vm_readv`, as Ferry's `cma` does
+    /// (for `read` this process copies from the target, for `write` the
+    /// target copies from this process). No control messages.
+    async fn cma_row(&mut self, op: &str, block: u64, batch: usize) -> anyhow::Result<Row> {
+        let bytes = block * batch as u64;
+        let iters = self.iters_for(bytes).min(
+            // about `row_time` worth at 2 GB/s, at least the fewest
+            ((self.opts.row_time.as_secs_f64() * 2e9 / bytes as f64) as usize)
+                .max(self.opts.iters.0),
+        );
+        let mut lat: Vec<Duration>;
+        let start;
+        let wall;
+        if op == "read" {
+            let mut r = Request::new(0, Cmd::Lend);
+            r.sizes = vec![bytes];
+            let lent = self.peer.request(r).await?.expect("lent").await?;
+            let pid = lent.pid.unwrap_or(0);
+            let addr: u64 = lent.address.as_deref().unwrap_or("0").parse()?;
+            let mut buf = vec![0u8; bytes as usize];
+            peer::copy_in_chunks(pid, addr, &mut buf)?;
+            lat = Vec::with_capacity(iters);
+            start = Instant::now();
+            for _ in 0..iters {
+                let t = Instant::now();
+                peer::copy_in_chunks(pid, addr, black_box(&mut buf))?;
+                lat.push(t.elapsed());
+            }
+            wall = start.elapsed();
+        } else {
+            let buf = vec![1u8; bytes as usize];
+            let mut r = Request::new(0, Cmd::Pull);
+            r.sizes = vec![bytes];
+            r.pid = Some(std::process::id());
+            r.address = Some(buf.as_ptr() as usize as u64);
+            r.count = Some(iters + 1);
+            let done = self.peer.request(r).await?.expect("done").await?;
+            drop(buf);
+            if let Some(e) = done.error {
+                bail!("the target could not copy from this process: {e}");
+            }
+            lat = done
+                .lat_ns
+                .unwrap_or_default()
+                .into_iter()
+                .skip(1)
+                .map(Duration::from_nanos)
+                .collect();
+            wall = lat.iter().sum();
+        }
+        Ok(row("cma", "cma", op, block, batch, &mut lat, wall))
     }
 
     fn memcpy_row(&self, block: u64, batch: usize) -> Row {
@@ -333,7 +427,7 @@ impl Bench {
         let d = t.elapsed();
         Ok(Some(row(
             "ferry",
-            "tcp",
+            o.transport().map(|t| t.name()).unwrap_or("?"),
             "cold_start",
             4096,
             1,
@@ -386,8 +480,15 @@ pub async fn initiator(
     control: Option<&str>,
     opts: Options,
 ) -> anyhow::Result<Vec<Row>> {
-    let local = Connector::builder()
+    let tcp = Connector::builder()
         .listen(opts.listen.parse()?)
+        .transports(&[TransportKind::Tcp])
+        .build()
+        .await?;
+    let cma = Connector::builder()
+        .listen(opts.listen.parse()?)
+        .transports(&[TransportKind::Cma, TransportKind::Tcp])
+        .cma_threshold(0)
         .build()
         .await?;
     let peer = match control {
@@ -404,7 +505,9 @@ pub async fn initiator(
     let mut b = Bench {
         opts: opts.clone(),
         peer,
-        local,
+        tcp,
+        cma,
+        same_clock: control.is_none(),
         pool: Pool::default(),
         rows: Vec::new(),
         json,
@@ -421,30 +524,50 @@ pub async fn initiator(
         .flat_map(|&bl| opts.batches.iter().map(move |&ba| (bl, ba)))
         .filter(|&(bl, ba)| bl * ba as u64 <= opts.max_op_bytes)
         .collect();
-    let total = shapes.len() * 5;
+    // Cross-memory attach only between processes of one host that the
+    // kernel lets attach to each other: find out with one operation.
+    let attach = {
+        let (_, r) = b.one(TransportKind::Cma, "read", 4096, 1).await?;
+        let (_, w) = b.one(TransportKind::Cma, "write", 4096, 1).await?;
+        r == Some(TransportKind::Cma) && w == Some(TransportKind::Cma)
+    };
+    if !attach {
+        eprintln!("cross-memory attach is not possible with this target (other host, or refused by the kernel): TCP only");
+    }
+    let per_op = if attach { 4 } else { 2 };
+    let total = shapes.len() * (1 + 2 * per_op);
     let mut done = 0;
+    let mut progress = |what: &str, op: &str, block: u64, batch: usize| {
+        done += 1;
+        eprint!(
+            "\r[{done:>3}/{total}] {op:<5} {:>7} x{batch:<3} {what:<12}",
+            human(block)
+        );
+    };
     for &(block, batch) in &shapes {
+        progress("memcpy", "copy", block, batch);
         let m = b.memcpy_row(block, batch);
         b.emit(m)?;
         for op in ["read", "write"] {
-            done += 1;
-            eprint!(
-                "\r[{done:>3}/{total}] {op:<5} {:>7} x{batch:<3} tcp_stream   ",
-                human(block)
-            );
-            let base = b.tcp_row(op, block, batch).await?;
-            done += 1;
-            eprint!(
-                "\r[{done:>3}/{total}] {op:<5} {:>7} x{batch:<3} ferry        ",
-                human(block)
-            );
-            let mut r = b.ferry_row(op, block, batch).await?;
-            r.baseline = Some(format!("tcp_stream {op}"));
-            r.ratio = Some(r.gbps / base.gbps.max(1e-12));
-            b.emit(base)?;
-            b.emit(r)?;
+            let mut pairs = vec![(TransportKind::Tcp, "tcp_stream")];
+            if attach {
+                pairs.insert(0, (TransportKind::Cma, "cma"));
+            }
+            for (via, base_name) in pairs {
+                progress(base_name, op, block, batch);
+                let base = if via == TransportKind::Cma {
+                    b.cma_row(op, block, batch).await?
+                } else {
+                    b.tcp_row(op, block, batch).await?
+                };
+                progress(&format!("ferry {via}"), op, block, batch);
+                let mut r = b.ferry_row(via, op, block, batch).await?;
+                r.baseline = Some(format!("{base_name} {op}"));
+                r.ratio = Some(r.gbps / base.gbps.max(1e-12));
+                b.emit(base)?;
+                b.emit(r)?;
+            }
         }
-        done += 1;
     }
     eprintln!("\r{:<60}", "sweep done");
 

@@ -48,6 +48,12 @@ pub enum Cmd {
     TcpStream,
     /// Answers `cpu` with this process's CPU time in microseconds.
     CpuTime,
+    /// Baseline: keep a buffer of `sizes[0]` bytes and answer `lent` with
+    /// this process's `pid` and the buffer's `address` (replaces the last one).
+    Lend,
+    /// Baseline: copy `sizes[0]` bytes from `address` of process `pid` by
+    /// cross-memory attach, `count` times; answers `done` with `lat_ns`.
+    Pull,
 }
 
 /// One request line.
@@ -76,6 +82,15 @@ pub struct Request {
     /// without filling, checking or keeping them.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub reuse: bool,
+    /// For `pull`: the process to copy from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// For `pull`: the address to copy from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<u64>,
+    /// For `pull`: how many copies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<usize>,
 }
 
 impl Request {
@@ -90,6 +105,9 @@ impl Request {
             target: None,
             deadline_ms: None,
             reuse: false,
+            pid: None,
+            address: None,
+            count: None,
         }
     }
 }
@@ -140,6 +158,19 @@ pub struct Event {
     /// For `done`: the transport that carried the operation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transport: Option<String>,
+    /// For `lent`: the process id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// For `metadata`: when the passive operation was created
+    /// ([`clock::monotonic_ns`](crate::clock::monotonic_ns)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_ns: Option<u64>,
+    /// For `done`: when this side saw the end (same clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub done_ns: Option<u64>,
+    /// For `pull`'s `done`: nanoseconds per copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lat_ns: Option<Vec<u64>>,
 }
 
 impl Event {
@@ -225,6 +256,7 @@ struct PeerState {
     cancels: Mutex<HashMap<u64, oneshot::Sender<()>>>,
     kept: Mutex<HashMap<u64, Vec<Descriptor<'static>>>>,
     pool: Mutex<HashMap<u64, Vec<Vec<u8>>>>,
+    lent: Mutex<Option<Vec<u8>>>,
 }
 
 impl PeerState {
@@ -232,7 +264,7 @@ impl PeerState {
         let _ = self.out.send(e);
     }
 
-    /// Pooled buffers of these sizes (zeroed when first made).
+    /// Pooled buffers of these sizes.
     fn pooled(&self, sizes: &[u64]) -> Vec<Descriptor<'static>> {
         let mut pool = self.pool.lock().unwrap();
         sizes
@@ -241,7 +273,9 @@ impl PeerState {
                 let v = pool
                     .get_mut(&s)
                     .and_then(|l| l.pop())
-                    .unwrap_or_else(|| vec![0; s as usize]);
+                    // Written, so that its pages are real (a never-written buffer
+                    // reads from the shared zero page, which flatters a READ).
+                    .unwrap_or_else(|| vec![1; s as usize]);
                 Descriptor::from_vec(v)
             })
             .collect()
@@ -264,9 +298,10 @@ impl PeerState {
         }
     }
 
-    fn send_metadata(&self, id: u64, m: &RdmaMetadata) {
+    fn send_metadata(&self, id: u64, m: &RdmaMetadata, created_ns: u64) {
         let mut ev = Event::new(id, "metadata");
         ev.metadata = Some(m.to_json());
+        ev.created_ns = Some(created_ns);
         self.send(ev);
     }
 
@@ -285,7 +320,10 @@ impl PeerState {
             }
         };
         let result = tokio::select! {
-            r = waited => r,
+            r = waited => {
+                ev.done_ns = Some(crate::clock::monotonic_ns());
+                r
+            }
             _ = rx => {
                 ev.before_cancel = Some(op.status().to_string());
                 op.cancel();
@@ -323,6 +361,7 @@ impl PeerState {
             let m = r.metadata.as_deref().ok_or("no metadata in request")?;
             RdmaMetadata::from_json(m).map_err(|e| ferry::Error::from(e).to_string())
         };
+        let created_ns = crate::clock::monotonic_ns();
         match r.cmd {
             Cmd::Readable => match self
                 .connector
@@ -331,14 +370,14 @@ impl PeerState {
             {
                 Err(e) => self.send(fail(e.to_string())),
                 Ok(op) => {
-                    self.send_metadata(r.id, op.metadata());
+                    self.send_metadata(r.id, op.metadata(), created_ns);
                     self.finish(&r, started, AnyOp::Readable(op), None).await
                 }
             },
             Cmd::Writable => match self.connector.create_writable(self.bufs(&r, None)).await {
                 Err(e) => self.send(fail(e.to_string())),
                 Ok(op) => {
-                    self.send_metadata(r.id, op.metadata());
+                    self.send_metadata(r.id, op.metadata(), created_ns);
                     let seed = (!r.reuse).then_some(r.seed);
                     self.finish(&r, started, AnyOp::Writable(op), seed).await
                 }
@@ -412,8 +451,50 @@ impl PeerState {
                 ev.micros = Some(process_cpu_micros());
                 self.send(ev);
             }
+            Cmd::Lend => {
+                let buf = vec![1u8; r.sizes.first().copied().unwrap_or(0) as usize];
+                let mut ev = Event::new(r.id, "lent");
+                ev.pid = Some(std::process::id());
+                ev.address = Some((buf.as_ptr() as usize).to_string());
+                *self.lent.lock().unwrap() = Some(buf);
+                self.send(ev);
+            }
+            Cmd::Pull => {
+                let size = r.sizes.first().copied().unwrap_or(0) as usize;
+                let (pid, addr) = (r.pid.unwrap_or(0), r.address.unwrap_or(0));
+                let count = r.count.unwrap_or(1);
+                let out = tokio::task::spawn_blocking(move || {
+                    let mut buf = vec![0u8; size];
+                    let mut lat = Vec::with_capacity(count);
+                    for _ in 0..count {
+                        let t = Instant::now();
+                        copy_in_chunks(pid, addr, &mut buf)?;
+                        lat.push(t.elapsed().as_nanos() as u64);
+                    }
+                    std::io::Result::Ok(lat)
+                })
+                .await;
+                let mut ev = Event::new(r.id, "done");
+                match out {
+                    Ok(Ok(lat)) => ev.lat_ns = Some(lat),
+                    Ok(Err(e)) => ev.error = Some(e.to_string()),
+                    Err(e) => ev.error = Some(e.to_string()),
+                }
+                self.send(ev);
+            }
         }
     }
+}
+
+/// The raw cross-memory-attach baseline: copies `buf.len()` bytes from
+/// `addr` of process `pid` in the chunks Ferry's `cma` transport uses (one
+/// `process_vm_readv` per 2 MiB, which is also faster than one huge call).
+pub fn copy_in_chunks(pid: u32, addr: u64, buf: &mut [u8]) -> std::io::Result<()> {
+    const CHUNK: usize = 2 << 20;
+    for (i, c) in buf.chunks_mut(CHUNK).enumerate() {
+        ferry::cross_memory::copy_from_process(pid, addr + (i * CHUNK) as u64, c)?;
+    }
+    Ok(())
 }
 
 /// Serves the plain-TCP baseline on one connection until it closes.
@@ -421,7 +502,8 @@ async fn tcp_stream_baseline(s: tokio::net::TcpStream, size: usize) -> std::io::
     use tokio::io::AsyncReadExt;
     s.set_nodelay(true)?;
     let (mut rd, mut wr) = s.into_split();
-    let mut buf = vec![0u8; size];
+    // Written, so that its pages are real (as in Ferry's pool).
+    let mut buf = vec![1u8; size];
     let mut cmd = [0u8; 1];
     loop {
         if rd.read(&mut cmd).await? == 0 {
@@ -488,6 +570,7 @@ where
         cancels: Mutex::new(HashMap::new()),
         kept: Mutex::new(HashMap::new()),
         pool: Mutex::new(HashMap::new()),
+        lent: Mutex::new(None),
     });
     let writer = tokio::spawn(async move {
         let mut stdout = output;

@@ -56,6 +56,11 @@ pub use ferry_proto::{
 pub use op::{ReadOperation, ReadableOperation, WritableOperation, WriteOperation};
 pub use transport::TransportKind;
 
+/// Cross-memory attach, the primitive under [`TransportKind::Cma`].
+pub mod cross_memory {
+    pub use crate::transport::cma::copy_from_process;
+}
+
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]

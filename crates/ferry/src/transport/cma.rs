@@ -79,6 +79,14 @@ pub(crate) fn pull(_pid: u32, _local: &mut [u8], _remote: u64) -> io::Result<()>
     ))
 }
 
+/// Copies `local.len()` bytes from address `remote` of process `pid` into
+/// `local`: the one system call the `cma` transport is built on, for
+/// baselines and diagnostics (`ferry bench` measures it raw). It only writes
+/// into `local`; a bad address or a refused permission is an error.
+pub fn copy_from_process(pid: u32, remote: u64, local: &mut [u8]) -> io::Result<()> {
+    pull(pid, local, remote)
+}
+
 /// Whether this process can read the peer that claims to be `pid` with
 /// `cookie` at `addr`: the kernel must permit it *and* the bytes must match.
 pub(crate) fn probe(pid: u32, addr: u64, cookie: &[u8; 16]) -> bool {
