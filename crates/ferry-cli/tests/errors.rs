@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use ferry::{AbortReason, Error, OperationStatus, RdmaMetadata};
+use ferry::{AbortReason, Error, OperationStatus, RdmaMetadata, TransportKind};
 use ferry_cli::peer::{Cmd, Request};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -289,11 +289,25 @@ async fn wait_status(
 
 const BIG: u64 = 1 << 30;
 
+/// The transports of a run over `t` (cross-memory attach for every size).
+fn over(t: TransportKind) -> Vec<TransportKind> {
+    match t {
+        TransportKind::Cma => vec![TransportKind::Cma, TransportKind::Tcp],
+        other => vec![other],
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remote_killed_mid_read_of_this_process_memory() {
-    let local = connector().await;
-    let mut victim = peer().await;
-    let bystander = peer().await;
+    for t in [TransportKind::Cma, TransportKind::Tcp] {
+        remote_killed_mid_read_of_this_process_memory_over(t).await;
+    }
+}
+
+async fn remote_killed_mid_read_of_this_process_memory_over(t: TransportKind) {
+    let local = connector_over(&over(t)).await;
+    let mut victim = peer_over(&over(t), &[]).await;
+    let bystander = peer_over(&over(t), &[]).await;
     let readable = local.create_readable(zeroed(&[BIG])).await.unwrap();
     let _a = victim
         .request(with_meta(req(Cmd::Read, &[BIG], 0), readable.metadata()))
@@ -327,9 +341,15 @@ async fn remote_killed_mid_read_of_this_process_memory() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remote_killed_mid_write_into_its_memory() {
-    let local = connector().await;
-    let mut victim = peer().await;
-    let bystander = peer().await;
+    for t in [TransportKind::Cma, TransportKind::Tcp] {
+        remote_killed_mid_write_into_its_memory_over(t).await;
+    }
+}
+
+async fn remote_killed_mid_write_into_its_memory_over(t: TransportKind) {
+    let local = connector_over(&over(t)).await;
+    let mut victim = peer_over(&over(t), &[]).await;
+    let bystander = peer_over(&over(t), &[]).await;
     let (_a, m) = expose(&victim, Cmd::Writable, &[BIG], 0).await;
     let write = local.begin_write(zeroed(&[BIG]), &m).await.unwrap();
     tokio::time::sleep(Duration::from_millis(30)).await;
@@ -348,9 +368,15 @@ async fn remote_killed_mid_write_into_its_memory() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remote_killed_mid_write_into_this_process_memory() {
-    let local = connector().await;
-    let mut victim = peer().await;
-    let bystander = peer().await;
+    for t in [TransportKind::Cma, TransportKind::Tcp] {
+        remote_killed_mid_write_into_this_process_memory_over(t).await;
+    }
+}
+
+async fn remote_killed_mid_write_into_this_process_memory_over(t: TransportKind) {
+    let local = connector_over(&over(t)).await;
+    let mut victim = peer_over(&over(t), &[]).await;
+    let bystander = peer_over(&over(t), &[]).await;
     let writable = local.create_writable(zeroed(&[BIG])).await.unwrap();
     let mut r = with_meta(req(Cmd::Write, &[BIG], 0), writable.metadata());
     r.reuse = true; // no pattern to compute: start writing at once
@@ -381,11 +407,18 @@ async fn remote_killed_mid_write_into_this_process_memory() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remote_killed_while_this_process_reads_it() {
-    let local = connector().await;
-    let mut victim = peer().await;
+    for t in [TransportKind::Cma, TransportKind::Tcp] {
+        remote_killed_while_this_process_reads_it_over(t).await;
+    }
+}
+
+async fn remote_killed_while_this_process_reads_it_over(t: TransportKind) {
+    let local = connector_over(&over(t)).await;
+    let mut victim = peer_over(&over(t), &[]).await;
     let (_a, m) = expose(&victim, Cmd::Readable, &[BIG], 0).await;
     let read = local.begin_read(&m, zeroed(&[BIG])).await.unwrap();
     tokio::time::sleep(Duration::from_millis(30)).await;
+    assert_eq!(read.transport(), Some(t), "the bytes were moving over {t}");
     victim.kill().await.unwrap();
     let err = read
         .wait_for_completion_timeout(Duration::from_secs(5))
@@ -397,8 +430,14 @@ async fn remote_killed_while_this_process_reads_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_of_a_writable_during_a_transfer_stops_every_later_byte() {
-    let local = connector().await;
-    let p = peer().await;
+    for t in [TransportKind::Cma, TransportKind::Tcp] {
+        cancel_of_a_writable_during_a_transfer_stops_every_later_byte_over(t).await;
+    }
+}
+
+async fn cancel_of_a_writable_during_a_transfer_stops_every_later_byte_over(t: TransportKind) {
+    let local = connector_over(&over(t)).await;
+    let p = peer_over(&over(t), &[]).await;
     let size = BIG; // long enough that the cancel lands mid-transfer even on a loaded machine
     let (mut a, m) = expose(&p, Cmd::Writable, &[size], 7).await;
     let write = local.begin_write(filled(&[size], 7), &m).await.unwrap();
@@ -442,11 +481,18 @@ async fn cancel_of_a_writable_during_a_transfer_stops_every_later_byte() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_of_a_write_during_a_transfer_reaches_the_remote() {
-    let local = connector().await;
-    let p = peer().await;
+    for t in [TransportKind::Cma, TransportKind::Tcp] {
+        cancel_of_a_write_during_a_transfer_reaches_the_remote_over(t).await;
+    }
+}
+
+async fn cancel_of_a_write_during_a_transfer_reaches_the_remote_over(t: TransportKind) {
+    let local = connector_over(&over(t)).await;
+    let p = peer_over(&over(t), &[]).await;
     let size = BIG; // long enough that the cancel lands mid-transfer even on a loaded machine
     let (mut a, m) = expose(&p, Cmd::Writable, &[size], 7).await;
     let write = local.begin_write(filled(&[size], 7), &m).await.unwrap();
+    assert_eq!(write.transport(), Some(t));
     tokio::time::sleep(Duration::from_millis(20)).await;
     write.cancel();
     assert_eq!(write.status(), OperationStatus::Cancelled);

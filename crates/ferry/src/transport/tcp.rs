@@ -381,27 +381,26 @@ impl Conn {
     }
 
     /// Copies a lease into `region` (from the reader task for small
-    /// transfers, else from a blocking thread), then tells the source: all
-    /// copied (`Finish`), or the failure through `fail`. A closed region
-    /// ends it silently: whoever closed it tells the peer.
+    /// transfers, else from a blocking thread), then tells the source that
+    /// every byte is copied (`Finish`). A closed region ends it silently:
+    /// whoever closed it tells the peer. A failed copy means the peer died
+    /// (its memory went away) or lent memory it does not have: either way
+    /// the connection is closed, which fails every operation on it, on both
+    /// sides, with [`Error::ConnectionLost`] and the cause.
     fn spawn_pull(
         self: &Arc<Self>,
         req: u64,
         region: Arc<Region>,
         shared: Arc<OpShared>,
         segs: Vec<(u64, u64)>,
-        fail: impl FnOnce(&Arc<Conn>, String) + Send + 'static,
     ) {
         let Some(&pid) = self.peer_pid.get() else {
-            return fail(
-                self,
-                "a lease from a peer this process cannot attach to".into(),
-            );
+            return self.kill("the peer lent memory to a process that cannot attach to it".into());
         };
         let end = move |conn: &Arc<Conn>, e: PullEnd| match e {
             PullEnd::Done => conn.send_soon(Message::Finish { req }.to_vec(), None, false),
             PullEnd::Closed => {}
-            PullEnd::Failed(why) => fail(conn, why),
+            PullEnd::Failed(why) => conn.kill(why),
         };
         let total: u64 = segs.iter().map(|s| s.1).sum();
         if total <= PULL_INLINE {
@@ -1490,7 +1489,7 @@ async fn step(
             Ok(())
         }
         (Message::Attach(_), None) => Err(ConnError::Violation("unexpected attach".into())),
-        (Message::Lease(l), Some(inner)) => {
+        (Message::Lease(l), Some(_)) => {
             // A pulled WRITE: the active side lends its source.
             let job = {
                 let mut passive = lock(&conn.passive);
@@ -1513,26 +1512,11 @@ async fn step(
                 conn.release(l.req);
                 return Ok(());
             };
-            let inner = inner.clone();
-            let req = l.req;
             conn.spawn_pull(
-                req,
+                l.req,
                 exposure.region.clone(),
                 exposure.shared.clone(),
                 l.segments,
-                move |conn, why| {
-                    let removed = lock(&conn.passive).remove(&req);
-                    if let Some(r) = removed {
-                        let e = Error::Protocol {
-                            peer: conn.peer.clone(),
-                            detail: why.clone(),
-                        };
-                        inner
-                            .exposures
-                            .finish(&r.exposure, OperationStatus::Errored, Some(e));
-                    }
-                    conn.abort_detached(req, AbortReason::Protocol, why);
-                },
             );
             Ok(())
         }
@@ -1559,18 +1543,7 @@ async fn step(
                 conn.release(l.req);
                 return Ok(());
             };
-            let req = l.req;
-            conn.spawn_pull(req, region, shared, l.segments, move |conn, why| {
-                let removed = lock(&conn.active).remove(&req);
-                if let Some(r) = removed {
-                    r.region.close();
-                    r.shared.fail(Error::Protocol {
-                        peer: conn.peer.clone(),
-                        detail: why.clone(),
-                    });
-                }
-                conn.abort_detached(req, AbortReason::Protocol, why);
-            });
+            conn.spawn_pull(l.req, region, shared, l.segments);
             Ok(())
         }
         (Message::Open(o), Some(inner)) => on_open(conn, inner, o),
