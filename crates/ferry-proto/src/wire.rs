@@ -18,7 +18,7 @@
 use crate::{OperationKind, Token, MAX_DESCRIPTORS};
 
 /// The protocol version carried in `Hello`.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 /// The bytes that open every `Hello` body.
 pub const MAGIC: [u8; 6] = *b"FERRY\0";
 /// The length of a frame header.
@@ -181,12 +181,15 @@ pub enum Verdict {
     Refused,
 }
 
-/// Same-host set-up of cross-memory attach, right after the handshake: the
-/// active side sends its `pid` and where its 16 random `cookie` bytes lie; the
-/// passive side reads them by cross-memory attach (this proves both the
-/// permission and that `pid` names the sender in the reader's namespace),
-/// answers with its verdict and its own pid/cookie, and the active side
-/// answers with its verdict (`pid` 0 when it offers nothing).
+/// Same-host set-up of cross-memory attach, right after the handshake, in
+/// four frames: the active side sends its fresh `nonce` (in `cookie`); the
+/// passive side answers with its pid, its nonce and where its cookie lies
+/// (or pid 0: it declines); the active side answers with its verdict on the
+/// passive side's cookie and its own pid and cookie address; the passive
+/// side answers with its verdict. A cookie is a hash of both nonces and the
+/// connection's addresses, computed by the reader itself: reading it proves
+/// the permission and that the pid names the peer in the reader's pid
+/// namespace, and it cannot be replayed or relayed from another connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Attach {
     /// The sender's process id (0: the sender does not offer attach).

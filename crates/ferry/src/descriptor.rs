@@ -96,7 +96,12 @@ impl Descriptor<'static> {
     /// if `writable`), on `device`; nothing else may write to that memory,
     /// nor (if `writable`) read it; and the memory must not be freed. An
     /// operation stops touching the memory when it is dropped or its
-    /// `into_descriptors` returns.
+    /// `into_descriptors` returns — with one exception that concerns
+    /// confidentiality, not soundness: as the *source* of a cross-memory
+    /// attach transfer cancelled half-way, the peer process may still read
+    /// (never write) the memory until it has seen the cancel (see
+    /// `docs/transports.md`). Keep such memory alive and unchanged a moment
+    /// longer if that matters; owned descriptors are kept alive for you.
     pub unsafe fn from_raw_parts(
         ptr: *mut u8,
         size: usize,

@@ -214,9 +214,9 @@ macro_rules! common_methods {
         ///
         /// Nothing writes into them any more. One case to know: if this side
         /// is the *source* of a cross-memory-attach transfer (a readable, or
-        /// a write) that is cancelled half-way, the peer may still be copying
-        /// its current chunk (at most 2 MiB) *from* them until it has seen
-        /// the cancel; it then reports the operation cancelled. Drop the
+        /// a write) that is cancelled half-way, the peer process may go on
+        /// copying *from* them until it has processed the cancel (normally
+        /// microseconds); it then reports the operation cancelled. Drop the
         /// operation instead if its memory must hold something else at once:
         /// dropped storage is kept alive until the peer confirms.
         pub fn into_descriptors(mut self) -> Vec<Descriptor<'a>> {

@@ -20,7 +20,8 @@ use ferry::{
     TransportKind,
 };
 use ferry_proto::wire::{
-    self, Abort, Data, Hello, Message, Open, MAX_BODY, MAX_CHUNK, PROTOCOL_VERSION,
+    self, Abort, Attach, Data, Hello, Lease, Message, Open, Verdict, MAX_BODY, MAX_CHUNK,
+    PROTOCOL_VERSION,
 };
 use ferry_proto::Token;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1585,4 +1586,120 @@ async fn hostile_passive_write_confirmation_before_all_data_is_refused() {
     );
     drop(raw);
     active_side_still_works(&writer).await;
+}
+
+/// A connector that may use cross-memory attach.
+async fn attaching_connector() -> Connector {
+    watch_panics();
+    Connector::builder()
+        .listen("127.0.0.1:0".parse().unwrap())
+        .transports(&[TransportKind::Cma, TransportKind::Tcp])
+        .build()
+        .await
+        .expect("connector starts")
+}
+
+fn attach(pid: u32, addr: u64, cookie: [u8; 16], verdict: Verdict) -> Message {
+    Message::Attach(Attach {
+        pid,
+        addr,
+        cookie,
+        verdict,
+    })
+}
+
+async fn expect_attach(r: &mut Raw) -> Attach {
+    match r.next().await {
+        Some((Message::Attach(a), _)) => a,
+        other => panic!("expected an attach frame, got {other:?}"),
+    }
+}
+
+/// The attack the probe must stop: learn the connector's cookie on one
+/// connection, replay it on another as if it were ours, so that the connector
+/// "verifies" itself as our process and copies from addresses we choose.
+/// The cookie is bound to its connection, so the replay is refused, and a
+/// lease from a peer that did not pass the probe closes the connection
+/// without a byte copied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_attach_cookie_is_refused_and_its_lease_copies_nothing() {
+    let target = attaching_connector().await;
+    let secret = [0x5Au8; 64];
+    let w = target.create_writable(vec![untouched(64)]).await.unwrap();
+    let m = w.metadata().clone();
+
+    let mut first = Raw::connect(&target).await;
+    first
+        .send(&attach(std::process::id(), 0, [1; 16], Verdict::Unknown))
+        .await;
+    let offered = expect_attach(&mut first).await;
+    assert_ne!(offered.pid, 0, "the connector offers attach on loopback");
+
+    let mut second = Raw::connect(&target).await;
+    second
+        .send(&attach(std::process::id(), 0, [2; 16], Verdict::Unknown))
+        .await;
+    let _ = expect_attach(&mut second).await;
+    // Replay the connector's own cookie from the first connection.
+    second
+        .send(&attach(
+            offered.pid,
+            offered.addr,
+            [0; 16],
+            Verdict::CanPull,
+        ))
+        .await;
+    let verdict = expect_attach(&mut second).await;
+    assert_eq!(verdict.verdict, Verdict::Refused, "{verdict:?}");
+
+    // Now ask it to copy `secret` (this process's memory) into the writable.
+    let mut open = open_frame(7, &m, OperationKind::Write);
+    if let Message::Open(o) = &mut open {
+        o.pull = true;
+    }
+    second.send(&open).await;
+    second
+        .send(&Message::Lease(Lease {
+            req: 7,
+            segments: vec![(secret.as_ptr() as u64, 64)],
+        }))
+        .await;
+    let got = second.closed().await;
+    assert!(
+        got.iter().all(|m| !matches!(m, Message::Finish { .. })),
+        "{got:?}"
+    );
+    within(async {
+        while !w.status().is_terminal() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    assert_eq!(w.status(), OperationStatus::Errored);
+    assert_all(&w.into_descriptors()[0], UNTOUCHED, "exposed buffer");
+    drop(first);
+    assert_no_library_panic();
+}
+
+/// Leases nobody asked for, and attach frames out of turn, close the
+/// connection at once (no reply queue grows).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unasked_leases_and_attach_out_of_turn_close_the_connection() {
+    let target = attaching_connector().await;
+    let mut r = Raw::connect(&target).await;
+    let mut flood = Vec::new();
+    for req in 0..10_000u64 {
+        Message::Lease(Lease {
+            req,
+            segments: vec![(4096, 16)],
+        })
+        .encode(&mut flood);
+    }
+    let _ = r.send_raw(&flood).await;
+    r.expect_closed().await;
+
+    let mut r = Raw::connect(&target).await;
+    r.send(&attach(1, 4096, [0; 16], Verdict::CanPull)).await;
+    r.expect_closed().await;
+    assert_no_library_panic();
 }

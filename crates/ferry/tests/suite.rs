@@ -306,3 +306,85 @@ async fn dropping_a_writable_mid_transfer_fences_every_transport() {
         assert_eq!(a.pending_count() + b.pending_count(), 0, "{t}");
     }
 }
+
+/// Storage whose drop records the status of the read copying from it.
+struct Watched {
+    buf: Vec<u8>,
+    read: std::sync::Arc<std::sync::OnceLock<std::sync::Arc<ferry::ReadOperation<'static>>>>,
+    seen: std::sync::Arc<std::sync::Mutex<Option<Option<OperationStatus>>>>,
+}
+
+impl AsRef<[u8]> for Watched {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        let st = self.read.get().map(|r| r.status());
+        *self.seen.lock().unwrap() = Some(st);
+    }
+}
+
+/// A readable dropped while a reader copies from it by cross-memory attach:
+/// its storage is freed only once the reader has stopped (the reader's
+/// operation has ended), never under the copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_dropped_while_lent_lives_until_the_copy_stops() {
+    use std::sync::{Arc, Mutex, OnceLock};
+    let (a, b) = pair(TransportKind::Cma).await;
+    let size = 128usize << 20;
+    let mut cancelled_mid_copy = 0;
+    for attempt in 0..20u64 {
+        let read_slot = Arc::new(OnceLock::new());
+        let seen = Arc::new(Mutex::new(None));
+        let owner = Watched {
+            buf: vec![5u8; size],
+            read: read_slot.clone(),
+            seen: seen.clone(),
+        };
+        let r = a
+            .create_readable(vec![Descriptor::from_bytes(bytes::Bytes::from_owner(
+                owner,
+            ))])
+            .await
+            .unwrap();
+        let read = Arc::new(
+            b.begin_read(r.metadata(), vec![vec![0u8; size].into()])
+                .await
+                .unwrap(),
+        );
+        let _ = read_slot.set(read.clone());
+        tokio::time::sleep(Duration::from_micros(300 + attempt * 500)).await;
+        drop(r);
+        let _ = read
+            .wait_for_completion_timeout(Duration::from_secs(10))
+            .await;
+        let t = std::time::Instant::now();
+        let at_drop = loop {
+            if let Some(s) = *seen.lock().unwrap() {
+                break s;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "the storage was never released"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
+        let at_drop = at_drop.expect("the read existed");
+        assert!(
+            at_drop.is_terminal(),
+            "the storage was freed while the reader was {at_drop:?}"
+        );
+        if read.status() == OperationStatus::Cancelled {
+            assert_eq!(read.transport(), Some(TransportKind::Cma));
+            cancelled_mid_copy += 1;
+            if cancelled_mid_copy >= 2 {
+                break;
+            }
+        }
+    }
+    assert!(cancelled_mid_copy > 0, "no drop landed mid-copy");
+    assert_eq!(a.pending_count() + b.pending_count(), 0);
+}

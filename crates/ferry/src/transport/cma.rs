@@ -18,11 +18,48 @@
 
 use std::io;
 
-/// 16 random bytes at a fixed address of this process: a peer reads them to
-/// prove that it can attach to this process.
-pub(crate) fn cookie() -> &'static [u8; 16] {
-    static COOKIE: std::sync::OnceLock<Box<[u8; 16]>> = std::sync::OnceLock::new();
-    COOKIE.get_or_init(|| Box::new(crate::host::random_bytes()))
+/// Which end of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    Active,
+    Passive,
+}
+
+/// The 16 bytes that side `side` of one connection places in its memory for
+/// the other to read: a hash of both sides' fresh nonces and of the
+/// connection's two socket addresses. Nobody can make them appear in a
+/// process that is not that side of *this* connection: a replayed or relayed
+/// cookie belongs to another connection (other nonces, other addresses), and
+/// the reader computes the value itself instead of trusting the wire.
+pub(crate) fn cookie(
+    side: Side,
+    active_nonce: &[u8; 16],
+    passive_nonce: &[u8; 16],
+    active_addr: std::net::SocketAddr,
+    passive_addr: std::net::SocketAddr,
+) -> [u8; 16] {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"ferry-cma-cookie-v1\0");
+    h.update([match side {
+        Side::Active => 1u8,
+        Side::Passive => 2u8,
+    }]);
+    h.update(active_nonce);
+    h.update(passive_nonce);
+    h.update(active_addr.to_string().as_bytes());
+    h.update([0u8]);
+    h.update(passive_addr.to_string().as_bytes());
+    let d = h.finalize();
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&d[..16]);
+    out
+}
+
+/// Whether the two ends of a connection are on this host as far as the
+/// socket can tell (loopback, or the same address on both ends).
+pub(crate) fn is_local(local: std::net::SocketAddr, peer: std::net::SocketAddr) -> bool {
+    peer.ip().is_loopback() || peer.ip() == local.ip()
 }
 
 /// This process's id, as the kernel knows it.
@@ -87,21 +124,20 @@ pub fn copy_from_process(pid: u32, remote: u64, local: &mut [u8]) -> io::Result<
     pull(pid, local, remote)
 }
 
-/// Whether this process can read the peer that claims to be `pid` with
-/// `cookie` at `addr`: the kernel must permit it *and* the bytes must match.
-pub(crate) fn probe(pid: u32, addr: u64, cookie: &[u8; 16]) -> bool {
+/// Whether this process can read the 16 bytes at `addr` of process `pid`
+/// and they equal `expected`, which is computed only after the read (so that
+/// the expected bytes are nowhere in this process's memory while it reads).
+/// May block (the peer's pages may fault): call it from a blocking thread.
+pub(crate) fn probe(pid: u32, addr: u64, expected: impl FnOnce() -> [u8; 16]) -> bool {
     if pid == 0 {
         return false;
     }
     let mut got = [0u8; 16];
     match pull(pid, &mut got, addr) {
         Ok(()) => {
-            let ok = &got == cookie;
+            let ok = got == expected();
             if !ok {
-                tracing::debug!(
-                    pid,
-                    "cross-memory attach: the probe bytes differ (another pid namespace?)"
-                );
+                tracing::debug!(pid, "cross-memory attach: the probe bytes differ (another pid namespace, or not the peer)");
             }
             ok
         }
@@ -117,12 +153,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn probe_reads_own_cookie_and_rejects_wrong_bytes() {
-        let c = cookie();
-        let addr = c.as_ptr() as u64;
-        assert!(probe(pid(), addr, c));
-        assert!(!probe(pid(), addr, &[0; 16]));
-        assert!(!probe(0, addr, c));
+    fn probe_checks_bytes_the_reader_computes() {
+        let a: std::net::SocketAddr = "127.0.0.1:1000".parse().unwrap();
+        let p: std::net::SocketAddr = "127.0.0.1:2000".parse().unwrap();
+        let (na, np) = ([1u8; 16], [2u8; 16]);
+        let mine = Box::new(cookie(Side::Active, &na, &np, a, p));
+        let addr = mine.as_ptr() as u64;
+        assert!(probe(pid(), addr, || cookie(Side::Active, &na, &np, a, p)));
+        // Another role, other nonces or another connection: other bytes.
+        assert!(!probe(pid(), addr, || cookie(
+            Side::Passive,
+            &na,
+            &np,
+            a,
+            p
+        )));
+        assert!(!probe(pid(), addr, || cookie(
+            Side::Active,
+            &na,
+            &[3; 16],
+            a,
+            p
+        )));
+        assert!(!probe(pid(), addr, || cookie(Side::Active, &na, &np, p, a)));
+        assert!(!probe(0, addr, || *mine));
         // An unmapped address is an error, not a crash.
         let mut b = [0u8; 4];
         assert!(pull(pid(), &mut b, 8).is_err());

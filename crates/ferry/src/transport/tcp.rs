@@ -54,9 +54,6 @@ static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
 /// A cross-memory copy holds the destination's lock for at most this many
 /// bytes, so that a cancel waits at most that long.
 const PULL_CHUNK: u64 = 2 * 1024 * 1024;
-/// Cross-memory copies up to this size run on the reader task itself;
-/// larger ones on a blocking thread.
-const PULL_INLINE: u64 = 256 * 1024;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -249,6 +246,16 @@ enum Cma {
     Pulling,
 }
 
+/// Where a connection stands in setting up cross-memory attach.
+enum Attaching {
+    /// Nothing received yet.
+    Idle,
+    /// The passive side answered the active side's nonce (`None`: declined).
+    Offered(Option<([u8; 16], [u8; 16])>),
+    /// Set up (or declined); holds this side's cookie for the peer to read.
+    Done { _cookie: Option<Box<[u8; 16]>> },
+}
+
 /// An active operation waiting for its remote.
 struct ActiveReq {
     kind: OperationKind,
@@ -325,7 +332,12 @@ pub(crate) struct Conn {
     peer_pid: OnceLock<u32>,
     /// The peer has proven it can copy from this process.
     peer_pulls: AtomicBool,
-    attach_seen: AtomicBool,
+    /// The passive side's progress through the four `Attach` frames, and
+    /// the cookie this side keeps in memory for the peer to read.
+    attach: Mutex<Attaching>,
+    /// `(active, passive)` socket addresses of this connection.
+    tuple: OnceLock<(SocketAddr, SocketAddr)>,
+    offered: Mutex<Option<Box<[u8; 16]>>>,
     /// Source memory lent to the peer, by request.
     leases: Mutex<HashMap<u64, Arc<Region>>>,
 }
@@ -343,9 +355,20 @@ impl Conn {
             handle,
             peer_pid: OnceLock::new(),
             peer_pulls: AtomicBool::new(false),
-            attach_seen: AtomicBool::new(false),
+            attach: Mutex::new(Attaching::Idle),
+            tuple: OnceLock::new(),
+            offered: Mutex::new(None),
             leases: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Keeps the cookie offered in step 2 of the attach until step 3.
+    fn offered_cookie(&self, c: Box<[u8; 16]>) {
+        *lock(&self.offered) = Some(c);
+    }
+
+    fn take_offered_cookie(&self) -> Option<Box<[u8; 16]>> {
+        lock(&self.offered).take()
     }
 
     /// Lends `region` to the peer for request `req`.
@@ -366,18 +389,14 @@ impl Conn {
         }
     }
 
-    /// Tells the source of request `req` that this side stopped copying.
+    /// Tells the source of request `req` that this side stopped copying
+    /// (a reply: bounded like every frame the peer provokes).
     fn release(self: &Arc<Self>, req: u64) {
-        self.send_soon(
-            Message::Abort(Abort {
-                req,
-                reason: AbortReason::Cancelled,
-                detail: "released".into(),
-            })
-            .to_vec(),
-            None,
-            false,
-        );
+        self.send_detached(Message::Abort(Abort {
+            req,
+            reason: AbortReason::Cancelled,
+            detail: "released".into(),
+        }));
     }
 
     /// Copies a lease into `region` (from the reader task for small
@@ -402,17 +421,12 @@ impl Conn {
             PullEnd::Closed => {}
             PullEnd::Failed(why) => conn.kill(why),
         };
-        let total: u64 = segs.iter().map(|s| s.1).sum();
-        if total <= PULL_INLINE {
+        // Always off the reader task: the peer's pages may fault slowly.
+        let conn = self.clone();
+        self.handle.spawn_blocking(move || {
             let e = pull_all(pid, &region, &shared, &segs);
-            end(self, e);
-        } else {
-            let conn = self.clone();
-            self.handle.spawn_blocking(move || {
-                let e = pull_all(pid, &region, &shared, &segs);
-                end(&conn, e);
-            });
-        }
+            end(&conn, e);
+        });
     }
 
     fn is_alive(&self) -> bool {
@@ -1008,6 +1022,7 @@ impl TcpTransport {
         remote: &RdmaMetadata,
     ) -> Result<Arc<Conn>> {
         tune(&s);
+        let (local_addr, peer_addr) = (s.local_addr(), s.peer_addr());
         let (r, mut w) = s.into_split();
         let unreachable = |cause: String| Error::Unreachable {
             worker: remote.worker_id().to_string(),
@@ -1098,45 +1113,62 @@ impl TcpTransport {
                 .await
                 .map_err(|e| unreachable(e.to_string()))?;
         }
-        let (mut peer_pid, mut peer_pulls) = (None, false);
-        if self.local.cma && remote.host_id() == self.local.host_id {
-            let c = cma::cookie();
-            let offer = Message::Attach(Attach {
+        let (mut peer_pid, mut peer_pulls, mut my_cookie) = (None, false, None);
+        let tuple = match (local_addr, peer_addr) {
+            (Ok(l), Ok(p)) => Some((l, p)),
+            _ => None,
+        };
+        if let Some((me, them)) = tuple.filter(|&(l, p)| {
+            self.local.cma && remote.host_id() == self.local.host_id && cma::is_local(l, p)
+        }) {
+            let next = async |rd: &mut FrameReader| -> Result<Attach> {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
+                    Ok(Ok(Message::Attach(a))) => Ok(a),
+                    // A passive side with a secret refuses a peer without one
+                    // at its first frame after the hello.
+                    Ok(Ok(Message::Abort(a))) if a.reason == AbortReason::Unauthenticated => {
+                        Err(Error::Unauthenticated {
+                            peer: peer.clone(),
+                            detail: a.detail,
+                        })
+                    }
+                    Ok(Ok(_)) => Err(Error::Protocol {
+                        peer: addr.to_string(),
+                        detail: "expected an attach frame".into(),
+                    }),
+                    Ok(Err(e)) => Err(e.into_error(&addr.to_string())),
+                    Err(_) => Err(unreachable("no answer to attach".into())),
+                }
+            };
+            // 1. Our nonce.
+            let na = host::random_bytes();
+            let hello = Message::Attach(Attach {
                 pid: cma::pid(),
-                addr: c.as_ptr() as u64,
-                cookie: *c,
+                addr: 0,
+                cookie: na,
                 verdict: Verdict::Unknown,
             });
-            w.write_all(&offer.to_vec())
+            w.write_all(&hello.to_vec())
                 .await
                 .map_err(|e| unreachable(e.to_string()))?;
-            let theirs = match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
-                Ok(Ok(Message::Attach(a))) => a,
-                // A passive side with a secret refuses a peer without one
-                // at its first frame after the hello.
-                Ok(Ok(Message::Abort(a))) if a.reason == AbortReason::Unauthenticated => {
-                    return Err(Error::Unauthenticated {
-                        peer,
-                        detail: a.detail,
+            // 2. Theirs, and where their cookie lies (pid 0: declined).
+            let theirs = next(&mut rd).await?;
+            let np = theirs.cookie;
+            let cookie = Box::new(cma::cookie(cma::Side::Active, &na, &np, me, them));
+            let ok = theirs.pid != 0 && {
+                let (pid, at) = (theirs.pid, theirs.addr);
+                tokio::task::spawn_blocking(move || {
+                    cma::probe(pid, at, || {
+                        cma::cookie(cma::Side::Passive, &na, &np, me, them)
                     })
-                }
-                Ok(Ok(_)) => {
-                    return Err(Error::Protocol {
-                        peer: addr.to_string(),
-                        detail: "expected the answer to attach".into(),
-                    })
-                }
-                Ok(Err(e)) => return Err(e.into_error(&addr.to_string())),
-                Err(_) => return Err(unreachable("no answer to attach".into())),
+                })
+                .await
+                .unwrap_or(false)
             };
-            peer_pulls = theirs.verdict == Verdict::CanPull;
-            let ok = cma::probe(theirs.pid, theirs.addr, &theirs.cookie);
-            if ok {
-                peer_pid = Some(theirs.pid);
-            }
+            // 3. Our verdict, and where our cookie lies.
             let answer = Message::Attach(Attach {
-                pid: 0,
-                addr: 0,
+                pid: cma::pid(),
+                addr: cookie.as_ptr() as u64,
                 cookie: [0; 16],
                 verdict: if ok {
                     Verdict::CanPull
@@ -1147,6 +1179,12 @@ impl TcpTransport {
             w.write_all(&answer.to_vec())
                 .await
                 .map_err(|e| unreachable(e.to_string()))?;
+            // 4. Their verdict on us.
+            peer_pulls = next(&mut rd).await?.verdict == Verdict::CanPull;
+            if ok {
+                peer_pid = Some(theirs.pid);
+            }
+            my_cookie = Some(cookie);
             tracing::debug!(
                 peer,
                 pull_from_peer = ok,
@@ -1159,6 +1197,10 @@ impl TcpTransport {
             let _ = conn.peer_pid.set(p);
         }
         conn.peer_pulls.store(peer_pulls, Ordering::Release);
+        *lock(&conn.attach) = Attaching::Done { _cookie: my_cookie };
+        if let Some(t) = tuple {
+            let _ = conn.tuple.set(t);
+        }
         self.local.handle.spawn(run_connection(
             conn.clone(),
             rd,
@@ -1287,6 +1329,7 @@ pub(crate) async fn listen(
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
             tune(&s);
+            let tuple = (s.peer_addr(), s.local_addr());
             let (r, mut w) = s.into_split();
             let mut rd = FrameReader::new(r);
             let peer = match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
@@ -1314,6 +1357,9 @@ pub(crate) async fn listen(
             }
             tracing::debug!(%addr, peer, "accepted a connection");
             let conn = Conn::new(peer, w, inner.handle.clone());
+            if let (Ok(act), Ok(pas)) = tuple {
+                let _ = conn.tuple.set((act, pas));
+            }
             inner.track_incoming(&conn);
             run_connection(conn, rd, shutdown, Some(inner)).await;
         });
@@ -1454,43 +1500,15 @@ async fn step(
             }));
             Err(ConnError::Violation(detail.into()))
         }
-        (Message::Attach(a), Some(inner)) => {
-            if a.verdict != Verdict::Unknown {
-                // The active side's verdict on us.
-                conn.peer_pulls.store(
-                    inner.cma && a.verdict == Verdict::CanPull,
-                    Ordering::Release,
-                );
-                return Ok(());
-            }
-            if conn.attach_seen.swap(true, Ordering::AcqRel) {
-                return Err(ConnError::Violation("a second attach".into()));
-            }
-            let ok = inner.cma && cma::probe(a.pid, a.addr, &a.cookie);
-            if ok {
-                let _ = conn.peer_pid.set(a.pid);
-            }
-            let c = cma::cookie();
-            let (pid, addr, cookie) = if inner.cma {
-                (cma::pid(), c.as_ptr() as u64, *c)
-            } else {
-                (0, 0, [0; 16])
-            };
-            conn.send_detached(Message::Attach(Attach {
-                pid,
-                addr,
-                cookie,
-                verdict: if ok {
-                    Verdict::CanPull
-                } else {
-                    Verdict::Refused
-                },
-            }));
-            Ok(())
-        }
+        (Message::Attach(a), Some(inner)) => on_attach(conn, inner, a),
         (Message::Attach(_), None) => Err(ConnError::Violation("unexpected attach".into())),
-        (Message::Lease(l), Some(_)) => {
+        (Message::Lease(l), Some(inner)) => {
             // A pulled WRITE: the active side lends its source.
+            if !inner.cma || conn.peer_pid.get().is_none() {
+                return Err(ConnError::Violation(
+                    "a lease to a worker that did not agree to attach".into(),
+                ));
+            }
             let job = {
                 let mut passive = lock(&conn.passive);
                 match passive.get_mut(&l.req) {
@@ -1522,6 +1540,11 @@ async fn step(
         }
         (Message::Lease(l), None) => {
             // A pulled READ: the passive side lends its source.
+            if conn.peer_pid.get().is_none() || l.req >= conn.next_req.load(Ordering::Relaxed) {
+                return Err(ConnError::Violation(
+                    "a lease this worker did not ask for".into(),
+                ));
+            }
             let job = {
                 let mut active = lock(&conn.active);
                 match active.get_mut(&l.req) {
@@ -1800,8 +1823,91 @@ fn remote_error(a: &Abort) -> Error {
     }
 }
 
+/// The passive side's part of setting up cross-memory attach (see
+/// [`Attach`]).
+fn on_attach(conn: &Arc<Conn>, inner: &Arc<Inner>, a: Attach) -> Result<(), ConnError> {
+    let mut state = lock(&conn.attach);
+    match (&*state, a.verdict) {
+        (Attaching::Idle, Verdict::Unknown) => {
+            // 1 -> 2: offer our cookie, or decline.
+            let tuple = conn.tuple.get().copied();
+            let usable = tuple.filter(|&(act, pas)| inner.cma && cma::is_local(pas, act));
+            let answer = match usable {
+                Some((act, pas)) => {
+                    let np = host::random_bytes();
+                    let cookie =
+                        Box::new(cma::cookie(cma::Side::Passive, &a.cookie, &np, act, pas));
+                    let at = cookie.as_ptr() as u64;
+                    // The cookie is kept (in `Done`) for the whole connection.
+                    *state = Attaching::Offered(Some((a.cookie, np)));
+                    conn.offered_cookie(cookie);
+                    Attach {
+                        pid: cma::pid(),
+                        addr: at,
+                        cookie: np,
+                        verdict: Verdict::Unknown,
+                    }
+                }
+                None => {
+                    *state = Attaching::Offered(None);
+                    Attach {
+                        pid: 0,
+                        addr: 0,
+                        cookie: [0; 16],
+                        verdict: Verdict::Unknown,
+                    }
+                }
+            };
+            drop(state);
+            conn.send_detached(Message::Attach(answer));
+            Ok(())
+        }
+        (Attaching::Offered(nonces), v) if v != Verdict::Unknown => {
+            // 3 -> 4: their verdict on us; probe them; answer ours.
+            let nonces = *nonces;
+            let kept = conn.take_offered_cookie();
+            *state = Attaching::Done { _cookie: kept };
+            drop(state);
+            conn.peer_pulls
+                .store(nonces.is_some() && v == Verdict::CanPull, Ordering::Release);
+            let conn = conn.clone();
+            let tuple = conn.tuple.get().copied();
+            tokio::spawn(async move {
+                let ok = match (nonces, tuple) {
+                    (Some((na, np)), Some((act, pas))) if a.pid != 0 => {
+                        let (pid, at) = (a.pid, a.addr);
+                        tokio::task::spawn_blocking(move || {
+                            cma::probe(pid, at, || {
+                                cma::cookie(cma::Side::Active, &na, &np, act, pas)
+                            })
+                        })
+                        .await
+                        .unwrap_or(false)
+                    }
+                    _ => false,
+                };
+                if ok {
+                    let _ = conn.peer_pid.set(a.pid);
+                }
+                conn.send_detached(Message::Attach(Attach {
+                    pid: 0,
+                    addr: 0,
+                    cookie: [0; 16],
+                    verdict: if ok {
+                        Verdict::CanPull
+                    } else {
+                        Verdict::Refused
+                    },
+                }));
+            });
+            Ok(())
+        }
+        _ => Err(ConnError::Violation("an attach frame out of turn".into())),
+    }
+}
+
 fn on_open(conn: &Arc<Conn>, inner: &Arc<Inner>, o: Open) -> Result<(), ConnError> {
-    if lock(&conn.passive).contains_key(&o.req) {
+    if lock(&conn.passive).contains_key(&o.req) || lock(&conn.leases).contains_key(&o.req) {
         return Err(ConnError::Violation(format!(
             "request number {} in use",
             o.req
@@ -1852,14 +1958,19 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Inner>, o: Open) -> Result<(), ConnErro
                     cma,
                 },
             );
+            // Lend before looking at the status: an owner that drops the
+            // operation from now on finds the memory lent and keeps it alive.
+            if cma == Cma::Lent {
+                conn.lend(o.req, &region);
+            }
             // The owner may have withdrawn it between the check and the insert.
             if exposure.shared.status().is_terminal() {
                 conn.forget_passive(o.req);
+                conn.give_back(o.req);
                 return Ok(());
             }
             match (o.kind, cma) {
                 (OperationKind::Read, Cma::Lent) => {
-                    conn.lend(o.req, &region);
                     let lease = Message::Lease(Lease {
                         req: o.req,
                         segments: region.segments(),
