@@ -260,6 +260,13 @@ pub enum Message {
     Lease(Lease),
     /// See [`Attach`].
     Attach(Attach),
+    /// The destination of request `req` no longer copies from the source's
+    /// lent memory (it stopped after the source's `Abort`, or the request
+    /// had ended here). Ends the lease only, never an operation.
+    Release {
+        /// The request.
+        req: u64,
+    },
 }
 
 const T_HELLO: u8 = 1;
@@ -270,6 +277,7 @@ const T_ABORT: u8 = 5;
 const T_AUTH: u8 = 6;
 const T_LEASE: u8 = 7;
 const T_ATTACH: u8 = 8;
+const T_RELEASE: u8 = 9;
 
 fn put_header(out: &mut Vec<u8>, ty: u8, body_len: usize) {
     out.extend_from_slice(&[ty, 0, 0, 0]);
@@ -357,6 +365,10 @@ impl Message {
                 });
                 T_ATTACH
             }
+            Message::Release { req } => {
+                out.extend_from_slice(&req.to_le_bytes());
+                T_RELEASE
+            }
         };
         let body_len = out.len() - start - HEADER_LEN;
         out[start] = ty;
@@ -382,7 +394,7 @@ pub struct Header {
 /// Checks a frame header.
 pub fn decode_header(h: &[u8; HEADER_LEN]) -> Result<Header, WireError> {
     let ty = h[0];
-    if !(T_HELLO..=T_ATTACH).contains(&ty) {
+    if !(T_HELLO..=T_RELEASE).contains(&ty) {
         return Err(WireError::UnknownType(ty));
     }
     if h[1..4] != [0, 0, 0] {
@@ -537,6 +549,7 @@ pub fn decode_body(h: Header, body: &[u8]) -> Result<Message, WireError> {
                 _ => return Err(WireError::InvalidField("verdict")),
             },
         }),
+        T_RELEASE => Message::Release { req: r.u64()? },
         other => return Err(WireError::UnknownType(other)),
     };
     r.end()?;
@@ -594,6 +607,7 @@ mod tests {
                 len: 4096,
             }),
             Message::Finish { req: 77 },
+            Message::Release { req: 78 },
             Message::Auth(Auth {
                 nonce: [1; 16],
                 mac: [2; 32],
@@ -640,7 +654,7 @@ mod tests {
         }
 
         #[test]
-        fn decoder_never_panics_on_valid_headers(ty in 1u8..=8, body in proptest::collection::vec(any::<u8>(), 0..300)) {
+        fn decoder_never_panics_on_valid_headers(ty in 1u8..=9, body in proptest::collection::vec(any::<u8>(), 0..300)) {
             let mut v = vec![ty, 0, 0, 0];
             v.extend_from_slice(&(body.len() as u32).to_le_bytes());
             v.extend_from_slice(&body);

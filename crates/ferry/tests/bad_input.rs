@@ -1703,3 +1703,110 @@ async fn unasked_leases_and_attach_out_of_turn_close_the_connection() {
     r.expect_closed().await;
     assert_no_library_panic();
 }
+
+fn expected_cookie(na: &[u8; 16], np: &[u8; 16], act: SocketAddr, pas: SocketAddr) -> [u8; 16] {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"ferry-cma-cookie-v1\0");
+    h.update([1u8]); // the active side's cookie
+    h.update(na);
+    h.update(np);
+    h.update(act.to_string().as_bytes());
+    h.update([0u8]);
+    h.update(pas.to_string().as_bytes());
+    let mut o = [0u8; 16];
+    o.copy_from_slice(&h.finalize()[..16]);
+    o
+}
+
+/// The second attack on the probe: the attacker computes the cookie the
+/// connector expects and gets it into the memory of a process that is not
+/// the attacker — the connector's own (a `Data` payload for no request
+/// passes through its read buffer: the reviewer's proof of concept hit that
+/// by guessing addresses) — then names that process's pid and address. Here
+/// the planting is made certain: the test process, which runs the
+/// connector, puts the bytes at an address it tells the attacker. The bytes
+/// are right, the permission is there, but the kernel says the connector's
+/// process does not hold the attacker's socket: refused. (Without that
+/// check this test gets `CanPull`.) The attacker is another process (this
+/// test binary, run again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cookie_planted_in_another_process_does_not_pass_the_probe() {
+    use std::io::{BufRead, Write};
+    const NAME: &str = "a_cookie_planted_in_another_process_does_not_pass_the_probe";
+    if let Ok(addr) = std::env::var("FERRY_TEST_ATTACK") {
+        return plant_cookie(addr.parse().unwrap()).await;
+    }
+    let target = attaching_connector().await;
+    let addr = target.local_addr().to_string();
+    let verdict = tokio::task::spawn_blocking(move || {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+            .env("FERRY_TEST_ATTACK", addr)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut stdin = child.stdin.take().unwrap();
+        let mut planted: Option<Box<[u8; 16]>> = None;
+        let mut verdict = String::new();
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            // The test harness may print "test NAME ... " first on the line.
+            if let Some((_, hex)) = line.split_once("PLANT ") {
+                let mut b = [0u8; 16];
+                for (i, x) in b.iter_mut().enumerate() {
+                    *x = u8::from_str_radix(&hex[i * 2..i * 2 + 2], 16).unwrap();
+                }
+                let bx = Box::new(b);
+                writeln!(stdin, "{}", bx.as_ptr() as u64).unwrap();
+                stdin.flush().unwrap();
+                planted = Some(bx);
+            } else if let Some((_, v)) = line.split_once("VERDICT ") {
+                verdict = v.to_string();
+                break;
+            }
+        }
+        assert!(
+            child.wait().unwrap().success(),
+            "the attacker process failed"
+        );
+        drop(planted);
+        verdict
+    })
+    .await
+    .unwrap();
+    assert_eq!(verdict, "Refused");
+    assert_no_library_panic();
+}
+
+/// The attacker's side.
+async fn plant_cookie(target: SocketAddr) {
+    let mut r = Raw::connect_bare(target).await;
+    r.send(&Message::Hello(Hello {
+        version: PROTOCOL_VERSION,
+        worker_id: "attacker".into(),
+    }))
+    .await;
+    assert!(matches!(r.next().await, Some((Message::Hello(_), _))));
+    let (act, pas) = (r.s.local_addr().unwrap(), r.s.peer_addr().unwrap());
+    let na = [7u8; 16];
+    r.send(&attach(1, 0, na, Verdict::Unknown)).await;
+    let offered = expect_attach(&mut r).await;
+    assert_ne!(offered.pid, std::process::id());
+    let planted = expected_cookie(&na, &offered.cookie, act, pas);
+    let hex: String = planted.iter().map(|b| format!("{b:02x}")).collect();
+    println!("PLANT {hex}");
+    let at: u64 = tokio::task::spawn_blocking(|| {
+        let mut l = String::new();
+        std::io::stdin().read_line(&mut l).unwrap();
+        l.trim().parse().unwrap()
+    })
+    .await
+    .unwrap();
+    r.send(&attach(offered.pid, at, [0; 16], Verdict::CanPull))
+        .await;
+    let v = expect_attach(&mut r).await;
+    println!("VERDICT {:?}", v.verdict);
+}

@@ -17,6 +17,7 @@
 //! and that the pid means the peer in *our* pid namespace.
 
 use std::io;
+use std::net::SocketAddr;
 
 /// Which end of a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,8 +36,8 @@ pub(crate) fn cookie(
     side: Side,
     active_nonce: &[u8; 16],
     passive_nonce: &[u8; 16],
-    active_addr: std::net::SocketAddr,
-    passive_addr: std::net::SocketAddr,
+    active_addr: SocketAddr,
+    passive_addr: SocketAddr,
 ) -> [u8; 16] {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
@@ -47,19 +48,116 @@ pub(crate) fn cookie(
     }]);
     h.update(active_nonce);
     h.update(passive_nonce);
-    h.update(active_addr.to_string().as_bytes());
+    // Canonical: a dual-stack listener sees `::ffff:127.0.0.1` where the
+    // other end sees `127.0.0.1`.
+    h.update(canonical(active_addr).to_string().as_bytes());
     h.update([0u8]);
-    h.update(passive_addr.to_string().as_bytes());
+    h.update(canonical(passive_addr).to_string().as_bytes());
     let d = h.finalize();
     let mut out = [0u8; 16];
     out.copy_from_slice(&d[..16]);
     out
 }
 
+fn canonical(a: SocketAddr) -> SocketAddr {
+    SocketAddr::new(a.ip().to_canonical(), a.port())
+}
+
 /// Whether the two ends of a connection are on this host as far as the
 /// socket can tell (loopback, or the same address on both ends).
-pub(crate) fn is_local(local: std::net::SocketAddr, peer: std::net::SocketAddr) -> bool {
-    peer.ip().is_loopback() || peer.ip() == local.ip()
+pub(crate) fn is_local(local: SocketAddr, peer: SocketAddr) -> bool {
+    let (l, p) = (canonical(local), canonical(peer));
+    p.ip().is_loopback() || p.ip() == l.ip()
+}
+
+/// Whether process `pid` holds the TCP socket whose own address is `sock`
+/// and whose remote address is `remote`: the kernel's word (from `/proc`) on
+/// who is at the other end of a connection, which a peer cannot fake by
+/// placing bytes anywhere. Reading `/proc/<pid>/fd` needs the same ptrace
+/// access as cross-memory attach. Blocking (file system): call it from a
+/// blocking thread.
+#[cfg(target_os = "linux")]
+pub(crate) fn owns_socket(pid: u32, sock: SocketAddr, remote: SocketAddr) -> bool {
+    let Some(inode) = socket_inode(sock, remote) else {
+        tracing::debug!(pid, %sock, %remote, "cross-memory attach: no such socket in this network namespace");
+        return false;
+    };
+    let want = format!("socket:[{inode}]");
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        tracing::debug!(pid, "cross-memory attach: cannot list the peer's files");
+        return false;
+    };
+    let found = dir
+        .take(1 << 16)
+        .filter_map(|e| e.ok())
+        .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == want.as_str()));
+    if !found {
+        tracing::debug!(
+            pid,
+            "cross-memory attach: that process does not hold the peer's socket"
+        );
+    }
+    found
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn owns_socket(_pid: u32, _sock: SocketAddr, _remote: SocketAddr) -> bool {
+    false
+}
+
+/// The inode of the TCP socket with this own and remote address.
+#[cfg(target_os = "linux")]
+fn socket_inode(sock: SocketAddr, remote: SocketAddr) -> Option<u64> {
+    let (sock, remote) = (canonical(sock), canonical(remote));
+    for file in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(file) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 10 {
+                continue;
+            }
+            let (Some(l), Some(r)) = (parse_proc_addr(f[1]), parse_proc_addr(f[2])) else {
+                continue;
+            };
+            if canonical(l) == sock && canonical(r) == remote {
+                if let Ok(inode) = f[9].parse::<u64>() {
+                    if inode != 0 {
+                        return Some(inode);
+                    }
+                }
+            }
+        }
+    }
+    None
+}
+
+/// `0100007F:1F90` (IPv4) or 32 hex digits and a port (IPv6), as the kernel
+/// prints them: each 32-bit word in host byte order.
+fn parse_proc_addr(s: &str) -> Option<SocketAddr> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let (ip, port) = s.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let word = |i: usize| -> Option<[u8; 4]> {
+        Some(
+            u32::from_str_radix(ip.get(i * 8..i * 8 + 8)?, 16)
+                .ok()?
+                .to_ne_bytes(),
+        )
+    };
+    let ip = match ip.len() {
+        8 => IpAddr::V4(Ipv4Addr::from(word(0)?)),
+        32 => {
+            let mut b = [0u8; 16];
+            for i in 0..4 {
+                b[i * 4..i * 4 + 4].copy_from_slice(&word(i)?);
+            }
+            IpAddr::V6(Ipv6Addr::from(b))
+        }
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
 }
 
 /// This process's id, as the kernel knows it.
@@ -180,5 +278,41 @@ mod tests {
         // An unmapped address is an error, not a crash.
         let mut b = [0u8; 4];
         assert!(pull(pid(), &mut b, 8).is_err());
+    }
+
+    #[test]
+    fn proc_addresses_parse_in_host_order() {
+        if cfg!(target_endian = "little") {
+            assert_eq!(
+                parse_proc_addr("0100007F:1F90"),
+                Some("127.0.0.1:8080".parse().unwrap())
+            );
+            assert_eq!(
+                parse_proc_addr("0000000000000000FFFF00000100007F:0050"),
+                Some("[::ffff:127.0.0.1]:80".parse().unwrap())
+            );
+        }
+        assert_eq!(parse_proc_addr("zz:1"), None);
+        assert_eq!(parse_proc_addr("0100007F"), None);
+        assert!(is_local(
+            "[::ffff:127.0.0.1]:1".parse().unwrap(),
+            "127.0.0.1:2".parse().unwrap()
+        ));
+    }
+
+    #[test]
+    fn the_kernel_names_the_owner_of_a_socket() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        let (me, them) = (c.local_addr().unwrap(), c.peer_addr().unwrap());
+        // This process holds both ends.
+        assert!(owns_socket(pid(), me, them));
+        assert!(owns_socket(pid(), them, me));
+        // Another process does not (pid 1 holds no socket of ours).
+        assert!(!owns_socket(1, me, them));
+        // A socket that does not exist has no owner.
+        assert!(!owns_socket(pid(), me, "127.0.0.1:1".parse().unwrap()));
+        drop((c, s));
     }
 }

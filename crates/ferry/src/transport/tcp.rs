@@ -392,11 +392,7 @@ impl Conn {
     /// Tells the source of request `req` that this side stopped copying
     /// (a reply: bounded like every frame the peer provokes).
     fn release(self: &Arc<Self>, req: u64) {
-        self.send_detached(Message::Abort(Abort {
-            req,
-            reason: AbortReason::Cancelled,
-            detail: "released".into(),
-        }));
+        self.send_detached(Message::Release { req });
     }
 
     /// Copies a lease into `region` (from the reader task for small
@@ -1155,16 +1151,11 @@ impl TcpTransport {
             let theirs = next(&mut rd).await?;
             let np = theirs.cookie;
             let cookie = Box::new(cma::cookie(cma::Side::Active, &na, &np, me, them));
-            let ok = theirs.pid != 0 && {
-                let (pid, at) = (theirs.pid, theirs.addr);
-                tokio::task::spawn_blocking(move || {
-                    cma::probe(pid, at, || {
-                        cma::cookie(cma::Side::Passive, &na, &np, me, them)
-                    })
-                })
-                .await
-                .unwrap_or(false)
-            };
+            // The passive end of this connection is `them` -> `me`.
+            let ok = verify_peer(theirs.pid, theirs.addr, them, me, move || {
+                cma::cookie(cma::Side::Passive, &na, &np, me, them)
+            })
+            .await;
             // 3. Our verdict, and where our cookie lies.
             let answer = Message::Attach(Attach {
                 pid: cma::pid(),
@@ -1569,6 +1560,10 @@ async fn step(
             conn.spawn_pull(l.req, region, shared, l.segments);
             Ok(())
         }
+        (Message::Release { req }, _) => {
+            conn.give_back(req);
+            Ok(())
+        }
         (Message::Open(o), Some(inner)) => on_open(conn, inner, o),
         (Message::Open(_), None) => {
             Err(ConnError::Violation("open sent to the active side".into()))
@@ -1823,6 +1818,40 @@ fn remote_error(a: &Abort) -> Error {
     }
 }
 
+/// Probes running at once in this process, at most.
+const MAX_PROBES: usize = 16;
+
+/// Whether process `pid` is the other end of this connection (the kernel
+/// says it holds the socket `sock` -> `remote`) and this process may copy
+/// from it (its cookie at `addr` reads as `expected`). Bounded: at most
+/// [`MAX_PROBES`] at once and [`HANDSHAKE_TIMEOUT`] each (a peer's memory may
+/// fault slowly); anything else is a refusal, and the connection uses TCP.
+async fn verify_peer(
+    pid: u32,
+    addr: u64,
+    sock: SocketAddr,
+    remote: SocketAddr,
+    expected: impl FnOnce() -> [u8; 16] + Send + 'static,
+) -> bool {
+    static PROBES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_PROBES);
+    if pid == 0 {
+        return false;
+    }
+    let Ok(permit) = PROBES.try_acquire() else {
+        tracing::debug!(pid, "cross-memory attach: too many probes at once");
+        return false;
+    };
+    let job = tokio::task::spawn_blocking(move || {
+        // The permit lives as long as the blocking work, even past a timeout.
+        let _permit = permit;
+        cma::owns_socket(pid, sock, remote) && cma::probe(pid, addr, expected)
+    });
+    matches!(
+        tokio::time::timeout(HANDSHAKE_TIMEOUT, job).await,
+        Ok(Ok(true))
+    )
+}
+
 /// The passive side's part of setting up cross-memory attach (see
 /// [`Attach`]).
 fn on_attach(conn: &Arc<Conn>, inner: &Arc<Inner>, a: Attach) -> Result<(), ConnError> {
@@ -1874,15 +1903,12 @@ fn on_attach(conn: &Arc<Conn>, inner: &Arc<Inner>, a: Attach) -> Result<(), Conn
             let tuple = conn.tuple.get().copied();
             tokio::spawn(async move {
                 let ok = match (nonces, tuple) {
-                    (Some((na, np)), Some((act, pas))) if a.pid != 0 => {
-                        let (pid, at) = (a.pid, a.addr);
-                        tokio::task::spawn_blocking(move || {
-                            cma::probe(pid, at, || {
-                                cma::cookie(cma::Side::Active, &na, &np, act, pas)
-                            })
+                    (Some((na, np)), Some((act, pas))) => {
+                        // The active end of this connection is `act` -> `pas`.
+                        verify_peer(a.pid, a.addr, act, pas, move || {
+                            cma::cookie(cma::Side::Active, &na, &np, act, pas)
                         })
                         .await
-                        .unwrap_or(false)
                     }
                     _ => false,
                 };
