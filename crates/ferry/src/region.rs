@@ -205,6 +205,37 @@ impl Region {
         Ok(f(slice))
     }
 
+    /// Runs `f` with the raw `(pointer, length)` of whole segments
+    /// `first..first + count`, for writing, under the lock like
+    /// [`write_at`](Self::write_at): one system call that fills several
+    /// segments (a vectored cross-memory copy). `f` gets pointers, not
+    /// slices, so that segments that overlap (possible with raw descriptors)
+    /// never become two `&mut` at once; it must not block beyond one call.
+    pub(crate) fn write_segments<R>(
+        &self,
+        first: usize,
+        count: usize,
+        f: impl FnOnce(&[(*mut u8, usize)]) -> R,
+    ) -> Result<R, Denied> {
+        if !self.writable {
+            return Err(Denied::OutOfBounds);
+        }
+        let end = first.checked_add(count).ok_or(Denied::OutOfBounds)?;
+        let segs = self.segs.get(first..end).ok_or(Denied::OutOfBounds)?;
+        let raw: Vec<(*mut u8, usize)> = segs.iter().map(|s| (s.ptr, s.len)).collect();
+        if self.closing.load(Ordering::Acquire) {
+            return Err(Denied::Closed);
+        }
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if !*open {
+            return Err(Denied::Closed);
+        }
+        // The region is open and stays open while we hold the lock, so by
+        // `Region::new`'s contract every pointer is valid for writes of its
+        // length and nothing else accesses that memory until `f` returns.
+        Ok(f(&raw))
+    }
+
     /// Runs `f` on `len` bytes of segment `seg` at `off`, for reading.
     pub(crate) fn read_at<R>(
         &self,

@@ -286,7 +286,43 @@ enum PullEnd {
 /// Copies every segment of a lease from process `pid` into `region`, one
 /// chunk per region lock, then seals the operation under that lock.
 fn pull_all(pid: u32, region: &Region, shared: &OpShared, segs: &[(u64, u64)]) -> PullEnd {
-    for (i, &(addr, len)) in segs.iter().enumerate() {
+    /// The most iovecs of one system call (Linux's `IOV_MAX`).
+    const MAX_IOV: usize = 1024;
+    let failed =
+        |e: io::Error| PullEnd::Failed(format!("cross-memory copy from process {pid} failed: {e}"));
+    let mut i = 0;
+    while i < segs.len() {
+        // Small segments in a row: one vectored call for up to a chunk.
+        let mut count = 0;
+        let mut bytes = 0u64;
+        while i + count < segs.len() && count < MAX_IOV && segs[i + count].1 <= PULL_CHUNK - bytes {
+            bytes += segs[i + count].1;
+            count += 1;
+        }
+        if count > 1 {
+            let batch = &segs[i..i + count];
+            let r = region.write_segments(i, count, |local| {
+                if local.iter().zip(batch).any(|(l, r)| l.1 as u64 != r.1) {
+                    return Err(io::Error::other("lease larger than the destination"));
+                }
+                // SAFETY: `write_segments` hands out whole segments of an
+                // open region under its lock: valid for writes and touched
+                // by nothing else until we return; the lengths match the
+                // lease pairwise (checked above) and `count` <= IOV_MAX.
+                unsafe { cma::pull_many(pid, local, batch) }
+            });
+            match r {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return failed(e),
+                Err(Denied::Closed) => return PullEnd::Closed,
+                Err(Denied::OutOfBounds) => {
+                    return PullEnd::Failed("lease larger than the destination".into())
+                }
+            }
+            i += count;
+            continue;
+        }
+        let (addr, len) = segs[i];
         let mut off = 0u64;
         while off < len {
             let n = (len - off).min(PULL_CHUNK) as usize;
@@ -306,6 +342,7 @@ fn pull_all(pid: u32, region: &Region, shared: &OpShared, segs: &[(u64, u64)]) -
                 }
             }
         }
+        i += 1;
     }
     if region.seal_if_open(|| shared.seal()) {
         PullEnd::Done
