@@ -334,10 +334,7 @@ impl Bench {
             ((self.opts.row_time.as_secs_f64() * 2e9 / bytes as f64) as usize)
                 .max(self.opts.iters.0),
         );
-        let mut lat: Vec<Duration>;
-        let start;
-        let wall;
-        if op == "read" {
+        let (mut lat, wall) = if op == "read" {
             let mut r = Request::new(0, Cmd::Lend);
             r.sizes = vec![bytes];
             let lent = self.peer.request(r).await?.expect("lent").await?;
@@ -345,14 +342,14 @@ impl Bench {
             let addr: u64 = lent.address.as_deref().unwrap_or("0").parse()?;
             let mut buf = vec![0u8; bytes as usize];
             peer::copy_in_chunks(pid, addr, &mut buf)?;
-            lat = Vec::with_capacity(iters);
-            start = Instant::now();
+            let mut lat = Vec::with_capacity(iters);
+            let start = Instant::now();
             for _ in 0..iters {
                 let t = Instant::now();
                 peer::copy_in_chunks(pid, addr, black_box(&mut buf))?;
                 lat.push(t.elapsed());
             }
-            wall = start.elapsed();
+            (lat, start.elapsed())
         } else {
             let buf = vec![1u8; bytes as usize];
             let mut r = Request::new(0, Cmd::Pull);
@@ -365,14 +362,19 @@ impl Bench {
             if let Some(e) = done.error {
                 bail!("the target could not copy from this process: {e}");
             }
-            lat = done
+            // The first copy warms up.
+            let lat: Vec<Duration> = done
                 .lat_ns
                 .unwrap_or_default()
                 .into_iter()
                 .skip(1)
                 .map(Duration::from_nanos)
                 .collect();
-            wall = lat.iter().sum();
+            let wall = lat.iter().sum();
+            (lat, wall)
+        };
+        if lat.is_empty() {
+            bail!("the target measured no copy");
         }
         Ok(row("cma", "cma", op, block, batch, &mut lat, wall))
     }

@@ -492,7 +492,10 @@ impl PeerState {
 pub fn copy_in_chunks(pid: u32, addr: u64, buf: &mut [u8]) -> std::io::Result<()> {
     const CHUNK: usize = 2 << 20;
     for (i, c) in buf.chunks_mut(CHUNK).enumerate() {
-        ferry::cross_memory::copy_from_process(pid, addr + (i * CHUNK) as u64, c)?;
+        let at = addr
+            .checked_add((i * CHUNK) as u64)
+            .ok_or_else(|| std::io::Error::other("address overflows"))?;
+        ferry::cross_memory::copy_from_process(pid, at, c)?;
     }
     Ok(())
 }

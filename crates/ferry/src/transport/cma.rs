@@ -261,43 +261,12 @@ pub(crate) fn pid() -> u32 {
 
 /// Copies `local.len()` bytes from address `remote` of process `pid` into
 /// `local`. Fails unless every byte was copied.
-#[cfg(target_os = "linux")]
 pub(crate) fn pull(pid: u32, local: &mut [u8], remote: u64) -> io::Result<()> {
-    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::other("pid out of range"))?;
-    let remote = usize::try_from(remote).map_err(|_| io::Error::other("address out of range"))?;
-    let mut done = 0usize;
-    while done < local.len() {
-        let rest = &mut local[done..];
-        let liov = libc::iovec {
-            iov_base: rest.as_mut_ptr().cast(),
-            iov_len: rest.len(),
-        };
-        let riov = libc::iovec {
-            iov_base: remote.wrapping_add(done) as *mut libc::c_void,
-            iov_len: rest.len(),
-        };
-        // SAFETY: the kernel writes at most `rest.len()` bytes into `rest`,
-        // which we borrow exclusively for the call; it only *reads* the
-        // other process (any fault there is reported as an error, never as
-        // a write here). The iovec arrays live on this stack frame for the
-        // whole call, and their counts are 1.
-        let n = unsafe { libc::process_vm_readv(pid, &liov, 1, &riov, 1, 0) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the peer's memory ended early",
-            ));
-        }
-        done += n as usize;
-    }
-    Ok(())
+    let len = local.len();
+    // SAFETY: `local` is borrowed exclusively for the call, so it is valid
+    // for writes of `len` bytes and nothing else touches it meanwhile; one
+    // local and one remote range of the same length.
+    unsafe { pull_many(pid, &[(local.as_mut_ptr(), len)], &[(remote, len as u64)]) }
 }
 
 /// Copies `remote[i]` (address, length) of process `pid` into `local[i]`
@@ -377,14 +346,6 @@ pub(crate) unsafe fn pull_many(
     _local: &[(*mut u8, usize)],
     _remote: &[(u64, u64)],
 ) -> io::Result<()> {
-    Err(io::Error::new(
-        io::ErrorKind::Unsupported,
-        "cross-memory attach needs Linux",
-    ))
-}
-
-#[cfg(not(target_os = "linux"))]
-pub(crate) fn pull(_pid: u32, _local: &mut [u8], _remote: u64) -> io::Result<()> {
     Err(io::Error::new(
         io::ErrorKind::Unsupported,
         "cross-memory attach needs Linux",

@@ -252,8 +252,8 @@ enum Attaching {
     Idle,
     /// The passive side answered the active side's nonce (`None`: declined).
     Offered(Option<([u8; 16], [u8; 16])>),
-    /// Set up (or declined); holds this side's cookie for the peer to read.
-    Done { _cookie: Option<Box<[u8; 16]>> },
+    /// Set up, or declined.
+    Done,
 }
 
 /// An active operation waiting for its remote.
@@ -331,11 +331,7 @@ fn pull_all(pid: u32, region: &Region, shared: &OpShared, segs: &[(u64, u64)]) -
             };
             match region.write_at(i, off, n, |d| cma::pull(pid, d, at)) {
                 Ok(Ok(())) => off += n as u64,
-                Ok(Err(e)) => {
-                    return PullEnd::Failed(format!(
-                        "cross-memory copy from process {pid} failed: {e}"
-                    ))
-                }
+                Ok(Err(e)) => return failed(e),
                 Err(Denied::Closed) => return PullEnd::Closed,
                 Err(Denied::OutOfBounds) => {
                     return PullEnd::Failed("lease larger than the destination".into())
@@ -374,7 +370,9 @@ pub(crate) struct Conn {
     attach: Mutex<Attaching>,
     /// `(active, passive)` socket addresses of this connection.
     tuple: OnceLock<(SocketAddr, SocketAddr)>,
-    offered: Mutex<Option<Box<[u8; 16]>>>,
+    /// This side's cookie, kept at a fixed address for the peer to read
+    /// while the connection lives.
+    cookie: Mutex<Option<Box<[u8; 16]>>>,
     /// Source memory lent to the peer, by request.
     leases: Mutex<HashMap<u64, Arc<Region>>>,
 }
@@ -394,18 +392,9 @@ impl Conn {
             peer_pulls: AtomicBool::new(false),
             attach: Mutex::new(Attaching::Idle),
             tuple: OnceLock::new(),
-            offered: Mutex::new(None),
+            cookie: Mutex::new(None),
             leases: Mutex::new(HashMap::new()),
         })
-    }
-
-    /// Keeps the cookie offered in step 2 of the attach until step 3.
-    fn offered_cookie(&self, c: Box<[u8; 16]>) {
-        *lock(&self.offered) = Some(c);
-    }
-
-    fn take_offered_cookie(&self) -> Option<Box<[u8; 16]>> {
-        lock(&self.offered).take()
     }
 
     /// Lends `region` to the peer for request `req`.
@@ -1225,7 +1214,8 @@ impl TcpTransport {
             let _ = conn.peer_pid.set(p);
         }
         conn.peer_pulls.store(peer_pulls, Ordering::Release);
-        *lock(&conn.attach) = Attaching::Done { _cookie: my_cookie };
+        *lock(&conn.cookie) = my_cookie;
+        *lock(&conn.attach) = Attaching::Done;
         if let Some(t) = tuple {
             let _ = conn.tuple.set(t);
         }
@@ -1904,9 +1894,8 @@ fn on_attach(conn: &Arc<Conn>, inner: &Arc<Inner>, a: Attach) -> Result<(), Conn
                     let cookie =
                         Box::new(cma::cookie(cma::Side::Passive, &a.cookie, &np, act, pas));
                     let at = cookie.as_ptr() as u64;
-                    // The cookie is kept (in `Done`) for the whole connection.
                     *state = Attaching::Offered(Some((a.cookie, np)));
-                    conn.offered_cookie(cookie);
+                    *lock(&conn.cookie) = Some(cookie);
                     Attach {
                         pid: cma::pid(),
                         addr: at,
@@ -1931,8 +1920,7 @@ fn on_attach(conn: &Arc<Conn>, inner: &Arc<Inner>, a: Attach) -> Result<(), Conn
         (Attaching::Offered(nonces), v) if v != Verdict::Unknown => {
             // 3 -> 4: their verdict on us; probe them; answer ours.
             let nonces = *nonces;
-            let kept = conn.take_offered_cookie();
-            *state = Attaching::Done { _cookie: kept };
+            *state = Attaching::Done;
             drop(state);
             conn.peer_pulls
                 .store(nonces.is_some() && v == Verdict::CanPull, Ordering::Release);
