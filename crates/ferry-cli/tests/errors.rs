@@ -566,3 +566,72 @@ async fn deadlines_fire_on_both_sides() {
         "{ev:?}"
     );
 }
+
+/// Striped over four TCP streams: a remote killed mid-transfer fails the
+/// transfer on this side, whichever side is active and whichever way the
+/// bytes go, and leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_killed_mid_striped_transfers() {
+    const SIZE: u64 = 256 << 20;
+    let tcp = [TransportKind::Tcp];
+    for case in [
+        "it reads this process",
+        "this process reads it",
+        "this process writes it",
+    ] {
+        let local = connector_striped(4).await;
+        let mut victim = peer_striped(&tcp, 4, &[]).await;
+        let v = &mut victim;
+        match case {
+            "it reads this process" => {
+                let r = local.create_readable(zeroed(&[SIZE])).await.unwrap();
+                let _a = v
+                    .request(with_meta(req(Cmd::Read, &[SIZE], 0), r.metadata()))
+                    .await
+                    .unwrap();
+                killed_mid_transfer(v, case, || r.status(), r.wait_for_completion()).await;
+            }
+            "this process reads it" => {
+                let (_a, m) = expose(v, Cmd::Readable, &[SIZE], 0).await;
+                let r = local.begin_read(&m, zeroed(&[SIZE])).await.unwrap();
+                killed_mid_transfer(v, case, || r.status(), r.wait_for_completion()).await;
+            }
+            _ => {
+                let (_a, m) = expose(v, Cmd::Writable, &[SIZE], 0).await;
+                let w = local.begin_write(zeroed(&[SIZE]), &m).await.unwrap();
+                killed_mid_transfer(v, case, || w.status(), w.wait_for_completion()).await;
+            }
+        }
+        assert_eq!(local.exposed_count(), 0, "{case}");
+        // The parts on the other streams leave their tables a moment later.
+        let t = Instant::now();
+        while local.pending_count() > 0 && t.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(local.pending_count(), 0, "{case}");
+    }
+}
+
+/// Kills `victim` once the operation is under way; the operation must fail
+/// with `ConnectionLost` within 5 s.
+async fn killed_mid_transfer(
+    victim: &mut ferry_cli::peer::PeerProcess,
+    case: &str,
+    status: impl Fn() -> OperationStatus,
+    wait: impl std::future::Future<Output = ferry::Result<()>>,
+) {
+    wait_status(
+        &status,
+        OperationStatus::InProgress,
+        Duration::from_secs(60),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    victim.kill().await.unwrap();
+    let err = tokio::time::timeout(Duration::from_secs(5), wait)
+        .await
+        .unwrap_or_else(|_| panic!("{case}: still running 5 s after the kill"))
+        .unwrap_err();
+    assert!(matches!(err, Error::ConnectionLost { .. }), "{case}: {err}");
+    assert_eq!(status(), OperationStatus::Errored, "{case}");
+}

@@ -1,7 +1,8 @@
 //! The shared suite: READ and WRITE pairings between this process and a
 //! `ferry peer` process, in both directions, checked byte for byte, once
-//! over each transport between two processes (TCP, and cross-memory attach
-//! for every size); each side must report the transport that carried it.
+//! over each transport between two processes (TCP, cross-memory attach for
+//! every size, and TCP striped over four streams for every transfer of 4
+//! bytes or more); each side must report the transport that carried it.
 
 mod common;
 
@@ -11,18 +12,31 @@ use ferry_cli::peer::{self, Cmd};
 
 /// Runs the four directed pairings for one set of sizes over each transport.
 async fn all_pairings(sizes: &[u64]) {
-    for t in [TransportKind::Tcp, TransportKind::Cma] {
-        pairings_over(sizes, t).await;
+    for (t, streams) in [
+        (TransportKind::Tcp, 1),
+        (TransportKind::Cma, 1),
+        (TransportKind::Tcp, 4),
+    ] {
+        pairings_over(sizes, t, streams).await;
     }
 }
 
-async fn pairings_over(sizes: &[u64], t: TransportKind) {
+async fn pairings_over(sizes: &[u64], t: TransportKind, streams: usize) {
     let transports = match t {
         TransportKind::Cma => vec![TransportKind::Cma, TransportKind::Tcp],
         other => vec![other],
     };
-    let local = connector_over(&transports).await;
-    let p = peer_over(&transports, &[]).await;
+    let (local, p) = if streams > 1 {
+        (
+            connector_striped(streams).await,
+            peer_striped(&transports, streams, &[]).await,
+        )
+    } else {
+        (
+            connector_over(&transports).await,
+            peer_over(&transports, &[]).await,
+        )
+    };
     let name = Some(t.name());
 
     // 1. The peer exposes a readable; this process reads it.
@@ -85,6 +99,10 @@ async fn pairings_over(sizes: &[u64], t: TransportKind) {
     // Nothing stays exposed or lent once every operation has ended.
     assert_eq!(local.exposed_count(), 0);
     assert_eq!(local.pending_count(), 0);
+    if sizes.iter().sum::<u64>() >= 4 {
+        // This side's own transfers went over one connection per stream.
+        assert_eq!(local.connection_count(), streams);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

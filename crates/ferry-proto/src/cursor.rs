@@ -22,6 +22,8 @@ pub struct Cursor {
     sizes: Vec<u64>,
     desc: usize,
     offset: u64,
+    /// Bytes (flat, across descriptors) still to come.
+    left: u64,
 }
 
 /// A chunk that does not continue the transfer where it stands.
@@ -43,11 +45,41 @@ pub struct CursorError {
 impl Cursor {
     /// A cursor at the start of descriptors of these sizes.
     pub fn new(sizes: Vec<u64>) -> Self {
+        let total = sizes.iter().fold(0u64, |a, &s| a.saturating_add(s));
+        Self::range(sizes, 0, total)
+    }
+
+    /// A cursor over the flat byte range `[start, end)` of descriptors of
+    /// these sizes (one part of a striped transfer): bytes outside it are
+    /// refused. A range past the end is cut to the end.
+    ///
+    /// ```
+    /// use ferry_proto::Cursor;
+    /// let mut c = Cursor::range(vec![4, 4], 3, 6);
+    /// assert_eq!(c.next_chunk(100), Some((0, 3, 1)));
+    /// c.accept(0, 3, 1).unwrap();
+    /// assert_eq!(c.next_chunk(100), Some((1, 0, 2)));
+    /// assert!(c.accept(1, 0, 3).is_err()); // past the range
+    /// c.accept(1, 0, 2).unwrap();
+    /// assert!(c.is_done());
+    /// ```
+    pub fn range(sizes: Vec<u64>, start: u64, end: u64) -> Self {
+        let (mut desc, mut skip) = (0, start);
+        while desc < sizes.len() && skip >= sizes[desc] {
+            skip -= sizes[desc];
+            desc += 1;
+        }
+        let total = sizes.iter().fold(0u64, |a, &s| a.saturating_add(s));
+        let left = end.min(total).saturating_sub(start);
         let mut c = Cursor {
             sizes,
-            desc: 0,
-            offset: 0,
+            desc,
+            offset: if left == 0 { 0 } else { skip },
+            left,
         };
+        if left == 0 {
+            c.desc = c.sizes.len();
+        }
         c.skip_full();
         c
     }
@@ -56,6 +88,9 @@ impl Cursor {
         while self.desc < self.sizes.len() && self.offset == self.sizes[self.desc] {
             self.desc += 1;
             self.offset = 0;
+        }
+        if self.left == 0 {
+            self.desc = self.sizes.len();
         }
     }
 
@@ -67,8 +102,11 @@ impl Cursor {
     /// Where the next chunk of at most `max` bytes (max > 0) goes:
     /// `(descriptor, offset, length)`; `None` when done.
     pub fn next_chunk(&self, max: u32) -> Option<(u32, u64, u32)> {
+        if self.left == 0 {
+            return None;
+        }
         let size = *self.sizes.get(self.desc)?;
-        let len = (size - self.offset).min(u64::from(max)) as u32;
+        let len = (size - self.offset).min(self.left).min(u64::from(max)) as u32;
         Some((self.desc as u32, self.offset, len))
     }
 
@@ -85,16 +123,18 @@ impl Cursor {
         };
         let fits = offset
             .checked_add(u64::from(len))
-            .is_some_and(|end| end <= size);
+            .is_some_and(|end| end <= size)
+            && u64::from(len) <= self.left;
         if desc as usize != self.desc || offset != self.offset || len == 0 || !fits {
             return Err(err(format!(
                 "descriptor {} at offset {} with 1..={} bytes",
                 self.desc,
                 self.offset,
-                size - self.offset
+                (size - self.offset).min(self.left)
             )));
         }
         self.offset += u64::from(len);
+        self.left -= u64::from(len);
         self.skip_full();
         Ok(())
     }
@@ -135,6 +175,35 @@ mod tests {
                 }
             }
             prop_assert!(accepted <= sizes.iter().sum::<u64>());
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn parts_of_a_transfer_are_accepted_exactly(
+            sizes in proptest::collection::vec(0u64..5000, 1..20), parts in 1u16..8, max in 1u32..3000) {
+            let total: u64 = sizes.iter().sum();
+            let mut seen = 0u64;
+            for p in 0..parts {
+                let (start, end) = crate::wire::part_range(total, p, parts);
+                let mut send = Cursor::range(sizes.clone(), start, end);
+                let mut recv = Cursor::range(sizes.clone(), start, end);
+                let mut flat = start;
+                while let Some((d, o, l)) = send.next_chunk(max) {
+                    // The chunk lies at the flat position the part expects.
+                    let at: u64 = sizes[..d as usize].iter().sum::<u64>() + o;
+                    prop_assert_eq!(at, flat);
+                    send.accept(d, o, l).unwrap();
+                    recv.accept(d, o, l).unwrap();
+                    flat += u64::from(l);
+                }
+                prop_assert!(recv.is_done());
+                prop_assert_eq!(flat, end);
+                seen += end - start;
+                // Nothing more fits, not even the next part's first byte.
+                prop_assert!(recv.accept(0, 0, 1).is_err());
+            }
+            prop_assert_eq!(seen, total);
         }
     }
 

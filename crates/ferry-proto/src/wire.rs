@@ -18,7 +18,7 @@
 use crate::{OperationKind, Token, MAX_DESCRIPTORS};
 
 /// The protocol version carried in `Hello`.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 /// The bytes that open every `Hello` body.
 pub const MAGIC: [u8; 6] = *b"FERRY\0";
 /// The length of a frame header.
@@ -84,6 +84,9 @@ pub enum AbortReason {
     ShuttingDown,
     /// The peers do not share the same secret (or one has none).
     Unauthenticated,
+    /// Another part of a striped transfer failed (its connection was lost,
+    /// say); the detail says how.
+    PartFailed,
     /// A reason this build does not know.
     Other(u8),
 }
@@ -103,6 +106,7 @@ impl AbortReason {
             Self::Protocol => 9,
             Self::ShuttingDown => 10,
             Self::Unauthenticated => 11,
+            Self::PartFailed => 12,
             Self::Other(n) => n,
         }
     }
@@ -121,6 +125,7 @@ impl AbortReason {
             9 => Self::Protocol,
             10 => Self::ShuttingDown,
             11 => Self::Unauthenticated,
+            12 => Self::PartFailed,
             n => Self::Other(n),
         }
     }
@@ -153,6 +158,34 @@ pub struct Open {
     /// follows this frame. The passive side may still answer a READ with
     /// `Data` (the fallback).
     pub pull: bool,
+    /// Which part of a striped transfer this request carries (see
+    /// [`part_range`]); 0 when not striped.
+    pub part: u16,
+    /// Into how many parts the transfer is split, each on its own
+    /// connection; 1 when not striped. At most [`MAX_PARTS`]; a striped
+    /// request never uses `pull`.
+    pub parts: u16,
+}
+
+/// The most parts (connections) one striped transfer may use.
+pub const MAX_PARTS: u16 = 16;
+
+/// The flat byte range `[start, end)` of part `part` of `parts` of a
+/// transfer of `total` bytes: contiguous, in order, covering every byte once,
+/// as even as the division allows. Both sides compute it, so it never
+/// travels.
+///
+/// ```
+/// use ferry_proto::wire::part_range;
+/// assert_eq!(part_range(10, 0, 3), (0, 3));
+/// assert_eq!(part_range(10, 1, 3), (3, 6));
+/// assert_eq!(part_range(10, 2, 3), (6, 10));
+/// ```
+pub fn part_range(total: u64, part: u16, parts: u16) -> (u64, u64) {
+    let parts = u128::from(parts.max(1));
+    let at = |i: u128| (u128::from(total) * i / parts) as u64;
+    let part = u128::from(part).min(parts);
+    (at(part), at((part + 1).min(parts)))
 }
 
 /// The most segments one [`Lease`] may carry.
@@ -315,6 +348,8 @@ impl Message {
                 out.extend_from_slice(o.token.as_bytes());
                 out.push(o.kind.as_u8());
                 out.push(u8::from(o.pull));
+                out.extend_from_slice(&o.part.to_le_bytes());
+                out.extend_from_slice(&o.parts.to_le_bytes());
                 out.extend_from_slice(&(o.sizes.len() as u32).to_le_bytes());
                 for s in &o.sizes {
                     out.extend_from_slice(&s.to_le_bytes());
@@ -472,6 +507,10 @@ pub fn decode_body(h: Header, body: &[u8]) -> Result<Message, WireError> {
                 1 => true,
                 _ => return Err(WireError::InvalidField("pull")),
             };
+            let (part, parts) = (r.u16()?, r.u16()?);
+            if parts == 0 || parts > MAX_PARTS || part >= parts || (pull && parts > 1) {
+                return Err(WireError::InvalidField("part"));
+            }
             let n = r.u32()? as usize;
             if n == 0 || n > MAX_DESCRIPTORS {
                 return Err(WireError::InvalidField("descriptor count"));
@@ -491,6 +530,8 @@ pub fn decode_body(h: Header, body: &[u8]) -> Result<Message, WireError> {
                 kind,
                 sizes,
                 pull,
+                part,
+                parts,
             })
         }
         T_DATA => {
@@ -589,6 +630,18 @@ mod tests {
                 kind: OperationKind::Write,
                 sizes: vec![1, 2, 3],
                 pull: true,
+                part: 0,
+                parts: 1,
+            }),
+            Message::Open(Open {
+                req: 5,
+                op_id: 6,
+                token: Token::from_bytes([8; 16]),
+                kind: OperationKind::Read,
+                sizes: vec![1 << 30],
+                pull: false,
+                part: 15,
+                parts: 16,
             }),
             Message::Lease(Lease {
                 req: 4,
@@ -647,7 +700,45 @@ mod tests {
         assert_eq!(decode_frame(&hello), Err(WireError::BadMagic));
     }
 
+    #[test]
+    fn impossible_parts_are_refused() {
+        let open = |part, parts, pull| {
+            Message::Open(Open {
+                req: 1,
+                op_id: 1,
+                token: Token::from_bytes([0; 16]),
+                kind: OperationKind::Read,
+                sizes: vec![8],
+                pull,
+                part,
+                parts,
+            })
+            .to_vec()
+        };
+        assert!(decode_frame(&open(3, 4, false)).is_ok());
+        for (part, parts, pull) in [(0, 0, false), (4, 4, false), (0, 17, false), (1, 2, true)] {
+            assert_eq!(
+                decode_frame(&open(part, parts, pull)),
+                Err(WireError::InvalidField("part")),
+                "part {part} of {parts}, pull {pull}"
+            );
+        }
+    }
+
     proptest! {
+        #[test]
+        fn parts_cover_every_byte_once_in_order(total in any::<u64>(), parts in 1u16..=MAX_PARTS) {
+            let mut at = 0;
+            for p in 0..parts {
+                let (start, end) = part_range(total, p, parts);
+                prop_assert_eq!(start, at);
+                prop_assert!(end >= start);
+                prop_assert!(end - start <= total / u64::from(parts) + 1);
+                at = end;
+            }
+            prop_assert_eq!(at, total);
+        }
+
         #[test]
         fn decoder_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
             let _ = decode_frame(&bytes);

@@ -26,6 +26,10 @@ pub const TRANSPORTS_ENV: &str = "FERRY_TRANSPORTS";
 pub const SECRET_ENV: &str = "FERRY_SECRET";
 /// The environment variable that sets [`ConnectorBuilder::cma_threshold`] (bytes).
 pub const CMA_THRESHOLD_ENV: &str = "FERRY_CMA_THRESHOLD";
+/// The environment variable that sets [`ConnectorBuilder::tcp_streams`].
+pub const TCP_STREAMS_ENV: &str = "FERRY_TCP_STREAMS";
+/// The environment variable that sets [`ConnectorBuilder::stripe_threshold`] (bytes).
+pub const STRIPE_THRESHOLD_ENV: &str = "FERRY_STRIPE_THRESHOLD";
 /// The shortest shared secret accepted, in bytes.
 pub const MIN_SECRET: usize = 16;
 
@@ -49,7 +53,14 @@ pub struct ConnectorBuilder {
     connect_timeout: Duration,
     secret: Option<Secret>,
     cma_threshold: Option<u64>,
+    tcp_streams: Option<usize>,
+    stripe_threshold: Option<u64>,
 }
+
+/// TCP streams per transfer to another host, by default.
+pub const DEFAULT_TCP_STREAMS: usize = 4;
+/// TCP transfers of at least this many bytes are striped, by default.
+pub const DEFAULT_STRIPE_THRESHOLD: u64 = 8 << 20;
 
 /// Transfers of at least this many bytes use cross-memory attach by default.
 pub const DEFAULT_CMA_THRESHOLD: u64 = 64 * 1024;
@@ -64,6 +75,8 @@ impl Default for ConnectorBuilder {
             connect_timeout: Duration::from_secs(5),
             secret: None,
             cma_threshold: None,
+            tcp_streams: None,
+            stripe_threshold: None,
         }
     }
 }
@@ -117,6 +130,32 @@ impl ConnectorBuilder {
         self
     }
 
+    /// Into how many TCP streams (connections) a large transfer is split
+    /// (at most [`MAX_PARTS`](ferry_proto::wire::MAX_PARTS); 1 never
+    /// splits). One TCP stream rarely fills a fast link between two hosts:
+    /// its window and the single core that feeds it limit it. Transfers of
+    /// at least [`stripe_threshold`](Self::stripe_threshold) bytes that go
+    /// over TCP are cut into this many contiguous parts, each sent on a
+    /// connection of its own, and complete when every part has landed.
+    ///
+    /// Without this call, `FERRY_TCP_STREAMS` is read; without either,
+    /// transfers to another host use [`DEFAULT_TCP_STREAMS`] and transfers on
+    /// one host (loopback, where striping only adds work) use one. A value
+    /// set here or in the environment applies to every remote.
+    pub fn tcp_streams(mut self, n: usize) -> Self {
+        self.tcp_streams = Some(n);
+        self
+    }
+
+    /// The smallest TCP transfer (all descriptors together) that is split
+    /// over several streams (default [`DEFAULT_STRIPE_THRESHOLD`]; see
+    /// [`tcp_streams`](Self::tcp_streams)). Without this call,
+    /// `FERRY_STRIPE_THRESHOLD` is read.
+    pub fn stripe_threshold(mut self, bytes: u64) -> Self {
+        self.stripe_threshold = Some(bytes);
+        self
+    }
+
     /// How long to try each address of a remote (default 5 s).
     pub fn connect_timeout(mut self, d: Duration) -> Self {
         self.connect_timeout = d;
@@ -163,17 +202,28 @@ impl ConnectorBuilder {
                 "the shared secret must be at least {MIN_SECRET} bytes (use random bytes, e.g. 32 hexadecimal digits)"
             )));
         }
-        let cma_threshold = match self.cma_threshold {
-            Some(t) => t,
-            None => match std::env::var(CMA_THRESHOLD_ENV) {
-                Ok(v) if !v.trim().is_empty() => v.trim().parse().map_err(|_| {
+        let cma_threshold =
+            bytes_or_env(self.cma_threshold, CMA_THRESHOLD_ENV)?.unwrap_or(DEFAULT_CMA_THRESHOLD);
+        let stripe_threshold = bytes_or_env(self.stripe_threshold, STRIPE_THRESHOLD_ENV)?
+            .unwrap_or(DEFAULT_STRIPE_THRESHOLD);
+        let tcp_streams = match self.tcp_streams {
+            Some(n) => Some(n),
+            None => match std::env::var(TCP_STREAMS_ENV) {
+                Ok(v) if !v.trim().is_empty() => Some(v.trim().parse().map_err(|_| {
                     Error::Config(format!(
-                        "{CMA_THRESHOLD_ENV}={v:?} is not a number of bytes"
+                        "{TCP_STREAMS_ENV}={v:?} is not a number of streams"
                     ))
-                })?,
-                _ => DEFAULT_CMA_THRESHOLD,
+                })?),
+                _ => None,
             },
         };
+        let max = usize::from(ferry_proto::wire::MAX_PARTS);
+        if tcp_streams.is_some_and(|n| n == 0 || n > max) {
+            return Err(Error::Config(format!(
+                "tcp streams must be 1 to {max} (got {})",
+                tcp_streams.unwrap_or_default()
+            )));
+        }
         let listener = TcpListener::bind(self.listen).await?;
         let local_addr = listener.local_addr()?;
         let advertised = match self.advertise {
@@ -192,6 +242,8 @@ impl ConnectorBuilder {
             secret: secret.clone(),
             cma: transports.contains(&TransportKind::Cma),
             cma_threshold,
+            tcp_streams,
+            stripe_threshold: stripe_threshold.max(1),
             shutdown: shutdown_rx.clone(),
             handle: handle.clone(),
         });
@@ -224,6 +276,21 @@ impl ConnectorBuilder {
         tokio::spawn(tcp::listen(inner.clone(), listener, shutdown_rx));
         tracing::debug!(worker = inner.worker_id, addr = %local_addr, "connector started");
         Ok(Connector { inner })
+    }
+}
+
+/// A builder's value, else the environment variable's (a number of bytes).
+fn bytes_or_env(set: Option<u64>, var: &str) -> Result<Option<u64>> {
+    if set.is_some() {
+        return Ok(set);
+    }
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| Error::Config(format!("{var}={v:?} is not a number of bytes"))),
+        _ => Ok(None),
     }
 }
 

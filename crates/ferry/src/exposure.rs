@@ -12,7 +12,7 @@ use ferry_proto::{OperationKind, OperationStatus, Token};
 use crate::host;
 use crate::op::OpShared;
 use crate::region::Region;
-use crate::transport::tcp::Conn;
+use crate::transport::tcp::{Conn, Stripe};
 use crate::Error;
 
 pub(crate) struct Exposure {
@@ -30,10 +30,16 @@ pub(crate) struct Exposure {
 pub(crate) enum Binding {
     /// A request on a TCP connection.
     Tcp(Weak<Conn>, u64),
+    /// The parts of a striped transfer, each a request on a connection of
+    /// its own (bound as their `Open`s arrive, in any order).
+    Striped(Arc<Stripe>),
     /// A connector of this process, copying directly; it notices a cancel
     /// through the closed region.
     Local,
 }
+
+/// An exposure a request was bound to, and the stripe it joined (if any).
+pub(crate) type Bound = (Arc<Exposure>, Option<Arc<Stripe>>);
 
 #[derive(Default)]
 pub(crate) struct Exposures {
@@ -74,12 +80,10 @@ impl Exposures {
     }
 
     /// Checks a remote's request against the capability it presents and
-    /// binds the operation to it. Nothing is touched when this fails.
-    pub(crate) fn open(
-        &self,
-        o: &Open,
-        to: Binding,
-    ) -> Result<Arc<Exposure>, (AbortReason, String)> {
+    /// binds the operation to it (`to` is `Tcp` or `Local`; a striped
+    /// request joins the operation's [`Stripe`], returned). Nothing is
+    /// touched when this fails.
+    pub(crate) fn open(&self, o: &Open, to: Binding) -> Result<Bound, (AbortReason, String)> {
         let Some(e) = lock(&self.map).get(&o.op_id).cloned() else {
             let issued = self.next_id.load(Ordering::Relaxed);
             return Err(if o.op_id >= 1 && o.op_id <= issued {
@@ -126,19 +130,53 @@ impl Exposures {
                 format!("descriptor {i}: {a} bytes exposed, {b} requested"),
             ));
         }
+        let ended = || {
+            (
+                AbortReason::OperationEnded,
+                format!("operation {} has ended", o.op_id),
+            )
+        };
         let mut binding = lock(&e.binding);
+        if o.parts > 1 {
+            let Binding::Tcp(conn, req) = to else {
+                return Err((AbortReason::Protocol, "a striped local request".into()));
+            };
+            let peer = conn.upgrade().map(|c| c.peer().to_string());
+            let stripe = match &*binding {
+                None => {
+                    if !e.shared.start() {
+                        return Err(ended());
+                    }
+                    let s = Stripe::new(o.parts, peer.unwrap_or_default());
+                    *binding = Some(Binding::Striped(s.clone()));
+                    s
+                }
+                // Another part of the same transfer, from the same worker.
+                Some(Binding::Striped(s))
+                    if s.parts() == o.parts && peer.as_deref() == Some(s.peer()) =>
+                {
+                    if e.shared.status().is_terminal() {
+                        return Err(ended());
+                    }
+                    s.clone()
+                }
+                Some(_) => return Err((AbortReason::Busy, String::new())),
+            };
+            if !stripe.bind(o.part, conn, req, None) {
+                return Err((AbortReason::Busy, format!("part {} bound twice", o.part)));
+            }
+            drop(binding);
+            return Ok((e, Some(stripe)));
+        }
         if binding.is_some() {
             return Err((AbortReason::Busy, String::new()));
         }
         if !e.shared.start() {
-            return Err((
-                AbortReason::OperationEnded,
-                format!("operation {} has ended", o.op_id),
-            ));
+            return Err(ended());
         }
         *binding = Some(to);
         drop(binding);
-        Ok(e)
+        Ok((e, None))
     }
 
     /// Ends an exposure from the transport's side (completion, remote
@@ -155,8 +193,14 @@ impl Exposures {
         // Leave the table before waking waiters, so that whoever wakes sees
         // the capability gone.
         lock(&self.map).remove(&e.op_id);
-        lock(&e.binding).take();
-        e.shared.end(status, error)
+        let bound = lock(&e.binding).take();
+        let reason = abort_reason(status, error.as_ref());
+        let won = e.shared.end(status, error);
+        // The other parts of a striped transfer end with it.
+        if let Some(Binding::Striped(s)) = bound {
+            s.abandon(reason);
+        }
+        won
     }
 
     /// Removes an exposure from the table: no new request can find it.
@@ -171,15 +215,19 @@ impl Exposures {
         // Release `binding` before `forget_passive` takes the connection's
         // table: the reader takes them in the other order.
         let bound = lock(&e.binding).take();
-        if let Some(Binding::Tcp(conn, req)) = bound {
-            if let Some(conn) = conn.upgrade() {
-                conn.forget_passive(req);
-                conn.send_detached(Message::Abort(Abort {
-                    req,
-                    reason: AbortReason::Cancelled,
-                    detail: String::new(),
-                }));
+        match bound {
+            Some(Binding::Tcp(conn, req)) => {
+                if let Some(conn) = conn.upgrade() {
+                    conn.forget_passive(req);
+                    conn.send_detached(Message::Abort(Abort {
+                        req,
+                        reason: AbortReason::Cancelled,
+                        detail: String::new(),
+                    }));
+                }
             }
+            Some(Binding::Striped(s)) => s.abandon(Some((AbortReason::Cancelled, String::new()))),
+            Some(Binding::Local) | None => {}
         }
     }
 
@@ -189,5 +237,21 @@ impl Exposures {
         for e in all {
             self.finish(&e, OperationStatus::Errored, Some(Error::Shutdown));
         }
+    }
+}
+
+/// How the remote's parts of a striped transfer learn that it ended here
+/// without completing (`None`: it completed).
+pub(crate) fn abort_reason(
+    status: OperationStatus,
+    error: Option<&Error>,
+) -> Option<(AbortReason, String)> {
+    match status {
+        OperationStatus::Complete => None,
+        OperationStatus::Cancelled => Some((AbortReason::Cancelled, String::new())),
+        _ => Some((
+            AbortReason::PartFailed,
+            error.map(|e| e.to_string()).unwrap_or_default(),
+        )),
     }
 }

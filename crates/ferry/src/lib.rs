@@ -43,8 +43,9 @@ mod region;
 mod transport;
 
 pub use connector::{
-    Connector, ConnectorBuilder, Scope, CMA_THRESHOLD_ENV, DEFAULT_CMA_THRESHOLD, MIN_SECRET,
-    SECRET_ENV, TRANSPORTS_ENV,
+    Connector, ConnectorBuilder, Scope, CMA_THRESHOLD_ENV, DEFAULT_CMA_THRESHOLD,
+    DEFAULT_STRIPE_THRESHOLD, DEFAULT_TCP_STREAMS, MIN_SECRET, SECRET_ENV, STRIPE_THRESHOLD_ENV,
+    TCP_STREAMS_ENV, TRANSPORTS_ENV,
 };
 pub use descriptor::Descriptor;
 pub use error::{Error, Result};

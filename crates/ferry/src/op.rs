@@ -109,6 +109,16 @@ impl OpShared {
         }
     }
 
+    /// Waits for a terminal state and returns it.
+    pub(crate) async fn ended(&self) -> (OperationStatus, Option<Error>) {
+        let mut rx = self.tx.subscribe();
+        let r = match rx.wait_for(|s| s.status.is_terminal()).await {
+            Ok(s) => (s.status, s.error.clone()),
+            Err(_) => (OperationStatus::Errored, Some(Error::Shutdown)),
+        };
+        r
+    }
+
     pub(crate) async fn wait(&self) -> Result<()> {
         let mut rx = self.tx.subscribe();
         // The sender lives in `self`, so the channel cannot close while we wait.

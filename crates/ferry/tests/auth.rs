@@ -105,6 +105,8 @@ async fn a_raw_peer_with_a_valid_token_but_no_secret_touches_nothing() {
         kind: OperationKind::Write,
         sizes: vec![64],
         pull: false,
+        part: 0,
+        parts: 1,
     })
     .encode(&mut out);
     s.write_all(&out).await.unwrap();

@@ -71,12 +71,15 @@ fn assert_no_library_panic() {
 
 /// A connector on loopback. Its active operations use TCP only, so that the
 /// legitimate transfers of these tests go through the listener under attack
-/// even when a faster same-process transport exists.
+/// even when a faster same-process transport exists, and one stream (the
+/// fake passive sides below claim another host, where large transfers would
+/// otherwise be striped).
 async fn connector() -> Connector {
     watch_panics();
     Connector::builder()
         .listen("127.0.0.1:0".parse().unwrap())
         .transports(&[TransportKind::Tcp])
+        .tcp_streams(1)
         .build()
         .await
         .expect("connector starts")
@@ -108,7 +111,17 @@ fn open_frame(req: u64, m: &RdmaMetadata, kind: OperationKind) -> Message {
         kind,
         sizes: sizes_of(m),
         pull: false,
+        part: 0,
+        parts: 1,
     })
+}
+
+/// The `Open` of part `part` of `parts` of a striped transfer.
+fn part_open(req: u64, m: &RdmaMetadata, kind: OperationKind, part: u16, parts: u16) -> Message {
+    let Message::Open(o) = open_frame(req, m, kind) else {
+        unreachable!()
+    };
+    Message::Open(Open { part, parts, ..o })
 }
 
 /// A `Data` frame followed by its payload.
@@ -167,10 +180,15 @@ impl Raw {
 
     /// Connects and exchanges hellos.
     async fn connect(c: &Connector) -> Raw {
+        Raw::connect_as(c, "raw-test-peer").await
+    }
+
+    /// Connects and exchanges hellos, as worker `name`.
+    async fn connect_as(c: &Connector, name: &str) -> Raw {
         let mut r = Raw::connect_bare(c.local_addr()).await;
         r.send(&Message::Hello(Hello {
             version: PROTOCOL_VERSION,
-            worker_id: "raw-test-peer".into(),
+            worker_id: name.into(),
         }))
         .await;
         match r.next().await {
@@ -265,6 +283,8 @@ impl Raw {
             kind: OperationKind::Write,
             sizes: vec![1],
             pull: false,
+            part: 0,
+            parts: 1,
         }))
         .await;
         self.expect_abort(req, AbortReason::UnknownOperation).await;
@@ -790,6 +810,8 @@ async fn right_token_with_the_wrong_kind_or_shape_is_refused() {
             kind: OperationKind::Write,
             sizes,
             pull: false,
+            part: 0,
+            parts: 1,
         }))
         .await;
         raw.expect_abort(req, reason).await;
@@ -827,6 +849,8 @@ async fn wrong_token_is_refused_and_does_not_burn_the_capability() {
             kind: OperationKind::Write,
             sizes: vec![64],
             pull: false,
+            part: 0,
+            parts: 1,
         }))
         .await;
         let detail = raw.expect_abort(req, AbortReason::BadToken).await;
@@ -868,6 +892,8 @@ async fn unknown_operation_ids_are_refused() {
             kind: OperationKind::Write,
             sizes: vec![8],
             pull: false,
+            part: 0,
+            parts: 1,
         }))
         .await;
         raw.expect_abort(req, reason).await;
@@ -1513,6 +1539,8 @@ async fn hostile_passive_open_sent_to_the_active_side_is_refused() {
                 kind: OperationKind::Write,
                 sizes: vec![32, 16],
                 pull: false,
+                part: 0,
+                parts: 1,
             })
             .to_vec()
         },
@@ -1809,4 +1837,206 @@ async fn plant_cookie(target: SocketAddr) {
         .await;
     let v = expect_attach(&mut r).await;
     println!("VERDICT {:?}", v.verdict);
+}
+
+// ---------------------------------------------------------------------------
+// Striped transfers: the parts of one operation on several connections.
+
+/// A WRITE of 10 bytes in two parts ([0, 5) and [5, 10)) on two connections:
+/// each part lands in its range only, the second is confirmed on its own
+/// connection, and the commit on the first completes the whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn striped_parts_land_in_their_ranges_and_commit_on_the_first() {
+    let target = connector().await;
+    let w = target.create_writable(vec![untouched(10)]).await.unwrap();
+    let m = w.metadata().clone();
+    let (mut a, mut b) = (Raw::connect(&target).await, Raw::connect(&target).await);
+    a.send(&part_open(1, &m, OperationKind::Write, 0, 2)).await;
+    b.send(&part_open(7, &m, OperationKind::Write, 1, 2)).await;
+    b.send_raw(&data_frame(7, 0, 5, &[2u8; 5])).await.unwrap();
+    b.send(&Message::Finish { req: 7 }).await;
+    match b.next().await {
+        Some((Message::Finish { req: 7 }, _)) => {}
+        other => panic!("expected part 1 to be confirmed, got {other:?}"),
+    }
+    assert_eq!(w.status(), OperationStatus::InProgress);
+    a.send_raw(&data_frame(1, 0, 0, &[1u8; 5])).await.unwrap();
+    a.send(&Message::Finish { req: 1 }).await;
+    match a.next().await {
+        Some((Message::Finish { req: 1 }, _)) => {}
+        other => panic!("expected the write to be confirmed, got {other:?}"),
+    }
+    within(w.wait_for_completion()).await.unwrap();
+    assert_eq!(
+        w.into_descriptors()[0].as_slice().unwrap(),
+        &[1, 1, 1, 1, 1, 2, 2, 2, 2, 2]
+    );
+    assert_eq!(target.pending_count(), 0);
+    legit_transfers_still_work(&target).await;
+}
+
+/// Bytes of another part's range, and a commit before every other part is
+/// confirmed, break the protocol: the connection closes, the operation
+/// fails, and bytes outside the part's range are never written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_writing_outside_its_range_or_committing_early_is_refused() {
+    for early_commit in [false, true] {
+        let target = connector().await;
+        let w = target.create_writable(vec![untouched(10)]).await.unwrap();
+        let m = w.metadata().clone();
+        let (mut a, mut b) = (Raw::connect(&target).await, Raw::connect(&target).await);
+        a.send(&part_open(1, &m, OperationKind::Write, 0, 2)).await;
+        b.send(&part_open(1, &m, OperationKind::Write, 1, 2)).await;
+        b.barrier(2).await;
+        if early_commit {
+            a.send_raw(&data_frame(1, 0, 0, &[1u8; 5])).await.unwrap();
+            let _ = a.send_raw(&Message::Finish { req: 1 }.to_vec()).await;
+        } else {
+            // Part 0 writes into part 1's range.
+            let _ = a.send_raw(&data_frame(1, 0, 5, &[1u8; 5])).await;
+        }
+        // Closed, after at most the abort of the request that broke it.
+        let got = a.closed().await;
+        assert!(
+            got.iter()
+                .all(|m| matches!(m, Message::Abort(x) if x.req == 1)),
+            "{got:?}"
+        );
+        expect_errored_protocol(&w).await;
+        let d = w.into_descriptors();
+        assert_all(
+            &d[0].as_slice().unwrap()[5..].to_vec().into(),
+            UNTOUCHED,
+            "part 1's range",
+        );
+        // The other part's request ended with the operation.
+        match b.next().await {
+            Some((Message::Abort(x), _)) => {
+                assert_eq!((x.req, x.reason), (1, AbortReason::PartFailed), "{x:?}")
+            }
+            other => panic!("expected part 1 to be aborted, got {other:?}"),
+        }
+        assert_eq!(target.pending_count(), 0);
+        legit_transfers_still_work(&target).await;
+    }
+}
+
+/// A part may be bound once, by the worker that bound the others, with the
+/// same number of parts; anything else is `Busy` and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_bound_twice_or_by_another_worker_is_busy() {
+    let target = connector().await;
+    let w = target.create_writable(vec![untouched(10)]).await.unwrap();
+    let m = w.metadata().clone();
+    let mut a = Raw::connect(&target).await;
+    a.send(&part_open(1, &m, OperationKind::Write, 0, 2)).await;
+    a.barrier(2).await;
+    let mut b = Raw::connect(&target).await;
+    b.send(&part_open(1, &m, OperationKind::Write, 0, 2)).await;
+    b.expect_abort(1, AbortReason::Busy).await;
+    b.send(&part_open(2, &m, OperationKind::Write, 1, 3)).await;
+    b.expect_abort(2, AbortReason::Busy).await;
+    b.send(&open_frame(3, &m, OperationKind::Write)).await;
+    b.expect_abort(3, AbortReason::Busy).await;
+    let mut other = Raw::connect_as(&target, "another-worker").await;
+    other
+        .send(&part_open(1, &m, OperationKind::Write, 1, 2))
+        .await;
+    other.expect_abort(1, AbortReason::Busy).await;
+    // The rightful sender completes it.
+    b.send(&part_open(4, &m, OperationKind::Write, 1, 2)).await;
+    b.send_raw(&data_frame(4, 0, 5, &[2u8; 5])).await.unwrap();
+    b.send(&Message::Finish { req: 4 }).await;
+    assert!(matches!(
+        b.next().await,
+        Some((Message::Finish { req: 4 }, _))
+    ));
+    a.send_raw(&data_frame(1, 0, 0, &[1u8; 5])).await.unwrap();
+    a.send(&Message::Finish { req: 1 }).await;
+    assert!(matches!(
+        a.next().await,
+        Some((Message::Finish { req: 1 }, _))
+    ));
+    within(w.wait_for_completion()).await.unwrap();
+    assert_eq!(
+        w.into_descriptors()[0].as_slice().unwrap(),
+        &[1, 1, 1, 1, 1, 2, 2, 2, 2, 2]
+    );
+    legit_transfers_still_work(&target).await;
+}
+
+/// When one stream of a striped transfer is lost, the operation fails and
+/// the requests of the other parts are ended and told (`PartFailed`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_one_stream_fails_the_transfer_and_aborts_the_other_parts() {
+    let target = connector().await;
+    let w = target.create_writable(vec![untouched(10)]).await.unwrap();
+    let m = w.metadata().clone();
+    let (mut a, mut b) = (Raw::connect(&target).await, Raw::connect(&target).await);
+    a.send(&part_open(1, &m, OperationKind::Write, 0, 2)).await;
+    b.send(&part_open(1, &m, OperationKind::Write, 1, 2)).await;
+    b.send_raw(&data_frame(1, 0, 5, &[2u8; 3])).await.unwrap();
+    b.barrier(2).await;
+    drop(b);
+    let err = within(w.wait_for_completion()).await.unwrap_err();
+    assert!(matches!(err, Error::ConnectionLost { .. }), "{err}");
+    let detail = a.expect_abort(1, AbortReason::PartFailed).await;
+    assert!(detail.contains("connection"), "{detail}");
+    assert_eq!(target.pending_count(), 0);
+    assert_eq!(target.exposed_count(), 0);
+    legit_transfers_still_work(&target).await;
+}
+
+/// The active side: when the passive side drops one stream of a striped
+/// READ, the READ fails, and the other part is aborted on its connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_striped_read_fails_when_the_passive_drops_one_stream() {
+    let reader = Connector::builder()
+        .listen("127.0.0.1:0".parse().unwrap())
+        .transports(&[TransportKind::Tcp])
+        .tcp_streams(2)
+        .stripe_threshold(1)
+        .build()
+        .await
+        .unwrap();
+    let (l, meta) = fake_passive(OperationKind::Read, &[64]).await;
+    // The reader connects both streams before it sends either `Open`.
+    let hello = async || {
+        let (s, _) = within(l.accept()).await.unwrap();
+        let mut raw = Raw { s, buf: Vec::new() };
+        assert!(matches!(raw.next().await, Some((Message::Hello(_), _))));
+        raw.send(&Message::Hello(Hello {
+            version: PROTOCOL_VERSION,
+            worker_id: FAKE_WORKER.into(),
+        }))
+        .await;
+        raw
+    };
+    let (op, (mut first, mut second)) =
+        tokio::join!(reader.begin_read(&meta, vec![untouched(64)]), async {
+            (hello().await, hello().await)
+        });
+    let op = op.unwrap();
+    let open = async |r: &mut Raw| match r.next().await {
+        Some((Message::Open(o), _)) => o,
+        other => panic!("expected an open, got {other:?}"),
+    };
+    let (open0, open1) = (open(&mut first).await, open(&mut second).await);
+    assert_eq!(
+        (open0.part, open0.parts, open1.part, open1.parts),
+        (0, 2, 1, 2)
+    );
+    // Half of part 1, then the stream is gone.
+    second
+        .send_raw(&data_frame(open1.req, 0, 32, &[5u8; 16]))
+        .await
+        .unwrap();
+    drop(second);
+    let err = within(op.wait_for_completion()).await.unwrap_err();
+    assert!(matches!(err, Error::ConnectionLost { .. }), "{err}");
+    let detail = first.expect_abort(open0.req, AbortReason::PartFailed).await;
+    assert!(detail.contains("connection"), "{detail}");
+    assert_eq!(reader.pending_count(), 0);
+    let _ = op.into_descriptors();
+    active_side_still_works(&reader).await;
 }

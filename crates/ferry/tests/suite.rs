@@ -1,6 +1,7 @@
 //! The shared suite, run once per transport, between two connectors of this
 //! process: a plain copy, cross-memory attach (to this same process, every
-//! size by attach) and TCP. (The cross-process suite in crates/ferry-cli/tests
+//! size by attach), TCP, and TCP striped over four streams (every transfer of
+//! four bytes or more). (The cross-process suite in crates/ferry-cli/tests
 //! covers TCP and attach between processes.)
 
 use std::time::Duration;
@@ -9,17 +10,35 @@ use ferry::{
     AbortReason, Connector, Descriptor, Error, OperationStatus, RdmaMetadata, TransportKind,
 };
 
-async fn pair(t: TransportKind) -> (Connector, Connector) {
-    let only: Vec<TransportKind> = if t == TransportKind::Tcp {
-        vec![t]
+/// A transport, and for TCP the streams per transfer.
+#[derive(Debug, Clone, Copy)]
+struct Via {
+    kind: TransportKind,
+    streams: usize,
+}
+
+impl std::fmt::Display for Via {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.streams {
+            1 => write!(f, "{}", self.kind),
+            n => write!(f, "{} x{n}", self.kind),
+        }
+    }
+}
+
+async fn pair(t: Via) -> (Connector, Connector) {
+    let only: Vec<TransportKind> = if t.kind == TransportKind::Tcp {
+        vec![t.kind]
     } else {
-        vec![t, TransportKind::Tcp]
+        vec![t.kind, TransportKind::Tcp]
     };
     let mk = || {
         Connector::builder()
             .listen("127.0.0.1:0".parse().unwrap())
             .transports(&only)
             .cma_threshold(0)
+            .tcp_streams(t.streams)
+            .stripe_threshold(1)
             .build()
     };
     (mk().await.unwrap(), mk().await.unwrap())
@@ -51,8 +70,24 @@ fn check(got: &[Descriptor<'_>], sizes: &[usize], seed: u8) {
     }
 }
 
-const TRANSPORTS: [TransportKind; 3] =
-    [TransportKind::Local, TransportKind::Cma, TransportKind::Tcp];
+const TRANSPORTS: [Via; 4] = [
+    Via {
+        kind: TransportKind::Local,
+        streams: 1,
+    },
+    Via {
+        kind: TransportKind::Cma,
+        streams: 1,
+    },
+    Via {
+        kind: TransportKind::Tcp,
+        streams: 1,
+    },
+    Via {
+        kind: TransportKind::Tcp,
+        streams: 4,
+    },
+];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pairings_on_every_transport() {
@@ -84,7 +119,7 @@ async fn pairings_on_every_transport() {
                 .unwrap();
             op.wait_for_completion().await.unwrap();
             r.wait_for_completion().await.unwrap();
-            assert_eq!(op.transport(), Some(t));
+            assert_eq!(op.transport(), Some(t.kind));
             check(&op.into_descriptors(), &sizes, 1);
 
             let w = a.create_writable(descs(&sizes, None)).await.unwrap();
@@ -94,11 +129,15 @@ async fn pairings_on_every_transport() {
                 .unwrap();
             op.wait_for_completion().await.unwrap();
             w.wait_for_completion().await.unwrap();
-            assert_eq!(w.transport(), Some(t));
+            assert_eq!(w.transport(), Some(t.kind));
             check(&w.into_descriptors(), &sizes, 2);
         }
         assert_eq!(a.exposed_count(), 0);
-        assert_eq!(a.pending_count() + b.pending_count(), 0);
+        assert_eq!(a.pending_count() + b.pending_count(), 0, "{t}");
+        if t.kind != TransportKind::Local {
+            // One connection per stream: the large transfers were striped.
+            assert_eq!(b.connection_count(), t.streams, "{t}");
+        }
     }
 }
 
@@ -333,7 +372,11 @@ impl Drop for Watched {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_dropped_while_lent_lives_until_the_copy_stops() {
     use std::sync::{Arc, Mutex, OnceLock};
-    let (a, b) = pair(TransportKind::Cma).await;
+    let (a, b) = pair(Via {
+        kind: TransportKind::Cma,
+        streams: 1,
+    })
+    .await;
     let size = 128usize << 20;
     let mut cancelled_mid_copy = 0;
     for attempt in 0..20u64 {

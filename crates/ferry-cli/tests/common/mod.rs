@@ -52,8 +52,32 @@ pub async fn connector_over(transports: &[TransportKind]) -> Connector {
 /// A peer process over exactly `transports` (see [`connector_over`]), with
 /// extra command-line arguments.
 pub async fn peer_over(transports: &[TransportKind], args: &[&str]) -> PeerProcess {
+    peer_striped(transports, 1, args).await
+}
+
+/// A connector over TCP only whose transfers of 4 bytes or more are split
+/// over `streams` connections.
+pub async fn connector_striped(streams: usize) -> Connector {
+    Connector::builder()
+        .listen("127.0.0.1:0".parse().unwrap())
+        .transports(&[TransportKind::Tcp])
+        .tcp_streams(streams)
+        .stripe_threshold(4)
+        .build()
+        .await
+        .expect("connector starts")
+}
+
+/// A peer process as [`peer_over`], whose transfers over TCP of 4 bytes or
+/// more are split over `streams` connections.
+pub async fn peer_striped(
+    transports: &[TransportKind],
+    streams: usize,
+    args: &[&str],
+) -> PeerProcess {
     let names: Vec<&str> = transports.iter().map(|t| t.name()).collect();
     let names = names.join(",");
+    let streams = streams.to_string();
     let mut all = vec!["--listen", "127.0.0.1:0"];
     all.extend_from_slice(args);
     PeerProcess::spawn(
@@ -62,6 +86,8 @@ pub async fn peer_over(transports: &[TransportKind], args: &[&str]) -> PeerProce
         &[
             (ferry::TRANSPORTS_ENV, names.as_str()),
             (ferry::CMA_THRESHOLD_ENV, "0"),
+            (ferry::TCP_STREAMS_ENV, streams.as_str()),
+            (ferry::STRIPE_THRESHOLD_ENV, "4"),
         ],
     )
     .await

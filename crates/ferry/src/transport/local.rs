@@ -100,9 +100,11 @@ impl Transport for LocalTransport {
                 kind: job.kind,
                 sizes: job.sizes.clone(),
                 pull: false,
+                part: 0,
+                parts: 1,
             };
             let exposure = match inner.exposures.open(&open, Binding::Local) {
-                Ok(e) => e,
+                Ok((e, _)) => e,
                 Err((reason, detail)) => {
                     job.region.close();
                     job.shared.fail(Error::Rejected { reason, detail });

@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use ferry_proto::wire::{
-    self, Abort, AbortReason, Attach, Auth, Data, Hello, Lease, Message, Open, Verdict, WireError,
-    MAX_LEASE_SEGMENTS,
+    self, part_range, Abort, AbortReason, Attach, Auth, Data, Hello, Lease, Message, Open, Verdict,
+    WireError, MAX_LEASE_SEGMENTS, MAX_PARTS,
 };
 use ferry_proto::{Cursor, OperationKind, OperationStatus, RdmaMetadata};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -35,7 +35,7 @@ use tokio::sync::watch;
 use super::{cma, ActiveJob, ActiveLink, BoxFuture, Transport, TransportKind};
 use crate::auth::{Role, Secret, Transcript};
 use crate::connector::Inner;
-use crate::exposure::{Binding, Exposure};
+use crate::exposure::{abort_reason, Binding, Exposure};
 use crate::host;
 use crate::op::OpShared;
 use crate::region::{Denied, Region};
@@ -263,6 +263,8 @@ struct ActiveReq {
     shared: Arc<OpShared>,
     cursor: Cursor,
     cma: Cma,
+    /// The transfer is striped and this request carries this part of it.
+    stripe: Option<(Arc<Stripe>, u16)>,
 }
 
 /// A passive operation bound to a request on this connection.
@@ -271,6 +273,122 @@ struct PassiveReq {
     /// For writes: where the next payload byte must go.
     cursor: Option<Cursor>,
     cma: Cma,
+    /// The transfer is striped and this request carries this part of it.
+    stripe: Option<(Arc<Stripe>, u16)>,
+}
+
+/// A transfer split into parts, each a request on a connection of its own
+/// (see `docs/transports.md`, "Striping"). Part 0 travels on the first
+/// connection and commits the whole: its source sends the sealing `Finish`
+/// only after the destination has confirmed every other part.
+pub(crate) struct Stripe {
+    parts: u16,
+    /// The worker that sends the parts (passive side): all must come from it.
+    peer: String,
+    /// Parts other than 0 whose bytes have all landed: the destination
+    /// counts them as their `Finish` arrives, the source as their
+    /// confirmation does.
+    done: watch::Sender<u16>,
+    /// The request of each part, once bound.
+    members: Mutex<Vec<Option<Member>>>,
+}
+
+struct Member {
+    conn: Weak<Conn>,
+    req: u64,
+    /// Active side: set once the part's `Open` is on the wire.
+    opened: Option<Arc<watch::Sender<bool>>>,
+}
+
+impl Stripe {
+    pub(crate) fn new(parts: u16, peer: String) -> Arc<Self> {
+        Arc::new(Stripe {
+            parts,
+            peer,
+            done: watch::Sender::new(0),
+            members: Mutex::new((0..parts).map(|_| None).collect()),
+        })
+    }
+
+    pub(crate) fn parts(&self) -> u16 {
+        self.parts
+    }
+
+    pub(crate) fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    /// Records the request that carries `part`; false if it has one already.
+    pub(crate) fn bind(
+        &self,
+        part: u16,
+        conn: Weak<Conn>,
+        req: u64,
+        opened: Option<Arc<watch::Sender<bool>>>,
+    ) -> bool {
+        let mut m = lock(&self.members);
+        match m.get_mut(usize::from(part)) {
+            Some(slot @ None) => {
+                *slot = Some(Member { conn, req, opened });
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn part_done(&self) {
+        self.done.send_modify(|n| *n += 1);
+    }
+
+    fn all_done(&self) -> bool {
+        *self.done.borrow() + 1 >= self.parts
+    }
+
+    /// Ends every part's request still in a connection's table; with a
+    /// reason, each part is also told with an `Abort` (after its `Open`,
+    /// which it must not overtake).
+    pub(crate) fn abandon(&self, abort: Option<(AbortReason, String)>) {
+        let members: Vec<Member> = lock(&self.members)
+            .iter_mut()
+            .filter_map(Option::take)
+            .collect();
+        for m in members {
+            let Some(conn) = m.conn.upgrade() else {
+                continue;
+            };
+            lock(&conn.active).remove(&m.req);
+            lock(&conn.passive).remove(&m.req);
+            // Told even if its request has left the table: on the passive
+            // side a part bound just before the end may not be in it yet
+            // (its reader inserts it after binding, then sees the end and
+            // leaves it out); an `Abort` for a request that ended is ignored.
+            let Some((reason, detail)) = abort.clone() else {
+                continue;
+            };
+            match m.opened {
+                Some(o) if !*o.borrow() => {
+                    let mut o = o.subscribe();
+                    let h = conn.handle.clone();
+                    h.spawn(async move {
+                        until(&mut o, |o| *o).await;
+                        conn.abort_detached(m.req, reason, detail);
+                    });
+                }
+                _ => conn.abort_detached(m.req, reason, detail),
+            }
+        }
+    }
+}
+
+/// How a stream of `Data` frames ends.
+enum Last {
+    /// With the `Finish` that seals the operation (not striped).
+    Seal,
+    /// With a plain `Finish`: a part other than 0, which the destination
+    /// confirms.
+    Part,
+    /// Part 0: with the sealing `Finish`, once every other part is confirmed.
+    SealAfter(Arc<Stripe>),
 }
 
 /// How a cross-memory copy ended.
@@ -395,6 +513,11 @@ impl Conn {
             cookie: Mutex::new(None),
             leases: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The worker at the other end.
+    pub(crate) fn peer(&self) -> &str {
+        &self.peer
     }
 
     /// Lends `region` to the peer for request `req`.
@@ -681,20 +804,22 @@ impl Conn {
         Ok(open)
     }
 
-    /// Sends `prefix`, then every byte of the region as `Data` frames, then
-    /// `Finish`. Returns `Ok(false)` if the region closed on the way (the
-    /// remote is then told with an `Abort`).
+    /// Sends `prefix`, then the bytes of the region under `cursor` as `Data`
+    /// frames, then `Finish` as `last` says. Returns `Ok(false)` if the
+    /// region closed on the way (the remote is then told with an `Abort`).
+    #[allow(clippy::too_many_arguments)]
     async fn stream(
         self: &Arc<Self>,
         req: u64,
         region: &Region,
-        sizes: Vec<u64>,
+        cursor: Cursor,
         prefix: Vec<u8>,
         opened: Option<&watch::Sender<bool>>,
         shared: &OpShared,
+        last: Last,
     ) -> io::Result<bool> {
         let r = self
-            .stream_inner(req, region, sizes, &prefix, opened, shared)
+            .stream_inner(req, region, cursor, &prefix, opened, shared, last)
             .await;
         if let Some(o) = opened {
             o.send_replace(true);
@@ -702,16 +827,17 @@ impl Conn {
         r
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn stream_inner(
         self: &Arc<Self>,
         req: u64,
         region: &Region,
-        sizes: Vec<u64>,
+        mut cursor: Cursor,
         prefix: &[u8],
         opened: Option<&watch::Sender<bool>>,
         shared: &OpShared,
+        last: Last,
     ) -> io::Result<bool> {
-        let mut cursor = Cursor::new(sizes);
         let closed = |conn: &Arc<Conn>| {
             conn.abort_detached(req, AbortReason::Cancelled, String::new());
             Ok(false)
@@ -729,6 +855,31 @@ impl Conn {
             let _ = cursor.accept(d, o, l);
         }
         let fin = Message::Finish { req }.to_vec();
+        match last {
+            Last::Seal => {}
+            Last::Part => {
+                // Not the commit: the destination confirms it, and part 0's
+                // sealing `Finish` waits for that.
+                self.send_frame(&fin).await?;
+                return Ok(true);
+            }
+            Last::SealAfter(stripe) => {
+                let mut done = stripe.done.subscribe();
+                let confirmed = self
+                    .unless_dead(async {
+                        tokio::select! {
+                            _ = until(&mut done, |n| *n + 1 >= stripe.parts) => Ok(true),
+                            // Ended meanwhile (a cancel, another part
+                            // failed): whoever ended it told the remote.
+                            _ = shared.ended() => Ok(false),
+                        }
+                    })
+                    .await?;
+                if !confirmed {
+                    return Ok(false);
+                }
+            }
+        }
         let sent = self
             .unless_dead(async {
                 let mut w = self.writer.lock().await;
@@ -867,14 +1018,45 @@ impl Conn {
             });
             return;
         }
+        self.spawn_part(
+            req,
+            region,
+            Cursor::new(sizes),
+            prefix,
+            opened,
+            shared,
+            Last::Seal,
+        );
+    }
+
+    /// Streams the bytes under `cursor` from a task of its own, ending as
+    /// `last` says. A write failure kills the connection.
+    #[allow(clippy::too_many_arguments)]
+    fn spawn_part(
+        self: &Arc<Self>,
+        req: u64,
+        region: Arc<Region>,
+        cursor: Cursor,
+        prefix: Vec<u8>,
+        opened: Option<Arc<watch::Sender<bool>>>,
+        shared: Arc<OpShared>,
+        last: Last,
+    ) {
         let conn = self.clone();
         self.handle.spawn(async move {
-            match conn
-                .stream(req, &region, sizes, prefix, opened.as_deref(), &shared)
-                .await
-            {
-                Ok(_) => {}
-                Err(e) => conn.kill(format!("write failed: {e}")),
+            let r = conn
+                .stream(
+                    req,
+                    &region,
+                    cursor,
+                    prefix,
+                    opened.as_deref(),
+                    &shared,
+                    last,
+                )
+                .await;
+            if let Err(e) = r {
+                conn.kill(format!("write failed: {e}"));
             }
         });
     }
@@ -899,10 +1081,16 @@ struct TcpLink {
     req: u64,
     /// Set once the `Open` is on the wire: an `Abort` must not overtake it.
     opened: Arc<watch::Sender<bool>>,
+    /// The transfer is striped: these are all its requests.
+    stripe: Option<Arc<Stripe>>,
 }
 
 impl ActiveLink for TcpLink {
     fn cancel(&self, changed: bool) {
+        if let Some(s) = &self.stripe {
+            s.abandon(changed.then(|| (AbortReason::Cancelled, String::new())));
+            return;
+        }
         lock(&self.conn.active).remove(&self.req);
         if changed {
             let conn = self.conn.clone();
@@ -923,15 +1111,22 @@ pub(crate) struct LocalInfo {
     pub(crate) secret: Option<Secret>,
     pub(crate) cma: bool,
     pub(crate) cma_threshold: u64,
+    /// Streams per large transfer; `None`: by host (see `ConnectorBuilder::tcp_streams`).
+    pub(crate) tcp_streams: Option<usize>,
+    pub(crate) stripe_threshold: u64,
     pub(crate) shutdown: watch::Receiver<bool>,
     pub(crate) handle: Handle,
 }
 
 type Slot = Arc<tokio::sync::Mutex<Option<Arc<Conn>>>>;
+/// A remote worker, its addresses, and the stream's number.
+type PoolKey = (String, Vec<SocketAddr>, u16);
 
 pub(crate) struct TcpTransport {
     local: Arc<LocalInfo>,
-    pool: Mutex<HashMap<(String, Vec<SocketAddr>), Slot>>,
+    /// By remote worker, its addresses and the stream's number (0 carries
+    /// everything that is not a further part of a striped transfer).
+    pool: Mutex<HashMap<PoolKey, Slot>>,
     /// Every outgoing connection, also those whose slot is busy connecting
     /// a replacement, for `close_all` and `pending`.
     outgoing: Mutex<Vec<Weak<Conn>>>,
@@ -987,8 +1182,12 @@ impl TcpTransport {
             .count()
     }
 
-    async fn conn_for(&self, remote: &RdmaMetadata) -> Result<Arc<Conn>> {
-        let key = (remote.worker_id().to_string(), remote.addresses().to_vec());
+    async fn conn_for(&self, remote: &RdmaMetadata, stream: u16) -> Result<Arc<Conn>> {
+        let key = (
+            remote.worker_id().to_string(),
+            remote.addresses().to_vec(),
+            stream,
+        );
         let slot = lock(&self.pool).entry(key).or_default().clone();
         let mut g = slot.lock().await;
         if let Some(c) = g.as_ref() {
@@ -996,7 +1195,7 @@ impl TcpTransport {
                 return Ok(c.clone());
             }
         }
-        let c = self.connect(remote).await?;
+        let c = self.connect(remote, stream == 0).await?;
         {
             let mut all = lock(&self.outgoing);
             all.retain(|w| w.strong_count() > 0);
@@ -1006,7 +1205,9 @@ impl TcpTransport {
         Ok(c)
     }
 
-    async fn connect(&self, remote: &RdmaMetadata) -> Result<Arc<Conn>> {
+    /// Connects to `remote`; `attach`: also set up cross-memory attach when
+    /// it is on this host.
+    async fn connect(&self, remote: &RdmaMetadata, attach: bool) -> Result<Arc<Conn>> {
         let mut addrs = remote.addresses().to_vec();
         if remote.host_id() == self.local.host_id {
             addrs.sort_by_key(|a| !a.ip().is_loopback());
@@ -1016,7 +1217,7 @@ impl TcpTransport {
         let mut cause = String::from("no address");
         for a in &addrs {
             match tokio::time::timeout(self.local.connect_timeout, TcpStream::connect(a)).await {
-                Ok(Ok(s)) => return self.handshake(s, *a, remote).await,
+                Ok(Ok(s)) => return self.handshake(s, *a, remote, attach).await,
                 Ok(Err(e)) => cause = format!("{a}: {e}"),
                 Err(_) => {
                     cause = format!(
@@ -1042,6 +1243,7 @@ impl TcpTransport {
         s: TcpStream,
         addr: SocketAddr,
         remote: &RdmaMetadata,
+        attach: bool,
     ) -> Result<Arc<Conn>> {
         tune(&s);
         let (local_addr, peer_addr) = (s.local_addr(), s.peer_addr());
@@ -1141,7 +1343,10 @@ impl TcpTransport {
             _ => None,
         };
         if let Some((me, them)) = tuple.filter(|&(l, p)| {
-            self.local.cma && remote.host_id() == self.local.host_id && cma::is_local(l, p)
+            attach
+                && self.local.cma
+                && remote.host_id() == self.local.host_id
+                && cma::is_local(l, p)
         }) {
             let next = async |rd: &mut FrameReader| -> Result<Attach> {
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
@@ -1240,8 +1445,7 @@ impl Transport for TcpTransport {
 
     fn start(&self, job: ActiveJob) -> BoxFuture<'_, Result<Arc<dyn ActiveLink>>> {
         Box::pin(async move {
-            let conn = self.conn_for(&job.remote).await?;
-            let req = conn.next_req.fetch_add(1, Ordering::Relaxed);
+            let conn = self.conn_for(&job.remote, 0).await?;
             let total: u64 = job.sizes.iter().sum();
             let pull = self.local.cma
                 && total >= self.local.cma_threshold
@@ -1250,6 +1454,24 @@ impl Transport for TcpTransport {
                     OperationKind::Read => conn.peer_pid.get().is_some(),
                     OperationKind::Write => conn.peer_pulls.load(Ordering::Acquire),
                 };
+            if !pull {
+                let parts = self.parts_for(&job.remote, total);
+                let mut conns = vec![conn.clone()];
+                for i in 1..parts {
+                    match self.conn_for(&job.remote, i).await {
+                        Ok(c) => conns.push(c),
+                        // Fewer streams, then.
+                        Err(e) => {
+                            tracing::debug!(stream = i, "no further stream: {e}");
+                            break;
+                        }
+                    }
+                }
+                if conns.len() > 1 {
+                    return self.start_striped(job, conns);
+                }
+            }
+            let req = conn.next_req.fetch_add(1, Ordering::Relaxed);
             let cma = match (pull, job.kind) {
                 (false, _) => Cma::No,
                 (true, OperationKind::Read) => Cma::Requested,
@@ -1270,6 +1492,7 @@ impl Transport for TcpTransport {
                     shared: job.shared.clone(),
                     cursor: Cursor::new(job.sizes.clone()),
                     cma,
+                    stripe: None,
                 },
             );
             // The reader task drains the table after marking the connection
@@ -1289,6 +1512,8 @@ impl Transport for TcpTransport {
                 kind: job.kind,
                 sizes: job.sizes.clone(),
                 pull,
+                part: 0,
+                parts: 1,
             })
             .to_vec();
             let opened = Arc::new(watch::Sender::new(false));
@@ -1313,8 +1538,113 @@ impl Transport for TcpTransport {
                     job.shared.clone(),
                 ),
             }
-            Ok(Arc::new(TcpLink { conn, req, opened }) as Arc<dyn ActiveLink>)
+            Ok(Arc::new(TcpLink {
+                conn,
+                req,
+                opened,
+                stripe: None,
+            }) as Arc<dyn ActiveLink>)
         })
+    }
+}
+
+impl TcpTransport {
+    /// Into how many parts a TCP transfer of `total` bytes to `remote` is
+    /// split (see `ConnectorBuilder::tcp_streams`).
+    fn parts_for(&self, remote: &RdmaMetadata, total: u64) -> u16 {
+        let streams = self
+            .local
+            .tcp_streams
+            .unwrap_or(if remote.host_id() == self.local.host_id {
+                1
+            } else {
+                crate::connector::DEFAULT_TCP_STREAMS
+            });
+        if streams <= 1 || total < self.local.stripe_threshold {
+            return 1;
+        }
+        (streams as u64).min(u64::from(MAX_PARTS)).min(total) as u16
+    }
+
+    /// Starts a transfer striped over `conns`, one part on each; part 0 (on
+    /// the first) commits it once the destination has confirmed the others.
+    fn start_striped(&self, job: ActiveJob, conns: Vec<Arc<Conn>>) -> Result<Arc<dyn ActiveLink>> {
+        let parts = conns.len() as u16;
+        let total: u64 = job.sizes.iter().sum();
+        let stripe = Stripe::new(parts, String::new());
+        job.shared.set_transport(TransportKind::Tcp);
+        job.shared.start();
+        let mut reqs = Vec::with_capacity(conns.len());
+        for (part, conn) in (0..parts).zip(&conns) {
+            let req = conn.next_req.fetch_add(1, Ordering::Relaxed);
+            let (start, end) = part_range(total, part, parts);
+            let opened = Arc::new(watch::Sender::new(false));
+            stripe.bind(part, Arc::downgrade(conn), req, Some(opened.clone()));
+            lock(&conn.active).insert(
+                req,
+                ActiveReq {
+                    kind: job.kind,
+                    region: job.region.clone(),
+                    shared: job.shared.clone(),
+                    cursor: Cursor::range(job.sizes.clone(), start, end),
+                    cma: Cma::No,
+                    stripe: Some((stripe.clone(), part)),
+                },
+            );
+            reqs.push((req, opened, start, end));
+        }
+        // A reader drains its table after marking its connection dead;
+        // check after inserting so that no request is left behind.
+        if let Some(dead) = conns.iter().find(|c| !c.is_alive()) {
+            stripe.abandon(None);
+            let cause = dead.dead.borrow().clone().unwrap_or_default();
+            return Err(Error::ConnectionLost {
+                peer: dead.peer.clone(),
+                cause,
+            });
+        }
+        // However the operation ends, the parts still running end with it
+        // (and the remote is told, unless it completed).
+        let (shared, s) = (job.shared.clone(), stripe.clone());
+        self.local.handle.spawn(async move {
+            let (status, error) = shared.ended().await;
+            s.abandon(abort_reason(status, error.as_ref()));
+        });
+        for ((part, conn), (req, opened, start, end)) in (0..parts).zip(&conns).zip(&reqs) {
+            let open = Message::Open(Open {
+                req: *req,
+                op_id: job.remote.operation_id(),
+                token: *job.remote.token(),
+                kind: job.kind,
+                sizes: job.sizes.clone(),
+                pull: false,
+                part,
+                parts,
+            })
+            .to_vec();
+            match job.kind {
+                OperationKind::Read => conn.send_soon(open, Some(opened.clone()), false),
+                OperationKind::Write => conn.spawn_part(
+                    *req,
+                    job.region.clone(),
+                    Cursor::range(job.sizes.clone(), *start, *end),
+                    open,
+                    Some(opened.clone()),
+                    job.shared.clone(),
+                    if part == 0 {
+                        Last::SealAfter(stripe.clone())
+                    } else {
+                        Last::Part
+                    },
+                ),
+            }
+        }
+        Ok(Arc::new(TcpLink {
+            conn: conns[0].clone(),
+            req: reqs[0].0,
+            opened: reqs[0].1.clone(),
+            stripe: Some(stripe),
+        }))
     }
 }
 
@@ -1651,6 +1981,34 @@ async fn step(
             let Some(r) = lock(&conn.passive).remove(&req) else {
                 return Ok(());
             };
+            if let Some((stripe, part)) = r.stripe.as_ref().filter(|(_, p)| *p != 0) {
+                // A part other than 0 of a striped transfer.
+                match &r.cursor {
+                    // A WRITE: this side has every byte of the part (else
+                    // the finish is premature); confirm it, unless a cancel
+                    // has begun (the cancel tells the remote).
+                    Some(c) => {
+                        if !c.is_done() {
+                            let detail = format!("finish before all data of part {part}");
+                            let e = Error::Protocol {
+                                peer: conn.peer.clone(),
+                                detail: detail.clone(),
+                            };
+                            inner
+                                .exposures
+                                .finish(&r.exposure, OperationStatus::Errored, Some(e));
+                            return Err(ConnError::Violation(detail));
+                        }
+                        if r.exposure.region.is_open() {
+                            stripe.part_done();
+                            conn.send_soon(Message::Finish { req }.to_vec(), None, true);
+                        }
+                    }
+                    // A READ: the remote confirms a part we sent.
+                    None => stripe.part_done(),
+                }
+                return Ok(());
+            }
             match r.cma {
                 Cma::Lent => {
                     // A leased READ: the remote has every byte. Commit,
@@ -1698,7 +2056,7 @@ async fn step(
             // A write's Finish must follow all its data; a read's confirmation
             // must follow our own Finish (sent only once sealed).
             let premature = match &r.cursor {
-                Some(c) => !c.is_done(),
+                Some(c) => !c.is_done() || r.stripe.as_ref().is_some_and(|(s, _)| !s.all_done()),
                 None => !r.exposure.shared.is_sealed(),
             };
             if premature {
@@ -1737,6 +2095,32 @@ async fn step(
             let Some(r) = lock(&conn.active).remove(&req) else {
                 return Ok(());
             };
+            if let Some((stripe, part)) = r.stripe.as_ref().filter(|(_, p)| *p != 0) {
+                // A part other than 0 of a striped transfer.
+                match r.kind {
+                    // This side has every byte of the part (else the finish
+                    // is premature); confirm it, unless a local cancel has
+                    // begun (the cancel tells the remote).
+                    OperationKind::Read => {
+                        if !r.cursor.is_done() {
+                            let detail = format!("finish before all data of part {part}");
+                            r.region.close();
+                            r.shared.fail(Error::Protocol {
+                                peer: conn.peer.clone(),
+                                detail: detail.clone(),
+                            });
+                            return Err(ConnError::Violation(detail));
+                        }
+                        if r.region.is_open() {
+                            stripe.part_done();
+                            conn.send_soon(Message::Finish { req }.to_vec(), None, true);
+                        }
+                    }
+                    // The remote confirms a part we sent.
+                    OperationKind::Write => stripe.part_done(),
+                }
+                return Ok(());
+            }
             match r.cma {
                 Cma::Lent => {
                     // A leased WRITE: the remote has every byte. Commit,
@@ -1774,7 +2158,9 @@ async fn step(
             // A read's Finish must follow all its data; a write's confirmation
             // must follow our own Finish (sent only once sealed).
             let premature = match r.kind {
-                OperationKind::Read => !r.cursor.is_done(),
+                OperationKind::Read => {
+                    !r.cursor.is_done() || r.stripe.as_ref().is_some_and(|(s, _)| !s.all_done())
+                }
                 OperationKind::Write => !r.shared.is_sealed(),
             };
             if premature {
@@ -1800,6 +2186,9 @@ async fn step(
             conn.give_back(a.req);
             let removed = lock(&conn.passive).remove(&a.req);
             if let Some(r) = removed {
+                if r.stripe.is_some() && ending_here(&r.exposure.region, &r.exposure.shared) {
+                    return Ok(());
+                }
                 let err = remote_error(&a);
                 let status = if matches!(err, Error::RemoteCancelled) {
                     OperationStatus::Cancelled
@@ -1819,6 +2208,18 @@ async fn step(
             conn.give_back(a.req);
             let removed = lock(&conn.active).remove(&a.req);
             if let Some(r) = removed {
+                if r.stripe.is_some() && ending_here(&r.region, &r.shared) {
+                    return Ok(());
+                }
+                if a.reason == AbortReason::OperationEnded
+                    && r.stripe.as_ref().is_some_and(|(_, p)| *p != 0)
+                {
+                    // A further part arrived after the remote ended the
+                    // operation: how it ended comes on part 0 (its `Abort`
+                    // if part 0 was bound, else the refusal of part 0), so
+                    // that a remote cancel reads as one on this side too.
+                    return Ok(());
+                }
                 // Our copy from the source (if any) stops here.
                 r.region.close();
                 r.shared.fail(remote_error(&a));
@@ -1831,12 +2232,29 @@ async fn step(
     }
 }
 
+/// Whether this side has begun to end a striped operation (a cancel in
+/// progress, another part failed): it closed the region and will settle the
+/// outcome and tell the remote. The remote's answers on the other parts
+/// (its `Abort`s, a refusal of a part whose `Open` arrived after the end)
+/// must not settle it first, or a local cancel could end as an error. A
+/// sealed operation is the remote's to settle.
+fn ending_here(region: &Region, shared: &OpShared) -> bool {
+    !region.is_open() && !shared.is_sealed()
+}
+
 fn remote_error(a: &Abort) -> Error {
     match a.reason {
         AbortReason::Cancelled => Error::RemoteCancelled,
         AbortReason::Unauthenticated => Error::Unauthenticated {
             peer: String::new(),
             detail: a.detail.clone(),
+        },
+        AbortReason::PartFailed => Error::ConnectionLost {
+            peer: String::new(),
+            cause: format!(
+                "another stream of this striped transfer failed at the remote: {}",
+                a.detail
+            ),
         },
         reason => Error::Rejected {
             reason,
@@ -1978,7 +2396,46 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Inner>, o: Open) -> Result<(), ConnErro
             conn.abort_detached(o.req, reason, detail);
             Ok(())
         }
-        Ok(exposure) => {
+        Ok((exposure, Some(stripe))) => {
+            // A part of a striped transfer: TCP only.
+            exposure.shared.set_transport(TransportKind::Tcp);
+            let total = o.sizes.iter().fold(0u64, |a, s| a.saturating_add(*s));
+            let (start, end) = part_range(total, o.part, o.parts);
+            let cursor = (o.kind == OperationKind::Write)
+                .then(|| Cursor::range(o.sizes.clone(), start, end));
+            lock(&conn.passive).insert(
+                o.req,
+                PassiveReq {
+                    exposure: exposure.clone(),
+                    cursor,
+                    cma: Cma::No,
+                    stripe: Some((stripe.clone(), o.part)),
+                },
+            );
+            // The owner may have withdrawn it between the check and the insert.
+            if exposure.shared.status().is_terminal() {
+                conn.forget_passive(o.req);
+                return Ok(());
+            }
+            if o.kind == OperationKind::Read {
+                let last = if o.part == 0 {
+                    Last::SealAfter(stripe)
+                } else {
+                    Last::Part
+                };
+                conn.spawn_part(
+                    o.req,
+                    exposure.region.clone(),
+                    Cursor::range(o.sizes, start, end),
+                    Vec::new(),
+                    None,
+                    exposure.shared.clone(),
+                    last,
+                );
+            }
+            Ok(())
+        }
+        Ok((exposure, None)) => {
             let cma = match (o.kind, o.pull) {
                 (_, false) => Cma::No,
                 (OperationKind::Read, true)
@@ -2007,6 +2464,7 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Inner>, o: Open) -> Result<(), ConnErro
                     exposure: exposure.clone(),
                     cursor,
                     cma,
+                    stripe: None,
                 },
             );
             // Lend before looking at the status: an owner that drops the
