@@ -99,6 +99,9 @@ pub struct Row {
     pub lat_us_p50: f64,
     /// 99th percentile latency.
     pub lat_us_p99: f64,
+    /// TCP connections the transfer was split over (Ferry rows over TCP).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub streams: Option<usize>,
     /// The baseline this row is compared with (Ferry rows).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub baseline: Option<String>,
@@ -133,6 +136,7 @@ fn row(
         lat_us_avg: lat.iter().map(|d| us(*d)).sum::<f64>() / n as f64,
         lat_us_p50: pct(50),
         lat_us_p99: pct(99),
+        streams: None,
         baseline: None,
         ratio: None,
     }
@@ -165,6 +169,22 @@ impl Pool {
     }
 }
 
+/// Streams of the striped TCP rows.
+const STREAMS: usize = 4;
+/// The smallest transfer measured striped (the library's default threshold).
+const STRIPE_MIN: u64 = ferry::DEFAULT_STRIPE_THRESHOLD;
+
+/// Which of the initiator's connectors runs a Ferry row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    /// TCP, as the library chooses (one stream on this host).
+    Tcp,
+    /// Cross-memory attach for every size.
+    Cma,
+    /// TCP split over [`STREAMS`] connections.
+    Striped,
+}
+
 struct Bench {
     opts: Options,
     peer: PeerProcess,
@@ -172,6 +192,9 @@ struct Bench {
     tcp: Connector,
     /// A connector that sends every transfer by cross-memory attach.
     cma: Connector,
+    /// A connector restricted to TCP that splits transfers of
+    /// [`STRIPE_MIN`] bytes or more over [`STREAMS`] connections.
+    striped: Connector,
     /// The target runs on this host: both processes read one monotonic clock.
     same_clock: bool,
     pool: Pool,
@@ -199,7 +222,7 @@ impl Bench {
     /// active side, and both report completion.
     async fn one(
         &mut self,
-        via: TransportKind,
+        via: Lane,
         op: &str,
         block: u64,
         batch: usize,
@@ -218,10 +241,10 @@ impl Bench {
         let meta = RdmaMetadata::from_json(m.metadata.as_deref().unwrap_or_default())?;
         let created = m.created_ns;
         let descs = self.pool.take(block, batch);
-        let local = if via == TransportKind::Cma {
-            &self.cma
-        } else {
-            &self.tcp
+        let local = match via {
+            Lane::Cma => &self.cma,
+            Lane::Tcp => &self.tcp,
+            Lane::Striped => &self.striped,
         };
         let ours;
         let (descs, used) = if op == "read" {
@@ -256,7 +279,7 @@ impl Bench {
 
     async fn ferry_row(
         &mut self,
-        via: TransportKind,
+        via: Lane,
         op: &str,
         block: u64,
         batch: usize,
@@ -450,7 +473,7 @@ fn human(b: u64) -> String {
 
 fn print_table(rows: &[Row]) {
     println!(
-        "{:<11} {:<5} {:<10} {:>8} {:>5} {:>8} {:>10} {:>10} {:>10} {:>10}  vs baseline",
+        "{:<11} {:<6} {:<10} {:>8} {:>5} {:>8} {:>10} {:>10} {:>10} {:>10}  vs baseline",
         "kind", "via", "op", "block", "batch", "GB/s", "ops/s", "avg us", "p50 us", "p99 us",
     );
     for r in rows {
@@ -459,9 +482,12 @@ fn print_table(rows: &[Row]) {
             _ => String::new(),
         };
         println!(
-            "{:<11} {:<5} {:<10} {:>8} {:>5} {:>8.3} {:>10.0} {:>10.1} {:>10.1} {:>10.1}  {}",
+            "{:<11} {:<6} {:<10} {:>8} {:>5} {:>8.3} {:>10.0} {:>10.1} {:>10.1} {:>10.1}  {}",
             r.kind,
-            r.transport,
+            match r.streams {
+                Some(n) => format!("{} x{n}", r.transport),
+                None => r.transport.clone(),
+            },
             r.op,
             human(r.block_size),
             r.batch,
@@ -493,6 +519,13 @@ pub async fn initiator(
         .cma_threshold(0)
         .build()
         .await?;
+    let striped = Connector::builder()
+        .listen(opts.listen.parse()?)
+        .transports(&[TransportKind::Tcp])
+        .tcp_streams(STREAMS)
+        .stripe_threshold(STRIPE_MIN)
+        .build()
+        .await?;
     let peer = match control {
         Some(addr) => PeerProcess::connect(addr).await?,
         None => PeerProcess::spawn(exe, &["--listen", "127.0.0.1:0"], &[]).await?,
@@ -509,6 +542,7 @@ pub async fn initiator(
         peer,
         tcp,
         cma,
+        striped,
         same_clock: control.is_none(),
         pool: Pool::default(),
         rows: Vec::new(),
@@ -529,15 +563,22 @@ pub async fn initiator(
     // Cross-memory attach only between processes of one host that the
     // kernel lets attach to each other: find out with one operation.
     let attach = {
-        let (_, r) = b.one(TransportKind::Cma, "read", 4096, 1).await?;
-        let (_, w) = b.one(TransportKind::Cma, "write", 4096, 1).await?;
+        let (_, r) = b.one(Lane::Cma, "read", 4096, 1).await?;
+        let (_, w) = b.one(Lane::Cma, "write", 4096, 1).await?;
         r == Some(TransportKind::Cma) && w == Some(TransportKind::Cma)
     };
     if !attach {
         eprintln!("cross-memory attach is not possible with this target (other host, or refused by the kernel): TCP only");
     }
+    // Same host: the library keeps one stream, so striping gets rows of its
+    // own (between hosts the `tcp` rows are striped already).
+    let striped_rows = control.is_none();
     let per_op = if attach { 4 } else { 2 };
-    let total = shapes.len() * (1 + 2 * per_op);
+    let striped_shapes = shapes
+        .iter()
+        .filter(|&&(bl, ba)| striped_rows && bl * ba as u64 >= STRIPE_MIN)
+        .count();
+    let total = shapes.len() * (1 + 2 * per_op) + 2 * striped_shapes;
     let mut done = 0;
     let mut progress = |what: &str, op: &str, block: u64, batch: usize| {
         done += 1;
@@ -551,23 +592,36 @@ pub async fn initiator(
         let m = b.memcpy_row(block, batch);
         b.emit(m)?;
         for op in ["read", "write"] {
-            let mut pairs = vec![(TransportKind::Tcp, "tcp_stream")];
+            let mut pairs = vec![(Lane::Tcp, "tcp_stream")];
             if attach {
-                pairs.insert(0, (TransportKind::Cma, "cma"));
+                pairs.insert(0, (Lane::Cma, "cma"));
             }
             for (via, base_name) in pairs {
                 progress(base_name, op, block, batch);
-                let base = if via == TransportKind::Cma {
+                let base = if via == Lane::Cma {
                     b.cma_row(op, block, batch).await?
                 } else {
                     b.tcp_row(op, block, batch).await?
                 };
-                progress(&format!("ferry {via}"), op, block, batch);
+                let name = if via == Lane::Cma { "cma" } else { "tcp" };
+                progress(&format!("ferry {name}"), op, block, batch);
                 let mut r = b.ferry_row(via, op, block, batch).await?;
                 r.baseline = Some(format!("{base_name} {op}"));
                 r.ratio = Some(r.gbps / base.gbps.max(1e-12));
+                let mut striped = None;
+                if via == Lane::Tcp && striped_rows && block * batch as u64 >= STRIPE_MIN {
+                    progress("ferry tcp x4", op, block, batch);
+                    let mut s = b.ferry_row(Lane::Striped, op, block, batch).await?;
+                    s.streams = Some(STREAMS);
+                    s.baseline = r.baseline.clone();
+                    s.ratio = Some(s.gbps / base.gbps.max(1e-12));
+                    striped = Some(s);
+                }
                 b.emit(base)?;
                 b.emit(r)?;
+                if let Some(s) = striped {
+                    b.emit(s)?;
+                }
             }
         }
     }
