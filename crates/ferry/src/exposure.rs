@@ -194,11 +194,21 @@ impl Exposures {
         // the capability gone.
         lock(&self.map).remove(&e.op_id);
         let bound = lock(&e.binding).take();
-        let reason = abort_reason(status, error.as_ref());
+        let stripe = match bound {
+            Some(Binding::Striped(s)) => Some(s),
+            _ => None,
+        };
+        if let Some(s) = &stripe {
+            // Every part leaves its connection's table before anyone wakes.
+            s.abandon(None);
+        }
         let won = e.shared.end(status, error);
-        // The other parts of a striped transfer end with it.
-        if let Some(Binding::Striped(s)) = bound {
-            s.abandon(reason);
+        // The remote's parts end with it, told how it really ended here.
+        if let Some(s) = stripe {
+            let (status, error) = e.shared.state();
+            if let Some(reason) = abort_reason(status, error.as_ref()) {
+                s.abandon(Some(reason));
+            }
         }
         won
     }
@@ -226,7 +236,11 @@ impl Exposures {
                     }));
                 }
             }
-            Some(Binding::Striped(s)) => s.abandon(Some((AbortReason::Cancelled, String::new()))),
+            Some(Binding::Striped(s)) => {
+                // As it really ended (this cancel may have lost to a failure).
+                let (status, error) = e.shared.state();
+                s.abandon(abort_reason(status, error.as_ref()));
+            }
             Some(Binding::Local) | None => {}
         }
     }

@@ -109,6 +109,12 @@ impl OpShared {
         }
     }
 
+    /// The state now, with its error.
+    pub(crate) fn state(&self) -> (OperationStatus, Option<Error>) {
+        let s = self.tx.borrow();
+        (s.status, s.error.clone())
+    }
+
     /// Waits for a terminal state and returns it.
     pub(crate) async fn ended(&self) -> (OperationStatus, Option<Error>) {
         let mut rx = self.tx.subscribe();

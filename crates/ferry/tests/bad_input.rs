@@ -2040,3 +2040,64 @@ async fn a_striped_read_fails_when_the_passive_drops_one_stream() {
     let _ = op.into_descriptors();
     active_side_still_works(&reader).await;
 }
+
+/// A part that has landed and been confirmed still belongs to the
+/// operation until it ends: an `Abort` on it, or its connection lost, ends
+/// the operation (it would otherwise stay in progress, exposed, forever,
+/// since part 0 never arrives); a replayed `Finish` changes nothing, and
+/// its request number stays taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmed_part_still_carries_an_abort_or_a_lost_connection() {
+    for abort in [true, false] {
+        let target = connector().await;
+        let w = target.create_writable(vec![untouched(10)]).await.unwrap();
+        let m = w.metadata().clone();
+        let mut b = Raw::connect(&target).await;
+        b.send(&part_open(1, &m, OperationKind::Write, 1, 2)).await;
+        b.send_raw(&data_frame(1, 0, 5, &[2u8; 5])).await.unwrap();
+        b.send(&Message::Finish { req: 1 }).await;
+        assert!(matches!(
+            b.next().await,
+            Some((Message::Finish { req: 1 }, _))
+        ));
+        b.send(&Message::Finish { req: 1 }).await;
+        b.barrier(2).await;
+        assert_eq!(w.status(), OperationStatus::InProgress);
+        if abort {
+            b.send(&Message::Abort(Abort {
+                req: 1,
+                reason: AbortReason::PartFailed,
+                detail: "the other stream died".into(),
+            }))
+            .await;
+        } else {
+            drop(b);
+        }
+        let err = within(w.wait_for_completion()).await.unwrap_err();
+        assert!(matches!(err, Error::ConnectionLost { .. }), "{err}");
+        assert_eq!(w.status(), OperationStatus::Errored);
+        assert_eq!(target.exposed_count(), 0);
+        assert_eq!(target.pending_count(), 0);
+        legit_transfers_still_work(&target).await;
+    }
+    // The request number of a confirmed part stays taken.
+    let target = connector().await;
+    let w = target.create_writable(vec![untouched(10)]).await.unwrap();
+    let mut b = Raw::connect(&target).await;
+    b.send(&part_open(1, w.metadata(), OperationKind::Write, 1, 2))
+        .await;
+    b.send_raw(&data_frame(1, 0, 5, &[2u8; 5])).await.unwrap();
+    b.send(&Message::Finish { req: 1 }).await;
+    assert!(matches!(
+        b.next().await,
+        Some((Message::Finish { req: 1 }, _))
+    ));
+    b.send(&open_frame(1, w.metadata(), OperationKind::Write))
+        .await;
+    let got = b.closed().await;
+    assert!(
+        got.iter().all(|m| matches!(m, Message::Abort(_))),
+        "{got:?}"
+    );
+    assert_eq!(w.status(), OperationStatus::Errored);
+}

@@ -343,6 +343,10 @@ struct ActiveReq {
     cma: Cma,
     /// The transfer is striped and this request carries this part of it.
     stripe: Option<(Arc<Stripe>, u16)>,
+    /// A part other than 0 that has ended (landed, or confirmed): it stays
+    /// in the table until the operation ends, so that an `Abort` or a lost
+    /// connection on it still ends the operation.
+    part_done: bool,
 }
 
 /// A passive operation bound to a request on this connection.
@@ -353,6 +357,8 @@ struct PassiveReq {
     cma: Cma,
     /// The transfer is striped and this request carries this part of it.
     stripe: Option<(Arc<Stripe>, u16)>,
+    /// As in [`ActiveReq`].
+    part_done: bool,
 }
 
 /// A transfer split into parts, each a request on a connection of its own
@@ -371,6 +377,7 @@ pub(crate) struct Stripe {
     members: Mutex<Vec<Option<Member>>>,
 }
 
+#[derive(Clone)]
 struct Member {
     conn: Weak<Conn>,
     req: u64,
@@ -424,12 +431,10 @@ impl Stripe {
 
     /// Ends every part's request still in a connection's table; with a
     /// reason, each part is also told with an `Abort` (after its `Open`,
-    /// which it must not overtake).
+    /// which it must not overtake). May be called again (first without a
+    /// reason, to leave the tables before waking waiters, then with one).
     pub(crate) fn abandon(&self, abort: Option<(AbortReason, String)>) {
-        let members: Vec<Member> = lock(&self.members)
-            .iter_mut()
-            .filter_map(Option::take)
-            .collect();
+        let members: Vec<Member> = lock(&self.members).iter().flatten().cloned().collect();
         for m in members {
             let Some(conn) = m.conn.upgrade() else {
                 continue;
@@ -919,8 +924,13 @@ impl Conn {
         shared: &OpShared,
         last: Last,
     ) -> io::Result<bool> {
+        let striped = !matches!(last, Last::Seal);
         let closed = |conn: &Arc<Conn>| {
-            conn.abort_detached(req, AbortReason::Cancelled, String::new());
+            // A striped operation's remote is told by whoever ended it,
+            // with how it ended (the region closes for a failed part too).
+            if !striped {
+                conn.abort_detached(req, AbortReason::Cancelled, String::new());
+            }
             Ok(false)
         };
         if !prefix.is_empty() {
@@ -1170,7 +1180,9 @@ struct TcpLink {
 impl ActiveLink for TcpLink {
     fn cancel(&self, changed: bool) {
         if let Some(s) = &self.stripe {
-            s.abandon(changed.then(|| (AbortReason::Cancelled, String::new())));
+            // The watcher tells the remote how the operation really ended
+            // (this cancel may have lost to a failure).
+            s.abandon(None);
             return;
         }
         lock(&self.conn.active).remove(&self.req);
@@ -1578,6 +1590,7 @@ impl Transport for TcpTransport {
                     cursor: Cursor::new(job.sizes.clone()),
                     cma,
                     stripe: None,
+                    part_done: false,
                 },
             );
             // The reader task drains the table after marking the connection
@@ -1674,6 +1687,7 @@ impl TcpTransport {
                     cursor: Cursor::range(job.sizes.clone(), start, end),
                     cma: Cma::No,
                     stripe: Some((stripe.clone(), part)),
+                    part_done: false,
                 },
             );
             reqs.push((req, opened, start, end));
@@ -2064,37 +2078,31 @@ async fn step(
         (Message::Finish { req }, Some(inner)) => {
             // A destination that copied from us has stopped.
             conn.give_back(req);
+            let part = part_finished(conn, &mut lock(&conn.passive), req, |r| {
+                (
+                    &r.stripe,
+                    &mut r.part_done,
+                    r.cursor.as_ref(),
+                    &r.exposure.region,
+                )
+            });
+            if let Some(end) = part {
+                return end.map_err(|detail| {
+                    if let Some(r) = lock(&conn.passive).remove(&req) {
+                        let e = Error::Protocol {
+                            peer: conn.peer.clone(),
+                            detail: detail.clone(),
+                        };
+                        inner
+                            .exposures
+                            .finish(&r.exposure, OperationStatus::Errored, Some(e));
+                    }
+                    ConnError::Violation(detail)
+                });
+            }
             let Some(r) = lock(&conn.passive).remove(&req) else {
                 return Ok(());
             };
-            if let Some((stripe, part)) = r.stripe.as_ref().filter(|(_, p)| *p != 0) {
-                // A part other than 0 of a striped transfer.
-                match &r.cursor {
-                    // A WRITE: this side has every byte of the part (else
-                    // the finish is premature); confirm it, unless a cancel
-                    // has begun (the cancel tells the remote).
-                    Some(c) => {
-                        if !c.is_done() {
-                            let detail = format!("finish before all data of part {part}");
-                            let e = Error::Protocol {
-                                peer: conn.peer.clone(),
-                                detail: detail.clone(),
-                            };
-                            inner
-                                .exposures
-                                .finish(&r.exposure, OperationStatus::Errored, Some(e));
-                            return Err(ConnError::Violation(detail));
-                        }
-                        if r.exposure.region.is_open() {
-                            stripe.part_done();
-                            conn.send_soon(Message::Finish { req }.to_vec(), None, true);
-                        }
-                    }
-                    // A READ: the remote confirms a part we sent.
-                    None => stripe.part_done(),
-                }
-                return Ok(());
-            }
             match r.cma {
                 Cma::Lent => {
                     // A leased READ: the remote has every byte. Commit,
@@ -2178,35 +2186,25 @@ async fn step(
         (Message::Finish { req }, None) => {
             // A destination that copied from us has stopped.
             conn.give_back(req);
+            let part = part_finished(conn, &mut lock(&conn.active), req, |r| {
+                let cursor = (r.kind == OperationKind::Read).then_some(&r.cursor);
+                (&r.stripe, &mut r.part_done, cursor, &r.region)
+            });
+            if let Some(end) = part {
+                return end.map_err(|detail| {
+                    if let Some(r) = lock(&conn.active).remove(&req) {
+                        r.region.close();
+                        r.shared.fail(Error::Protocol {
+                            peer: conn.peer.clone(),
+                            detail: detail.clone(),
+                        });
+                    }
+                    ConnError::Violation(detail)
+                });
+            }
             let Some(r) = lock(&conn.active).remove(&req) else {
                 return Ok(());
             };
-            if let Some((stripe, part)) = r.stripe.as_ref().filter(|(_, p)| *p != 0) {
-                // A part other than 0 of a striped transfer.
-                match r.kind {
-                    // This side has every byte of the part (else the finish
-                    // is premature); confirm it, unless a local cancel has
-                    // begun (the cancel tells the remote).
-                    OperationKind::Read => {
-                        if !r.cursor.is_done() {
-                            let detail = format!("finish before all data of part {part}");
-                            r.region.close();
-                            r.shared.fail(Error::Protocol {
-                                peer: conn.peer.clone(),
-                                detail: detail.clone(),
-                            });
-                            return Err(ConnError::Violation(detail));
-                        }
-                        if r.region.is_open() {
-                            stripe.part_done();
-                            conn.send_soon(Message::Finish { req }.to_vec(), None, true);
-                        }
-                    }
-                    // The remote confirms a part we sent.
-                    OperationKind::Write => stripe.part_done(),
-                }
-                return Ok(());
-            }
             match r.cma {
                 Cma::Lent => {
                     // A leased WRITE: the remote has every byte. Commit,
@@ -2255,6 +2253,10 @@ async fn step(
                     detail: "finish before all data".into(),
                 });
                 return Err(ConnError::Violation("finish before all data".into()));
+            }
+            if let Some((s, _)) = &r.stripe {
+                // The other parts leave their tables before anyone wakes.
+                s.abandon(None);
             }
             let won = r.shared.end(OperationStatus::Complete, None);
             if r.kind == OperationKind::Read {
@@ -2317,6 +2319,54 @@ async fn step(
         }
     }
 }
+
+/// The `Finish` of request `req` if it carries a part other than 0 of a
+/// striped transfer (`None` otherwise: the caller handles it). At the
+/// destination (`cursor` is the part's) it says every byte of the part was
+/// sent: checked, then confirmed, unless a cancel is closing the region
+/// (the cancel tells the remote). At the source it is that confirmation. The
+/// part is marked done and stays in the table until the operation ends; a
+/// repeated `Finish` is ignored. `Err`: a premature `Finish` (the caller
+/// ends the operation and the connection).
+fn part_finished<R>(
+    conn: &Arc<Conn>,
+    table: &mut HashMap<u64, R>,
+    req: u64,
+    view: impl FnOnce(&mut R) -> PartView<'_>,
+) -> Option<Result<(), String>> {
+    let r = table.get_mut(&req)?;
+    let (stripe, part_done, cursor, region) = view(r);
+    let (stripe, part) = stripe.as_ref().filter(|(_, p)| *p != 0)?;
+    if *part_done {
+        return Some(Ok(()));
+    }
+    match cursor {
+        Some(c) if !c.is_done() => {
+            return Some(Err(format!("finish before all data of part {part}")))
+        }
+        Some(_) => {
+            if region.is_open() {
+                *part_done = true;
+                stripe.part_done();
+                conn.send_soon(Message::Finish { req }.to_vec(), None, true);
+            }
+        }
+        None => {
+            *part_done = true;
+            stripe.part_done();
+        }
+    }
+    Some(Ok(()))
+}
+
+/// What [`part_finished`] looks at in a table entry: the stripe, the done
+/// mark, the part's cursor at the destination, the region.
+type PartView<'a> = (
+    &'a Option<(Arc<Stripe>, u16)>,
+    &'a mut bool,
+    Option<&'a Cursor>,
+    &'a Region,
+);
 
 /// Whether this side has begun to end a striped operation (a cancel in
 /// progress, another part failed): it closed the region and will settle the
@@ -2496,6 +2546,7 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Inner>, o: Open) -> Result<(), ConnErro
                     cursor,
                     cma: Cma::No,
                     stripe: Some((stripe.clone(), o.part)),
+                    part_done: false,
                 },
             );
             // The owner may have withdrawn it between the check and the insert.
@@ -2551,6 +2602,7 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Inner>, o: Open) -> Result<(), ConnErro
                     cursor,
                     cma,
                     stripe: None,
+                    part_done: false,
                 },
             );
             // Lend before looking at the status: an owner that drops the
