@@ -30,9 +30,6 @@ pub const CMA_THRESHOLD_ENV: &str = "FERRY_CMA_THRESHOLD";
 pub const TCP_STREAMS_ENV: &str = "FERRY_TCP_STREAMS";
 /// The environment variable that sets [`ConnectorBuilder::stripe_threshold`] (bytes).
 pub const STRIPE_THRESHOLD_ENV: &str = "FERRY_STRIPE_THRESHOLD";
-/// The environment variable that sets [`ConnectorBuilder::busy_poll`]
-/// (microseconds).
-pub const BUSY_POLL_ENV: &str = "FERRY_BUSY_POLL_US";
 /// The shortest shared secret accepted, in bytes.
 pub const MIN_SECRET: usize = 16;
 
@@ -58,7 +55,6 @@ pub struct ConnectorBuilder {
     cma_threshold: Option<u64>,
     tcp_streams: Option<usize>,
     stripe_threshold: Option<u64>,
-    busy_poll: Option<Duration>,
 }
 
 /// TCP streams per transfer to another host, by default.
@@ -81,7 +77,6 @@ impl Default for ConnectorBuilder {
             cma_threshold: None,
             tcp_streams: None,
             stripe_threshold: None,
-            busy_poll: None,
         }
     }
 }
@@ -161,19 +156,6 @@ impl ConnectorBuilder {
         self
     }
 
-    /// For how long after a frame was sent or received on a connection its
-    /// reader polls the socket instead of sleeping (default 0: never). An
-    /// answer then costs no wake-up of a sleeping thread, which on a
-    /// virtual machine is much of a small operation's latency; the price is
-    /// up to this much CPU time after each exchange, on both sides, shared
-    /// with the runtime's other tasks (the poll yields between tries). An
-    /// idle connection never polls. Without this call,
-    /// `FERRY_BUSY_POLL_US` is read.
-    pub fn busy_poll(mut self, d: Duration) -> Self {
-        self.busy_poll = Some(d);
-        self
-    }
-
     /// How long to try each address of a remote (default 5 s).
     pub fn connect_timeout(mut self, d: Duration) -> Self {
         self.connect_timeout = d;
@@ -242,10 +224,6 @@ impl ConnectorBuilder {
                 tcp_streams.unwrap_or_default()
             )));
         }
-        let busy_poll = match self.busy_poll {
-            Some(d) => d,
-            None => Duration::from_micros(bytes_or_env(None, BUSY_POLL_ENV)?.unwrap_or(0)),
-        };
         let listener = TcpListener::bind(self.listen).await?;
         let local_addr = listener.local_addr()?;
         let advertised = match self.advertise {
@@ -266,7 +244,6 @@ impl ConnectorBuilder {
             cma_threshold,
             tcp_streams,
             stripe_threshold: stripe_threshold.max(1),
-            busy_poll,
             shutdown: shutdown_rx.clone(),
             handle: handle.clone(),
         });
@@ -341,7 +318,7 @@ pub(crate) struct Inner {
     local_addr: SocketAddr,
     advertised: Vec<SocketAddr>,
     pub(crate) exposures: Exposures,
-    pub(crate) tcp: Arc<TcpTransport>,
+    tcp: Arc<TcpTransport>,
     transports: Vec<Arc<dyn Transport>>,
     shutdown: watch::Sender<bool>,
     pub(crate) handle: Handle,

@@ -43,7 +43,7 @@ mod region;
 mod transport;
 
 pub use connector::{
-    Connector, ConnectorBuilder, Scope, BUSY_POLL_ENV, CMA_THRESHOLD_ENV, DEFAULT_CMA_THRESHOLD,
+    Connector, ConnectorBuilder, Scope, CMA_THRESHOLD_ENV, DEFAULT_CMA_THRESHOLD,
     DEFAULT_STRIPE_THRESHOLD, DEFAULT_TCP_STREAMS, MIN_SECRET, SECRET_ENV, STRIPE_THRESHOLD_ENV,
     TCP_STREAMS_ENV, TRANSPORTS_ENV,
 };

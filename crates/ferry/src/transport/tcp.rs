@@ -102,58 +102,9 @@ impl ConnError {
     }
 }
 
-/// Busy-polling of a connection's reader (see
-/// `ConnectorBuilder::busy_poll`): for `budget` after this side sent or
-/// received a frame, the reader polls the socket instead of sleeping until
-/// the kernel wakes it, so that an answer is seen without a wake-up. A
-/// connection with nothing sent or received for longer sleeps: an idle
-/// connector uses no CPU.
-pub(crate) struct Spin {
-    budget_ns: u64,
-    /// Until when to poll, in [`Spin::now`] nanoseconds.
-    until: AtomicU64,
-    /// Wakes a sleeping reader when a frame was sent, to start polling.
-    kick: tokio::sync::Notify,
-}
-
-impl Spin {
-    pub(crate) fn new(budget: Duration) -> Arc<Self> {
-        Arc::new(Spin {
-            budget_ns: budget.as_nanos().min(u128::from(u64::MAX / 2)) as u64,
-            until: AtomicU64::new(0),
-            kick: tokio::sync::Notify::new(),
-        })
-    }
-
-    fn now() -> u64 {
-        static START: OnceLock<std::time::Instant> = OnceLock::new();
-        START
-            .get_or_init(std::time::Instant::now)
-            .elapsed()
-            .as_nanos() as u64
-    }
-
-    /// A frame went out or came in: poll for the answer.
-    fn arm(&self, kick: bool) {
-        if self.budget_ns == 0 {
-            return;
-        }
-        self.until
-            .fetch_max(Self::now() + self.budget_ns, Ordering::Relaxed);
-        if kick {
-            self.kick.notify_one();
-        }
-    }
-
-    fn polling(&self) -> bool {
-        Self::now() < self.until.load(Ordering::Relaxed)
-    }
-}
-
 /// Reads frames, keeping a buffer for headers and small bodies.
 struct FrameReader {
     rd: OwnedReadHalf,
-    spin: Arc<Spin>,
     buf: Vec<u8>,
     start: usize,
     end: usize,
@@ -169,10 +120,9 @@ const BULK_PAYLOAD: u32 = 32 * 1024;
 const BULK_READ_AHEAD: usize = 512;
 
 impl FrameReader {
-    fn new(rd: OwnedReadHalf, spin: Arc<Spin>) -> Self {
+    fn new(rd: OwnedReadHalf) -> Self {
         FrameReader {
             rd,
-            spin,
             // Grows on demand up to a header plus the largest body.
             buf: vec![0; 64 * 1024],
             start: 0,
@@ -197,41 +147,13 @@ impl FrameReader {
             } else {
                 self.buf.len()
             };
-            let n = if self.spin.budget_ns == 0 {
-                self.rd.read(&mut self.buf[self.end..limit]).await?
-            } else {
-                self.read_polling(limit).await?
-            };
+            let n = self.rd.read(&mut self.buf[self.end..limit]).await?;
             if n == 0 {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }
             self.end += n;
         }
         Ok(())
-    }
-
-    /// Reads into `buf[end..limit]`, polling while [`Spin`] says so (other
-    /// tasks of this worker run between two polls), else sleeping until the
-    /// socket is readable or a frame is sent.
-    async fn read_polling(&mut self, limit: usize) -> io::Result<usize> {
-        loop {
-            match self.rd.try_read(&mut self.buf[self.end..limit]) {
-                Ok(n) => {
-                    self.spin.arm(false);
-                    return Ok(n);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
-            }
-            if self.spin.polling() {
-                tokio::task::yield_now().await;
-            } else {
-                tokio::select! {
-                    r = self.rd.readable() => r?,
-                    _ = self.spin.kick.notified() => {}
-                }
-            }
-        }
     }
 
     async fn next(&mut self) -> Result<Message, ConnError> {
@@ -555,7 +477,6 @@ fn lease_matches(segs: &[(u64, u64)], region: &Region) -> bool {
 /// One connection to a remote connector, in either direction.
 pub(crate) struct Conn {
     peer: String,
-    spin: Arc<Spin>,
     writer: Arc<tokio::sync::Mutex<OwnedWriteHalf>>,
     dead: watch::Sender<Option<String>>,
     active: Mutex<HashMap<u64, ActiveReq>>,
@@ -580,10 +501,9 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    fn new(peer: String, writer: OwnedWriteHalf, handle: Handle, spin: Arc<Spin>) -> Arc<Self> {
+    fn new(peer: String, writer: OwnedWriteHalf, handle: Handle) -> Arc<Self> {
         Arc::new(Conn {
             peer,
-            spin,
             writer: Arc::new(tokio::sync::Mutex::new(writer)),
             dead: watch::Sender::new(None),
             active: Mutex::new(HashMap::new()),
@@ -716,7 +636,6 @@ impl Conn {
             // A write may have been abandoned mid-frame: nothing may follow.
             return done(&opened);
         }
-        self.spin.arm(true);
         if let Ok(guard) = self.writer.clone().try_lock_owned() {
             match guard.try_write(&frame) {
                 Ok(n) if n == frame.len() => return done(&opened),
@@ -1040,7 +959,6 @@ impl Conn {
                 return aborted(self, &opened);
             }
             // Fast path: the whole transfer in one system call, now.
-            self.spin.arm(true);
             if let Ok(mut guard) = self.writer.clone().try_lock_owned() {
                 let mut r = None;
                 let open = region.seal_if_open(|| {
@@ -1208,8 +1126,6 @@ pub(crate) struct LocalInfo {
     /// Streams per large transfer; `None`: by host (see `ConnectorBuilder::tcp_streams`).
     pub(crate) tcp_streams: Option<usize>,
     pub(crate) stripe_threshold: u64,
-    /// How long a reader polls after a frame (0: never).
-    pub(crate) busy_poll: Duration,
     pub(crate) shutdown: watch::Receiver<bool>,
     pub(crate) handle: Handle,
 }
@@ -1365,8 +1281,7 @@ impl TcpTransport {
         w.write_all(&first)
             .await
             .map_err(|e| unreachable(e.to_string()))?;
-        let spin = Spin::new(self.local.busy_poll);
-        let mut rd = FrameReader::new(r, spin.clone());
+        let mut rd = FrameReader::new(r);
         let answer = match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
             Err(_) => return Err(unreachable("no hello from the remote".into())),
             Ok(Err(e)) => return Err(e.into_error(&addr.to_string())),
@@ -1511,7 +1426,7 @@ impl TcpTransport {
                 "cross-memory attach probed"
             );
         }
-        let conn = Conn::new(peer, w, self.local.handle.clone(), spin);
+        let conn = Conn::new(peer, w, self.local.handle.clone());
         if let Some(p) = peer_pid {
             let _ = conn.peer_pid.set(p);
         }
@@ -1778,8 +1693,7 @@ pub(crate) async fn listen(
             tune(&s);
             let tuple = (s.peer_addr(), s.local_addr());
             let (r, mut w) = s.into_split();
-            let spin = Spin::new(inner.tcp.local.busy_poll);
-            let mut rd = FrameReader::new(r, spin.clone());
+            let mut rd = FrameReader::new(r);
             let peer = match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
                 Ok(Ok(Message::Hello(h))) if h.version == wire::PROTOCOL_VERSION => h.worker_id,
                 Ok(Ok(_)) | Ok(Err(_)) | Err(_) => {
@@ -1804,7 +1718,7 @@ pub(crate) async fn listen(
                 }
             }
             tracing::debug!(%addr, peer, "accepted a connection");
-            let conn = Conn::new(peer, w, inner.handle.clone(), spin);
+            let conn = Conn::new(peer, w, inner.handle.clone());
             if let (Ok(act), Ok(pas)) = tuple {
                 let _ = conn.tuple.set((act, pas));
             }
