@@ -2101,3 +2101,49 @@ async fn a_confirmed_part_still_carries_an_abort_or_a_lost_connection() {
     );
     assert_eq!(w.status(), OperationStatus::Errored);
 }
+
+/// A hostile destination confirms a part of a striped WRITE before the
+/// writer has sent all of it: the writer refuses that (the commit would
+/// otherwise follow unsent bytes) and the WRITE fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_confirmed_before_it_was_sent_is_refused() {
+    let writer = Connector::builder()
+        .listen("127.0.0.1:0".parse().unwrap())
+        .transports(&[TransportKind::Tcp])
+        .tcp_streams(2)
+        .stripe_threshold(1)
+        .build()
+        .await
+        .unwrap();
+    let (l, meta) = fake_passive(OperationKind::Write, &[32 << 20]).await;
+    let hello = async || {
+        let (s, _) = within(l.accept()).await.unwrap();
+        let mut raw = Raw { s, buf: Vec::new() };
+        assert!(matches!(raw.next().await, Some((Message::Hello(_), _))));
+        raw.send(&Message::Hello(Hello {
+            version: PROTOCOL_VERSION,
+            worker_id: FAKE_WORKER.into(),
+        }))
+        .await;
+        raw
+    };
+    let (op, (_first, mut second)) = tokio::join!(
+        writer.begin_write(vec![vec![0x22u8; 32 << 20].into()], &meta),
+        async { (hello().await, hello().await) }
+    );
+    let op = op.unwrap();
+    let open1 = match second.next().await {
+        Some((Message::Open(o), _)) => o,
+        other => panic!("expected an open, got {other:?}"),
+    };
+    assert_eq!((open1.part, open1.parts), (1, 2));
+    // 16 MiB are on their way and this side reads none of them: confirm now.
+    second.send(&Message::Finish { req: open1.req }).await;
+    let outcome = within(op.wait_for_completion()).await;
+    assert!(
+        matches!(outcome, Err(Error::Protocol { .. })),
+        "the write ended with {outcome:?}"
+    );
+    drop(second);
+    active_side_still_works(&writer).await;
+}

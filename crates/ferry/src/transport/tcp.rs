@@ -269,6 +269,9 @@ struct ActiveReq {
     /// in the table until the operation ends, so that an `Abort` or a lost
     /// connection on it still ends the operation.
     part_done: bool,
+    /// The source of a part other than 0 has sent all of it: only then may
+    /// the destination confirm it.
+    part_sent: bool,
 }
 
 /// A passive operation bound to a request on this connection.
@@ -281,6 +284,8 @@ struct PassiveReq {
     stripe: Option<(Arc<Stripe>, u16)>,
     /// As in [`ActiveReq`].
     part_done: bool,
+    /// As in [`ActiveReq`].
+    part_sent: bool,
 }
 
 /// A transfer split into parts, each a request on a connection of its own
@@ -518,6 +523,15 @@ impl Conn {
             cookie: Mutex::new(None),
             leases: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Every byte of the part that request `req` carries has been sent.
+    fn part_sent(&self, req: u64) {
+        if let Some(r) = lock(&self.active).get_mut(&req) {
+            r.part_sent = true;
+        } else if let Some(r) = lock(&self.passive).get_mut(&req) {
+            r.part_sent = true;
+        }
     }
 
     /// The worker at the other end.
@@ -870,6 +884,7 @@ impl Conn {
             Last::Part => {
                 // Not the commit: the destination confirms it, and part 0's
                 // sealing `Finish` waits for that.
+                self.part_sent(req);
                 self.send_frame(&fin).await?;
                 return Ok(true);
             }
@@ -1506,6 +1521,7 @@ impl Transport for TcpTransport {
                     cma,
                     stripe: None,
                     part_done: false,
+                    part_sent: false,
                 },
             );
             // The reader task drains the table after marking the connection
@@ -1603,6 +1619,7 @@ impl TcpTransport {
                     cma: Cma::No,
                     stripe: Some((stripe.clone(), part)),
                     part_done: false,
+                    part_sent: false,
                 },
             );
             reqs.push((req, opened, start, end));
@@ -1996,6 +2013,7 @@ async fn step(
                 (
                     &r.stripe,
                     &mut r.part_done,
+                    r.part_sent,
                     r.cursor.as_ref(),
                     &r.exposure.region,
                 )
@@ -2102,7 +2120,7 @@ async fn step(
             conn.give_back(req);
             let part = part_finished(conn, &mut lock(&conn.active), req, |r| {
                 let cursor = (r.kind == OperationKind::Read).then_some(&r.cursor);
-                (&r.stripe, &mut r.part_done, cursor, &r.region)
+                (&r.stripe, &mut r.part_done, r.part_sent, cursor, &r.region)
             });
             if let Some(end) = part {
                 return end.map_err(|detail| {
@@ -2238,7 +2256,8 @@ async fn step(
 /// striped transfer (`None` otherwise: the caller handles it). At the
 /// destination (`cursor` is the part's) it says every byte of the part was
 /// sent: checked, then confirmed, unless a cancel is closing the region
-/// (the cancel tells the remote). At the source it is that confirmation. The
+/// (the cancel tells the remote). At the source it is that confirmation,
+/// valid only once this side has sent the whole part. The
 /// part is marked done and stays in the table until the operation ends; a
 /// repeated `Finish` is ignored. `Err`: a premature `Finish` (the caller
 /// ends the operation and the connection).
@@ -2249,7 +2268,7 @@ fn part_finished<R>(
     view: impl FnOnce(&mut R) -> PartView<'_>,
 ) -> Option<Result<(), String>> {
     let r = table.get_mut(&req)?;
-    let (stripe, part_done, cursor, region) = view(r);
+    let (stripe, part_done, sent, cursor, region) = view(r);
     let (stripe, part) = stripe.as_ref().filter(|(_, p)| *p != 0)?;
     if *part_done {
         return Some(Ok(()));
@@ -2265,6 +2284,11 @@ fn part_finished<R>(
                 conn.send_soon(Message::Finish { req }.to_vec(), None, true);
             }
         }
+        None if !sent => {
+            return Some(Err(format!(
+                "part {part} confirmed before this side sent all of it"
+            )))
+        }
         None => {
             *part_done = true;
             stripe.part_done();
@@ -2274,10 +2298,12 @@ fn part_finished<R>(
 }
 
 /// What [`part_finished`] looks at in a table entry: the stripe, the done
-/// mark, the part's cursor at the destination, the region.
+/// mark, whether this side sent all of the part (source), the part's cursor
+/// (destination), the region.
 type PartView<'a> = (
     &'a Option<(Arc<Stripe>, u16)>,
     &'a mut bool,
+    bool,
     Option<&'a Cursor>,
     &'a Region,
 );
@@ -2461,6 +2487,7 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Inner>, o: Open) -> Result<(), ConnErro
                     cma: Cma::No,
                     stripe: Some((stripe.clone(), o.part)),
                     part_done: false,
+                    part_sent: false,
                 },
             );
             // The owner may have withdrawn it between the check and the insert.
@@ -2517,6 +2544,7 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Inner>, o: Open) -> Result<(), ConnErro
                     cma,
                     stripe: None,
                     part_done: false,
+                    part_sent: false,
                 },
             );
             // Lend before looking at the status: an owner that drops the
