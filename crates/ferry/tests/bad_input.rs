@@ -1454,6 +1454,20 @@ async fn accept_active(l: &tokio::net::TcpListener, worker_id: &str) -> (Raw, Op
     }
 }
 
+/// Accepts a connection from the active side and answers its hello as the
+/// fake passive worker (a further stream of a striped transfer, say).
+async fn accept_hello(l: &tokio::net::TcpListener) -> Raw {
+    let (s, _) = within(l.accept()).await.unwrap();
+    let mut raw = Raw { s, buf: Vec::new() };
+    assert!(matches!(raw.next().await, Some((Message::Hello(_), _))));
+    raw.send(&Message::Hello(Hello {
+        version: PROTOCOL_VERSION,
+        worker_id: FAKE_WORKER.into(),
+    }))
+    .await;
+    raw
+}
+
 /// The active connector's other operations, as initiator and as target, go on.
 async fn active_side_still_works(active: &Connector) {
     let other = connector().await;
@@ -2001,17 +2015,7 @@ async fn a_striped_read_fails_when_the_passive_drops_one_stream() {
         .unwrap();
     let (l, meta) = fake_passive(OperationKind::Read, &[64]).await;
     // The reader connects both streams before it sends either `Open`.
-    let hello = async || {
-        let (s, _) = within(l.accept()).await.unwrap();
-        let mut raw = Raw { s, buf: Vec::new() };
-        assert!(matches!(raw.next().await, Some((Message::Hello(_), _))));
-        raw.send(&Message::Hello(Hello {
-            version: PROTOCOL_VERSION,
-            worker_id: FAKE_WORKER.into(),
-        }))
-        .await;
-        raw
-    };
+    let hello = || accept_hello(&l);
     let (op, (mut first, mut second)) =
         tokio::join!(reader.begin_read(&meta, vec![untouched(64)]), async {
             (hello().await, hello().await)
@@ -2116,17 +2120,7 @@ async fn a_part_confirmed_before_it_was_sent_is_refused() {
         .await
         .unwrap();
     let (l, meta) = fake_passive(OperationKind::Write, &[32 << 20]).await;
-    let hello = async || {
-        let (s, _) = within(l.accept()).await.unwrap();
-        let mut raw = Raw { s, buf: Vec::new() };
-        assert!(matches!(raw.next().await, Some((Message::Hello(_), _))));
-        raw.send(&Message::Hello(Hello {
-            version: PROTOCOL_VERSION,
-            worker_id: FAKE_WORKER.into(),
-        }))
-        .await;
-        raw
-    };
+    let hello = || accept_hello(&l);
     let (op, (_first, mut second)) = tokio::join!(
         writer.begin_write(vec![vec![0x22u8; 32 << 20].into()], &meta),
         async { (hello().await, hello().await) }

@@ -2019,17 +2019,9 @@ async fn step(
                 )
             });
             if let Some(end) = part {
-                return end.map_err(|detail| {
-                    if let Some(r) = lock(&conn.passive).remove(&req) {
-                        let e = Error::Protocol {
-                            peer: conn.peer.clone(),
-                            detail: detail.clone(),
-                        };
-                        inner
-                            .exposures
-                            .finish(&r.exposure, OperationStatus::Errored, Some(e));
-                    }
-                    ConnError::Violation(detail)
+                return end.map_err(|detail| match lock(&conn.passive).remove(&req) {
+                    Some(r) => passive_violation(conn, inner, &r.exposure, detail),
+                    None => ConnError::Violation(detail),
                 });
             }
             let Some(r) = lock(&conn.passive).remove(&req) else {
@@ -2052,15 +2044,8 @@ async fn step(
                 Cma::Pulling => {
                     // A pulled WRITE: the source commits what we copied.
                     if !r.exposure.shared.is_sealed() {
-                        let detail = "finish before the copy ended";
-                        let e = Error::Protocol {
-                            peer: conn.peer.clone(),
-                            detail: detail.into(),
-                        };
-                        inner
-                            .exposures
-                            .finish(&r.exposure, OperationStatus::Errored, Some(e));
-                        return Err(ConnError::Violation(detail.into()));
+                        let detail = "finish before the copy ended".into();
+                        return Err(passive_violation(conn, inner, &r.exposure, detail));
                     }
                     inner
                         .exposures
@@ -2068,14 +2053,8 @@ async fn step(
                     return Ok(());
                 }
                 Cma::AwaitLease => {
-                    let e = Error::Protocol {
-                        peer: conn.peer.clone(),
-                        detail: "finish before the lease".into(),
-                    };
-                    inner
-                        .exposures
-                        .finish(&r.exposure, OperationStatus::Errored, Some(e));
-                    return Err(ConnError::Violation("finish before the lease".into()));
+                    let detail = "finish before the lease".into();
+                    return Err(passive_violation(conn, inner, &r.exposure, detail));
                 }
                 Cma::No | Cma::Requested => {}
             }
@@ -2086,15 +2065,8 @@ async fn step(
                 None => !r.exposure.shared.is_sealed(),
             };
             if premature {
-                let err = ConnError::Violation("finish before all data".into());
-                let e = Error::Protocol {
-                    peer: conn.peer.clone(),
-                    detail: "finish before all data".into(),
-                };
-                inner
-                    .exposures
-                    .finish(&r.exposure, OperationStatus::Errored, Some(e));
-                return Err(err);
+                let detail = "finish before all data".into();
+                return Err(passive_violation(conn, inner, &r.exposure, detail));
             }
             // A write is complete only if every byte landed: if the owner
             // began to close the region (a cancel in progress), some may
@@ -2307,6 +2279,19 @@ type PartView<'a> = (
     Option<&'a Cursor>,
     &'a Region,
 );
+
+/// Ends a passive operation as ERRORED because the peer broke the protocol
+/// (`detail` says how); the caller closes the connection with the result.
+fn passive_violation(conn: &Conn, inner: &Inner, e: &Exposure, detail: String) -> ConnError {
+    let err = Error::Protocol {
+        peer: conn.peer.clone(),
+        detail: detail.clone(),
+    };
+    inner
+        .exposures
+        .finish(e, OperationStatus::Errored, Some(err));
+    ConnError::Violation(detail)
+}
 
 /// Whether this side has begun to end a striped operation (a cancel in
 /// progress, another part failed): it closed the region and will settle the
