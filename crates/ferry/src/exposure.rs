@@ -2,7 +2,7 @@
 //! handed out, and the checks every remote request passes before it may
 //! touch a byte.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -45,7 +45,16 @@ pub(crate) type Bound = (Arc<Exposure>, Option<Arc<Stripe>>);
 pub(crate) struct Exposures {
     map: Mutex<HashMap<u64, Arc<Exposure>>>,
     next_id: AtomicU64,
+    /// Striped operations that ended without completing, and how (the most
+    /// recent [`ENDED_STRIPES`]): a part whose `Open` arrives after the end
+    /// (the parts travel on independent connections) is told how it ended,
+    /// as the bound parts were, instead of just "ended" — so a cancel here
+    /// reads as a cancel at the remote whichever part it hears of first.
+    ended_stripes: Mutex<VecDeque<(u64, AbortReason, String)>>,
 }
+
+/// How many ended striped operations [`Exposures`] remembers.
+const ENDED_STRIPES: usize = 1024;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -85,6 +94,9 @@ impl Exposures {
     /// touched when this fails.
     pub(crate) fn open(&self, o: &Open, to: Binding) -> Result<Bound, (AbortReason, String)> {
         let Some(e) = lock(&self.map).get(&o.op_id).cloned() else {
+            if let Some(how) = self.how_stripe_ended(o) {
+                return Err(how);
+            }
             let issued = self.next_id.load(Ordering::Relaxed);
             return Err(if o.op_id >= 1 && o.op_id <= issued {
                 (
@@ -131,10 +143,12 @@ impl Exposures {
             ));
         }
         let ended = || {
-            (
-                AbortReason::OperationEnded,
-                format!("operation {} has ended", o.op_id),
-            )
+            self.how_stripe_ended(o).unwrap_or_else(|| {
+                (
+                    AbortReason::OperationEnded,
+                    format!("operation {} has ended", o.op_id),
+                )
+            })
         };
         let mut binding = lock(&e.binding);
         if o.parts > 1 {
@@ -190,6 +204,9 @@ impl Exposures {
         // Fence before publishing the terminal state: whoever sees it may
         // take the memory back at once.
         e.region.close();
+        if let Some(reason) = abort_reason(status, error.as_ref()) {
+            self.remember_if_striped(e, reason);
+        }
         // Leave the table before waking waiters, so that whoever wakes sees
         // the capability gone.
         lock(&self.map).remove(&e.op_id);
@@ -215,12 +232,41 @@ impl Exposures {
 
     /// Removes an exposure from the table: no new request can find it.
     pub(crate) fn forget(&self, e: &Exposure) {
+        // Only a cancel forgets.
+        self.remember_if_striped(e, (AbortReason::Cancelled, String::new()));
         lock(&self.map).remove(&e.op_id);
+    }
+
+    /// How the striped operation a part's `Open` names ended, if it did.
+    fn how_stripe_ended(&self, o: &Open) -> Option<(AbortReason, String)> {
+        if o.parts <= 1 {
+            return None;
+        }
+        let ended = lock(&self.ended_stripes);
+        let (_, reason, detail) = ended.iter().rev().find(|x| x.0 == o.op_id)?;
+        Some((*reason, detail.clone()))
+    }
+
+    /// Remembers how a striped operation ended, before it leaves the table.
+    fn remember_if_striped(&self, e: &Exposure, (reason, detail): (AbortReason, String)) {
+        if !matches!(*lock(&e.binding), Some(Binding::Striped(_))) {
+            return;
+        }
+        let mut ended = lock(&self.ended_stripes);
+        if ended.len() >= ENDED_STRIPES {
+            ended.pop_front();
+        }
+        ended.push_back((e.op_id, reason, detail));
     }
 
     /// Ends an exposure from the owner's side (cancel or drop; the region
     /// is already closed). Tells the remote if one is bound.
     pub(crate) fn withdraw(&self, e: &Exposure, _changed: bool) {
+        // A part bound since `forget` made this stripe.
+        let (status, error) = e.shared.state();
+        if let Some(reason) = abort_reason(status, error.as_ref()) {
+            self.remember_if_striped(e, reason);
+        }
         lock(&self.map).remove(&e.op_id);
         // Release `binding` before `forget_passive` takes the connection's
         // table: the reader takes them in the other order.

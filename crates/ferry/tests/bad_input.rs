@@ -2141,3 +2141,29 @@ async fn a_part_confirmed_before_it_was_sent_is_refused() {
     drop(second);
     active_side_still_works(&writer).await;
 }
+
+/// The parts of a striped transfer travel on independent connections, so a
+/// part's `Open` may arrive after the owner cancelled: it is told what the
+/// bound parts were told (`Cancelled`), not just "ended", so that the
+/// remote reads a cancel whichever part it hears of first. A striped
+/// operation cancelled before any part was bound is simply "ended".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_arriving_after_a_cancel_is_told_of_the_cancel() {
+    let target = connector().await;
+    let w = target.create_writable(vec![untouched(10)]).await.unwrap();
+    let m = w.metadata().clone();
+    let (mut a, mut b) = (Raw::connect(&target).await, Raw::connect(&target).await);
+    b.send(&part_open(1, &m, OperationKind::Write, 1, 2)).await;
+    b.barrier(2).await;
+    w.cancel();
+    b.expect_abort(1, AbortReason::Cancelled).await;
+    a.send(&part_open(1, &m, OperationKind::Write, 0, 2)).await;
+    a.expect_abort(1, AbortReason::Cancelled).await;
+
+    let w = target.create_writable(vec![untouched(10)]).await.unwrap();
+    let m = w.metadata().clone();
+    w.cancel();
+    a.send(&part_open(2, &m, OperationKind::Write, 0, 2)).await;
+    a.expect_abort(2, AbortReason::OperationEnded).await;
+    legit_transfers_still_work(&target).await;
+}

@@ -239,7 +239,12 @@ async fn cancels_on_every_transport() {
             .begin_write(vec![vec![7u8; big].into()], w.metadata())
             .await
             .unwrap();
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        // Under way (the first operation also sets up the connection,
+        // which a busy machine may take a while to do).
+        let t0 = std::time::Instant::now();
+        while w.status() == OperationStatus::Initialized && t0.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         assert_eq!(w.status(), OperationStatus::InProgress, "{t}");
         let back = w.into_descriptors(); // cancels
         let at_cancel: Vec<u8> = back[0].as_slice().unwrap().to_vec();
