@@ -434,7 +434,7 @@ impl Bench {
         let Some(exe) = exe else { return Ok(None) };
         let fresh_peer = PeerProcess::spawn(exe, &["--listen", "127.0.0.1:0"], &[]).await?;
         let fresh = Connector::builder()
-            .listen(self.opts.listen.parse()?)
+            .listen(any_port(&self.opts.listen)?)
             .build()
             .await?;
         let t = Instant::now();
@@ -460,6 +460,13 @@ impl Bench {
             d,
         )))
     }
+}
+
+/// `listen` with port 0: one more connector on the same address.
+fn any_port(listen: &str) -> anyhow::Result<std::net::SocketAddr> {
+    let mut a: std::net::SocketAddr = listen.parse()?;
+    a.set_port(0);
+    Ok(a)
 }
 
 fn human(b: u64) -> String {
@@ -513,14 +520,16 @@ pub async fn initiator(
         .transports(&[TransportKind::Tcp])
         .build()
         .await?;
+    // The other connectors listen on the same address, on ports of their own.
+    let other = any_port(&opts.listen)?;
     let cma = Connector::builder()
-        .listen(opts.listen.parse()?)
+        .listen(other)
         .transports(&[TransportKind::Cma, TransportKind::Tcp])
         .cma_threshold(0)
         .build()
         .await?;
     let striped = Connector::builder()
-        .listen(opts.listen.parse()?)
+        .listen(other)
         .transports(&[TransportKind::Tcp])
         .tcp_streams(STREAMS)
         .stripe_threshold(STRIPE_MIN)

@@ -490,7 +490,7 @@ impl PeerState {
 /// `addr` of process `pid` in the chunks Ferry's `cma` transport uses (one
 /// `process_vm_readv` per 2 MiB, which is also faster than one huge call).
 pub fn copy_in_chunks(pid: u32, addr: u64, buf: &mut [u8]) -> std::io::Result<()> {
-    const CHUNK: usize = 2 << 20;
+    const CHUNK: usize = ferry::cross_memory::CHUNK;
     for (i, c) in buf.chunks_mut(CHUNK).enumerate() {
         let at = addr
             .checked_add((i * CHUNK) as u64)

@@ -24,7 +24,7 @@ pub fn deny_cross_memory_attach() -> std::io::Result<()> {
     let filter = [
         // seccomp_data.arch: other ABIs pass untouched.
         stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 4),
-        jeq(AUDIT_ARCH_X86_64, 0, 4),
+        jeq(AUDIT_ARCH_X86_64, 0, 3),
         // seccomp_data.nr
         stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0),
         jeq(libc::SYS_process_vm_readv as u32, 2, 0),
@@ -52,10 +52,14 @@ pub fn deny_cross_memory_attach() -> std::io::Result<()> {
             &prog as *const sock_fprog,
         )
     };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
+    match r {
+        0 => Ok(()),
+        // With TSYNC, a thread that could not be synchronized is named.
+        tid if tid > 0 => Err(std::io::Error::other(format!(
+            "seccomp: thread {tid} could not take the filter"
+        ))),
+        _ => Err(std::io::Error::last_os_error()),
     }
-    Ok(())
 }
 
 #[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]

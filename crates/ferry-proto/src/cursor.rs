@@ -45,8 +45,7 @@ pub struct CursorError {
 impl Cursor {
     /// A cursor at the start of descriptors of these sizes.
     pub fn new(sizes: Vec<u64>) -> Self {
-        let total = sizes.iter().fold(0u64, |a, &s| a.saturating_add(s));
-        Self::range(sizes, 0, total)
+        Self::range(sizes, 0, u64::MAX)
     }
 
     /// A cursor over the flat byte range `[start, end)` of descriptors of
@@ -70,16 +69,13 @@ impl Cursor {
             desc += 1;
         }
         let total = sizes.iter().fold(0u64, |a, &s| a.saturating_add(s));
-        let left = end.min(total).saturating_sub(start);
         let mut c = Cursor {
             sizes,
             desc,
-            offset: if left == 0 { 0 } else { skip },
-            left,
+            offset: skip,
+            left: end.min(total).saturating_sub(start),
         };
-        if left == 0 {
-            c.desc = c.sizes.len();
-        }
+        // Also ends an empty range.
         c.skip_full();
         c
     }

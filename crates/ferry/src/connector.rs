@@ -202,21 +202,11 @@ impl ConnectorBuilder {
                 "the shared secret must be at least {MIN_SECRET} bytes (use random bytes, e.g. 32 hexadecimal digits)"
             )));
         }
-        let cma_threshold =
-            bytes_or_env(self.cma_threshold, CMA_THRESHOLD_ENV)?.unwrap_or(DEFAULT_CMA_THRESHOLD);
-        let stripe_threshold = bytes_or_env(self.stripe_threshold, STRIPE_THRESHOLD_ENV)?
+        let cma_threshold = number_or_env(self.cma_threshold, CMA_THRESHOLD_ENV, "bytes")?
+            .unwrap_or(DEFAULT_CMA_THRESHOLD);
+        let stripe_threshold = number_or_env(self.stripe_threshold, STRIPE_THRESHOLD_ENV, "bytes")?
             .unwrap_or(DEFAULT_STRIPE_THRESHOLD);
-        let tcp_streams = match self.tcp_streams {
-            Some(n) => Some(n),
-            None => match std::env::var(TCP_STREAMS_ENV) {
-                Ok(v) if !v.trim().is_empty() => Some(v.trim().parse().map_err(|_| {
-                    Error::Config(format!(
-                        "{TCP_STREAMS_ENV}={v:?} is not a number of streams"
-                    ))
-                })?),
-                _ => None,
-            },
-        };
+        let tcp_streams = number_or_env(self.tcp_streams, TCP_STREAMS_ENV, "streams")?;
         let max = usize::from(ferry_proto::wire::MAX_PARTS);
         if tcp_streams.is_some_and(|n| n == 0 || n > max) {
             return Err(Error::Config(format!(
@@ -270,7 +260,6 @@ impl ConnectorBuilder {
             handle,
             incoming: Mutex::new(Vec::new()),
             secret,
-            cma: transports.contains(&TransportKind::Cma),
         });
         local::register(&inner.worker_id, &inner.advertised, &inner);
         tokio::spawn(tcp::listen(inner.clone(), listener, shutdown_rx));
@@ -279,8 +268,8 @@ impl ConnectorBuilder {
     }
 }
 
-/// A builder's value, else the environment variable's (a number of bytes).
-fn bytes_or_env(set: Option<u64>, var: &str) -> Result<Option<u64>> {
+/// A builder's value, else the environment variable's (a number of `what`).
+fn number_or_env<T: std::str::FromStr>(set: Option<T>, var: &str, what: &str) -> Result<Option<T>> {
     if set.is_some() {
         return Ok(set);
     }
@@ -289,7 +278,7 @@ fn bytes_or_env(set: Option<u64>, var: &str) -> Result<Option<u64>> {
             .trim()
             .parse()
             .map(Some)
-            .map_err(|_| Error::Config(format!("{var}={v:?} is not a number of bytes"))),
+            .map_err(|_| Error::Config(format!("{var}={v:?} is not a number of {what}"))),
         _ => Ok(None),
     }
 }
@@ -318,14 +307,12 @@ pub(crate) struct Inner {
     local_addr: SocketAddr,
     advertised: Vec<SocketAddr>,
     pub(crate) exposures: Exposures,
-    tcp: Arc<TcpTransport>,
+    pub(crate) tcp: Arc<TcpTransport>,
     transports: Vec<Arc<dyn Transport>>,
     shutdown: watch::Sender<bool>,
     pub(crate) handle: Handle,
     incoming: Mutex<Vec<Weak<Conn>>>,
     pub(crate) secret: Option<Secret>,
-    /// Cross-memory attach is enabled.
-    pub(crate) cma: bool,
 }
 
 impl Inner {

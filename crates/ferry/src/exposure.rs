@@ -262,10 +262,12 @@ impl Exposures {
     /// Ends an exposure from the owner's side (cancel or drop; the region
     /// is already closed). Tells the remote if one is bound.
     pub(crate) fn withdraw(&self, e: &Exposure, _changed: bool) {
-        // A part bound since `forget` made this stripe.
+        // As it really ended (this cancel may have lost to a failure).
         let (status, error) = e.shared.state();
-        if let Some(reason) = abort_reason(status, error.as_ref()) {
-            self.remember_if_striped(e, reason);
+        let reason = abort_reason(status, error.as_ref());
+        // A part bound since `forget` made this stripe.
+        if let Some(r) = &reason {
+            self.remember_if_striped(e, r.clone());
         }
         lock(&self.map).remove(&e.op_id);
         // Release `binding` before `forget_passive` takes the connection's
@@ -282,11 +284,7 @@ impl Exposures {
                     }));
                 }
             }
-            Some(Binding::Striped(s)) => {
-                // As it really ended (this cancel may have lost to a failure).
-                let (status, error) = e.shared.state();
-                s.abandon(abort_reason(status, error.as_ref()));
-            }
+            Some(Binding::Striped(s)) => s.abandon(reason),
             Some(Binding::Local) | None => {}
         }
     }

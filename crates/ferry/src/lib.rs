@@ -59,7 +59,7 @@ pub use transport::TransportKind;
 
 /// Cross-memory attach, the primitive under [`TransportKind::Cma`].
 pub mod cross_memory {
-    pub use crate::transport::cma::copy_from_process;
+    pub use crate::transport::cma::{copy_from_process, CHUNK};
 }
 
 /// The README's examples, compiled and run as doc tests.

@@ -102,13 +102,6 @@ impl OpShared {
         self.end(status, Some(error))
     }
 
-    fn outcome(s: &OpState) -> Result<()> {
-        match s.status {
-            OperationStatus::Complete => Ok(()),
-            _ => Err(s.error.clone().unwrap_or(Error::Cancelled)),
-        }
-    }
-
     /// The state now, with its error.
     pub(crate) fn state(&self) -> (OperationStatus, Option<Error>) {
         let s = self.tx.borrow();
@@ -120,19 +113,17 @@ impl OpShared {
         let mut rx = self.tx.subscribe();
         let r = match rx.wait_for(|s| s.status.is_terminal()).await {
             Ok(s) => (s.status, s.error.clone()),
+            // Not reached: the sender lives in `self`.
             Err(_) => (OperationStatus::Errored, Some(Error::Shutdown)),
         };
         r
     }
 
     pub(crate) async fn wait(&self) -> Result<()> {
-        let mut rx = self.tx.subscribe();
-        // The sender lives in `self`, so the channel cannot close while we wait.
-        let s = rx
-            .wait_for(|s| s.status.is_terminal())
-            .await
-            .map_err(|_| Error::Shutdown)?;
-        Self::outcome(&s)
+        match self.ended().await {
+            (OperationStatus::Complete, _) => Ok(()),
+            (_, error) => Err(error.unwrap_or(Error::Cancelled)),
+        }
     }
 
     pub(crate) async fn wait_until(&self, deadline: Instant, budget: Duration) -> Result<()> {

@@ -43,11 +43,13 @@ struct Lent {
     kept: Vec<Box<dyn Any + Send>>,
 }
 
-// SAFETY: the raw pointers are only dereferenced inside `read_at`/`write_at`
-// while holding `open`'s lock and only while the region is open; the creator
-// of the region guarantees (see `Region::new`) that the memory is valid and
-// unaliased until `close` is called. Sharing the region between threads
-// therefore shares nothing but access serialized by the mutex.
+// SAFETY: the raw pointers are only dereferenced inside `read_at`/`write_at`,
+// or handed to a callback by `write_segments` for the duration of one call,
+// while holding `open`'s lock and only while the region is open (`segments`
+// gives out addresses, never access); the creator of the region guarantees
+// (see `Region::new`) that the memory is valid and unaliased until `close`
+// is called. Sharing the region between threads therefore shares nothing
+// but access serialized by the mutex.
 unsafe impl Send for Region {}
 // SAFETY: see `Send`.
 unsafe impl Sync for Region {}
@@ -222,10 +224,10 @@ impl Region {
         }
         let end = first.checked_add(count).ok_or(Denied::OutOfBounds)?;
         let segs = self.segs.get(first..end).ok_or(Denied::OutOfBounds)?;
-        let raw: Vec<(*mut u8, usize)> = segs.iter().map(|s| (s.ptr, s.len)).collect();
         if self.closing.load(Ordering::Acquire) {
             return Err(Denied::Closed);
         }
+        let raw: Vec<(*mut u8, usize)> = segs.iter().map(|s| (s.ptr, s.len)).collect();
         let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         if !*open {
             return Err(Denied::Closed);
@@ -323,5 +325,46 @@ mod tests {
         // SAFETY: as above.
         let ro = unsafe { Region::new(&descs, false) };
         assert_eq!(ro.write_at(0, 0, 1, |_| ()), Err(Denied::OutOfBounds));
+        assert_eq!(ro.write_segments(0, 1, |_| ()), Err(Denied::OutOfBounds));
+    }
+
+    #[test]
+    fn lent_storage_lives_until_every_lease_is_given_back() {
+        let descs = vec![
+            Descriptor::from_vec(vec![0; 8]),
+            Descriptor::from_vec(vec![0; 4]),
+        ];
+        // SAFETY: the descriptors outlive the region and are not touched elsewhere.
+        let r = std::sync::Arc::new(unsafe { Region::new(&descs, true) });
+        assert_eq!(r.write_segments(0, 2, |raw| raw.len()), Ok(2));
+        assert_eq!(r.write_segments(1, 2, |_| ()), Err(Denied::OutOfBounds));
+        // Not lent: the storage is handed back to be dropped at once.
+        assert!(r.keep_while_lent(Box::new(1u8)).is_some());
+        r.lend();
+        r.lend();
+        let storage = std::sync::Arc::new(());
+        assert!(r.keep_while_lent(Box::new(storage.clone())).is_none());
+        assert!(r.is_lent());
+        assert!(!r.wait_returned(Duration::from_millis(10)));
+        r.give_back();
+        // One lease is still out: the storage stays.
+        assert_eq!(std::sync::Arc::strong_count(&storage), 2);
+        let waiter = std::thread::spawn({
+            let r = r.clone();
+            move || r.wait_returned(Duration::from_secs(10))
+        });
+        r.give_back();
+        assert!(
+            waiter.join().unwrap(),
+            "the waiter woke when the last lease ended"
+        );
+        assert_eq!(
+            std::sync::Arc::strong_count(&storage),
+            1,
+            "kept storage released"
+        );
+        assert!(!r.is_lent());
+        r.close();
+        assert_eq!(r.write_segments(0, 1, |_| ()), Err(Denied::Closed));
     }
 }

@@ -1454,6 +1454,28 @@ async fn accept_active(l: &tokio::net::TcpListener, worker_id: &str) -> (Raw, Op
     }
 }
 
+/// A connector like [`connector`] whose transfers of a byte or more are
+/// split over `streams` connections.
+async fn striped_connector(streams: usize) -> Connector {
+    watch_panics();
+    Connector::builder()
+        .listen("127.0.0.1:0".parse().unwrap())
+        .transports(&[TransportKind::Tcp])
+        .tcp_streams(streams)
+        .stripe_threshold(1)
+        .build()
+        .await
+        .expect("connector starts")
+}
+
+/// The active side's next frame, which must be an `Open`.
+async fn expect_open(r: &mut Raw) -> Open {
+    match r.next().await {
+        Some((Message::Open(o), _)) => o,
+        other => panic!("expected an open, got {other:?}"),
+    }
+}
+
 /// Accepts a connection from the active side and answers its hello as the
 /// fake passive worker (a further stream of a striped transfer, say).
 async fn accept_hello(l: &tokio::net::TcpListener) -> Raw {
@@ -2005,14 +2027,7 @@ async fn losing_one_stream_fails_the_transfer_and_aborts_the_other_parts() {
 /// READ, the READ fails, and the other part is aborted on its connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_striped_read_fails_when_the_passive_drops_one_stream() {
-    let reader = Connector::builder()
-        .listen("127.0.0.1:0".parse().unwrap())
-        .transports(&[TransportKind::Tcp])
-        .tcp_streams(2)
-        .stripe_threshold(1)
-        .build()
-        .await
-        .unwrap();
+    let reader = striped_connector(2).await;
     let (l, meta) = fake_passive(OperationKind::Read, &[64]).await;
     // The reader connects both streams before it sends either `Open`.
     let hello = || accept_hello(&l);
@@ -2021,11 +2036,10 @@ async fn a_striped_read_fails_when_the_passive_drops_one_stream() {
             (hello().await, hello().await)
         });
     let op = op.unwrap();
-    let open = async |r: &mut Raw| match r.next().await {
-        Some((Message::Open(o), _)) => o,
-        other => panic!("expected an open, got {other:?}"),
-    };
-    let (open0, open1) = (open(&mut first).await, open(&mut second).await);
+    let (open0, open1) = (
+        expect_open(&mut first).await,
+        expect_open(&mut second).await,
+    );
     assert_eq!(
         (open0.part, open0.parts, open1.part, open1.parts),
         (0, 2, 1, 2)
@@ -2111,14 +2125,7 @@ async fn a_confirmed_part_still_carries_an_abort_or_a_lost_connection() {
 /// otherwise follow unsent bytes) and the WRITE fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_part_confirmed_before_it_was_sent_is_refused() {
-    let writer = Connector::builder()
-        .listen("127.0.0.1:0".parse().unwrap())
-        .transports(&[TransportKind::Tcp])
-        .tcp_streams(2)
-        .stripe_threshold(1)
-        .build()
-        .await
-        .unwrap();
+    let writer = striped_connector(2).await;
     let (l, meta) = fake_passive(OperationKind::Write, &[32 << 20]).await;
     let hello = || accept_hello(&l);
     let (op, (_first, mut second)) = tokio::join!(
@@ -2126,10 +2133,7 @@ async fn a_part_confirmed_before_it_was_sent_is_refused() {
         async { (hello().await, hello().await) }
     );
     let op = op.unwrap();
-    let open1 = match second.next().await {
-        Some((Message::Open(o), _)) => o,
-        other => panic!("expected an open, got {other:?}"),
-    };
+    let open1 = expect_open(&mut second).await;
     assert_eq!((open1.part, open1.parts), (1, 2));
     // 16 MiB are on their way and this side reads none of them: confirm now.
     second.send(&Message::Finish { req: open1.req }).await;

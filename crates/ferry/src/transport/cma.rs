@@ -8,7 +8,7 @@
 //! no byte lands in that memory. The source side lends its memory for reading
 //! ("a lease") and gets it back when the destination says it stopped (its
 //! `Finish` or `Abort`) or the connection ends; a source buffer dropped while
-//! lent is kept alive until then (see `Region::quarantine`).
+//! lent is kept alive until then (see `Region::keep_while_lent`).
 //!
 //! Whether the kernel lets this process read a peer is probed, never assumed:
 //! the peer names its pid and the address of 16 random bytes ([`cookie`]),
@@ -351,6 +351,11 @@ pub(crate) unsafe fn pull_many(
         "cross-memory attach needs Linux",
     ))
 }
+
+/// How many bytes the `cma` transport copies per system call (and per hold
+/// of the destination's lock, so that a cancel waits at most that long) for
+/// a large descriptor; also one call's limit for a run of small ones.
+pub const CHUNK: usize = 2 * 1024 * 1024;
 
 /// Copies `local.len()` bytes from address `remote` of process `pid` into
 /// `local`: the one system call the `cma` transport is built on, for

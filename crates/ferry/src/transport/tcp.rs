@@ -53,7 +53,7 @@ const MAX_QUEUED: usize = 4096;
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
 /// A cross-memory copy holds the destination's lock for at most this many
 /// bytes, so that a cancel waits at most that long.
-const PULL_CHUNK: u64 = 2 * 1024 * 1024;
+const PULL_CHUNK: u64 = cma::CHUNK as u64;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -231,6 +231,40 @@ impl FrameReader {
     }
 }
 
+/// The `Open` behind `opened` is on the wire (or never will be): an
+/// `Abort` waiting for it may follow.
+fn mark_opened(opened: &Option<Arc<watch::Sender<bool>>>) {
+    if let Some(o) = opened {
+        o.send_replace(true);
+    }
+}
+
+/// Tries to write the last frame of a transfer, sealing the operation
+/// under the region's lock at the moment its first byte enters the socket
+/// (see [`Conn::write_final`]): `None` if the region is closed (nothing
+/// sent), else what `try_write` returned.
+fn try_write_sealed(
+    w: &OwnedWriteHalf,
+    region: &Region,
+    shared: &OpShared,
+    frame: &[u8],
+) -> Option<io::Result<usize>> {
+    let mut r = None;
+    region.seal_if_open(|| {
+        // Sealed before the bytes can reach the remote (its answer may be
+        // read before `try_write` even returns here), and unsealed if
+        // nothing went out: all under the lock, so a cancel never sees the
+        // difference.
+        shared.seal();
+        let x = w.try_write(frame);
+        if !matches!(x, Ok(n) if n > 0) {
+            shared.unseal();
+        }
+        r = Some(x);
+    });
+    r
+}
+
 /// The part a request plays in a cross-memory-attach transfer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Cma {
@@ -263,15 +297,38 @@ struct ActiveReq {
     shared: Arc<OpShared>,
     cursor: Cursor,
     cma: Cma,
-    /// The transfer is striped and this request carries this part of it.
-    stripe: Option<(Arc<Stripe>, u16)>,
+    /// The transfer is striped and this request carries one part of it.
+    part: Option<Part>,
+}
+
+/// The part of a striped transfer that a request carries.
+struct Part {
+    stripe: Arc<Stripe>,
+    index: u16,
     /// A part other than 0 that has ended (landed, or confirmed): it stays
     /// in the table until the operation ends, so that an `Abort` or a lost
     /// connection on it still ends the operation.
-    part_done: bool,
+    done: bool,
     /// The source of a part other than 0 has sent all of it: only then may
     /// the destination confirm it.
-    part_sent: bool,
+    sent: bool,
+}
+
+impl Part {
+    fn new(stripe: Arc<Stripe>, index: u16) -> Option<Self> {
+        Some(Part {
+            stripe,
+            index,
+            done: false,
+            sent: false,
+        })
+    }
+}
+
+/// Whether `part` is of a striped transfer whose other parts have not all
+/// landed (a commit now would be premature).
+fn parts_missing(part: &Option<Part>) -> bool {
+    part.as_ref().is_some_and(|p| !p.stripe.all_done())
 }
 
 /// A passive operation bound to a request on this connection.
@@ -280,12 +337,8 @@ struct PassiveReq {
     /// For writes: where the next payload byte must go.
     cursor: Option<Cursor>,
     cma: Cma,
-    /// The transfer is striped and this request carries this part of it.
-    stripe: Option<(Arc<Stripe>, u16)>,
     /// As in [`ActiveReq`].
-    part_done: bool,
-    /// As in [`ActiveReq`].
-    part_sent: bool,
+    part: Option<Part>,
 }
 
 /// A transfer split into parts, each a request on a connection of its own
@@ -475,8 +528,22 @@ fn pull_all(pid: u32, region: &Region, shared: &OpShared, segs: &[(u64, u64)]) -
     }
 }
 
-fn lease_matches(segs: &[(u64, u64)], region: &Region) -> bool {
-    segs.len() == region.sizes().count() && segs.iter().map(|s| s.1).eq(region.sizes())
+/// Takes a `Lease` for a request that waits for one (its `cma` is `want`):
+/// the segments must match the request's descriptors one for one; the
+/// request then copies (`Pulling`).
+fn take_lease(cma: &mut Cma, want: Cma, l: &Lease, region: &Region) -> Result<(), ConnError> {
+    if *cma != want {
+        return Err(ConnError::Violation("unexpected lease".into()));
+    }
+    let sizes_match = l.segments.len() == region.sizes().count()
+        && l.segments.iter().map(|s| s.1).eq(region.sizes());
+    if !sizes_match {
+        return Err(ConnError::Violation(
+            "the lease does not match the descriptors".into(),
+        ));
+    }
+    *cma = Cma::Pulling;
+    Ok(())
 }
 
 /// One connection to a remote connector, in either direction.
@@ -528,9 +595,11 @@ impl Conn {
     /// Every byte of the part that request `req` carries has been sent.
     fn part_sent(&self, req: u64) {
         if let Some(r) = lock(&self.active).get_mut(&req) {
-            r.part_sent = true;
-        } else if let Some(r) = lock(&self.passive).get_mut(&req) {
-            r.part_sent = true;
+            r.part.iter_mut().for_each(|p| p.sent = true);
+            return;
+        }
+        if let Some(r) = lock(&self.passive).get_mut(&req) {
+            r.part.iter_mut().for_each(|p| p.sent = true);
         }
     }
 
@@ -557,15 +626,25 @@ impl Conn {
         }
     }
 
+    /// Copies lease `l` into the request's region and shared state, or, if
+    /// the request has ended here meanwhile, tells the source at once (it
+    /// must not wait for a copy that never starts).
+    fn pull_or_release(self: &Arc<Self>, l: Lease, job: Option<(Arc<Region>, Arc<OpShared>)>) {
+        match job {
+            Some((region, shared)) => self.spawn_pull(l.req, region, shared, l.segments),
+            None => self.release(l.req),
+        }
+    }
+
     /// Tells the source of request `req` that this side stopped copying
     /// (a reply: bounded like every frame the peer provokes).
     fn release(self: &Arc<Self>, req: u64) {
         self.send_detached(Message::Release { req });
     }
 
-    /// Copies a lease into `region` (from the reader task for small
-    /// transfers, else from a blocking thread), then tells the source that
-    /// every byte is copied (`Finish`). A closed region ends it silently:
+    /// Copies a lease into `region` from a blocking thread (never the
+    /// reader task: the peer's pages may fault slowly), then tells the
+    /// source that every byte is copied (`Finish`). A closed region ends it silently:
     /// whoever closed it tells the peer. A failed copy means the peer died
     /// (its memory went away) or lent memory it does not have: either way
     /// the connection is closed, which fails every operation on it, on both
@@ -580,17 +659,13 @@ impl Conn {
         let Some(&pid) = self.peer_pid.get() else {
             return self.kill("the peer lent memory to a process that cannot attach to it".into());
         };
-        let end = move |conn: &Arc<Conn>, e: PullEnd| match e {
-            PullEnd::Done => conn.send_soon(Message::Finish { req }.to_vec(), None, false),
-            PullEnd::Closed => {}
-            PullEnd::Failed(why) => conn.kill(why),
-        };
-        // Always off the reader task: the peer's pages may fault slowly.
         let conn = self.clone();
-        self.handle.spawn_blocking(move || {
-            let e = pull_all(pid, &region, &shared, &segs);
-            end(&conn, e);
-        });
+        self.handle
+            .spawn_blocking(move || match pull_all(pid, &region, &shared, &segs) {
+                PullEnd::Done => conn.send_soon(Message::Finish { req }.to_vec(), None, false),
+                PullEnd::Closed => {}
+                PullEnd::Failed(why) => conn.kill(why),
+            });
     }
 
     fn is_alive(&self) -> bool {
@@ -641,24 +716,19 @@ impl Conn {
         opened: Option<Arc<watch::Sender<bool>>>,
         reply: bool,
     ) {
-        let done = |opened: &Option<Arc<watch::Sender<bool>>>| {
-            if let Some(o) = opened {
-                o.send_replace(true);
-            }
-        };
         if !self.is_alive() {
             // A write may have been abandoned mid-frame: nothing may follow.
-            return done(&opened);
+            return mark_opened(&opened);
         }
         if let Ok(guard) = self.writer.clone().try_lock_owned() {
             match guard.try_write(&frame) {
-                Ok(n) if n == frame.len() => return done(&opened),
+                Ok(n) if n == frame.len() => return mark_opened(&opened),
                 Ok(n) => {
                     let conn = self.clone();
                     self.handle.spawn(async move {
                         let mut guard = guard;
                         let r = conn.unless_dead(guard.write_all(&frame[n..])).await;
-                        done(&opened);
+                        mark_opened(&opened);
                         if let Err(e) = r {
                             conn.kill(format!("write failed: {e}"));
                         }
@@ -667,7 +737,7 @@ impl Conn {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => {
-                    done(&opened);
+                    mark_opened(&opened);
                     return self.kill(format!("write failed: {e}"));
                 }
             }
@@ -676,7 +746,7 @@ impl Conn {
         // simply wait for their turn.
         if reply && self.queued.fetch_add(1, Ordering::Relaxed) >= MAX_QUEUED {
             self.queued.fetch_sub(1, Ordering::Relaxed);
-            done(&opened);
+            mark_opened(&opened);
             self.kill("the peer does not read its replies".into());
             return;
         }
@@ -686,7 +756,7 @@ impl Conn {
             if reply {
                 conn.queued.fetch_sub(1, Ordering::Relaxed);
             }
-            done(&opened);
+            mark_opened(&opened);
             if let Err(e) = r {
                 conn.kill(format!("write failed: {e}"));
             }
@@ -715,23 +785,10 @@ impl Conn {
     ) -> io::Result<bool> {
         loop {
             w.writable().await?;
-            let mut r = None;
-            let open = region.seal_if_open(|| {
-                // Sealed before the bytes can reach the remote (its answer
-                // may be read before `try_write` even returns here), and
-                // unsealed if nothing went out: all under the lock, so a
-                // cancel never sees the difference.
-                shared.seal();
-                let x = w.try_write(frame);
-                if !matches!(x, Ok(n) if n > 0) {
-                    shared.unseal();
-                }
-                r = Some(x);
-            });
-            if !open {
+            let Some(r) = try_write_sealed(w, region, shared, frame) else {
                 return Ok(false);
-            }
-            match r.expect("ran under the lock") {
+            };
+            match r {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => {
                     w.write_all(&frame[n..]).await?;
@@ -975,33 +1032,16 @@ impl Conn {
             }
             // Fast path: the whole transfer in one system call, now.
             if let Ok(mut guard) = self.writer.clone().try_lock_owned() {
-                let mut r = None;
-                let open = region.seal_if_open(|| {
-                    // As in `write_final`.
-                    shared.seal();
-                    let x = guard.try_write(&frame);
-                    if !matches!(x, Ok(n) if n > 0) {
-                        shared.unseal();
-                    }
-                    r = Some(x);
-                });
-                if !open {
+                let Some(r) = try_write_sealed(&guard, &region, &shared, &frame) else {
                     return aborted(self, &opened);
-                }
-                match r.expect("ran under the lock") {
-                    Ok(n) if n == frame.len() => {
-                        if let Some(o) = &opened {
-                            o.send_replace(true);
-                        }
-                        return;
-                    }
+                };
+                match r {
+                    Ok(n) if n == frame.len() => return mark_opened(&opened),
                     Ok(n) if n > 0 => {
                         let conn = self.clone();
                         self.handle.spawn(async move {
                             let r = conn.unless_dead(guard.write_all(&frame[n..])).await;
-                            if let Some(o) = &opened {
-                                o.send_replace(true);
-                            }
+                            mark_opened(&opened);
                             if let Err(e) = r {
                                 conn.kill(format!("write failed: {e}"));
                             }
@@ -1011,9 +1051,7 @@ impl Conn {
                     Ok(_) => {}
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(e) => {
-                        if let Some(o) = &opened {
-                            o.send_replace(true);
-                        }
+                        mark_opened(&opened);
                         return self.kill(format!("write failed: {e}"));
                     }
                 }
@@ -1027,16 +1065,10 @@ impl Conn {
                     })
                     .await;
                 match r {
-                    Ok(true) => {
-                        if let Some(o) = &opened {
-                            o.send_replace(true);
-                        }
-                    }
+                    Ok(true) => mark_opened(&opened),
                     Ok(false) => aborted(&conn, &opened),
                     Err(e) => {
-                        if let Some(o) = &opened {
-                            o.send_replace(true);
-                        }
+                        mark_opened(&opened);
                         conn.kill(format!("write failed: {e}"));
                     }
                 }
@@ -1519,9 +1551,7 @@ impl Transport for TcpTransport {
                     shared: job.shared.clone(),
                     cursor: Cursor::new(job.sizes.clone()),
                     cma,
-                    stripe: None,
-                    part_done: false,
-                    part_sent: false,
+                    part: None,
                 },
             );
             // The reader task drains the table after marking the connection
@@ -1617,9 +1647,7 @@ impl TcpTransport {
                     shared: job.shared.clone(),
                     cursor: Cursor::range(job.sizes.clone(), start, end),
                     cma: Cma::No,
-                    stripe: Some((stripe.clone(), part)),
-                    part_done: false,
-                    part_sent: false,
+                    part: Part::new(stripe.clone(), part),
                 },
             );
             reqs.push((req, opened, start, end));
@@ -1883,38 +1911,19 @@ async fn step(
         (Message::Attach(_), None) => Err(ConnError::Violation("unexpected attach".into())),
         (Message::Lease(l), Some(inner)) => {
             // A pulled WRITE: the active side lends its source.
-            if !inner.cma || conn.peer_pid.get().is_none() {
+            if !inner.tcp.local.cma || conn.peer_pid.get().is_none() {
                 return Err(ConnError::Violation(
                     "a lease to a worker that did not agree to attach".into(),
                 ));
             }
-            let job = {
-                let mut passive = lock(&conn.passive);
-                match passive.get_mut(&l.req) {
-                    Some(r) if r.cma == Cma::AwaitLease => {
-                        if !lease_matches(&l.segments, &r.exposure.region) {
-                            return Err(ConnError::Violation(
-                                "the lease does not match the descriptors".into(),
-                            ));
-                        }
-                        r.cma = Cma::Pulling;
-                        Some(r.exposure.clone())
-                    }
-                    Some(_) => return Err(ConnError::Violation("unexpected lease".into())),
-                    None => None,
+            let job = match lock(&conn.passive).get_mut(&l.req) {
+                Some(r) => {
+                    take_lease(&mut r.cma, Cma::AwaitLease, &l, &r.exposure.region)?;
+                    Some((r.exposure.region.clone(), r.exposure.shared.clone()))
                 }
+                None => None,
             };
-            let Some(exposure) = job else {
-                // Ended here meanwhile; the source must not wait for us.
-                conn.release(l.req);
-                return Ok(());
-            };
-            conn.spawn_pull(
-                l.req,
-                exposure.region.clone(),
-                exposure.shared.clone(),
-                l.segments,
-            );
+            conn.pull_or_release(l, job);
             Ok(())
         }
         (Message::Lease(l), None) => {
@@ -1924,28 +1933,15 @@ async fn step(
                     "a lease this worker did not ask for".into(),
                 ));
             }
-            let job = {
-                let mut active = lock(&conn.active);
-                match active.get_mut(&l.req) {
-                    Some(r) if r.cma == Cma::Requested => {
-                        if !lease_matches(&l.segments, &r.region) {
-                            return Err(ConnError::Violation(
-                                "the lease does not match the descriptors".into(),
-                            ));
-                        }
-                        r.cma = Cma::Pulling;
-                        r.shared.set_transport(TransportKind::Cma);
-                        Some((r.region.clone(), r.shared.clone()))
-                    }
-                    Some(_) => return Err(ConnError::Violation("unexpected lease".into())),
-                    None => None,
+            let job = match lock(&conn.active).get_mut(&l.req) {
+                Some(r) => {
+                    take_lease(&mut r.cma, Cma::Requested, &l, &r.region)?;
+                    r.shared.set_transport(TransportKind::Cma);
+                    Some((r.region.clone(), r.shared.clone()))
                 }
+                None => None,
             };
-            let Some((region, shared)) = job else {
-                conn.release(l.req);
-                return Ok(());
-            };
-            conn.spawn_pull(l.req, region, shared, l.segments);
+            conn.pull_or_release(l, job);
             Ok(())
         }
         (Message::Release { req }, _) => {
@@ -2010,13 +2006,7 @@ async fn step(
             // A destination that copied from us has stopped.
             conn.give_back(req);
             let part = part_finished(conn, &mut lock(&conn.passive), req, |r| {
-                (
-                    &r.stripe,
-                    &mut r.part_done,
-                    r.part_sent,
-                    r.cursor.as_ref(),
-                    &r.exposure.region,
-                )
+                (&mut r.part, r.cursor.as_ref(), &r.exposure.region)
             });
             if let Some(end) = part {
                 return end.map_err(|detail| match lock(&conn.passive).remove(&req) {
@@ -2061,7 +2051,7 @@ async fn step(
             // A write's Finish must follow all its data; a read's confirmation
             // must follow our own Finish (sent only once sealed).
             let premature = match &r.cursor {
-                Some(c) => !c.is_done() || r.stripe.as_ref().is_some_and(|(s, _)| !s.all_done()),
+                Some(c) => !c.is_done() || parts_missing(&r.part),
                 None => !r.exposure.shared.is_sealed(),
             };
             if premature {
@@ -2092,18 +2082,12 @@ async fn step(
             conn.give_back(req);
             let part = part_finished(conn, &mut lock(&conn.active), req, |r| {
                 let cursor = (r.kind == OperationKind::Read).then_some(&r.cursor);
-                (&r.stripe, &mut r.part_done, r.part_sent, cursor, &r.region)
+                (&mut r.part, cursor, &r.region)
             });
             if let Some(end) = part {
-                return end.map_err(|detail| {
-                    if let Some(r) = lock(&conn.active).remove(&req) {
-                        r.region.close();
-                        r.shared.fail(Error::Protocol {
-                            peer: conn.peer.clone(),
-                            detail: detail.clone(),
-                        });
-                    }
-                    ConnError::Violation(detail)
+                return end.map_err(|detail| match lock(&conn.active).remove(&req) {
+                    Some(r) => active_violation(conn, &r, detail),
+                    None => ConnError::Violation(detail),
                 });
             }
             let Some(r) = lock(&conn.active).remove(&req) else {
@@ -2123,12 +2107,8 @@ async fn step(
                 Cma::Pulling => {
                     // A leased READ: the source commits what we copied.
                     if !r.shared.is_sealed() {
-                        r.region.close();
-                        r.shared.fail(Error::Protocol {
-                            peer: conn.peer.clone(),
-                            detail: "finish before the copy ended".into(),
-                        });
-                        return Err(ConnError::Violation("finish before the copy ended".into()));
+                        let detail = "finish before the copy ended".into();
+                        return Err(active_violation(conn, &r, detail));
                     }
                     r.region.close();
                     r.shared.end(OperationStatus::Complete, None);
@@ -2146,21 +2126,16 @@ async fn step(
             // A read's Finish must follow all its data; a write's confirmation
             // must follow our own Finish (sent only once sealed).
             let premature = match r.kind {
-                OperationKind::Read => {
-                    !r.cursor.is_done() || r.stripe.as_ref().is_some_and(|(s, _)| !s.all_done())
-                }
+                OperationKind::Read => !r.cursor.is_done() || parts_missing(&r.part),
                 OperationKind::Write => !r.shared.is_sealed(),
             };
             if premature {
-                r.shared.fail(Error::Protocol {
-                    peer: conn.peer.clone(),
-                    detail: "finish before all data".into(),
-                });
-                return Err(ConnError::Violation("finish before all data".into()));
+                let detail = "finish before all data".into();
+                return Err(active_violation(conn, &r, detail));
             }
-            if let Some((s, _)) = &r.stripe {
+            if let Some(p) = &r.part {
                 // The other parts leave their tables before anyone wakes.
-                s.abandon(None);
+                p.stripe.abandon(None);
             }
             let won = r.shared.end(OperationStatus::Complete, None);
             if r.kind == OperationKind::Read {
@@ -2178,7 +2153,7 @@ async fn step(
             conn.give_back(a.req);
             let removed = lock(&conn.passive).remove(&a.req);
             if let Some(r) = removed {
-                if r.stripe.is_some() && ending_here(&r.exposure.region, &r.exposure.shared) {
+                if r.part.is_some() && ending_here(&r.exposure.region, &r.exposure.shared) {
                     return Ok(());
                 }
                 let err = remote_error(&a);
@@ -2200,11 +2175,11 @@ async fn step(
             conn.give_back(a.req);
             let removed = lock(&conn.active).remove(&a.req);
             if let Some(r) = removed {
-                if r.stripe.is_some() && ending_here(&r.region, &r.shared) {
+                if r.part.is_some() && ending_here(&r.region, &r.shared) {
                     return Ok(());
                 }
                 if a.reason == AbortReason::OperationEnded
-                    && r.stripe.as_ref().is_some_and(|(_, p)| *p != 0)
+                    && r.part.as_ref().is_some_and(|p| p.index != 0)
                 {
                     // A further part arrived after the remote ended the
                     // operation: how it ended comes on part 0 (its `Abort`
@@ -2240,45 +2215,39 @@ fn part_finished<R>(
     view: impl FnOnce(&mut R) -> PartView<'_>,
 ) -> Option<Result<(), String>> {
     let r = table.get_mut(&req)?;
-    let (stripe, part_done, sent, cursor, region) = view(r);
-    let (stripe, part) = stripe.as_ref().filter(|(_, p)| *p != 0)?;
-    if *part_done {
+    let (part, cursor, region) = view(r);
+    let p = part.as_mut().filter(|p| p.index != 0)?;
+    if p.done {
         return Some(Ok(()));
     }
     match cursor {
         Some(c) if !c.is_done() => {
-            return Some(Err(format!("finish before all data of part {part}")))
+            return Some(Err(format!("finish before all data of part {}", p.index)))
         }
         Some(_) => {
             if region.is_open() {
-                *part_done = true;
-                stripe.part_done();
+                p.done = true;
+                p.stripe.part_done();
                 conn.send_soon(Message::Finish { req }.to_vec(), None, true);
             }
         }
-        None if !sent => {
+        None if !p.sent => {
             return Some(Err(format!(
-                "part {part} confirmed before this side sent all of it"
+                "part {} confirmed before this side sent all of it",
+                p.index
             )))
         }
         None => {
-            *part_done = true;
-            stripe.part_done();
+            p.done = true;
+            p.stripe.part_done();
         }
     }
     Some(Ok(()))
 }
 
-/// What [`part_finished`] looks at in a table entry: the stripe, the done
-/// mark, whether this side sent all of the part (source), the part's cursor
-/// (destination), the region.
-type PartView<'a> = (
-    &'a Option<(Arc<Stripe>, u16)>,
-    &'a mut bool,
-    bool,
-    Option<&'a Cursor>,
-    &'a Region,
-);
+/// What [`part_finished`] looks at in a table entry: its part, the part's
+/// cursor (destination only), the region.
+type PartView<'a> = (&'a mut Option<Part>, Option<&'a Cursor>, &'a Region);
 
 /// Ends a passive operation as ERRORED because the peer broke the protocol
 /// (`detail` says how); the caller closes the connection with the result.
@@ -2290,6 +2259,17 @@ fn passive_violation(conn: &Conn, inner: &Inner, e: &Exposure, detail: String) -
     inner
         .exposures
         .finish(e, OperationStatus::Errored, Some(err));
+    ConnError::Violation(detail)
+}
+
+/// Ends an active operation as ERRORED because the peer broke the protocol
+/// (`detail` says how); the caller closes the connection with the result.
+fn active_violation(conn: &Conn, r: &ActiveReq, detail: String) -> ConnError {
+    r.region.close();
+    r.shared.fail(Error::Protocol {
+        peer: conn.peer.clone(),
+        detail: detail.clone(),
+    });
     ConnError::Violation(detail)
 }
 
@@ -2366,7 +2346,7 @@ fn on_attach(conn: &Arc<Conn>, inner: &Arc<Inner>, a: Attach) -> Result<(), Conn
         (Attaching::Idle, Verdict::Unknown) => {
             // 1 -> 2: offer our cookie, or decline.
             let tuple = conn.tuple.get().copied();
-            let usable = tuple.filter(|&(act, pas)| inner.cma && cma::is_local(pas, act));
+            let usable = tuple.filter(|&(act, pas)| inner.tcp.local.cma && cma::is_local(pas, act));
             let answer = match usable {
                 Some((act, pas)) => {
                     let np = host::random_bytes();
@@ -2470,9 +2450,7 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Inner>, o: Open) -> Result<(), ConnErro
                     exposure: exposure.clone(),
                     cursor,
                     cma: Cma::No,
-                    stripe: Some((stripe.clone(), o.part)),
-                    part_done: false,
-                    part_sent: false,
+                    part: Part::new(stripe.clone(), o.part),
                 },
             );
             // The owner may have withdrawn it between the check and the insert.
@@ -2502,7 +2480,7 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Inner>, o: Open) -> Result<(), ConnErro
             let cma = match (o.kind, o.pull) {
                 (_, false) => Cma::No,
                 (OperationKind::Read, true)
-                    if inner.cma
+                    if inner.tcp.local.cma
                         && conn.peer_pulls.load(Ordering::Acquire)
                         && o.sizes.len() <= MAX_LEASE_SEGMENTS =>
                 {
@@ -2527,9 +2505,7 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Inner>, o: Open) -> Result<(), ConnErro
                     exposure: exposure.clone(),
                     cursor,
                     cma,
-                    stripe: None,
-                    part_done: false,
-                    part_sent: false,
+                    part: None,
                 },
             );
             // Lend before looking at the status: an owner that drops the
