@@ -512,6 +512,10 @@ impl Connector {
     /// fenced, before `scope` returns — even if an operation was leaked with
     /// `mem::forget`.
     ///
+    /// The scope's end also waits for any copy into borrowed memory that a
+    /// same-host peer stalled (its pages never arrive): such a copy cannot be
+    /// interrupted and must return before the memory is given back.
+    ///
     /// `f` is synchronous; wait for operations inside it with a blocking
     /// executor (e.g. `Handle::block_on` from a thread outside the runtime,
     /// such as one of `tokio::task::spawn_blocking`).
@@ -543,6 +547,9 @@ impl Connector {
                             "a peer did not confirm the end of a cross-memory lease within 5 s"
                         );
                     }
+                    // A copy *into* borrowed memory that the peer stalled
+                    // must return before the borrow ends, however long.
+                    op.wait_quiet();
                 }
             }
         }

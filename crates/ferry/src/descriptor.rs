@@ -96,7 +96,8 @@ impl Descriptor<'static> {
     /// if `writable`), on `device`; nothing else may write to that memory,
     /// nor (if `writable`) read it; and the memory must not be freed. An
     /// operation stops touching the memory when it is dropped or its
-    /// `into_descriptors` returns — with one exception that concerns
+    /// `into_descriptors` returns (both wait, if need be, for a copy into
+    /// the memory that a same-host peer stalled) — with one exception that concerns
     /// confidentiality, not soundness: as the *source* of a cross-memory
     /// attach transfer cancelled half-way, the peer process may still read
     /// (never write) the memory until it has seen the cancel (see

@@ -226,15 +226,24 @@ macro_rules! common_methods {
         /// microseconds); it then reports the operation cancelled. Drop the
         /// operation instead if its memory must hold something else at once:
         /// dropped storage is kept alive until the peer confirms.
+        ///
+        /// A second case: a copy *into* this memory that the peer stalled
+        /// (a same-host peer whose pages never arrive) cannot be
+        /// interrupted. The cancel returns at once, but this call then
+        /// blocks until that copy has returned, so that no byte lands in
+        /// memory you hold; drop the operation instead to never wait (its
+        /// storage is then kept alive until the copy returns).
         pub fn into_descriptors(mut self) -> Vec<Descriptor<'a>> {
             self.core.cancel_if_open();
+            self.core.wait_quiet();
             std::mem::take(&mut self.descs)
         }
 
         /// The descriptors, once the operation has ended (`None` before: the
-        /// memory may still be touched by the remote).
+        /// memory may still be touched by the remote; also `None` after the
+        /// end while a copy into it that the peer stalled has not returned).
         pub fn descriptors(&self) -> Option<&[Descriptor<'a>]> {
-            if self.status().is_terminal() {
+            if self.status().is_terminal() && self.core.region.is_quiet() {
                 // The region is closed before any terminal state is published.
                 debug_assert!(!self.core.region.is_open());
                 Some(&self.descs)
@@ -251,6 +260,17 @@ impl OpCore {
             self.cancel();
         }
         self.region.close();
+    }
+
+    /// Blocks until no copy into the memory is in flight (a copy that the
+    /// peer stalled cannot be interrupted; it ends when its pages arrive or
+    /// the peer exits), logging while it waits.
+    pub(crate) fn wait_quiet(&self) {
+        while !self.region.wait_quiet(Duration::from_secs(5)) {
+            tracing::warn!(
+                "waiting for a stalled cross-memory copy into an ended operation's memory to return"
+            );
+        }
     }
 }
 
@@ -296,12 +316,21 @@ macro_rules! operation {
                 self.core.cancel_if_open();
                 // A peer on this host may still be copying *from* this memory
                 // by cross-memory attach (it stops at its next chunk, once it
-                // has our cancel): owned storage stays alive until it says so.
-                if self.core.region.is_lent() {
+                // has our cancel), or a copy *into* it that the peer stalled
+                // may still be in flight: owned storage stays alive until
+                // both are over.
+                if self.core.region.is_in_use() {
+                    let mut borrowed = false;
                     for d in &mut self.descs {
-                        if let Some(owner) = d.take_owner() {
-                            drop(self.core.region.keep_while_lent(owner));
+                        match d.take_owner() {
+                            Some(owner) => drop(self.core.region.keep_while_used(owner)),
+                            None => borrowed = true,
                         }
+                    }
+                    // Memory this operation does not own (raw, or borrowed
+                    // for 'static) cannot be kept alive: wait for the copy.
+                    if borrowed {
+                        self.core.wait_quiet();
                     }
                 }
             }

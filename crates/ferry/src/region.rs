@@ -3,15 +3,21 @@
 //! A [`Region`] is the list of `(pointer, length)` segments of one
 //! operation's descriptors. Transports touch that memory only inside
 //! [`Region::write_at`] / [`Region::read_at`], which hold the region's lock
-//! for the duration of one non-blocking copy or system call. [`Region::close`]
-//! takes the same lock and marks the region closed: once it returns, no
-//! transport is inside the memory and none will enter it again. Operations
-//! close their region before they give their descriptors back or drop them,
-//! which is what makes late writes after a cancel impossible.
+//! for the duration of one non-blocking copy or system call, or inside
+//! [`Region::copy_into`], a copy that a peer may stall (a cross-memory copy
+//! from pages that never arrive), which runs *outside* the lock.
+//! [`Region::close`] takes the lock and marks the region closed: once it
+//! returns, no locked access is inside the memory and none will enter it
+//! again, and it never waits for a stalled copy. A copy still in flight is
+//! counted ([`Region::is_quiet`]): the operation keeps its memory away from
+//! its user until it returns (owned storage is kept alive by the region,
+//! see [`Region::keep_while_used`]; borrowed memory is waited for). That is
+//! what makes late writes after a cancel impossible to observe, and a
+//! stalled peer unable to block anything but the one thread doing its copy.
 
 use std::any::Any;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,32 +30,40 @@ struct Seg {
 
 pub(crate) struct Region {
     open: Mutex<bool>,
+    /// Copies running outside the lock (see `copy_into`); counted up under
+    /// the lock.
+    copying: AtomicUsize,
     /// Set by `close` before it waits for the lock, so that a transport in
     /// a tight loop of accesses stops at its next one instead of starving
     /// the close (std's mutex is not fair).
     closing: AtomicBool,
     segs: Vec<Seg>,
     writable: bool,
-    /// Source memory lent to a peer's cross-memory attach (see `lend`).
+    /// Source memory lent to a peer's cross-memory attach (see `lend`), and
+    /// destination memory that an unlocked copy still targets.
     lent: Mutex<Lent>,
     returned: Condvar,
 }
 
-/// Leases of a source region to peers that copy from it by cross-memory
-/// attach, and the storage kept alive for them.
+/// Who may still touch the memory outside the lock, and the storage kept
+/// alive for them.
 #[derive(Default)]
 struct Lent {
+    /// Leases of a source region to peers that copy from it by cross-memory
+    /// attach.
     count: usize,
     kept: Vec<Box<dyn Any + Send>>,
 }
 
 // SAFETY: the raw pointers are only dereferenced inside `read_at`/`write_at`,
-// or handed to a callback by `write_segments` for the duration of one call,
-// while holding `open`'s lock and only while the region is open (`segments`
-// gives out addresses, never access); the creator of the region guarantees
-// (see `Region::new`) that the memory is valid and unaliased until `close`
-// is called. Sharing the region between threads therefore shares nothing
-// but access serialized by the mutex.
+// while holding `open`'s lock and only while the region is open, or handed
+// to `copy_into`'s callback, which the region counts as in flight from
+// before the lock is released until after it returns, and which excludes
+// every locked access meanwhile (`segments` gives out addresses, never
+// access); the creator of the region guarantees (see `Region::new`) that the
+// memory is valid and unaliased until `close` is called and no copy is in
+// flight. Sharing the region between threads therefore shares nothing but
+// access serialized by the mutex and its in-flight count.
 unsafe impl Send for Region {}
 // SAFETY: see `Send`.
 unsafe impl Sync for Region {}
@@ -59,7 +73,8 @@ unsafe impl Sync for Region {}
 pub(crate) enum Denied {
     /// The region was closed: the operation ended.
     Closed,
-    /// Outside the segment, or a write into read-only memory.
+    /// Outside the segment, or a write into read-only memory, or into
+    /// memory that an unlocked copy is filling.
     OutOfBounds,
 }
 
@@ -68,15 +83,19 @@ impl Region {
     ///
     /// # Safety
     ///
-    /// Until `close` has been called (and has returned), the memory of every
+    /// Until `close` has been called (and has returned) and no copy is in
+    /// flight ([`is_quiet`](Self::is_quiet)), the memory of every
     /// descriptor must stay valid (readable, and writable if `writable`); if
     /// `writable`, nothing but this region may access it, otherwise nothing
     /// but this region may write it (shared readers are fine). Operations
-    /// guarantee that by owning or exclusively borrowing the descriptors and
-    /// calling `close` before releasing them.
+    /// guarantee that by owning or exclusively borrowing the descriptors,
+    /// calling `close` before releasing them, and handing owned storage to
+    /// [`keep_while_used`](Self::keep_while_used) (or waiting with
+    /// [`wait_quiet`](Self::wait_quiet) for borrowed memory).
     pub(crate) unsafe fn new(descs: &[Descriptor<'_>], writable: bool) -> Self {
         Region {
             open: Mutex::new(true),
+            copying: AtomicUsize::new(0),
             closing: AtomicBool::new(false),
             segs: descs
                 .iter()
@@ -120,7 +139,7 @@ impl Region {
         let kept = {
             let mut l = self.lent();
             l.count = l.count.saturating_sub(1);
-            if l.count > 0 {
+            if self.in_use(&l) {
                 return;
             }
             std::mem::take(&mut l.kept)
@@ -129,19 +148,42 @@ impl Region {
         drop(kept);
     }
 
+    /// Whether no unlocked copy into this region is in flight.
+    pub(crate) fn is_quiet(&self) -> bool {
+        self.copying.load(Ordering::Acquire) == 0
+    }
+
+    /// Blocks until no unlocked copy into this region is in flight, at most
+    /// `timeout`; true if none is.
+    pub(crate) fn wait_quiet(&self, timeout: Duration) -> bool {
+        self.wait_while(timeout, |_| !self.is_quiet())
+    }
+
     /// Whether a peer may still be reading this memory.
     pub(crate) fn is_lent(&self) -> bool {
         self.lent().count > 0
     }
 
+    /// Whether a peer may still read this memory, or a copy still fills it.
+    pub(crate) fn is_in_use(&self) -> bool {
+        self.in_use(&self.lent())
+    }
+
+    /// With the `lent` lock held (so that a copy ending meanwhile finds
+    /// whatever was kept).
+    fn in_use(&self, l: &Lent) -> bool {
+        l.count > 0 || !self.is_quiet()
+    }
+
     /// Keeps `owner` (the storage behind a segment) alive while the memory
-    /// is lent; gives it back if it is not lent (the caller drops it).
-    pub(crate) fn keep_while_lent(
+    /// is lent or an unlocked copy still targets it; gives it back if
+    /// neither (the caller drops it).
+    pub(crate) fn keep_while_used(
         &self,
         owner: Box<dyn Any + Send>,
     ) -> Option<Box<dyn Any + Send>> {
         let mut l = self.lent();
-        if l.count == 0 {
+        if !self.in_use(&l) {
             return Some(owner);
         }
         l.kept.push(owner);
@@ -151,9 +193,13 @@ impl Region {
     /// Blocks until no peer may read this memory, at most `timeout`; true
     /// if none may.
     pub(crate) fn wait_returned(&self, timeout: Duration) -> bool {
+        self.wait_while(timeout, |l| l.count > 0)
+    }
+
+    fn wait_while(&self, timeout: Duration, busy: impl Fn(&Lent) -> bool) -> bool {
         let end = Instant::now() + timeout;
         let mut l = self.lent();
-        while l.count > 0 {
+        while busy(&l) {
             let now = Instant::now();
             if now >= end {
                 return false;
@@ -165,6 +211,24 @@ impl Region {
                 .0;
         }
         true
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, bool> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The lock, for an access under it: refused once closed, and while an
+    /// unlocked copy fills the memory (no transport does both at once for
+    /// one operation; refusing keeps every `&mut` unique regardless).
+    fn access(&self) -> Result<std::sync::MutexGuard<'_, bool>, Denied> {
+        let open = self.state();
+        if !*open {
+            return Err(Denied::Closed);
+        }
+        if !self.is_quiet() {
+            return Err(Denied::OutOfBounds);
+        }
+        Ok(open)
     }
 
     fn range(&self, seg: usize, off: u64, len: usize) -> Result<(&Seg, Range<usize>), Denied> {
@@ -193,10 +257,7 @@ impl Region {
         if self.closing.load(Ordering::Acquire) {
             return Err(Denied::Closed);
         }
-        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        if !*open {
-            return Err(Denied::Closed);
-        }
+        let _held = self.access()?;
         // SAFETY: the region is open (checked under the lock, which we hold
         // until `f` returns, so `close` cannot complete meanwhile); by
         // `Region::new`'s contract the segment is valid, writable and accessed
@@ -207,16 +268,22 @@ impl Region {
         Ok(f(slice))
     }
 
-    /// Runs `f` with the raw `(pointer, length)` of whole segments
-    /// `first..first + count`, for writing, under the lock like
-    /// [`write_at`](Self::write_at): one system call that fills several
-    /// segments (a vectored cross-memory copy). `f` gets pointers, not
-    /// slices, so that segments that overlap (possible with raw descriptors)
-    /// never become two `&mut` at once; it must not block beyond one call.
-    pub(crate) fn write_segments<R>(
+    /// Runs `f` with the raw `(pointer, length)` of the bytes `off..off +
+    /// len` of each segment `first..first + count` (`off`/`len` apply to
+    /// every segment; `None`: whole segments), for writing, *without*
+    /// holding the lock: for one copy that a peer may stall (a cross-memory
+    /// copy from pages that never arrive). The copy is counted as in flight
+    /// from before the lock is released until `f` returns, so that a
+    /// [`close`](Self::close) meanwhile returns at once while the memory
+    /// stays reserved for the copy (locked accesses are refused, owned
+    /// storage is kept, see [`keep_while_used`](Self::keep_while_used)).
+    /// `Err(Closed)` if the region was closed before `f` started or while
+    /// it ran (whatever `f` wrote then belongs to an ended operation).
+    pub(crate) fn copy_into<R>(
         &self,
         first: usize,
         count: usize,
+        part: Option<(u64, usize)>,
         f: impl FnOnce(&[(*mut u8, usize)]) -> R,
     ) -> Result<R, Denied> {
         if !self.writable {
@@ -224,18 +291,53 @@ impl Region {
         }
         let end = first.checked_add(count).ok_or(Denied::OutOfBounds)?;
         let segs = self.segs.get(first..end).ok_or(Denied::OutOfBounds)?;
+        let mut raw = Vec::with_capacity(segs.len());
+        for (i, s) in segs.iter().enumerate() {
+            raw.push(match part {
+                None => (s.ptr, s.len),
+                Some((off, len)) => {
+                    let (s, r) = self.range(first + i, off, len)?;
+                    // SAFETY: `range` checked `r` lies within the segment,
+                    // so the offset stays inside its allocation.
+                    (unsafe { s.ptr.add(r.start) }, r.len())
+                }
+            });
+        }
         if self.closing.load(Ordering::Acquire) {
             return Err(Denied::Closed);
         }
-        let raw: Vec<(*mut u8, usize)> = segs.iter().map(|s| (s.ptr, s.len)).collect();
-        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        if !*open {
-            return Err(Denied::Closed);
+        {
+            // Counted under the lock, so that no locked access is in the
+            // memory now and none enters it until the count goes down.
+            let open = self.state();
+            if !*open {
+                return Err(Denied::Closed);
+            }
+            self.copying.fetch_add(1, Ordering::AcqRel);
         }
-        // The region is open and stays open while we hold the lock, so by
-        // `Region::new`'s contract every pointer is valid for writes of its
-        // length and nothing else accesses that memory until `f` returns.
-        Ok(f(&raw))
+        // The copy is counted as in flight: until it is uncounted below, no
+        // locked access touches this memory, and the operation neither
+        // frees nor hands back its storage (`Region::new`'s contract), so
+        // every pointer stays valid for writes of its length and nothing
+        // else accesses that memory until `f` returns.
+        let r = f(&raw);
+        self.copying.fetch_sub(1, Ordering::AcqRel);
+        let open = self.is_open();
+        let kept = {
+            let mut l = self.lent();
+            if self.in_use(&l) {
+                Vec::new()
+            } else {
+                std::mem::take(&mut l.kept)
+            }
+        };
+        self.returned.notify_all();
+        drop(kept);
+        if open {
+            Ok(r)
+        } else {
+            Err(Denied::Closed)
+        }
     }
 
     /// Runs `f` on `len` bytes of segment `seg` at `off`, for reading.
@@ -250,10 +352,7 @@ impl Region {
         if self.closing.load(Ordering::Acquire) {
             return Err(Denied::Closed);
         }
-        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        if !*open {
-            return Err(Denied::Closed);
-        }
+        let _held = self.access()?;
         // SAFETY: as in `write_at`, for a shared slice; the lock excludes any
         // concurrent writer through this region.
         let slice = unsafe { std::slice::from_raw_parts(s.ptr.add(r.start), r.len()) };
@@ -266,7 +365,7 @@ impl Region {
         if self.closing.load(Ordering::Acquire) {
             return false;
         }
-        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let open = self.state();
         if *open {
             f();
         }
@@ -279,23 +378,23 @@ impl Region {
         if self.closing.load(Ordering::Acquire) {
             return false;
         }
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open = self.state();
         let intact = *open && !self.closing.swap(true, Ordering::AcqRel);
         *open = false;
         intact
     }
 
-    /// Ends all access. When this returns, no transport is touching the
-    /// memory and none will again.
+    /// Ends all access. When this returns, no locked access is touching the
+    /// memory and none will again; an unlocked copy may still be in flight
+    /// (see [`is_quiet`](Self::is_quiet)): this never waits for it.
     pub(crate) fn close(&self) {
         self.closing.store(true, Ordering::Release);
-        *self.open.lock().unwrap_or_else(|e| e.into_inner()) = false;
+        *self.state() = false;
     }
 
     /// Whether the region is open and nobody has begun to close it.
     pub(crate) fn is_open(&self) -> bool {
-        !self.closing.load(Ordering::Acquire)
-            && *self.open.lock().unwrap_or_else(|e| e.into_inner())
+        !self.closing.load(Ordering::Acquire) && *self.state()
     }
 }
 
@@ -325,7 +424,7 @@ mod tests {
         // SAFETY: as above.
         let ro = unsafe { Region::new(&descs, false) };
         assert_eq!(ro.write_at(0, 0, 1, |_| ()), Err(Denied::OutOfBounds));
-        assert_eq!(ro.write_segments(0, 1, |_| ()), Err(Denied::OutOfBounds));
+        assert_eq!(ro.copy_into(0, 1, None, |_| ()), Err(Denied::OutOfBounds));
     }
 
     #[test]
@@ -336,14 +435,23 @@ mod tests {
         ];
         // SAFETY: the descriptors outlive the region and are not touched elsewhere.
         let r = std::sync::Arc::new(unsafe { Region::new(&descs, true) });
-        assert_eq!(r.write_segments(0, 2, |raw| raw.len()), Ok(2));
-        assert_eq!(r.write_segments(1, 2, |_| ()), Err(Denied::OutOfBounds));
+        assert_eq!(r.copy_into(0, 2, None, |raw| raw.len()), Ok(2));
+        assert_eq!(r.copy_into(1, 2, None, |_| ()), Err(Denied::OutOfBounds));
+        assert_eq!(
+            r.copy_into(0, 1, Some((4, 4)), |raw| raw[0].1),
+            Ok(4),
+            "a part of a segment"
+        );
+        assert_eq!(
+            r.copy_into(0, 1, Some((6, 4)), |_| ()),
+            Err(Denied::OutOfBounds)
+        );
         // Not lent: the storage is handed back to be dropped at once.
-        assert!(r.keep_while_lent(Box::new(1u8)).is_some());
+        assert!(r.keep_while_used(Box::new(1u8)).is_some());
         r.lend();
         r.lend();
         let storage = std::sync::Arc::new(());
-        assert!(r.keep_while_lent(Box::new(storage.clone())).is_none());
+        assert!(r.keep_while_used(Box::new(storage.clone())).is_none());
         assert!(r.is_lent());
         assert!(!r.wait_returned(Duration::from_millis(10)));
         r.give_back();
@@ -365,6 +473,6 @@ mod tests {
         );
         assert!(!r.is_lent());
         r.close();
-        assert_eq!(r.write_segments(0, 1, |_| ()), Err(Denied::Closed));
+        assert_eq!(r.copy_into(0, 1, None, |_| ()), Err(Denied::Closed));
     }
 }

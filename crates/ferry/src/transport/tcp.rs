@@ -32,6 +32,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
+use super::stall::CopySlots;
 use super::{cma, ActiveJob, ActiveLink, BoxFuture, Transport, TransportKind};
 use crate::auth::{Role, Secret, Transcript};
 use crate::connector::Inner;
@@ -465,7 +466,8 @@ enum PullEnd {
 }
 
 /// Copies every segment of a lease from process `pid` into `region`, one
-/// chunk per region lock, then seals the operation under that lock.
+/// chunk per system call, each outside the region's lock (the peer may stall
+/// it: see `Region::copy_into`), then seals the operation under that lock.
 fn pull_all(pid: u32, region: &Region, shared: &OpShared, segs: &[(u64, u64)]) -> PullEnd {
     /// The most iovecs of one system call (Linux's `IOV_MAX`).
     const MAX_IOV: usize = 1024;
@@ -482,13 +484,13 @@ fn pull_all(pid: u32, region: &Region, shared: &OpShared, segs: &[(u64, u64)]) -
         }
         if count > 1 {
             let batch = &segs[i..i + count];
-            let r = region.write_segments(i, count, |local| {
+            let r = region.copy_into(i, count, None, |local| {
                 if local.iter().zip(batch).any(|(l, r)| l.1 as u64 != r.1) {
                     return Err(io::Error::other("lease larger than the destination"));
                 }
-                // SAFETY: `write_segments` hands out whole segments of an
-                // open region under its lock: valid for writes and touched
-                // by nothing else until we return; the lengths match the
+                // SAFETY: `copy_into` hands out whole segments of the region,
+                // counted as in flight until we return: valid for writes and
+                // touched by nothing else meanwhile; the lengths match the
                 // lease pairwise (checked above) and `count` <= IOV_MAX.
                 unsafe { cma::pull_many(pid, local, batch) }
             });
@@ -510,7 +512,14 @@ fn pull_all(pid: u32, region: &Region, shared: &OpShared, segs: &[(u64, u64)]) -
             let Some(at) = addr.checked_add(off) else {
                 return PullEnd::Failed("lease address overflows".into());
             };
-            match region.write_at(i, off, n, |d| cma::pull(pid, d, at)) {
+            // SAFETY: `copy_into` hands out `n` bytes at `off` of segment
+            // `i` (bounds checked), counted as in flight until we return:
+            // valid for writes and touched by nothing else meanwhile; one
+            // local and one remote range of the same length.
+            let r = region.copy_into(i, 1, Some((off, n)), |local| unsafe {
+                cma::pull_many(pid, local, &[(at, n as u64)])
+            });
+            match r {
                 Ok(Ok(())) => off += n as u64,
                 Ok(Err(e)) => return failed(e),
                 Err(Denied::Closed) => return PullEnd::Closed,
@@ -570,6 +579,8 @@ pub(crate) struct Conn {
     cookie: Mutex<Option<Box<[u8; 16]>>>,
     /// Source memory lent to the peer, by request.
     leases: Mutex<HashMap<u64, Arc<Region>>>,
+    /// Bounds this connection's copies from the peer (see `stall.rs`).
+    copy_slots: CopySlots,
 }
 
 impl Conn {
@@ -589,6 +600,7 @@ impl Conn {
             tuple: OnceLock::new(),
             cookie: Mutex::new(None),
             leases: Mutex::new(HashMap::new()),
+            copy_slots: CopySlots::new(),
         })
     }
 
@@ -643,7 +655,8 @@ impl Conn {
     }
 
     /// Copies a lease into `region` from a blocking thread (never the
-    /// reader task: the peer's pages may fault slowly), then tells the
+    /// reader task: the peer's pages may fault slowly, or never arrive),
+    /// once a copy slot is free (see `stall.rs`), then tells the
     /// source that every byte is copied (`Finish`). A closed region ends it silently:
     /// whoever closed it tells the peer. A failed copy means the peer died
     /// (its memory went away) or lent memory it does not have: either way
@@ -660,12 +673,24 @@ impl Conn {
             return self.kill("the peer lent memory to a process that cannot attach to it".into());
         };
         let conn = self.clone();
-        self.handle
-            .spawn_blocking(move || match pull_all(pid, &region, &shared, &segs) {
-                PullEnd::Done => conn.send_soon(Message::Finish { req }.to_vec(), None, false),
-                PullEnd::Closed => {}
-                PullEnd::Failed(why) => conn.kill(why),
+        self.handle.spawn(async move {
+            let slot = tokio::select! {
+                slot = conn.copy_slots.acquire() => slot,
+                // Ended while waiting: whoever ended it tells the peer.
+                _ = shared.ended() => return,
+            };
+            let copy = tokio::task::spawn_blocking(move || {
+                let end = pull_all(pid, &region, &shared, &segs);
+                drop(slot);
+                end
             });
+            match copy.await {
+                Ok(PullEnd::Done) => conn.send_soon(Message::Finish { req }.to_vec(), None, false),
+                Ok(PullEnd::Closed) => {}
+                Ok(PullEnd::Failed(why)) => conn.kill(why),
+                Err(e) => conn.kill(format!("a cross-memory copy failed: {e}")),
+            }
+        });
     }
 
     fn is_alive(&self) -> bool {
