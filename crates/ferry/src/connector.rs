@@ -454,7 +454,9 @@ impl Connector {
         }
     }
 
-    /// How many pooled connections to remote workers are open.
+    /// How many pooled connections to remote workers are open or being
+    /// opened. A connection that ended (the peer exited, the network broke)
+    /// leaves the pool, and closes its socket, as soon as it is noticed.
     pub fn connection_count(&self) -> usize {
         self.inner.tcp.connection_count()
     }

@@ -581,7 +581,11 @@ pub(crate) struct Conn {
     leases: Mutex<HashMap<u64, Arc<Region>>>,
     /// Bounds this connection's copies from the peer (see `stall.rs`).
     copy_slots: CopySlots,
+    /// What to do once the reader has ended (`None` inside: it has).
+    on_close: Mutex<Option<Vec<CloseHook>>>,
 }
+
+type CloseHook = Box<dyn FnOnce() + Send>;
 
 impl Conn {
     fn new(peer: String, writer: OwnedWriteHalf, handle: Handle) -> Arc<Self> {
@@ -601,6 +605,7 @@ impl Conn {
             cookie: Mutex::new(None),
             leases: Mutex::new(HashMap::new()),
             copy_slots: CopySlots::new(),
+            on_close: Mutex::new(Some(Vec::new())),
         })
     }
 
@@ -695,6 +700,26 @@ impl Conn {
 
     fn is_alive(&self) -> bool {
         self.dead.borrow().is_none()
+    }
+
+    /// Runs `f` once the connection's reader has ended (at once if it has).
+    fn when_closed(&self, f: CloseHook) {
+        let mut hooks = lock(&self.on_close);
+        match hooks.as_mut() {
+            Some(v) => v.push(f),
+            None => {
+                drop(hooks);
+                f();
+            }
+        }
+    }
+
+    /// The reader has ended: runs what waited for it.
+    fn closed(&self) {
+        let hooks = lock(&self.on_close).take().unwrap_or_default();
+        for f in hooks {
+            f();
+        }
     }
 
     fn kill(&self, cause: String) {
@@ -1209,8 +1234,10 @@ type PoolKey = (String, Vec<SocketAddr>, u16);
 pub(crate) struct TcpTransport {
     local: Arc<LocalInfo>,
     /// By remote worker, its addresses and the stream's number (0 carries
-    /// everything that is not a further part of a striped transfer).
-    pool: Mutex<HashMap<PoolKey, Slot>>,
+    /// everything that is not a further part of a striped transfer). A slot
+    /// leaves when its connection ends or cannot be made, so that peers
+    /// that come and go leave nothing behind (no socket, no entry).
+    pool: Arc<Mutex<HashMap<PoolKey, Slot>>>,
     /// Every outgoing connection, also those whose slot is busy connecting
     /// a replacement, for `close_all` and `pending`.
     outgoing: Mutex<Vec<Weak<Conn>>>,
@@ -1230,7 +1257,7 @@ impl TcpTransport {
     pub(crate) fn new(local: Arc<LocalInfo>) -> Self {
         TcpTransport {
             local,
-            pool: Mutex::new(HashMap::new()),
+            pool: Arc::new(Mutex::new(HashMap::new())),
             outgoing: Mutex::new(Vec::new()),
         }
     }
@@ -1253,17 +1280,10 @@ impl TcpTransport {
         all.iter().map(|c| c.pending()).sum()
     }
 
-    /// How many pooled connections are alive.
+    /// How many pool entries there are: connections alive or being made
+    /// (a connection that ended leaves once its reader has stopped).
     pub(crate) fn connection_count(&self) -> usize {
-        let slots: Vec<Slot> = lock(&self.pool).values().cloned().collect();
-        slots
-            .iter()
-            .filter(|s| {
-                s.try_lock()
-                    .map(|g| g.as_ref().is_some_and(|c| c.is_alive()))
-                    .unwrap_or(true)
-            })
-            .count()
+        lock(&self.pool).len()
     }
 
     async fn conn_for(&self, remote: &RdmaMetadata, stream: u16) -> Result<Arc<Conn>> {
@@ -1272,20 +1292,35 @@ impl TcpTransport {
             remote.addresses().to_vec(),
             stream,
         );
-        let slot = lock(&self.pool).entry(key).or_default().clone();
+        let slot = lock(&self.pool).entry(key.clone()).or_default().clone();
         let mut g = slot.lock().await;
         if let Some(c) = g.as_ref() {
             if c.is_alive() {
                 return Ok(c.clone());
             }
         }
-        let c = self.connect(remote, stream == 0).await?;
+        *g = None;
+        let c = match self.connect(remote, stream == 0).await {
+            Ok(c) => c,
+            Err(e) => {
+                drop(g);
+                forget_slot(&self.pool, &key, &slot);
+                return Err(e);
+            }
+        };
         {
             let mut all = lock(&self.outgoing);
             all.retain(|w| w.strong_count() > 0);
             all.push(Arc::downgrade(&c));
         }
         *g = Some(c.clone());
+        drop(g);
+        let (pool, slot) = (Arc::downgrade(&self.pool), Arc::downgrade(&slot));
+        c.when_closed(Box::new(move || {
+            if let (Some(pool), Some(slot)) = (pool.upgrade(), slot.upgrade()) {
+                forget_slot(&pool, &key, &slot);
+            }
+        }));
         Ok(c)
     }
 
@@ -1732,6 +1767,23 @@ impl TcpTransport {
     }
 }
 
+/// Removes `slot` from the pool unless it holds a live connection or is in
+/// use (whoever uses it fills it); a dead connection in it is dropped, and
+/// with it its socket.
+fn forget_slot(pool: &Mutex<HashMap<PoolKey, Slot>>, key: &PoolKey, slot: &Slot) {
+    let Ok(mut g) = slot.try_lock() else {
+        return;
+    };
+    if g.as_ref().is_some_and(|c| c.is_alive()) {
+        return;
+    }
+    *g = None;
+    let mut pool = lock(pool);
+    if pool.get(key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+        pool.remove(key);
+    }
+}
+
 /// Waits until the watched value satisfies `f` (or its sender is gone).
 async fn until<T>(rx: &mut watch::Receiver<T>, f: impl FnMut(&T) -> bool) {
     let _ = rx.wait_for(f).await;
@@ -1900,6 +1952,7 @@ async fn run_connection(
     for r in leases {
         r.give_back();
     }
+    conn.closed();
     // Writers abandon their writes once the connection is dead, so the lock
     // comes free; bound the wait all the same.
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
