@@ -23,6 +23,11 @@ use std::time::{Duration, Instant};
 
 use crate::Descriptor;
 
+/// How long [`Region::close`] waits for an unlocked copy in flight before it
+/// leaves it behind: far longer than an ordinary chunk takes, far shorter
+/// than anything a caller would notice.
+pub(crate) const COPY_GRACE: Duration = Duration::from_millis(20);
+
 struct Seg {
     ptr: *mut u8,
     len: usize,
@@ -385,11 +390,16 @@ impl Region {
     }
 
     /// Ends all access. When this returns, no locked access is touching the
-    /// memory and none will again; an unlocked copy may still be in flight
-    /// (see [`is_quiet`](Self::is_quiet)): this never waits for it.
+    /// memory and none will again. An unlocked copy in flight is given
+    /// [`COPY_GRACE`] to return (an ordinary chunk takes well under a
+    /// millisecond); one that a peer stalled may still be in flight after
+    /// that (see [`is_quiet`](Self::is_quiet)).
     pub(crate) fn close(&self) {
         self.closing.store(true, Ordering::Release);
         *self.state() = false;
+        if !self.is_quiet() {
+            self.wait_quiet(COPY_GRACE);
+        }
     }
 
     /// Whether the region is open and nobody has begun to close it.
