@@ -240,10 +240,12 @@ macro_rules! common_methods {
         }
 
         /// The descriptors, once the operation has ended (`None` before: the
-        /// memory may still be touched by the remote; also `None` after the
-        /// end while a copy into it that the peer stalled has not returned).
+        /// memory may still be touched by the remote). A copy into the
+        /// memory still in flight at the end (a cancel mid-copy) is waited
+        /// for; one that the peer stalled, for at most a second, after
+        /// which this is `None` until it returns.
         pub fn descriptors(&self) -> Option<&[Descriptor<'a>]> {
-            if self.status().is_terminal() && self.core.region.is_quiet() {
+            if self.status().is_terminal() && self.core.region.wait_quiet(Duration::from_secs(1)) {
                 // The region is closed before any terminal state is published.
                 debug_assert!(!self.core.region.is_open());
                 Some(&self.descs)
