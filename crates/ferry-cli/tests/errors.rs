@@ -120,7 +120,7 @@ async fn forged_metadata_is_refused_by_the_remote_without_disturbing_it() {
         matches!(
             err,
             Error::Rejected {
-                reason: AbortReason::BadToken,
+                reason: AbortReason::UnknownOperation,
                 ..
             }
         ),

@@ -64,11 +64,16 @@ pub enum WireError {
 pub enum AbortReason {
     /// The sender cancelled (or dropped) its side of the operation.
     Cancelled,
-    /// No operation with this id was ever exposed by the passive side.
+    /// No operation that the presented token grants: never exposed, ended
+    /// (to anyone without its token), or exposed under another token. The
+    /// one refusal of every request without a valid token, so that it
+    /// tells nothing.
     UnknownOperation,
     /// The operation existed but has ended (completed, cancelled or dropped).
     OperationEnded,
-    /// The token does not grant access to the operation.
+    /// The token does not grant access to the operation. No longer sent
+    /// (a wrong token is refused as [`UnknownOperation`](Self::UnknownOperation));
+    /// its code stays reserved.
     BadToken,
     /// The operation is of the other kind (READ against a writable or the reverse).
     WrongKind,

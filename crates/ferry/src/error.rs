@@ -164,9 +164,9 @@ fn detail_suffix(d: &str) -> String {
 fn describe(r: AbortReason) -> &'static str {
     match r {
         AbortReason::Cancelled => "it was cancelled",
-        AbortReason::UnknownOperation => "no such operation: the metadata is forged or for another connector",
+        AbortReason::UnknownOperation => "no operation that this token grants: the metadata is forged, for another connector, or for an operation that ended long ago",
         AbortReason::OperationEnded => "the operation has already ended (completed, cancelled or dropped); ask for fresh metadata",
-        AbortReason::BadToken => "the token does not grant access to this operation",
+        AbortReason::BadToken => "the token does not grant access to this operation (sent by older versions; now UnknownOperation)",
         AbortReason::WrongKind => "the operation is of the other kind (READ vs WRITE)",
         AbortReason::CountMismatch => "descriptor counts differ",
         AbortReason::SizeMismatch => "descriptor sizes differ",

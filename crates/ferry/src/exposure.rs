@@ -45,16 +45,34 @@ pub(crate) type Bound = (Arc<Exposure>, Option<Arc<Stripe>>);
 pub(crate) struct Exposures {
     map: Mutex<HashMap<u64, Arc<Exposure>>>,
     next_id: AtomicU64,
-    /// Striped operations that ended without completing, and how (the most
-    /// recent [`ENDED_STRIPES`]): a part whose `Open` arrives after the end
-    /// (the parts travel on independent connections) is told how it ended,
-    /// as the bound parts were, instead of just "ended" — so a cancel here
-    /// reads as a cancel at the remote whichever part it hears of first.
-    ended_stripes: Mutex<VecDeque<(u64, AbortReason, String)>>,
+    /// Operations that left the table (the most recent [`ENDED`] records),
+    /// with their tokens: whoever presents the token of one is told that it
+    /// ended, and anyone else gets the one refusal of an unknown operation.
+    /// A striped one that ended without completing also keeps how, for its
+    /// own peer: a part whose `Open` arrives after the end (the parts travel
+    /// on independent connections) is told how it ended, as the bound parts
+    /// were, instead of just "ended" — so a cancel here reads as a cancel at
+    /// the remote whichever part it hears of first.
+    ended: Mutex<VecDeque<Ended>>,
 }
 
-/// How many ended striped operations [`Exposures`] remembers.
-const ENDED_STRIPES: usize = 1024;
+/// A record of an operation that left the table.
+struct Ended {
+    op_id: u64,
+    token: Token,
+    /// For a striped operation that ended without completing: the peer it
+    /// was bound to, and how it ended.
+    stripe: Option<(String, (AbortReason, String))>,
+}
+
+/// How many records of ended operations [`Exposures`] keeps.
+const ENDED: usize = 4096;
+
+/// The one answer to a request without a valid token, whatever it named:
+/// a live operation, an ended one, or one never issued.
+fn unknown() -> (AbortReason, String) {
+    (AbortReason::UnknownOperation, String::new())
+}
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -93,22 +111,17 @@ impl Exposures {
     /// request joins the operation's [`Stripe`], returned). Nothing is
     /// touched when this fails.
     pub(crate) fn open(&self, o: &Open, to: Binding) -> Result<Bound, (AbortReason, String)> {
+        let peer = match &to {
+            Binding::Tcp(conn, _) => conn.upgrade().map(|c| c.peer().to_string()),
+            _ => None,
+        };
         let Some(e) = lock(&self.map).get(&o.op_id).cloned() else {
-            if let Some(how) = self.how_stripe_ended(o) {
-                return Err(how);
-            }
-            let issued = self.next_id.load(Ordering::Relaxed);
-            return Err(if o.op_id >= 1 && o.op_id <= issued {
-                (
-                    AbortReason::OperationEnded,
-                    format!("operation {} has ended", o.op_id),
-                )
-            } else {
-                (AbortReason::UnknownOperation, String::new())
-            });
+            return Err(self
+                .how_it_ended(o, peer.as_deref())
+                .unwrap_or_else(unknown));
         };
         if !e.token.ct_eq(&o.token) {
-            return Err((AbortReason::BadToken, String::new()));
+            return Err(unknown());
         }
         if e.kind != o.kind {
             return Err((
@@ -143,25 +156,20 @@ impl Exposures {
             ));
         }
         let ended = || {
-            self.how_stripe_ended(o).unwrap_or_else(|| {
-                (
-                    AbortReason::OperationEnded,
-                    format!("operation {} has ended", o.op_id),
-                )
-            })
+            self.how_it_ended(o, peer.as_deref())
+                .unwrap_or_else(|| ended_here(o.op_id))
         };
         let mut binding = lock(&e.binding);
         if o.parts > 1 {
             let Binding::Tcp(conn, req) = to else {
                 return Err((AbortReason::Protocol, "a striped local request".into()));
             };
-            let peer = conn.upgrade().map(|c| c.peer().to_string());
             let stripe = match &*binding {
                 None => {
                     if !e.shared.start() {
                         return Err(ended());
                     }
-                    let s = Stripe::new(o.parts, peer.unwrap_or_default());
+                    let s = Stripe::new(o.parts, peer.clone().unwrap_or_default());
                     *binding = Some(Binding::Striped(s.clone()));
                     s
                 }
@@ -209,7 +217,7 @@ impl Exposures {
         }
         // Leave the table before waking waiters, so that whoever wakes sees
         // the capability gone.
-        lock(&self.map).remove(&e.op_id);
+        self.unlist(e);
         let bound = lock(&e.binding).take();
         let stripe = match bound {
             Some(Binding::Striped(s)) => Some(s),
@@ -234,29 +242,61 @@ impl Exposures {
     pub(crate) fn forget(&self, e: &Exposure) {
         // Only a cancel forgets.
         self.remember_if_striped(e, (AbortReason::Cancelled, String::new()));
-        lock(&self.map).remove(&e.op_id);
+        self.unlist(e);
     }
 
-    /// How the striped operation a part's `Open` names ended, if it did.
-    fn how_stripe_ended(&self, o: &Open) -> Option<(AbortReason, String)> {
-        if o.parts <= 1 {
+    /// Takes `e` out of the table, remembering its token.
+    fn unlist(&self, e: &Exposure) {
+        if lock(&self.map).remove(&e.op_id).is_some() {
+            self.remember(Ended {
+                op_id: e.op_id,
+                token: e.token,
+                stripe: None,
+            });
+        }
+    }
+
+    fn remember(&self, r: Ended) {
+        let mut ended = lock(&self.ended);
+        if ended.len() >= ENDED {
+            ended.pop_front();
+        }
+        ended.push_back(r);
+    }
+
+    /// How the ended operation that `o` names ended, told only to whoever
+    /// presents its token (`None`: to anyone else, or if it is not
+    /// remembered): that it ended, and for a part of a striped transfer that
+    /// comes from the peer it was bound to, how.
+    fn how_it_ended(&self, o: &Open, peer: Option<&str>) -> Option<(AbortReason, String)> {
+        let ended = lock(&self.ended);
+        let mut records = ended.iter().rev().filter(|r| r.op_id == o.op_id).peekable();
+        if !records.peek()?.token.ct_eq(&o.token) {
             return None;
         }
-        let ended = lock(&self.ended_stripes);
-        let (_, reason, detail) = ended.iter().rev().find(|x| x.0 == o.op_id)?;
-        Some((*reason, detail.clone()))
+        if o.parts > 1 {
+            let how = records.find_map(|r| match &r.stripe {
+                Some((p, how)) if Some(p.as_str()) == peer => Some(how.clone()),
+                _ => None,
+            });
+            if how.is_some() {
+                return how;
+            }
+        }
+        Some(ended_here(o.op_id))
     }
 
     /// Remembers how a striped operation ended, before it leaves the table.
-    fn remember_if_striped(&self, e: &Exposure, (reason, detail): (AbortReason, String)) {
-        if !matches!(*lock(&e.binding), Some(Binding::Striped(_))) {
-            return;
-        }
-        let mut ended = lock(&self.ended_stripes);
-        if ended.len() >= ENDED_STRIPES {
-            ended.pop_front();
-        }
-        ended.push_back((e.op_id, reason, detail));
+    fn remember_if_striped(&self, e: &Exposure, how: (AbortReason, String)) {
+        let peer = match &*lock(&e.binding) {
+            Some(Binding::Striped(s)) => s.peer().to_string(),
+            _ => return,
+        };
+        self.remember(Ended {
+            op_id: e.op_id,
+            token: e.token,
+            stripe: Some((peer, how)),
+        });
     }
 
     /// Ends an exposure from the owner's side (cancel or drop; the region
@@ -269,7 +309,7 @@ impl Exposures {
         if let Some(r) = &reason {
             self.remember_if_striped(e, r.clone());
         }
-        lock(&self.map).remove(&e.op_id);
+        self.unlist(e);
         // Release `binding` before `forget_passive` takes the connection's
         // table: the reader takes them in the other order.
         let bound = lock(&e.binding).take();
@@ -296,6 +336,13 @@ impl Exposures {
             self.finish(&e, OperationStatus::Errored, Some(Error::Shutdown));
         }
     }
+}
+
+fn ended_here(op_id: u64) -> (AbortReason, String) {
+    (
+        AbortReason::OperationEnded,
+        format!("operation {op_id} has ended"),
+    )
 }
 
 /// How the remote's parts of a striped transfer learn that it ended here

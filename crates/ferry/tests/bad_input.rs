@@ -853,7 +853,7 @@ async fn wrong_token_is_refused_and_does_not_burn_the_capability() {
             parts: 1,
         }))
         .await;
-        let detail = raw.expect_abort(req, AbortReason::BadToken).await;
+        let detail = raw.expect_abort(req, AbortReason::UnknownOperation).await;
         assert!(detail.is_empty(), "{detail}");
         // Data after the refusal goes nowhere.
         let _ = raw.send_raw(&data_frame(req, 0, 0, &[1u8; 64])).await;
@@ -867,39 +867,94 @@ async fn wrong_token_is_refused_and_does_not_burn_the_capability() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unknown_operation_ids_are_refused() {
+async fn requests_without_a_valid_token_all_get_the_same_refusal() {
     let target = connector().await;
-    let w = target.create_writable(vec![untouched(8)]).await.unwrap();
+    let live = target.create_writable(vec![untouched(8)]).await.unwrap();
     let ended = target.create_writable(vec![untouched(8)]).await.unwrap();
     let ended_meta = ended.metadata().clone();
     drop(ended);
-    let issued = ended_meta.operation_id();
-    let mut raw = Raw::connect(&target).await;
+    // A striped WRITE that failed: its peer ("owner") bound part 0 of 2,
+    // then lost its connection; the end's cause is kept for that peer.
+    let striped = target.create_writable(vec![untouched(10)]).await.unwrap();
+    let sm = striped.metadata().clone();
+    let mut owner = Raw::connect_as(&target, "owner").await;
+    owner
+        .send(&part_open(1, &sm, OperationKind::Write, 0, 2))
+        .await;
+    owner.barrier(2).await;
+    drop(owner);
+    within(async {
+        while !striped.status().is_terminal() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+
+    let wrong = Token::from_bytes([0x5A; 16]);
+    let (live_id, ended_id, striped_id) = (
+        live.metadata().operation_id(),
+        ended_meta.operation_id(),
+        sm.operation_id(),
+    );
     let cases = [
-        (0, AbortReason::UnknownOperation),
-        (issued + 1, AbortReason::UnknownOperation),
-        (u64::MAX, AbortReason::UnknownOperation),
-        // Ids up to the last one issued are known to have existed: this
-        // reveals how many operations the connector has exposed so far.
-        (issued, AbortReason::OperationEnded),
+        // Never issued.
+        (0, wrong, 1),
+        (striped_id + 1, wrong, 1),
+        (u64::MAX, wrong, 1),
+        // Live, with a wrong token, or the token of another operation.
+        (live_id, wrong, 1),
+        (live_id, *ended_meta.token(), 1),
+        // Ended.
+        (ended_id, wrong, 1),
+        (ended_id, *live.metadata().token(), 1),
+        // Ended striped, whose cause is stored.
+        (striped_id, wrong, 2),
+        (striped_id, wrong, 1),
     ];
-    for (i, (op_id, reason)) in cases.into_iter().enumerate() {
+    let mut raw = Raw::connect_as(&target, "stranger").await;
+    for (i, (op_id, token, parts)) in cases.into_iter().enumerate() {
         let req = i as u64 + 1;
         raw.send(&Message::Open(Open {
             req,
             op_id,
-            token: *w.metadata().token(),
+            token,
             kind: OperationKind::Write,
             sizes: vec![8],
             pull: false,
-            part: 0,
-            parts: 1,
+            part: parts - 1,
+            parts,
         }))
         .await;
-        raw.expect_abort(req, reason).await;
+        match raw.next().await {
+            Some((Message::Abort(a), _)) => assert_eq!(
+                (a.req, a.reason, a.detail.as_str()),
+                (req, AbortReason::UnknownOperation, ""),
+                "case {i}: op {op_id}, {parts} part(s): a refusal without a valid token must \
+                 not tell live, ended and unknown operations apart"
+            ),
+            other => panic!("case {i}: expected an abort, got {other:?}"),
+        }
     }
-    assert_eq!(w.status(), OperationStatus::Initialized);
-    holder_can_still_write(w).await;
+    // Whoever holds an ended operation's token learns that it ended...
+    let req = 100;
+    raw.send(&open_frame(req, &ended_meta, OperationKind::Write))
+        .await;
+    let detail = raw.expect_abort(req, AbortReason::OperationEnded).await;
+    assert!(detail.contains("has ended"), "{detail}");
+    // ... but how a striped one failed is told to its own peer only.
+    raw.send(&part_open(101, &sm, OperationKind::Write, 1, 2))
+        .await;
+    let detail = raw.expect_abort(101, AbortReason::OperationEnded).await;
+    assert!(detail.contains("has ended"), "{detail}");
+    let mut owner = Raw::connect_as(&target, "owner").await;
+    owner
+        .send(&part_open(1, &sm, OperationKind::Write, 1, 2))
+        .await;
+    let detail = owner.expect_abort(1, AbortReason::PartFailed).await;
+    assert!(!detail.is_empty(), "the owner is told the cause");
+
+    assert_eq!(live.status(), OperationStatus::Initialized);
+    holder_can_still_write(live).await;
     legit_transfers_still_work(&target).await;
 }
 

@@ -174,7 +174,7 @@ async fn refusals_on_every_transport() {
             (
                 edit(&|v| v["token"] = "0123456789abcdef0123456789abcdef".into()),
                 100,
-                AbortReason::BadToken,
+                AbortReason::UnknownOperation,
             ),
             (
                 edit(&|v| v["operation_id"] = 424_242.into()),
