@@ -30,6 +30,9 @@ pub const MAX_CHUNK: u32 = 16 * 1024 * 1024;
 /// The longest detail text of an `Abort`.
 pub const MAX_DETAIL: usize = 1024;
 const MAX_WORKER_ID: usize = 256;
+/// The largest body of a valid [`Hello`] (one with the longest worker id):
+/// a receiver may refuse a larger first frame before buffering any of it.
+pub const MAX_HELLO_BODY: u32 = (MAGIC.len() + 2 + 2 + MAX_WORKER_ID) as u32;
 
 /// Why a stream cannot be decoded. The connection must be closed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -684,6 +687,18 @@ mod tests {
                 assert_eq!(decode_frame(&v[..cut]).unwrap(), None, "{m:?} cut at {cut}");
             }
         }
+    }
+
+    #[test]
+    fn the_longest_hello_is_max_hello_body() {
+        let longest = Message::Hello(Hello {
+            version: PROTOCOL_VERSION,
+            worker_id: "é".repeat(200),
+        })
+        .to_vec();
+        assert_eq!(longest.len(), HEADER_LEN + MAX_HELLO_BODY as usize);
+        let (back, _) = decode_frame(&longest).unwrap().unwrap();
+        assert!(matches!(back, Message::Hello(h) if h.worker_id.len() == MAX_WORKER_ID));
     }
 
     #[test]

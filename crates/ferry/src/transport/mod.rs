@@ -19,6 +19,7 @@ use crate::region::Region;
 use crate::{Error, Result};
 
 pub(crate) mod cma;
+mod conn_io;
 pub(crate) mod local;
 pub(crate) mod tcp;
 

@@ -26,12 +26,13 @@ use ferry_proto::wire::{
     WireError, MAX_LEASE_SEGMENTS, MAX_PARTS,
 };
 use ferry_proto::{Cursor, OperationKind, OperationStatus, RdmaMetadata};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
+use super::conn_io::FrameReader;
 use super::{cma, ActiveJob, ActiveLink, BoxFuture, Transport, TransportKind};
 use crate::auth::{Role, Secret, Transcript};
 use crate::connector::Inner;
@@ -60,7 +61,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// What went wrong on a connection; it is closed afterwards.
-enum ConnError {
+pub(super) enum ConnError {
     Io(io::Error),
     Wire(WireError),
     Violation(String),
@@ -99,135 +100,6 @@ impl ConnError {
             },
             ConnError::Closed(e) => e,
         }
-    }
-}
-
-/// Reads frames, keeping a buffer for headers and small bodies.
-struct FrameReader {
-    rd: OwnedReadHalf,
-    buf: Vec<u8>,
-    start: usize,
-    end: usize,
-    /// The stream carries large payloads: read headers without reading far
-    /// ahead, so that payload bytes go from the socket straight into their
-    /// destination instead of through `buf`.
-    bulk: bool,
-}
-
-/// Payloads from this size on switch the reader to bulk mode.
-const BULK_PAYLOAD: u32 = 32 * 1024;
-/// How far a bulk-mode reader reads past the bytes it needs.
-const BULK_READ_AHEAD: usize = 512;
-
-impl FrameReader {
-    fn new(rd: OwnedReadHalf) -> Self {
-        FrameReader {
-            rd,
-            // Grows on demand up to a header plus the largest body.
-            buf: vec![0; 64 * 1024],
-            start: 0,
-            end: 0,
-            bulk: false,
-        }
-    }
-
-    async fn fill(&mut self, need: usize) -> io::Result<()> {
-        debug_assert!(need <= wire::HEADER_LEN + wire::MAX_BODY as usize);
-        if need > self.buf.len() {
-            self.buf.resize(need, 0);
-        }
-        while self.end - self.start < need {
-            if self.buf.len() - self.start < need {
-                self.buf.copy_within(self.start..self.end, 0);
-                self.end -= self.start;
-                self.start = 0;
-            }
-            let limit = if self.bulk {
-                (self.start + need + BULK_READ_AHEAD).min(self.buf.len())
-            } else {
-                self.buf.len()
-            };
-            let n = self.rd.read(&mut self.buf[self.end..limit]).await?;
-            if n == 0 {
-                return Err(io::ErrorKind::UnexpectedEof.into());
-            }
-            self.end += n;
-        }
-        Ok(())
-    }
-
-    async fn next(&mut self) -> Result<Message, ConnError> {
-        self.fill(wire::HEADER_LEN).await?;
-        let h: [u8; wire::HEADER_LEN] = self.buf[self.start..self.start + wire::HEADER_LEN]
-            .try_into()
-            .expect("length checked");
-        let header = wire::decode_header(&h)?;
-        let total = wire::HEADER_LEN + header.body_len as usize;
-        self.fill(total).await?;
-        let msg = wire::decode_body(
-            header,
-            &self.buf[self.start + wire::HEADER_LEN..self.start + total],
-        )?;
-        self.start += total;
-        Ok(msg)
-    }
-
-    /// Moves `len` payload bytes into `dst` (segment, offset) of a region, or
-    /// discards them when there is no destination or the region closes.
-    async fn payload(
-        &mut self,
-        len: u32,
-        mut dst: Option<(&Region, u32, u64)>,
-    ) -> Result<(), ConnError> {
-        self.bulk = len >= BULK_PAYLOAD;
-        let mut left = len as usize;
-        let buffered = left.min(self.end - self.start);
-        if buffered > 0 {
-            if let Some((region, seg, off)) = dst {
-                let src = &self.buf[self.start..self.start + buffered];
-                match region.write_at(seg as usize, off, buffered, |d| d.copy_from_slice(src)) {
-                    Ok(()) => dst = Some((region, seg, off + buffered as u64)),
-                    Err(Denied::Closed) => dst = None,
-                    Err(Denied::OutOfBounds) => {
-                        return Err(ConnError::Violation("data outside the descriptor".into()))
-                    }
-                }
-            }
-            self.start += buffered;
-            left -= buffered;
-        }
-        while left > 0 {
-            match dst {
-                Some((region, seg, off)) => {
-                    self.rd.readable().await?;
-                    let rd = &self.rd;
-                    match region.write_at(seg as usize, off, left, |d| rd.try_read(d)) {
-                        Ok(Ok(0)) => {
-                            return Err(ConnError::Io(io::ErrorKind::UnexpectedEof.into()))
-                        }
-                        Ok(Ok(n)) => {
-                            left -= n;
-                            dst = Some((region, seg, off + n as u64));
-                        }
-                        Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => {}
-                        Ok(Err(e)) => return Err(e.into()),
-                        Err(Denied::Closed) => dst = None,
-                        Err(Denied::OutOfBounds) => {
-                            return Err(ConnError::Violation("data outside the descriptor".into()))
-                        }
-                    }
-                }
-                None => {
-                    // The buffer is empty here: everything buffered was consumed above.
-                    let n = left.min(self.buf.len());
-                    self.rd.read_exact(&mut self.buf[..n]).await?;
-                    self.start = 0;
-                    self.end = 0;
-                    left -= n;
-                }
-            }
-        }
-        Ok(())
     }
 }
 
