@@ -21,6 +21,7 @@ use crate::{Error, Result};
 pub(crate) mod cma;
 mod conn_io;
 pub(crate) mod local;
+mod secure;
 pub(crate) mod tcp;
 
 /// A way of moving bytes between two workers.
