@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use ferry::{Connector, Descriptor, RdmaMetadata, TransportKind};
+use ferry::{Connector, ConnectorBuilder, Descriptor, RdmaMetadata, TransportKind};
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -41,6 +41,9 @@ pub struct Options {
     pub json: Option<PathBuf>,
     /// Listen address of this process's connector.
     pub listen: String,
+    /// A shared secret for every connector of the run, the target's
+    /// included (`None`: `FERRY_SECRET` if set, as for any connector).
+    pub secret: Option<String>,
 }
 
 impl Options {
@@ -56,6 +59,7 @@ impl Options {
             idle: Duration::from_secs(5),
             json: None,
             listen: "127.0.0.1:0".into(),
+            secret: None,
         }
     }
 
@@ -432,8 +436,9 @@ impl Bench {
     async fn cold_start(&mut self, exe: Option<&Path>) -> anyhow::Result<Option<Row>> {
         // A fresh pair: a new target process (when we start it) and a new connector here.
         let Some(exe) = exe else { return Ok(None) };
-        let fresh_peer = PeerProcess::spawn(exe, &["--listen", "127.0.0.1:0"], &[]).await?;
-        let fresh = Connector::builder()
+        let fresh_peer =
+            PeerProcess::spawn(exe, &["--listen", "127.0.0.1:0"], &target_env(&self.opts)).await?;
+        let fresh = builder(&self.opts)
             .listen(any_port(&self.opts.listen)?)
             .build()
             .await?;
@@ -460,6 +465,22 @@ impl Bench {
             d,
         )))
     }
+}
+
+/// A connector builder with the run's secret, if it has one.
+fn builder(opts: &Options) -> ConnectorBuilder {
+    match &opts.secret {
+        Some(s) => Connector::builder().secret(s),
+        None => Connector::builder(),
+    }
+}
+
+/// The environment of a target process this run starts.
+fn target_env(opts: &Options) -> Vec<(&'static str, &str)> {
+    opts.secret
+        .iter()
+        .map(|s| (ferry::SECRET_ENV, s.as_str()))
+        .collect()
 }
 
 /// `listen` with port 0: one more connector on the same address.
@@ -515,20 +536,20 @@ pub async fn initiator(
     control: Option<&str>,
     opts: Options,
 ) -> anyhow::Result<Vec<Row>> {
-    let tcp = Connector::builder()
+    let tcp = builder(&opts)
         .listen(opts.listen.parse()?)
         .transports(&[TransportKind::Tcp])
         .build()
         .await?;
     // The other connectors listen on the same address, on ports of their own.
     let other = any_port(&opts.listen)?;
-    let cma = Connector::builder()
+    let cma = builder(&opts)
         .listen(other)
         .transports(&[TransportKind::Cma, TransportKind::Tcp])
         .cma_threshold(0)
         .build()
         .await?;
-    let striped = Connector::builder()
+    let striped = builder(&opts)
         .listen(other)
         .transports(&[TransportKind::Tcp])
         .tcp_streams(STREAMS)
@@ -537,7 +558,7 @@ pub async fn initiator(
         .await?;
     let peer = match control {
         Some(addr) => PeerProcess::connect(addr).await?,
-        None => PeerProcess::spawn(exe, &["--listen", "127.0.0.1:0"], &[]).await?,
+        None => PeerProcess::spawn(exe, &["--listen", "127.0.0.1:0"], &target_env(&opts)).await?,
     };
     let json: Option<Box<dyn std::io::Write>> = match &opts.json {
         None => None,
@@ -558,6 +579,9 @@ pub async fn initiator(
         json,
     };
 
+    if opts.secret.is_some() || std::env::var_os(ferry::SECRET_ENV).is_some() {
+        eprintln!("with a shared secret: every TCP connection is authenticated and encrypted");
+    }
     let cold = b.cold_start(control.is_none().then_some(exe)).await?;
     if let Some(r) = cold {
         b.emit(r)?;
@@ -664,8 +688,9 @@ pub async fn initiator(
     Ok(b.rows)
 }
 
-/// Runs the target: serves the peer protocol to one initiator on `control`.
-pub async fn target(control: &str, listen: &str) -> anyhow::Result<()> {
+/// Runs the target: serves the peer protocol to one initiator on `control`,
+/// with a shared secret if `secret` is set (else `FERRY_SECRET`, if set).
+pub async fn target(control: &str, listen: &str, secret: Option<&str>) -> anyhow::Result<()> {
     let l = tokio::net::TcpListener::bind(control)
         .await
         .with_context(|| format!("binding the control address {control}"))?;
@@ -674,6 +699,9 @@ pub async fn target(control: &str, listen: &str) -> anyhow::Result<()> {
     eprintln!("target: initiator {from} connected");
     s.set_nodelay(true)?;
     let (r, w) = s.into_split();
-    let connector = Connector::builder().listen(listen.parse()?).build().await?;
-    peer::run_on(connector, r, w).await
+    let mut b = Connector::builder().listen(listen.parse()?);
+    if let Some(s) = secret {
+        b = b.secret(s);
+    }
+    peer::run_on(b.build().await?, r, w).await
 }

@@ -47,6 +47,11 @@ enum Cmd {
         /// Also write one JSON object per measured row to this file (`-`: stdout).
         #[arg(long)]
         json: Option<std::path::PathBuf>,
+        /// A shared secret for both processes (authenticated, encrypted
+        /// connections); default: FERRY_SECRET, if set. Give the target the
+        /// same one.
+        #[arg(long)]
+        secret: Option<String>,
     },
     /// Run a worker driven by JSON lines on stdin (used by demo, bench and tests).
     Peer {
@@ -108,6 +113,7 @@ async fn main() -> anyhow::Result<()> {
             blocks,
             batches,
             json,
+            secret,
         } => {
             let mut opts = if quick {
                 ferry_cli::bench::Options::quick()
@@ -122,6 +128,7 @@ async fn main() -> anyhow::Result<()> {
             }
             opts.json = json;
             opts.listen = listen.clone();
+            opts.secret = secret.clone();
             match role.as_str() {
                 "initiator" => {
                     let exe = std::env::current_exe()?;
@@ -131,7 +138,7 @@ async fn main() -> anyhow::Result<()> {
                 }
                 "target" => {
                     let control = control.as_deref().unwrap_or("0.0.0.0:7000");
-                    ferry_cli::bench::target(control, &listen).await
+                    ferry_cli::bench::target(control, &listen, secret.as_deref()).await
                 }
                 other => anyhow::bail!("--role must be initiator or target, not {other:?}"),
             }

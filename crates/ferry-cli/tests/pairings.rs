@@ -37,10 +37,21 @@ async fn pairings_over(sizes: &[u64], t: TransportKind, streams: usize) {
             peer_over(&transports, &[]).await,
         )
     };
+    pairings_between(&local, &p, sizes, t, streams).await;
+}
+
+/// The four directed pairings between `local` and the peer `p`, over `t`.
+async fn pairings_between(
+    local: &ferry::Connector,
+    p: &peer::PeerProcess,
+    sizes: &[u64],
+    t: TransportKind,
+    streams: usize,
+) {
     let name = Some(t.name());
 
     // 1. The peer exposes a readable; this process reads it.
-    let (mut a, meta) = expose(&p, Cmd::Readable, sizes, 11).await;
+    let (mut a, meta) = expose(p, Cmd::Readable, sizes, 11).await;
     let read = local.begin_read(&meta, zeroed(sizes)).await.unwrap();
     read.wait_for_completion().await.unwrap();
     assert_eq!(read.status(), OperationStatus::Complete);
@@ -67,7 +78,7 @@ async fn pairings_over(sizes: &[u64], t: TransportKind, streams: usize) {
     assert_eq!(ev.verified, Some(true), "the peer read other bytes: {ev:?}");
 
     // 3. The peer exposes a writable; this process writes it.
-    let (mut a, meta) = expose(&p, Cmd::Writable, sizes, 13).await;
+    let (mut a, meta) = expose(p, Cmd::Writable, sizes, 13).await;
     let write = local.begin_write(filled(sizes, 13), &meta).await.unwrap();
     write.wait_for_completion().await.unwrap();
     assert_eq!(write.transport(), Some(t));
@@ -134,6 +145,36 @@ async fn two_hundred_fifty_six_mib() {
 async fn sixty_four_descriptors_of_64_kib_and_one_of_4_mib() {
     all_pairings(&[64 << 10; 64]).await;
     all_pairings(&[4 << 20]).await;
+}
+
+/// The same pairings between workers that share a secret: every byte of
+/// every connection, the cross-memory-attach probe and leases included,
+/// goes through the secure channel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_transport_with_a_shared_secret() {
+    const SECRET: &str = "a-secret-shared-by-both-processes";
+    for (t, streams) in [
+        (TransportKind::Tcp, 1),
+        (TransportKind::Cma, 1),
+        (TransportKind::Tcp, 4),
+    ] {
+        let transports = match t {
+            TransportKind::Cma => vec![TransportKind::Cma, TransportKind::Tcp],
+            other => vec![other],
+        };
+        let local = ferry::Connector::builder()
+            .listen("127.0.0.1:0".parse().unwrap())
+            .transports(&transports)
+            .cma_threshold(0)
+            .tcp_streams(streams)
+            .stripe_threshold(4)
+            .secret(SECRET)
+            .build()
+            .await
+            .unwrap();
+        let p = peer_with_env(&transports, streams, &[], &[(ferry::SECRET_ENV, SECRET)]).await;
+        pairings_between(&local, &p, &[4096, 3 << 20, 1], t, streams).await;
+    }
 }
 
 /// The peer process refuses cross-memory attach (a seccomp filter, as in a

@@ -12,13 +12,20 @@
 //! and `Finish`; the passive side confirms with `Finish`. Either side may send
 //! `Abort` at any time; `Data` for an aborted request is skipped.
 //!
+//! With a shared secret, the two `Hello`s are followed by two [`Auth`]
+//! frames carrying a Noise handshake (active side first). From then on every
+//! byte of the connection, in both directions, travels inside Noise
+//! transport messages, each a 2-byte big-endian length (at most 65,535)
+//! followed by that many bytes of ciphertext; the frames above are the
+//! plaintext stream they carry, cut at arbitrary points.
+//!
 //! Decoding never panics and never allocates more than the body length it
 //! has already checked against [`MAX_BODY`].
 
 use crate::{OperationKind, Token, MAX_DESCRIPTORS};
 
 /// The protocol version carried in `Hello`.
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 /// The bytes that open every `Hello` body.
 pub const MAGIC: [u8; 6] = *b"FERRY\0";
 /// The length of a frame header.
@@ -30,6 +37,11 @@ pub const MAX_CHUNK: u32 = 16 * 1024 * 1024;
 /// The longest detail text of an `Abort`.
 pub const MAX_DETAIL: usize = 1024;
 const MAX_WORKER_ID: usize = 256;
+/// The largest body of a valid [`Hello`] (one with the longest worker id):
+/// a receiver may refuse a larger first frame before buffering any of it.
+pub const MAX_HELLO_BODY: u32 = (MAGIC.len() + 2 + 2 + MAX_WORKER_ID) as u32;
+/// The longest handshake message an [`Auth`] frame may carry.
+pub const MAX_HANDSHAKE: usize = 1024;
 
 /// Why a stream cannot be decoded. The connection must be closed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -264,16 +276,14 @@ pub struct Abort {
     pub detail: String,
 }
 
-/// Mutual authentication with a shared secret, right after `Hello`:
-/// the active side sends its nonce (`mac` zero), the passive side answers
-/// with its nonce and its proof, the active side sends its proof (`nonce`
-/// zero). See `docs/security.md`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One message of the Noise handshake that authenticates a connection with
+/// a shared secret, right after the `Hello`s: the active side sends the
+/// first, the passive side answers with the second; every later byte is
+/// encrypted (see the module documentation and `docs/security.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Auth {
-    /// A fresh random nonce of the sender (zero when not needed).
-    pub nonce: [u8; 16],
-    /// HMAC-SHA-256 proof of the secret over both nonces and both worker ids (zero when not needed).
-    pub mac: [u8; 32],
+    /// The handshake message, at most [`MAX_HANDSHAKE`] bytes.
+    pub handshake: Vec<u8>,
 }
 
 /// One decoded frame.
@@ -381,8 +391,9 @@ impl Message {
                 T_ABORT
             }
             Message::Auth(a) => {
-                out.extend_from_slice(&a.nonce);
-                out.extend_from_slice(&a.mac);
+                let n = a.handshake.len().min(MAX_HANDSHAKE);
+                out.extend_from_slice(&(n as u16).to_le_bytes());
+                out.extend_from_slice(&a.handshake[..n]);
                 T_AUTH
             }
             Message::Lease(l) => {
@@ -562,10 +573,15 @@ pub fn decode_body(h: Header, body: &[u8]) -> Result<Message, WireError> {
                 detail,
             })
         }
-        T_AUTH => Message::Auth(Auth {
-            nonce: r.take(16)?.try_into().unwrap(),
-            mac: r.take(32)?.try_into().unwrap(),
-        }),
+        T_AUTH => {
+            let n = r.u16()? as usize;
+            if n > MAX_HANDSHAKE {
+                return Err(WireError::InvalidField("handshake"));
+            }
+            Message::Auth(Auth {
+                handshake: r.take(n)?.to_vec(),
+            })
+        }
         T_LEASE => {
             let req = r.u64()?;
             let n = r.u32()? as usize;
@@ -667,8 +683,7 @@ mod tests {
             Message::Finish { req: 77 },
             Message::Release { req: 78 },
             Message::Auth(Auth {
-                nonce: [1; 16],
-                mac: [2; 32],
+                handshake: vec![1; 48],
             }),
             Message::Abort(Abort {
                 req: 3,
@@ -689,6 +704,28 @@ mod tests {
                 assert_eq!(decode_frame(&v[..cut]).unwrap(), None, "{m:?} cut at {cut}");
             }
         }
+    }
+
+    #[test]
+    fn the_longest_hello_is_max_hello_body() {
+        let longest = Message::Hello(Hello {
+            version: PROTOCOL_VERSION,
+            worker_id: "é".repeat(200),
+        })
+        .to_vec();
+        assert_eq!(longest.len(), HEADER_LEN + MAX_HELLO_BODY as usize);
+        let (back, _) = decode_frame(&longest).unwrap().unwrap();
+        assert!(matches!(back, Message::Hello(h) if h.worker_id.len() == MAX_WORKER_ID));
+        let mut v = header_for(T_AUTH, 2 + MAX_HANDSHAKE + 1);
+        v.extend_from_slice(&((MAX_HANDSHAKE + 1) as u16).to_le_bytes());
+        v.resize(v.len() + MAX_HANDSHAKE + 1, 0);
+        assert_eq!(decode_frame(&v), Err(WireError::InvalidField("handshake")));
+    }
+
+    fn header_for(ty: u8, body_len: usize) -> Vec<u8> {
+        let mut v = vec![ty, 0, 0, 0];
+        v.extend_from_slice(&(body_len as u32).to_le_bytes());
+        v
     }
 
     #[test]

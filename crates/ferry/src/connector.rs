@@ -109,11 +109,15 @@ impl ConnectorBuilder {
     }
 
     /// A secret shared by the deployment's workers (default: `FERRY_SECRET`
-    /// if set, else none). With one, every connection proves in both
-    /// directions that its peer knows the same secret (HMAC-SHA-256 over
-    /// fresh nonces) before any operation is served; workers without it, or
-    /// with another, are refused with [`Error::Unauthenticated`]. Use at
-    /// at least [`MIN_SECRET`] (16) random bytes; shorter ones are refused.
+    /// if set, else none). With one, every TCP connection starts with a
+    /// Noise handshake keyed by the secret (`Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s`)
+    /// that proves in both directions that the peer knows it, before any
+    /// operation is served; afterwards every frame and payload byte is
+    /// encrypted and authenticated under keys bound to that handshake, so
+    /// that nobody on the path can read, alter or inject any of it. Workers
+    /// without the secret, or with another, are refused with
+    /// [`Error::Unauthenticated`]. Use at least [`MIN_SECRET`] (16) random
+    /// bytes; shorter ones are refused.
     pub fn secret(mut self, secret: impl AsRef<[u8]>) -> Self {
         self.secret = Some(Secret::new(secret.as_ref()));
         self
@@ -195,8 +199,8 @@ impl ConnectorBuilder {
                 .ok()
                 .map(|s| Secret::new(s.as_bytes())),
         };
-        // The passive side proves first, so anyone who can connect obtains
-        // an HMAC over known inputs: a short secret could be guessed offline.
+        // A recorded first handshake message lets an eavesdropper test
+        // guesses of the secret offline: a short secret could be found.
         if secret.as_ref().is_some_and(|s| s.len() < MIN_SECRET) {
             return Err(Error::Config(format!(
                 "the shared secret must be at least {MIN_SECRET} bytes (use random bytes, e.g. 32 hexadecimal digits)"

@@ -75,23 +75,31 @@ pub async fn peer_striped(
     streams: usize,
     args: &[&str],
 ) -> PeerProcess {
+    peer_with_env(transports, streams, args, &[]).await
+}
+
+/// A peer process as [`peer_striped`], with extra environment variables.
+pub async fn peer_with_env(
+    transports: &[TransportKind],
+    streams: usize,
+    args: &[&str],
+    extra: &[(&str, &str)],
+) -> PeerProcess {
     let names: Vec<&str> = transports.iter().map(|t| t.name()).collect();
     let names = names.join(",");
     let streams = streams.to_string();
     let mut all = vec!["--listen", "127.0.0.1:0"];
     all.extend_from_slice(args);
-    PeerProcess::spawn(
-        exe(),
-        &all,
-        &[
-            (ferry::TRANSPORTS_ENV, names.as_str()),
-            (ferry::CMA_THRESHOLD_ENV, "0"),
-            (ferry::TCP_STREAMS_ENV, streams.as_str()),
-            (ferry::STRIPE_THRESHOLD_ENV, "4"),
-        ],
-    )
-    .await
-    .expect("peer process starts")
+    let mut env = vec![
+        (ferry::TRANSPORTS_ENV, names.as_str()),
+        (ferry::CMA_THRESHOLD_ENV, "0"),
+        (ferry::TCP_STREAMS_ENV, streams.as_str()),
+        (ferry::STRIPE_THRESHOLD_ENV, "4"),
+    ];
+    env.extend_from_slice(extra);
+    PeerProcess::spawn(exe(), &all, &env)
+        .await
+        .expect("peer process starts")
 }
 
 pub fn req(cmd: Cmd, sizes: &[u64], seed: u64) -> Request {

@@ -19,8 +19,10 @@ use crate::region::Region;
 use crate::{Error, Result};
 
 pub(crate) mod cma;
+mod conn_io;
 pub(crate) mod local;
 pub(crate) mod stall;
+mod secure;
 pub(crate) mod tcp;
 
 /// A way of moving bytes between two workers.

@@ -5,6 +5,8 @@
 //! source memory straight to the socket, the receiver reads from the socket
 //! straight into the destination memory (only a payload's first bytes that
 //! arrived together with its frame header are copied out of the read buffer).
+//! With a shared secret, every byte after the handshake goes through the
+//! secure channel instead (`secure.rs`; the streams are in `conn_io.rs`).
 //! Every access to operation memory goes through [`Region`], so a cancel or a
 //! drop fences the transport out before the memory is released.
 //!
@@ -15,7 +17,7 @@
 //! deadlock.
 
 use std::collections::HashMap;
-use std::io::{self, IoSlice};
+use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -26,15 +28,15 @@ use ferry_proto::wire::{
     WireError, MAX_LEASE_SEGMENTS, MAX_PARTS,
 };
 use ferry_proto::{Cursor, OperationKind, OperationStatus, RdmaMetadata};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
+use super::conn_io::{ConnWriter, FrameReader};
+use super::secure;
 use super::stall::CopySlots;
 use super::{cma, ActiveJob, ActiveLink, BoxFuture, Transport, TransportKind};
-use crate::auth::{Role, Secret, Transcript};
+use crate::auth::Secret;
 use crate::connector::Inner;
 use crate::exposure::{abort_reason, Binding, Exposure};
 use crate::host;
@@ -51,7 +53,6 @@ const CHUNK: u32 = 2 * 1024 * 1024;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most control frames a connection may have waiting to be sent.
 const MAX_QUEUED: usize = 4096;
-static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
 /// A cross-memory copy holds the destination's lock for at most this many
 /// bytes, so that a cancel waits at most that long.
 const PULL_CHUNK: u64 = cma::CHUNK as u64;
@@ -61,7 +62,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// What went wrong on a connection; it is closed afterwards.
-enum ConnError {
+pub(super) enum ConnError {
     Io(io::Error),
     Wire(WireError),
     Violation(String),
@@ -103,135 +104,6 @@ impl ConnError {
     }
 }
 
-/// Reads frames, keeping a buffer for headers and small bodies.
-struct FrameReader {
-    rd: OwnedReadHalf,
-    buf: Vec<u8>,
-    start: usize,
-    end: usize,
-    /// The stream carries large payloads: read headers without reading far
-    /// ahead, so that payload bytes go from the socket straight into their
-    /// destination instead of through `buf`.
-    bulk: bool,
-}
-
-/// Payloads from this size on switch the reader to bulk mode.
-const BULK_PAYLOAD: u32 = 32 * 1024;
-/// How far a bulk-mode reader reads past the bytes it needs.
-const BULK_READ_AHEAD: usize = 512;
-
-impl FrameReader {
-    fn new(rd: OwnedReadHalf) -> Self {
-        FrameReader {
-            rd,
-            // Grows on demand up to a header plus the largest body.
-            buf: vec![0; 64 * 1024],
-            start: 0,
-            end: 0,
-            bulk: false,
-        }
-    }
-
-    async fn fill(&mut self, need: usize) -> io::Result<()> {
-        debug_assert!(need <= wire::HEADER_LEN + wire::MAX_BODY as usize);
-        if need > self.buf.len() {
-            self.buf.resize(need, 0);
-        }
-        while self.end - self.start < need {
-            if self.buf.len() - self.start < need {
-                self.buf.copy_within(self.start..self.end, 0);
-                self.end -= self.start;
-                self.start = 0;
-            }
-            let limit = if self.bulk {
-                (self.start + need + BULK_READ_AHEAD).min(self.buf.len())
-            } else {
-                self.buf.len()
-            };
-            let n = self.rd.read(&mut self.buf[self.end..limit]).await?;
-            if n == 0 {
-                return Err(io::ErrorKind::UnexpectedEof.into());
-            }
-            self.end += n;
-        }
-        Ok(())
-    }
-
-    async fn next(&mut self) -> Result<Message, ConnError> {
-        self.fill(wire::HEADER_LEN).await?;
-        let h: [u8; wire::HEADER_LEN] = self.buf[self.start..self.start + wire::HEADER_LEN]
-            .try_into()
-            .expect("length checked");
-        let header = wire::decode_header(&h)?;
-        let total = wire::HEADER_LEN + header.body_len as usize;
-        self.fill(total).await?;
-        let msg = wire::decode_body(
-            header,
-            &self.buf[self.start + wire::HEADER_LEN..self.start + total],
-        )?;
-        self.start += total;
-        Ok(msg)
-    }
-
-    /// Moves `len` payload bytes into `dst` (segment, offset) of a region, or
-    /// discards them when there is no destination or the region closes.
-    async fn payload(
-        &mut self,
-        len: u32,
-        mut dst: Option<(&Region, u32, u64)>,
-    ) -> Result<(), ConnError> {
-        self.bulk = len >= BULK_PAYLOAD;
-        let mut left = len as usize;
-        let buffered = left.min(self.end - self.start);
-        if buffered > 0 {
-            if let Some((region, seg, off)) = dst {
-                let src = &self.buf[self.start..self.start + buffered];
-                match region.write_at(seg as usize, off, buffered, |d| d.copy_from_slice(src)) {
-                    Ok(()) => dst = Some((region, seg, off + buffered as u64)),
-                    Err(Denied::Closed) => dst = None,
-                    Err(Denied::OutOfBounds) => {
-                        return Err(ConnError::Violation("data outside the descriptor".into()))
-                    }
-                }
-            }
-            self.start += buffered;
-            left -= buffered;
-        }
-        while left > 0 {
-            match dst {
-                Some((region, seg, off)) => {
-                    self.rd.readable().await?;
-                    let rd = &self.rd;
-                    match region.write_at(seg as usize, off, left, |d| rd.try_read(d)) {
-                        Ok(Ok(0)) => {
-                            return Err(ConnError::Io(io::ErrorKind::UnexpectedEof.into()))
-                        }
-                        Ok(Ok(n)) => {
-                            left -= n;
-                            dst = Some((region, seg, off + n as u64));
-                        }
-                        Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => {}
-                        Ok(Err(e)) => return Err(e.into()),
-                        Err(Denied::Closed) => dst = None,
-                        Err(Denied::OutOfBounds) => {
-                            return Err(ConnError::Violation("data outside the descriptor".into()))
-                        }
-                    }
-                }
-                None => {
-                    // The buffer is empty here: everything buffered was consumed above.
-                    let n = left.min(self.buf.len());
-                    self.rd.read_exact(&mut self.buf[..n]).await?;
-                    self.start = 0;
-                    self.end = 0;
-                    left -= n;
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
 /// The `Open` behind `opened` is on the wire (or never will be): an
 /// `Abort` waiting for it may follow.
 fn mark_opened(opened: &Option<Arc<watch::Sender<bool>>>) {
@@ -245,7 +117,7 @@ fn mark_opened(opened: &Option<Arc<watch::Sender<bool>>>) {
 /// (see [`Conn::write_final`]): `None` if the region is closed (nothing
 /// sent), else what `try_write` returned.
 fn try_write_sealed(
-    w: &OwnedWriteHalf,
+    w: &mut ConnWriter,
     region: &Region,
     shared: &OpShared,
     frame: &[u8],
@@ -558,7 +430,7 @@ fn take_lease(cma: &mut Cma, want: Cma, l: &Lease, region: &Region) -> Result<()
 /// One connection to a remote connector, in either direction.
 pub(crate) struct Conn {
     peer: String,
-    writer: Arc<tokio::sync::Mutex<OwnedWriteHalf>>,
+    writer: Arc<tokio::sync::Mutex<ConnWriter>>,
     dead: watch::Sender<Option<String>>,
     active: Mutex<HashMap<u64, ActiveReq>>,
     passive: Mutex<HashMap<u64, PassiveReq>>,
@@ -588,7 +460,7 @@ pub(crate) struct Conn {
 type CloseHook = Box<dyn FnOnce() + Send>;
 
 impl Conn {
-    fn new(peer: String, writer: OwnedWriteHalf, handle: Handle) -> Arc<Self> {
+    fn new(peer: String, writer: ConnWriter, handle: Handle) -> Arc<Self> {
         Arc::new(Conn {
             peer,
             writer: Arc::new(tokio::sync::Mutex::new(writer)),
@@ -770,9 +642,9 @@ impl Conn {
             // A write may have been abandoned mid-frame: nothing may follow.
             return mark_opened(&opened);
         }
-        if let Ok(guard) = self.writer.clone().try_lock_owned() {
+        if let Ok(mut guard) = self.writer.clone().try_lock_owned() {
             match guard.try_write(&frame) {
-                Ok(n) if n == frame.len() => return mark_opened(&opened),
+                Ok(n) if n == frame.len() && guard.flushed() => return mark_opened(&opened),
                 Ok(n) => {
                     let conn = self.clone();
                     self.handle.spawn(async move {
@@ -828,7 +700,7 @@ impl Conn {
     /// full, the operation is not sealed, so a cancel still ends it.
     async fn write_final(
         &self,
-        w: &mut OwnedWriteHalf,
+        w: &mut ConnWriter,
         region: &Region,
         shared: &OpShared,
         frame: &[u8],
@@ -889,45 +761,7 @@ impl Conn {
         })
         .to_vec();
         let mut w = self.writer.lock().await;
-        let len = len as usize;
-        let (mut hdr_sent, mut sent) = (0usize, 0usize);
-        let mut open = true;
-        while hdr_sent < header.len() || sent < len {
-            if open {
-                w.writable().await?;
-                let ww = &*w;
-                // Header and payload in one system call, the payload straight
-                // from the source memory.
-                let r = region.read_at(desc as usize, offset + sent as u64, len - sent, |s| {
-                    if hdr_sent < header.len() {
-                        ww.try_write_vectored(&[IoSlice::new(&header[hdr_sent..]), IoSlice::new(s)])
-                    } else {
-                        ww.try_write(s)
-                    }
-                });
-                match r {
-                    Ok(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
-                    Ok(Ok(n)) => {
-                        let h = n.min(header.len() - hdr_sent);
-                        hdr_sent += h;
-                        sent += n - h;
-                    }
-                    Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Ok(Err(e)) => return Err(e),
-                    // Closed before the frame started: send nothing of it.
-                    Err(_) if hdr_sent == 0 => return Ok(false),
-                    Err(_) => open = false,
-                }
-            } else {
-                // Closed mid-frame: complete it with zeros.
-                w.write_all(&header[hdr_sent..]).await?;
-                hdr_sent = header.len();
-                let n = (len - sent).min(ZEROS.len());
-                w.write_all(&ZEROS[..n]).await?;
-                sent += n;
-            }
-        }
-        Ok(open)
+        w.send_data(&header, region, desc, offset, len).await
     }
 
     /// Sends `prefix`, then the bytes of the region under `cursor` as `Data`
@@ -1082,11 +916,11 @@ impl Conn {
             }
             // Fast path: the whole transfer in one system call, now.
             if let Ok(mut guard) = self.writer.clone().try_lock_owned() {
-                let Some(r) = try_write_sealed(&guard, &region, &shared, &frame) else {
+                let Some(r) = try_write_sealed(&mut guard, &region, &shared, &frame) else {
                     return aborted(self, &opened);
                 };
                 match r {
-                    Ok(n) if n == frame.len() => return mark_opened(&opened),
+                    Ok(n) if n == frame.len() && guard.flushed() => return mark_opened(&opened),
                     Ok(n) if n > 0 => {
                         let conn = self.clone();
                         self.handle.spawn(async move {
@@ -1366,25 +1200,31 @@ impl TcpTransport {
     ) -> Result<Arc<Conn>> {
         tune(&s);
         let (local_addr, peer_addr) = (s.local_addr(), s.peer_addr());
-        let (r, mut w) = s.into_split();
+        let (r, w) = s.into_split();
+        let mut w = ConnWriter::new(w);
         let unreachable = |cause: String| Error::Unreachable {
             worker: remote.worker_id().to_string(),
             addresses: addr.to_string(),
             cause,
         };
-        let mut first = Message::Hello(Hello {
+        let hello = Message::Hello(Hello {
             version: wire::PROTOCOL_VERSION,
             worker_id: self.local.worker_id.clone(),
         })
         .to_vec();
-        let my_nonce = host::random_bytes();
-        if self.local.secret.is_some() {
-            Message::Auth(Auth {
-                nonce: my_nonce,
-                mac: [0; 32],
-            })
-            .encode(&mut first);
-        }
+        let mut first = hello.clone();
+        let noise = match &self.local.secret {
+            Some(secret) => {
+                let (hs, m) =
+                    secure::Initiator::start(secret, &hello).map_err(|detail| Error::Protocol {
+                        peer: addr.to_string(),
+                        detail,
+                    })?;
+                Message::Auth(Auth { handshake: m }).encode(&mut first);
+                Some(hs)
+            }
+            None => None,
+        };
         w.write_all(&first)
             .await
             .map_err(|e| unreachable(e.to_string()))?;
@@ -1420,7 +1260,7 @@ impl TcpTransport {
                 found: peer,
             });
         }
-        if let Some(secret) = &self.local.secret {
+        if let Some(noise) = noise {
             let unauthenticated = |detail: &str| Error::Unauthenticated {
                 peer: peer.clone(),
                 detail: detail.to_string(),
@@ -1437,24 +1277,19 @@ impl TcpTransport {
                 }
                 Ok(Ok(_)) => return Err(unauthenticated("the remote did not authenticate")),
             };
-            let t = Transcript {
-                active_nonce: &my_nonce,
-                passive_nonce: &theirs.nonce,
-                active_id: &self.local.worker_id,
-                passive_id: &peer,
-            };
-            if !secret.verify(Role::Passive, &t, &theirs.mac) {
-                return Err(unauthenticated(
-                    "the remote's proof does not match: the two workers have different secrets",
-                ));
-            }
-            let proof = Message::Auth(Auth {
-                nonce: [0; 16],
-                mac: secret.prove(Role::Active, &t),
-            });
-            w.write_all(&proof.to_vec())
-                .await
-                .map_err(|e| unreachable(e.to_string()))?;
+            // The hello as received (decoding is exact, so it re-encodes
+            // to the same bytes).
+            let theirs_hello = Message::Hello(Hello {
+                version: wire::PROTOCOL_VERSION,
+                worker_id: peer.clone(),
+            })
+            .to_vec();
+            let (tx, rx) = noise
+                .finish(&theirs.handshake, &theirs_hello)
+                .map_err(unauthenticated)?
+                .split();
+            rd.secure(rx);
+            w.secure(tx);
         }
         let (mut peer_pid, mut peer_pulls, mut my_cookie) = (None, false, None);
         let tuple = match (local_addr, peer_addr) {
@@ -1814,8 +1649,8 @@ pub(crate) async fn listen(
         tokio::spawn(async move {
             tune(&s);
             let tuple = (s.peer_addr(), s.local_addr());
-            let (r, mut w) = s.into_split();
-            let mut rd = FrameReader::new(r);
+            let (r, w) = s.into_split();
+            let (mut rd, mut w) = (FrameReader::new(r), ConnWriter::new(w));
             let peer = match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
                 Ok(Ok(Message::Hello(h))) if h.version == wire::PROTOCOL_VERSION => h.worker_id,
                 Ok(Ok(_)) | Ok(Err(_)) | Err(_) => {
@@ -1826,14 +1661,13 @@ pub(crate) async fn listen(
             let hello = Message::Hello(Hello {
                 version: wire::PROTOCOL_VERSION,
                 worker_id: inner.worker_id.clone(),
-            });
-            if w.write_all(&hello.to_vec()).await.is_err() {
+            })
+            .to_vec();
+            if w.write_all(&hello).await.is_err() {
                 return;
             }
             if let Some(secret) = &inner.secret {
-                if let Err(why) =
-                    authenticate(secret, &mut rd, &mut w, &peer, &inner.worker_id).await
-                {
+                if let Err(why) = authenticate(secret, &mut rd, &mut w, &peer, &hello).await {
                     tracing::info!(%addr, peer, "refused a connection: {why}");
                     let _ = w.shutdown().await;
                     return;
@@ -1850,16 +1684,17 @@ pub(crate) async fn listen(
     }
 }
 
-/// The passive side of the authentication (see `auth.rs`). On failure the
-/// remote is told why, and the connection must be closed.
+/// The passive side of the handshake of the secure channel (see
+/// `secure.rs`); `mine`: the `Hello` this side sent. On failure the remote
+/// is told why, and the connection must be closed.
 async fn authenticate(
     secret: &Secret,
     rd: &mut FrameReader,
-    w: &mut OwnedWriteHalf,
+    w: &mut ConnWriter,
     peer: &str,
-    me: &str,
+    mine: &[u8],
 ) -> Result<(), String> {
-    let refuse = async |w: &mut OwnedWriteHalf, req: u64, detail: &str| {
+    let refuse = async |w: &mut ConnWriter, req: u64, detail: &str| {
         let abort = Message::Abort(Abort {
             req,
             reason: AbortReason::Unauthenticated,
@@ -1880,32 +1715,23 @@ async fn authenticate(
         }
         _ => return refuse(w, 0, "this worker requires a shared secret (FERRY_SECRET)").await,
     };
-    let my_nonce = host::random_bytes();
-    let t = Transcript {
-        active_nonce: &theirs.nonce,
-        passive_nonce: &my_nonce,
-        active_id: peer,
-        passive_id: me,
+    // Their hello as received (decoding is exact: it re-encodes to the same bytes).
+    let their_hello = Message::Hello(Hello {
+        version: wire::PROTOCOL_VERSION,
+        worker_id: peer.to_string(),
+    })
+    .to_vec();
+    let (keys, answer) = match secure::respond(secret, &their_hello, &theirs.handshake, mine) {
+        Ok(x) => x,
+        Err(detail) => return refuse(w, 0, detail).await,
     };
-    let answer = Message::Auth(Auth {
-        nonce: my_nonce,
-        mac: secret.prove(Role::Passive, &t),
-    });
-    w.write_all(&answer.to_vec())
+    w.write_all(&Message::Auth(Auth { handshake: answer }).to_vec())
         .await
         .map_err(|e| e.to_string())?;
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
-        Ok(Ok(Message::Auth(p))) if secret.verify(Role::Active, &t, &p.mac) => Ok(()),
-        Ok(Ok(Message::Auth(_))) => {
-            refuse(
-                w,
-                0,
-                "the proof does not match: the two workers have different secrets",
-            )
-            .await
-        }
-        _ => refuse(w, 0, "no proof of the shared secret").await,
-    }
+    let (tx, rx) = keys.split();
+    rd.secure(rx);
+    w.secure(tx);
+    Ok(())
 }
 
 /// The reader loop of a connection. `inner` is set for connections accepted
