@@ -364,13 +364,16 @@ fn descriptors(
         // `writable`), not freed, and not accessed by others, for as long as
         // the descriptor or an operation holding it exists.
         // - Validity: the Python layer (`ferry/_types.py`) takes
-        //   `ptr`/`size` from the object that owns the memory: a buffer
-        //   export (bytearray, memoryview, array), NumPy's array interface,
-        //   a tensor's `data_ptr()`, or the bytes of a `bytes` object; it
-        //   marks read-only memory (bytes, read-only buffers and arrays) not
-        //   writable, and Ferry never writes into a descriptor that is not.
-        //   The raw `(ptr, size, device, ref)` form is the caller's promise,
-        //   exactly as in the reference API.
+        //   `ptr`/`size` only from what the interpreter or the framework
+        //   guarantees, never from a method an arbitrary object can define:
+        //   a buffer export (address, size and the export itself from one
+        //   `Py_buffer`), the storage of a `bytes` object (`bytes_address`,
+        //   its C length, not `len()`), or torch's own C methods of a tensor
+        //   whose type is exactly `torch.Tensor` or `torch.nn.Parameter`. It
+        //   marks read-only memory (bytes, read-only buffers) not writable,
+        //   and Ferry never writes into a descriptor that is not. The raw
+        //   `(ptr, size, device, ref)` form is the caller's promise, exactly
+        //   as in the reference API.
         // - Lifetime: `owner` is that object (with the buffer export that
         //   pins the memory: a bytearray cannot be resized while exported).
         //   It is kept next to the descriptor — in `KeepAlive` while an
@@ -1016,19 +1019,13 @@ fn parse_device(device: &str) -> PyResult<(u8, u32)> {
     Ok((kind, d.id()))
 }
 
-/// The address of the bytes of a `bytes` object (immutable, valid while the
-/// object lives).
+/// `(address, length)` of the bytes of a `bytes` object (or of a subclass:
+/// the length is the object's own, read in C, whatever its `__len__` says).
+/// Immutable, and valid while the object lives.
 #[pyfunction]
-fn bytes_address(data: &Bound<'_, PyBytes>) -> usize {
-    data.as_bytes().as_ptr() as usize
-}
-
-/// `(address, length)` of the bytes of a `bytearray`. The caller holds an
-/// export of it (a `memoryview`), so that it can be neither resized nor
-/// freed while the address is used.
-#[pyfunction]
-fn bytearray_address(data: &Bound<'_, PyByteArray>) -> (usize, usize) {
-    (data.data() as usize, data.len())
+fn bytes_address(data: &Bound<'_, PyBytes>) -> (usize, usize) {
+    let bytes = data.as_bytes();
+    (bytes.as_ptr() as usize, bytes.len())
 }
 
 /// Ferry's compiled core; use the `ferry` package instead.
@@ -1041,6 +1038,5 @@ fn _ferry(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Bridge>()?;
     m.add_function(wrap_pyfunction!(parse_device, m)?)?;
     m.add_function(wrap_pyfunction!(bytes_address, m)?)?;
-    m.add_function(wrap_pyfunction!(bytearray_address, m)?)?;
     Ok(())
 }

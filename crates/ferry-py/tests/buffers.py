@@ -6,7 +6,6 @@ Shared by the tests and by helper.py (the other process).
 from __future__ import annotations
 
 import random
-import types
 from typing import Any, List, Optional
 
 import ferry
@@ -22,7 +21,7 @@ except ImportError:
     torch = None
 
 # Kinds usable as source and destination.
-WRITABLE_KINDS = ["bytearray", "memoryview", "numpy", "numpy_tuple", "tensorlike"]
+WRITABLE_KINDS = ["bytearray", "memoryview", "numpy", "numpy_tuple"]
 if torch is not None:
     WRITABLE_KINDS.append("torch")
 # Kinds usable only as a source.
@@ -39,28 +38,6 @@ def pattern(seed: int, index: int, size: int) -> bytes:
     return b"".join(r.randbytes(min(chunk, size - i)) for i in range(0, size, chunk))
 
 
-class TensorLike:
-    """Quacks like a contiguous CPU torch.Tensor (data_ptr, numel, element_size,
-    is_contiguous, device), backed by a NumPy array: the duck typing of
-    Descriptor is tested without torch."""
-
-    def __init__(self, array: Any) -> None:
-        self.array = array
-        self.device = types.SimpleNamespace(type="cpu", index=None)
-
-    def data_ptr(self) -> int:
-        return int(self.array.__array_interface__["data"][0])
-
-    def numel(self) -> int:
-        return int(self.array.size)
-
-    def element_size(self) -> int:
-        return int(self.array.itemsize)
-
-    def is_contiguous(self) -> bool:
-        return bool(self.array.flags.c_contiguous)
-
-
 def new(kind: str, size: int, fill: Optional[bytes] = None) -> Any:
     """A buffer of `kind` holding `fill` (zeros if None)."""
     data = fill if fill is not None else bytes(size)
@@ -75,8 +52,6 @@ def new(kind: str, size: int, fill: Optional[bytes] = None) -> Any:
         # float32 when the size allows: the buffer's format is not bytes.
         raw = numpy.frombuffer(bytearray(data), dtype=numpy.uint8)
         return raw.view(numpy.float32) if size % 4 == 0 else raw
-    if kind == "tensorlike":
-        return TensorLike(numpy.frombuffer(bytearray(data), dtype=numpy.uint8))
     if kind == "torch":
         return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone() if size else torch.zeros(0, dtype=torch.uint8)
     raise ValueError(f"unknown buffer kind {kind!r}")
@@ -95,8 +70,6 @@ def contents(kind: str, buf: Any) -> bytes:
         return buf.tobytes()
     if kind in ("numpy", "numpy_tuple"):
         return buf.tobytes()
-    if kind == "tensorlike":
-        return buf.array.tobytes()
     if kind == "torch":
         return buf.numpy().tobytes()
     raise ValueError(kind)

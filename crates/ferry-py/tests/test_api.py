@@ -74,9 +74,11 @@ def test_descriptor_sources():
     assert Descriptor((a, "cpu")).ptr == d.ptr
     assert Descriptor(memoryview(a)).ptr == d.ptr
     assert Descriptor(array.array("i", [1, 2, 3])).size == 12
-    assert Descriptor(buffers.TensorLike(a)).ptr == d.ptr
     f = numpy.asfortranarray(numpy.zeros((3, 4)))
-    assert Descriptor(f).size == 96
+    assert (Descriptor(f).ptr, Descriptor(f).size) == (f.ctypes.data, 96)
+    ro_bytes = memoryview(b"hello")
+    assert (Descriptor(ro_bytes).size, Descriptor(ro_bytes).readonly) == (5, True)
+    assert Descriptor(ro_bytes[1:]).ptr == Descriptor(ro_bytes).ptr + 1
     raw = Descriptor((d.ptr, 80, "cpu", a))
     assert (raw.ptr, raw.size, raw.readonly) == (d.ptr, 80, False)
     assert Descriptor((0, 0)).size == 0

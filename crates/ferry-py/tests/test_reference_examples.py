@@ -15,7 +15,8 @@ import ferry
 
 dynamo = types.SimpleNamespace(nixl_connect=ferry)  # was: import dynamo.nixl_connect
 
-TENSOR_KINDS = ["tensorlike"] + (["torch"] if buffers.torch is not None else [])
+# A NumPy array stands in for the tensor where torch is not installed.
+TENSOR_KINDS = ["numpy"] + (["torch"] if buffers.torch is not None else [])
 
 
 class Worker:

@@ -393,12 +393,14 @@ class PendingOperation(Generic[T]):
 
 
 def _descriptor_list(value: Any, what: str) -> List[Descriptor]:
-    if isinstance(value, Descriptor):
+    # type(), not isinstance(): an object's `__class__` can claim to be a
+    # Descriptor, and a descriptor's address is taken as it is.
+    if type(value) is Descriptor:
         return [value]
     if isinstance(value, (list, tuple)):
         items = list(value)
         for i, d in enumerate(items):
-            if not isinstance(d, Descriptor):
+            if type(d) is not Descriptor:
                 raise TypeError(
                     f"{what}[{i}] is a {type(d).__name__}, not a ferry.Descriptor: "
                     "wrap it, e.g. Descriptor(array)"

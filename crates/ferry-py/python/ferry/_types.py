@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import sys
 from enum import IntEnum
 from typing import Any, Dict, Optional, Tuple, Union
 
@@ -85,7 +86,7 @@ class Device:
     __slots__ = ("_kind", "_id")
 
     def __init__(self, metadata: Union[str, Tuple[DeviceKind, int], Device]) -> None:
-        if isinstance(metadata, Device):
+        if type(metadata) is Device:
             kind, ident = metadata._kind, metadata._id
         elif isinstance(metadata, str):
             k, ident = _ferry.parse_device(metadata)
@@ -139,12 +140,16 @@ class Device:
 CPU = Device("cpu")
 
 _TYPE_MESSAGE = (
-    "Descriptor takes a torch.Tensor, a (ndarray, device) tuple, bytes, a bytearray, "
-    "any buffer (memoryview, NumPy array, array.array) or a (ptr, size, device, ref) tuple"
+    "Descriptor takes bytes, a bytearray or another buffer (memoryview, NumPy array, "
+    "array.array, mmap), a torch.Tensor or torch.nn.Parameter, an (array, device) tuple "
+    "or a (ptr, size, device, ref) tuple"
 )
 
 DescriptorSource = Any
 """What :class:`Descriptor` accepts (see its documentation)."""
+
+_Described = Tuple[int, int, Device, bool, Any]
+"""``(ptr, size, device, readonly, ref)``."""
 
 
 class Descriptor:
@@ -152,33 +157,56 @@ class Descriptor:
 
     Accepts:
 
-    - a ``torch.Tensor`` (contiguous; duck-typed through ``data_ptr()``,
-      ``numel()``, ``element_size()``, ``is_contiguous()`` and ``device``, so
-      torch is not a dependency);
-    - a tuple ``(ndarray, device)``: a NumPy array (or any object with the
-      ``__array_interface__``; ``__cuda_array_interface__`` for CUDA arrays)
-      and a :class:`Device` or device string;
-    - ``bytes``: read-only, so only the source of a write or the memory of a
-      readable;
-    - a ``bytearray``, or any buffer: ``memoryview``, a NumPy array,
-      ``array.array``, ``mmap``... (read-only buffers are read-only
-      descriptors; a buffer must be contiguous);
-    - a tuple ``(ptr, size, device, ref)``: raw memory. Nothing checks it:
-      the memory must stay valid while an operation uses it, ``ref`` (kept
-      alive by the descriptor) is typically what owns it.
+    - ``bytes`` (or a subclass): read-only, so only the source of a write or
+      the memory of a readable;
+    - a ``bytearray``, or any other object with the buffer protocol:
+      ``memoryview``, a NumPy array, ``array.array``, ``mmap``... (read-only
+      buffers are read-only descriptors; a buffer must be contiguous, in C or
+      Fortran order, and must not hold Python objects);
+    - a ``torch.Tensor`` or ``torch.nn.Parameter`` (contiguous, dense, on
+      cpu or cuda), when ``torch`` has been imported;
+    - a tuple ``(array, device)``: any of the above and the
+      :class:`Device` (or device string) it must be on; for a CUDA device,
+      also an object with a ``__cuda_array_interface__`` (CuPy, Numba...);
+    - a tuple ``(ptr, size, device, ref)`` (``device`` and ``ref`` may be
+      left out): raw memory. Nothing checks it: the memory must stay valid
+      while an operation uses it, and ``ref`` (kept alive by the descriptor)
+      is typically what owns it.
+
+    Anything else is a ``TypeError``. Sizes and addresses come only from
+    what the interpreter or the framework guarantees: the buffer protocol
+    (the memory an object actually exports, not its ``len()`` or
+    ``nbytes``), a ``bytes`` object's own storage, and torch's own C methods
+    of a tensor whose type is exactly ``torch.Tensor`` or
+    ``torch.nn.Parameter``. No method or attribute an arbitrary object can
+    define gives an address or a size of host memory; so an object that
+    only looks like a tensor or an array is refused (``numpy.asarray(obj)``
+    turns an object with an ``__array_interface__`` into an array, if you
+    trust it). A ``__cuda_array_interface__`` is checked (a well-formed,
+    contiguous array) but cannot be verified; CUDA memory is refused when an
+    operation is created in this version, and is never touched.
 
     The descriptor keeps the object alive, and a buffer exported (a
     ``bytearray`` cannot be resized while a descriptor holds it). Do not read
     or write the memory while an operation that uses it is in progress, and
     do not resize a tensor that a descriptor describes.
+
+    ``Descriptor`` cannot be subclassed: a subclass could change the address
+    and size an operation uses.
     """
 
     __slots__ = ("_ptr", "_size", "_device", "_readonly", "_ref", "_raw")
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        raise TypeError(
+            "ferry.Descriptor cannot be subclassed (a subclass could change the address and "
+            "size an operation uses): keep a Descriptor in an attribute instead"
+        )
+
     def __init__(self, data: DescriptorSource) -> None:
         if data is None:
             raise ValueError("Descriptor needs data, not None")
-        if isinstance(data, Descriptor):
+        if type(data) is Descriptor:
             ptr, size, device, readonly, ref = (
                 data._ptr,
                 data._size,
@@ -222,145 +250,190 @@ class Descriptor:
         return f"Descriptor(ptr={self._ptr:#x}, size={self._size}, device={self._device}{ro})"
 
 
-def _describe(data: Any) -> Tuple[int, int, Device, bool, Any]:
-    """``(ptr, size, device, readonly, ref)`` of `data`."""
-    if isinstance(data, bytes):
-        return _ferry.bytes_address(data), len(data), CPU, True, data
-    if isinstance(data, bytearray):
-        # The export first: from then on the bytearray can be neither
-        # resized nor freed, so its address holds.
-        pin = memoryview(data)
-        ptr, size = _ferry.bytearray_address(data)
-        return ptr, size, CPU, False, (data, pin)
-    if isinstance(data, tuple):
+def _describe(data: Any) -> _Described:
+    """``(ptr, size, device, readonly, ref)`` of `data`.
+
+    Types are told by ``type(data)``, never by ``isinstance``, which an
+    object's ``__class__`` attribute can fool.
+    """
+    cls = type(data)
+    if issubclass(cls, bytes):
+        # The address and length of the object's own storage, read in C:
+        # not len(), which a subclass can redefine.
+        ptr, size = _ferry.bytes_address(data)
+        return ptr, size, CPU, True, data
+    if cls is tuple:
         return _describe_tuple(data)
-    if _is_tensor(data):
-        return _describe_tensor(data)
-    if _has_array_interface(data):
-        return _describe_array(data, None)
+    if issubclass(cls, tuple):
+        raise TypeError(
+            f"{_TYPE_MESSAGE}; got a {cls.__name__}, a subclass of tuple: pass a plain tuple"
+        )
+    torch = _torch()
+    if torch is not None and issubclass(cls, torch.Tensor):
+        return _describe_tensor(torch, data)
     try:
         view = memoryview(data)
-    except TypeError:
-        raise TypeError(f"{_TYPE_MESSAGE}; got {type(data).__name__}") from None
+    except (TypeError, ValueError, BufferError) as e:
+        raise TypeError(
+            f"{_TYPE_MESSAGE}; got {cls.__name__}, which does not export its memory as a "
+            f"buffer ({e})"
+        ) from None
     return _describe_buffer(data, view)
 
 
 def _device_arg(d: Any) -> Device:
-    if isinstance(d, (Device, str)):
+    if type(d) is Device or isinstance(d, str):
         return Device(d)
     raise TypeError(f"a device must be a ferry.Device or a string such as 'cpu', not {type(d).__name__}")
 
 
-def _describe_tuple(data: Tuple[Any, ...]) -> Tuple[int, int, Device, bool, Any]:
-    if (
-        2 <= len(data) <= 4
-        and isinstance(data[0], int)
-        and isinstance(data[1], int)
-        and not isinstance(data[0], bool)
-    ):
-        # (ptr, size[, device[, ref]]): raw memory, the caller's promise.
-        ptr, size = data[0], data[1]
-        device = _device_arg(data[2]) if len(data) >= 3 else CPU
-        ref = data[3] if len(data) == 4 else None
-        if ptr < 0 or size < 0:
-            raise ValueError(f"ptr and size must be >= 0 (got {ptr}, {size})")
-        if ptr == 0 and size > 0:
-            raise ValueError("ptr is null")
-        return ptr, size, device, False, ref
-    if len(data) == 2 and isinstance(data[1], (Device, str)):
+def _int_arg(x: Any) -> Optional[int]:
+    """`x` as a plain int if it is an int (not a bool), else None."""
+    if isinstance(x, int) and not isinstance(x, bool):
+        # The value in C, whatever an int subclass's methods say.
+        return int.__index__(x)
+    return None
+
+
+def _describe_tuple(data: Tuple[Any, ...]) -> _Described:
+    if 2 <= len(data) <= 4:
+        ptr, size = _int_arg(data[0]), _int_arg(data[1])
+        if ptr is not None and size is not None:
+            # (ptr, size[, device[, ref]]): raw memory, the caller's promise.
+            device = _device_arg(data[2]) if len(data) >= 3 else CPU
+            ref = data[3] if len(data) == 4 else None
+            if ptr < 0 or size < 0:
+                raise ValueError(f"ptr and size must be >= 0 (got {ptr}, {size})")
+            if ptr == 0 and size > 0:
+                raise ValueError("ptr is null")
+            return ptr, size, device, False, ref
+    if len(data) == 2 and (type(data[1]) is Device or isinstance(data[1], str)):
         array, device = data[0], _device_arg(data[1])
-        if _has_array_interface(array) or hasattr(array, "__cuda_array_interface__"):
-            return _describe_array(array, device)
+        torch = _torch()
+        is_tensor = torch is not None and issubclass(type(array), torch.Tensor)
+        if device.kind == DeviceKind.CUDA and not is_tensor:
+            iface = _cuda_array_interface(array)
+            if iface is not None:
+                return _describe_cuda_array(array, iface, device)
         ptr, size, found, readonly, ref = _describe(array)
         if found != device:
-            raise ValueError(f"the memory is on {found}, not on {device}")
+            where = "host memory" if found == CPU else f"on {found}"
+            raise ValueError(f"the memory is {where}, not on {device}")
         return ptr, size, device, readonly, ref
     raise TypeError(f"{_TYPE_MESSAGE}; got a tuple of {len(data)} that is neither")
 
 
-def _is_tensor(x: Any) -> bool:
-    return all(
-        callable(getattr(x, name, None))
-        for name in ("data_ptr", "numel", "element_size", "is_contiguous")
-    )
+# ---- torch ----
 
 
-def _describe_tensor(t: Any) -> Tuple[int, int, Device, bool, Any]:
-    if not t.is_contiguous():
+def _torch() -> Any:
+    """The torch module if the program imported it (a tensor cannot exist
+    otherwise), else None. Never imports it: that takes seconds."""
+    return sys.modules.get("torch")
+
+
+def _describe_tensor(torch: Any, t: Any) -> _Described:
+    """A tensor whose type is exactly ``torch.Tensor`` or
+    ``torch.nn.Parameter``, read through torch's own C methods, called on
+    the class: an attribute set on the instance is not consulted, and these
+    two types do not reroute the calls through ``__torch_function__``.
+
+    Other subclasses are refused: their methods, or their
+    ``__torch_function__``, can answer anything.
+    """
+    tensor = torch.Tensor
+    cls = type(t)
+    if cls is not tensor and cls is not torch.nn.Parameter:
+        raise TypeError(
+            f"{cls.__name__} is a subclass of torch.Tensor, which can redefine a tensor's "
+            "address and size: only torch.Tensor and torch.nn.Parameter are taken; pass "
+            "tensor.as_subclass(torch.Tensor) (the same memory)"
+        )
+    layout = tensor.layout.__get__(t)
+    if layout is not torch.strided:
+        raise ValueError(f"the tensor's layout is {layout}: only dense (strided) tensors can be moved")
+    if not tensor.is_contiguous(t):
         raise ValueError("the tensor is not contiguous: pass tensor.contiguous() (a copy)")
-    device = _tensor_device(getattr(t, "device", None))
-    size = int(t.numel()) * int(t.element_size())
-    return int(t.data_ptr()), size, device, False, t
+    if tensor.is_conj(t) or tensor.is_neg(t):
+        raise ValueError(
+            "the tensor is a lazily conjugated or negated view, whose memory holds other "
+            "values: pass tensor.resolve_conj().resolve_neg()"
+        )
+    device = _tensor_device(tensor.device.__get__(t))
+    size = int(tensor.numel(t)) * int(tensor.element_size(t))
+    # The storage too: it outlives `t.data = other` or `t.set_(...)`.
+    storage = tensor.untyped_storage(t)
+    return int(tensor.data_ptr(t)), size, device, False, (t, storage)
 
 
 def _tensor_device(d: Any) -> Device:
-    if d is None:
+    """The :class:`Device` of a ``torch.device``."""
+    if d.type == "cpu":
         return CPU
-    kind = getattr(d, "type", None)
-    if kind == "cpu":
-        return CPU
-    if kind == "cuda":
-        index = getattr(d, "index", None)
-        return Device((DeviceKind.CUDA, 0 if index is None else int(index)))
-    if isinstance(d, str):
-        return Device(d)
+    if d.type == "cuda":
+        return Device((DeviceKind.CUDA, 0 if d.index is None else int(d.index)))
     raise ValueError(f"tensors on {d} are not supported: only cpu and cuda")
 
 
-def _has_array_interface(x: Any) -> bool:
+# ---- CUDA arrays ----
+
+# numpy's type string: byte order, kind, item size. Kinds: boolean, signed and
+# unsigned integer, float, complex, timedelta, datetime, bytes, unicode,
+# void. Not 'O' (Python objects) nor 't' (bit fields).
+_TYPESTR = re.compile(r"[<>|=][biufcmMSUV][1-9][0-9]{0,5}")
+
+
+def _cuda_array_interface(array: Any) -> Optional[Dict[str, Any]]:
+    """The ``__cuda_array_interface__`` of `array` if it has one (a dict)."""
     try:
-        return isinstance(x.__array_interface__, dict)
-    except Exception:
-        return False
+        iface = array.__cuda_array_interface__
+    except AttributeError:
+        return None
+    if type(iface) is not dict:
+        raise TypeError(f"__cuda_array_interface__ must be a dict, not {type(iface).__name__}")
+    return iface
 
 
-def _describe_array(a: Any, device: Optional[Device]) -> Tuple[int, int, Device, bool, Any]:
-    host = a.__array_interface__ if _has_array_interface(a) else None
-    if host is not None:
-        iface = host
-        if device is not None and device.kind != DeviceKind.HOST:
-            raise ValueError(f"this array is in host memory, not on {device}")
-        device = CPU
-    else:
-        iface = getattr(a, "__cuda_array_interface__", None)
-        if not isinstance(iface, dict):
-            raise TypeError("an array needs __array_interface__ or __cuda_array_interface__")
-        if device is None:
-            dev = getattr(a, "device", None)
-            device = Device((DeviceKind.CUDA, int(getattr(dev, "id", 0) or 0)))
-        elif device.kind != DeviceKind.CUDA:
-            raise ValueError(f"this array is in CUDA memory, not on {device}")
+def _describe_cuda_array(array: Any, iface: Dict[str, Any], device: Device) -> _Described:
+    """CUDA memory, from a ``__cuda_array_interface__`` that is checked: a
+    well-formed, contiguous array. Its address cannot be verified from the
+    host; Ferry never touches CUDA memory in this version (an operation
+    refuses it)."""
     data = iface.get("data")
-    if not isinstance(data, tuple) or len(data) != 2:
-        # An array whose memory is another object's buffer.
-        return _describe_buffer(a, memoryview(a))
-    ptr, readonly = int(data[0]), bool(data[1])
-    shape = tuple(int(n) for n in iface.get("shape", ()))
-    itemsize = _itemsize(a, iface)
-    count = 1
-    for n in shape:
-        count *= n
-    nbytes = getattr(a, "nbytes", None)
-    size = int(nbytes) if isinstance(nbytes, int) else count * itemsize
+    if type(data) is not tuple or len(data) != 2:
+        raise ValueError("__cuda_array_interface__['data'] must be a (ptr, readonly) tuple")
+    ptr, readonly = data
+    if type(ptr) is not int or ptr < 0 or type(readonly) is not bool:
+        raise ValueError(f"__cuda_array_interface__['data'] must be (int >= 0, bool), not {data!r}")
+    typestr = iface.get("typestr")
+    if type(typestr) is not str or _TYPESTR.fullmatch(typestr) is None:
+        raise ValueError(f"__cuda_array_interface__['typestr'] {typestr!r} is not a plain data type")
+    itemsize = int(typestr[2:])
+    shape = _int_tuple(iface.get("shape"), "shape")
+    if any(n < 0 for n in shape):
+        raise ValueError(f"__cuda_array_interface__['shape'] {shape} has a negative extent")
     strides = iface.get("strides")
-    if strides is not None and not _contiguous(shape, tuple(strides), itemsize):
-        raise ValueError(
-            "the array is not contiguous: pass numpy.ascontiguousarray(array) (a copy)"
-        )
-    return ptr, size, device, readonly, a
+    if strides is not None and not _contiguous(shape, _int_tuple(strides, "strides"), itemsize):
+        raise ValueError("the array is not contiguous: pass a contiguous copy")
+    if iface.get("mask") is not None:
+        raise ValueError("masked arrays are not supported")
+    size = itemsize
+    for n in shape:
+        size *= n
+    if ptr == 0 and size > 0:
+        raise ValueError("__cuda_array_interface__['data'] has a null pointer")
+    return ptr, size, device, readonly, array
 
 
-def _itemsize(a: Any, iface: Dict[str, Any]) -> int:
-    n = getattr(a, "itemsize", None)
-    if isinstance(n, int):
-        return n
-    m = re.match(r"^[<>|=]?[a-zA-Z](\d+)", str(iface.get("typestr", "")))
-    if m is None:
-        raise TypeError(f"cannot tell the item size of {iface.get('typestr')!r}")
-    return int(m.group(1))
+def _int_tuple(value: Any, what: str) -> Tuple[int, ...]:
+    if type(value) is not tuple or any(type(n) is not int for n in value):
+        raise ValueError(f"__cuda_array_interface__[{what!r}] must be a tuple of ints, not {value!r}")
+    return value
 
 
 def _contiguous(shape: Tuple[int, ...], strides: Tuple[int, ...], itemsize: int) -> bool:
+    if len(shape) != len(strides):
+        return False
     if any(n == 0 for n in shape):
         return True
 
@@ -376,24 +449,57 @@ def _contiguous(shape: Tuple[int, ...], strides: Tuple[int, ...], itemsize: int)
     return dense(reversed(pairs)) or dense(pairs)
 
 
-def _describe_buffer(data: Any, view: memoryview) -> Tuple[int, int, Device, bool, Any]:
-    if not view.contiguous:
-        raise ValueError("the buffer is not contiguous")
+# ---- buffers ----
+
+
+def _holds_objects(fmt: str) -> bool:
+    """Whether a buffer's struct format has Python objects ('O') in it,
+    leaving out the names of a structure's fields (``T{<d:name:}``)."""
+    return "O" in re.sub(r":[^:]*:", "", fmt)
+
+
+def _numpy(what: str) -> Any:
+    try:
+        import numpy
+    except ImportError:
+        raise TypeError(f"{what} needs NumPy to be described: install numpy") from None
+    return numpy
+
+
+def _describe_buffer(data: Any, view: memoryview) -> _Described:
+    """The memory a buffer export says: address, size and the export itself
+    come from one `Py_buffer`, which the descriptor keeps (so the memory can
+    be neither resized nor freed)."""
+    if _holds_objects(view.format):
+        raise TypeError(
+            f"the buffer holds Python objects (format {view.format!r}): their bytes are "
+            "addresses, which must neither leave the process nor be overwritten"
+        )
+    if not view.c_contiguous:
+        if not view.f_contiguous:
+            raise ValueError("the buffer is not contiguous: pass a contiguous copy")
+        # Fortran order: the same bytes, seen in C order through NumPy.
+        numpy = _numpy("a Fortran-order buffer")
+        try:
+            view = memoryview(numpy.asarray(view).T)
+        except (TypeError, ValueError, BufferError) as e:
+            raise ValueError(f"cannot describe this Fortran-order buffer: {e}") from None
+        if not view.c_contiguous:
+            raise ValueError("the buffer is not contiguous: pass a contiguous copy")
     size = view.nbytes
     if view.readonly:
-        if isinstance(view.obj, bytes) and view.c_contiguous and size == len(view.obj):
-            return _describe(view.obj)
+        owner = view.obj
+        if type(owner) is bytes:
+            ptr, length = _ferry.bytes_address(owner)
+            if length == size:  # the whole of it
+                return ptr, size, CPU, True, (data, view)
         # A read-only buffer does not export a writable pointer; NumPy can
         # tell its address without copying.
-        try:
-            import numpy
-        except ImportError:
-            raise TypeError(
-                "a read-only buffer other than bytes needs NumPy to be described: "
-                "pass bytes(buffer), or install numpy"
-            ) from None
+        numpy = _numpy("a read-only buffer other than bytes (or pass bytes(buffer))")
         array = numpy.frombuffer(view, dtype=numpy.uint8)
-        return int(array.__array_interface__["data"][0]), size, CPU, True, (data, array)
+        if array.nbytes != size:
+            raise ValueError(f"cannot describe this buffer: {array.nbytes} bytes seen of {size}")
+        return int(array.ctypes.data), size, CPU, True, (data, array)
     try:
         # Exports the buffer for as long as `pinned` lives: the memory can
         # then be neither resized nor freed.
