@@ -30,6 +30,13 @@ pub const CMA_THRESHOLD_ENV: &str = "FERRY_CMA_THRESHOLD";
 pub const TCP_STREAMS_ENV: &str = "FERRY_TCP_STREAMS";
 /// The environment variable that sets [`ConnectorBuilder::stripe_threshold`] (bytes).
 pub const STRIPE_THRESHOLD_ENV: &str = "FERRY_STRIPE_THRESHOLD";
+/// The environment variable that sets [`ConnectorBuilder::idle_timeout`] (seconds).
+pub const IDLE_TIMEOUT_ENV: &str = "FERRY_IDLE_TIMEOUT";
+/// The environment variable that sets [`ConnectorBuilder::max_connections`].
+pub const MAX_CONNECTIONS_ENV: &str = "FERRY_MAX_CONNECTIONS";
+/// Connections with no operation in progress for this long are closed, by default.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+pub use crate::transport::admission::{DEFAULT_MAX_CONNECTIONS, UNPROVEN_PER_ADDRESS};
 /// The shortest shared secret accepted, in bytes.
 pub const MIN_SECRET: usize = 16;
 
@@ -55,6 +62,8 @@ pub struct ConnectorBuilder {
     cma_threshold: Option<u64>,
     tcp_streams: Option<usize>,
     stripe_threshold: Option<u64>,
+    idle_timeout: Option<Duration>,
+    max_connections: Option<usize>,
 }
 
 /// TCP streams per transfer to another host, by default.
@@ -77,6 +86,8 @@ impl Default for ConnectorBuilder {
             cma_threshold: None,
             tcp_streams: None,
             stripe_threshold: None,
+            idle_timeout: None,
+            max_connections: None,
         }
     }
 }
@@ -160,6 +171,29 @@ impl ConnectorBuilder {
         self
     }
 
+    /// Closes a connection (either direction) on which no operation has been
+    /// in progress, and no frame has arrived, for this long (default
+    /// [`DEFAULT_IDLE_TIMEOUT`]; without this call, `FERRY_IDLE_TIMEOUT`
+    /// in seconds is read). The next operation to that remote reconnects. A
+    /// pooled connection idle for half of it is replaced rather than used,
+    /// so give both sides the same value.
+    pub fn idle_timeout(mut self, d: Duration) -> Self {
+        self.idle_timeout = Some(d);
+        self
+    }
+
+    /// How many accepted connections this connector keeps at most (default
+    /// [`DEFAULT_MAX_CONNECTIONS`]; without this call,
+    /// `FERRY_MAX_CONNECTIONS` is read). An eighth of them, and at most
+    /// [`UNPROVEN_PER_ADDRESS`] per IP address, may be connections that have
+    /// not yet presented a valid capability; beyond that the oldest such
+    /// connection is closed to make room. Connections that presented one are
+    /// never closed to make room.
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.max_connections = Some(n);
+        self
+    }
+
     /// How long to try each address of a remote (default 5 s).
     pub fn connect_timeout(mut self, d: Duration) -> Self {
         self.connect_timeout = d;
@@ -218,6 +252,21 @@ impl ConnectorBuilder {
                 tcp_streams.unwrap_or_default()
             )));
         }
+        let idle_timeout = match self.idle_timeout {
+            Some(d) => d,
+            None => number_or_env(None::<u64>, IDLE_TIMEOUT_ENV, "seconds")?
+                .map(Duration::from_secs)
+                .unwrap_or(DEFAULT_IDLE_TIMEOUT),
+        };
+        if idle_timeout.is_zero() {
+            return Err(Error::Config("the idle timeout must be positive".into()));
+        }
+        let max_connections =
+            number_or_env(self.max_connections, MAX_CONNECTIONS_ENV, "connections")?
+                .unwrap_or(DEFAULT_MAX_CONNECTIONS);
+        if max_connections == 0 {
+            return Err(Error::Config("max connections must be at least 1".into()));
+        }
         let listener = TcpListener::bind(self.listen).await?;
         let local_addr = listener.local_addr()?;
         let advertised = match self.advertise {
@@ -238,6 +287,8 @@ impl ConnectorBuilder {
             cma_threshold,
             tcp_streams,
             stripe_threshold: stripe_threshold.max(1),
+            idle_timeout,
+            max_connections,
             shutdown: shutdown_rx.clone(),
             handle: handle.clone(),
         });

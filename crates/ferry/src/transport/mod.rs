@@ -18,11 +18,12 @@ use crate::op::OpShared;
 use crate::region::Region;
 use crate::{Error, Result};
 
+pub(crate) mod admission;
 pub(crate) mod cma;
 mod conn_io;
 pub(crate) mod local;
-pub(crate) mod stall;
 mod secure;
+pub(crate) mod stall;
 pub(crate) mod tcp;
 
 /// A way of moving bytes between two workers.

@@ -32,6 +32,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
+use super::admission::{Admission, Ticket};
 use super::conn_io::{ConnWriter, FrameReader};
 use super::secure;
 use super::stall::CopySlots;
@@ -455,6 +456,11 @@ pub(crate) struct Conn {
     copy_slots: CopySlots,
     /// What to do once the reader has ended (`None` inside: it has).
     on_close: Mutex<Option<Vec<CloseHook>>>,
+    /// An accepted connection's place (see `admission.rs`).
+    ticket: OnceLock<Ticket>,
+    /// When a frame last arrived or an operation last began, in
+    /// milliseconds since `clock::epoch()`.
+    last_active: AtomicU64,
 }
 
 type CloseHook = Box<dyn FnOnce() + Send>;
@@ -478,6 +484,8 @@ impl Conn {
             leases: Mutex::new(HashMap::new()),
             copy_slots: CopySlots::new(),
             on_close: Mutex::new(Some(Vec::new())),
+            ticket: OnceLock::new(),
+            last_active: AtomicU64::new(now_ms()),
         })
     }
 
@@ -572,6 +580,30 @@ impl Conn {
 
     fn is_alive(&self) -> bool {
         self.dead.borrow().is_none()
+    }
+
+    /// Something happened on the connection: it is not idle.
+    fn touch(&self) {
+        self.last_active.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// How long nothing has happened, if no operation is in progress on it
+    /// (`None` if one is).
+    fn idle_for(&self) -> Option<Duration> {
+        let busy = !lock(&self.active).is_empty()
+            || !lock(&self.passive).is_empty()
+            || !lock(&self.leases).is_empty();
+        (!busy).then(|| {
+            Duration::from_millis(now_ms().saturating_sub(self.last_active.load(Ordering::Relaxed)))
+        })
+    }
+
+    /// The connection presented a valid capability (an accepted one is
+    /// then never closed to make room).
+    fn prove(&self) {
+        if let Some(t) = self.ticket.get() {
+            t.prove();
+        }
     }
 
     /// Runs `f` once the connection's reader has ended (at once if it has).
@@ -1057,6 +1089,10 @@ pub(crate) struct LocalInfo {
     /// Streams per large transfer; `None`: by host (see `ConnectorBuilder::tcp_streams`).
     pub(crate) tcp_streams: Option<usize>,
     pub(crate) stripe_threshold: u64,
+    /// Connections with no operation in progress for this long are closed.
+    pub(crate) idle_timeout: Duration,
+    /// Accepted connections kept at most (see `admission.rs`).
+    pub(crate) max_connections: usize,
     pub(crate) shutdown: watch::Receiver<bool>,
     pub(crate) handle: Handle,
 }
@@ -1075,6 +1111,8 @@ pub(crate) struct TcpTransport {
     /// Every outgoing connection, also those whose slot is busy connecting
     /// a replacement, for `close_all` and `pending`.
     outgoing: Mutex<Vec<Weak<Conn>>>,
+    /// The accepted connections and their bounds.
+    pub(crate) admission: Admission,
 }
 
 fn tune(s: &TcpStream) {
@@ -1090,6 +1128,7 @@ fn tune(s: &TcpStream) {
 impl TcpTransport {
     pub(crate) fn new(local: Arc<LocalInfo>) -> Self {
         TcpTransport {
+            admission: Admission::new(local.max_connections),
             local,
             pool: Arc::new(Mutex::new(HashMap::new())),
             outgoing: Mutex::new(Vec::new()),
@@ -1129,8 +1168,18 @@ impl TcpTransport {
         let slot = lock(&self.pool).entry(key.clone()).or_default().clone();
         let mut g = slot.lock().await;
         if let Some(c) = g.as_ref() {
-            if c.is_alive() {
+            // One idle for more than half the idle timeout may be closed by
+            // the remote at any moment (both sides use the same timeout by
+            // default): a request must not race that close.
+            let stale = c
+                .idle_for()
+                .is_some_and(|d| d >= self.local.idle_timeout / 2);
+            if c.is_alive() && !stale {
+                c.touch();
                 return Ok(c.clone());
+            }
+            if stale {
+                c.kill("idle; replaced by a new connection".into());
             }
         }
         *g = None;
@@ -1383,6 +1432,7 @@ impl TcpTransport {
             rd,
             self.local.shutdown.clone(),
             None,
+            self.local.idle_timeout,
         ));
         Ok(conn)
     }
@@ -1619,6 +1669,13 @@ fn forget_slot(pool: &Mutex<HashMap<PoolKey, Slot>>, key: &PoolKey, slot: &Slot)
     }
 }
 
+/// Milliseconds since the first call, on a monotonic clock.
+fn now_ms() -> u64 {
+    static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
+    let epoch = *EPOCH.get_or_init(std::time::Instant::now);
+    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
 /// Waits until the watched value satisfies `f` (or its sender is gone).
 async fn until<T>(rx: &mut watch::Receiver<T>, f: impl FnMut(&T) -> bool) {
     let _ = rx.wait_for(f).await;
@@ -1644,6 +1701,11 @@ pub(crate) async fn listen(
             },
             _ = until(&mut shutdown, |s| *s) => return,
         };
+        // Room for it, or closed at once (see `admission.rs`).
+        let Some(ticket) = inner.tcp.admission.admit(addr.ip()) else {
+            tracing::debug!(%addr, "refused a connection: every place is held by a proven peer");
+            continue;
+        };
         let inner = inner.clone();
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
@@ -1651,35 +1713,61 @@ pub(crate) async fn listen(
             let tuple = (s.peer_addr(), s.local_addr());
             let (r, w) = s.into_split();
             let (mut rd, mut w) = (FrameReader::new(r), ConnWriter::new(w));
-            let peer = match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
-                Ok(Ok(Message::Hello(h))) if h.version == wire::PROTOCOL_VERSION => h.worker_id,
-                Ok(Ok(_)) | Ok(Err(_)) | Err(_) => {
-                    tracing::debug!(%addr, "dropped a connection that did not start with a valid hello");
-                    return;
+            // The whole handshake has one deadline, and ends if the
+            // connection must make room for another.
+            let mut evicted = ticket.evicted.clone();
+            let handshake = async {
+                let peer = match rd.next().await {
+                    Ok(Message::Hello(h)) if h.version == wire::PROTOCOL_VERSION => h.worker_id,
+                    _ => return Err("it did not start with a valid hello".to_string()),
+                };
+                let hello = Message::Hello(Hello {
+                    version: wire::PROTOCOL_VERSION,
+                    worker_id: inner.worker_id.clone(),
+                })
+                .to_vec();
+                w.write_all(&hello).await.map_err(|e| e.to_string())?;
+                if let Some(secret) = &inner.secret {
+                    authenticate(secret, &mut rd, &mut w, &peer, &hello).await?;
                 }
+                Ok(peer)
             };
-            let hello = Message::Hello(Hello {
-                version: wire::PROTOCOL_VERSION,
-                worker_id: inner.worker_id.clone(),
-            })
-            .to_vec();
-            if w.write_all(&hello).await.is_err() {
-                return;
-            }
-            if let Some(secret) = &inner.secret {
-                if let Err(why) = authenticate(secret, &mut rd, &mut w, &peer, &hello).await {
-                    tracing::info!(%addr, peer, "refused a connection: {why}");
-                    let _ = w.shutdown().await;
-                    return;
-                }
-            }
+            let peer = tokio::select! {
+                r = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => match r {
+                    Ok(Ok(peer)) => peer,
+                    Ok(Err(why)) => {
+                        tracing::info!(%addr, "refused a connection: {why}");
+                        let _ = w.shutdown().await;
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%addr, "dropped a connection: no handshake within {HANDSHAKE_TIMEOUT:?}");
+                        return;
+                    }
+                },
+                _ = until(&mut evicted, |e| *e) => return,
+            };
             tracing::debug!(%addr, peer, "accepted a connection");
             let conn = Conn::new(peer, w, inner.handle.clone());
+            // Closed if it must make room while it has proven nothing.
+            let weak = Arc::downgrade(&conn);
+            tokio::spawn(async move {
+                if evicted.wait_for(|e| *e).await.is_ok() {
+                    if let Some(c) = weak.upgrade() {
+                        c.kill(
+                            "closed to make room for other peers: it presented no capability"
+                                .into(),
+                        );
+                    }
+                }
+            });
+            let _ = conn.ticket.set(ticket);
             if let (Ok(act), Ok(pas)) = tuple {
                 let _ = conn.tuple.set((act, pas));
             }
             inner.track_incoming(&conn);
-            run_connection(conn, rd, shutdown, Some(inner)).await;
+            let idle = inner.tcp.local.idle_timeout;
+            run_connection(conn, rd, shutdown, Some(inner), idle).await;
         });
     }
 }
@@ -1741,17 +1829,33 @@ async fn run_connection(
     mut rd: FrameReader,
     mut shutdown: watch::Receiver<bool>,
     inner: Option<Arc<Inner>>,
+    idle_timeout: Duration,
 ) {
     let mut dead = conn.dead.subscribe();
     let err = loop {
-        let step = tokio::select! {
-            r = step(&conn, &mut rd, inner.as_ref()) => r,
-            _ = until(&mut dead, |d| d.is_some()) => {
-                let cause = conn.dead.borrow().clone().unwrap_or_default();
-                Err(ConnError::Closed(Error::ConnectionLost { peer: conn.peer.clone(), cause }))
+        // Kept across wake-ups of the idle timer: a frame half read must
+        // not be dropped.
+        let mut frame = std::pin::pin!(step(&conn, &mut rd, inner.as_ref()));
+        let step = loop {
+            let idle = conn.idle_for().unwrap_or_default();
+            tokio::select! {
+                r = &mut frame => break r,
+                _ = until(&mut dead, |d| d.is_some()) => {
+                    let cause = conn.dead.borrow().clone().unwrap_or_default();
+                    break Err(ConnError::Closed(Error::ConnectionLost { peer: conn.peer.clone(), cause }));
+                }
+                _ = until(&mut shutdown, |s| *s) => break Err(ConnError::Closed(Error::Shutdown)),
+                _ = tokio::time::sleep(idle_timeout.saturating_sub(idle)) => {
+                    if conn.idle_for().is_some_and(|d| d >= idle_timeout) {
+                        break Err(ConnError::Closed(Error::ConnectionLost {
+                            peer: conn.peer.clone(),
+                            cause: format!("idle for {idle_timeout:?}"),
+                        }));
+                    }
+                }
             }
-            _ = until(&mut shutdown, |s| *s) => Err(ConnError::Closed(Error::Shutdown)),
         };
+        conn.touch();
         if let Err(e) = step {
             break e.into_error(&conn.peer);
         }
@@ -2342,6 +2446,7 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Inner>, o: Open) -> Result<(), ConnErro
             Ok(())
         }
         Ok((exposure, Some(stripe))) => {
+            conn.prove();
             // A part of a striped transfer: TCP only.
             exposure.shared.set_transport(TransportKind::Tcp);
             let total = o.sizes.iter().fold(0u64, |a, s| a.saturating_add(*s));
@@ -2381,6 +2486,7 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Inner>, o: Open) -> Result<(), ConnErro
             Ok(())
         }
         Ok((exposure, None)) => {
+            conn.prove();
             let cma = match (o.kind, o.pull) {
                 (_, false) => Cma::No,
                 (OperationKind::Read, true)
