@@ -7,14 +7,19 @@
 //! - a process that passes the attach probe, forks a child to keep the
 //!   connection, and replaces its own program (`exec`, same pid) with one
 //!   that holds other bytes where it lent memory: the connector must not
-//!   copy from the new program.
+//!   copy from the new program;
+//! - probes stalled on a page that never arrives (`userfaultfd`): each gives
+//!   its slot back at its timeout, and a legitimate peer still attaches;
+//! - a process with 20,000 open files: the probe examines a bounded number
+//!   of them.
 
 use std::ffi::CString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::process::{Child, ChildStdout, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferry::{Connector, Error, OperationKind, OperationStatus, RdmaMetadata, TransportKind};
 use ferry_proto::wire::{self, Attach, Hello, Lease, Message, Open, Verdict, PROTOCOL_VERSION};
@@ -179,6 +184,21 @@ impl Wire {
         let offered = self.expect_attach().expect("the connector offers attach");
         assert_ne!(offered.pid, 0, "the connector offers attach on loopback");
         active_cookie(&nonce, &offered.cookie, act, pas)
+    }
+
+    /// Offers to attach and shows `addr` as where the cookie lies: the
+    /// connector's verdict on this process (`None`: none came in time).
+    fn attach_at(
+        &mut self,
+        nonce: [u8; 16],
+        addr: impl FnOnce(&[u8; 16]) -> u64,
+    ) -> Option<Verdict> {
+        let cookie = Box::new(self.offer(nonce));
+        let at = addr(&cookie);
+        self.send(&attach(std::process::id(), at, [0; 16], Verdict::Refused));
+        let v = self.expect_attach().map(|a| a.verdict);
+        drop(cookie);
+        v
     }
 
     /// A WRITE into `m` whose source this process lends at `addr`.
@@ -420,4 +440,283 @@ fn imposter(spec: &str) {
     // SAFETY: one byte from a live buffer to the inherited pipe.
     assert_eq!(unsafe { libc::write(ready, [1u8].as_ptr().cast(), 1) }, 1);
     std::thread::sleep(Duration::from_secs(60));
+}
+
+// ---------------------------------------------------------------------------
+// Item: probes cannot be held.
+
+const PROBER: &str = "FERRY_TEST_PROBER";
+/// Probes awaited at once by a process (the library's `MAX_PROBES`).
+const SLOTS: usize = 16;
+/// The prober's probe timeout in this test.
+const PROBE_TIMEOUT_MS: u64 = 300;
+
+/// One page of this process that never arrives: registered with
+/// `userfaultfd` for missing pages, and never served. Any read of it, by
+/// this process or by the kernel on behalf of another (`process_vm_readv`),
+/// waits until the `userfaultfd` is closed.
+struct Stall {
+    _uffd: OwnedFd,
+    page: *mut libc::c_void,
+}
+
+impl Stall {
+    /// `None` (with the reason printed) where the kernel refuses.
+    fn new() -> Option<Stall> {
+        #[repr(C)]
+        struct UffdioApi {
+            api: u64,
+            features: u64,
+            ioctls: u64,
+        }
+        #[repr(C)]
+        struct UffdioRegister {
+            start: u64,
+            len: u64,
+            mode: u64,
+            ioctls: u64,
+        }
+        const UFFD_API: u64 = 0xAA;
+        const UFFDIO_API: libc::c_ulong = 0xC018_AA3F;
+        const UFFDIO_REGISTER: libc::c_ulong = 0xC020_AA00;
+        const MODE_MISSING: u64 = 1;
+        // Not UFFD_USER_MODE_ONLY: the faults to stall come from the kernel.
+        // SAFETY: a system call with integer arguments.
+        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC) };
+        if fd < 0 {
+            eprintln!(
+                "skipped: the kernel refuses userfaultfd ({})",
+                std::io::Error::last_os_error()
+            );
+            return None;
+        }
+        // SAFETY: `fd` was just opened and is owned by nothing else.
+        let uffd = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
+        let mut api = UffdioApi {
+            api: UFFD_API,
+            features: 0,
+            ioctls: 0,
+        };
+        // SAFETY: `api` is the structure this ioctl reads and writes.
+        if unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_API, &mut api) } != 0 {
+            eprintln!(
+                "skipped: UFFDIO_API failed ({})",
+                std::io::Error::last_os_error()
+            );
+            return None;
+        }
+        // SAFETY: a fresh private anonymous mapping; integer arguments.
+        let page = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(page, libc::MAP_FAILED);
+        let mut reg = UffdioRegister {
+            start: page as u64,
+            len: 4096,
+            mode: MODE_MISSING,
+            ioctls: 0,
+        };
+        // SAFETY: `reg` is the structure this ioctl reads and writes; the
+        // range is the page just mapped.
+        if unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_REGISTER, &mut reg) } != 0 {
+            eprintln!(
+                "skipped: UFFDIO_REGISTER failed ({})",
+                std::io::Error::last_os_error()
+            );
+            // SAFETY: unmapping the page mapped above, never touched.
+            unsafe { libc::munmap(page, 4096) };
+            return None;
+        }
+        Some(Stall { _uffd: uffd, page })
+    }
+}
+
+impl Drop for Stall {
+    fn drop(&mut self) {
+        // SAFETY: unmapping the page this value mapped; nothing refers to
+        // it any more (the processes that read it are gone).
+        unsafe { libc::munmap(self.page, 4096) };
+    }
+}
+
+/// Probes of a process whose cookie page never arrives time out and give
+/// their slot back then: more than the slots there are time out one after
+/// another (each one waits for its page, so it had a slot), and a
+/// legitimate peer still attaches afterwards. Before the fix, the 16 stuck
+/// probes kept their slots for good: no verdict came before the 10 s
+/// timeout, and cross-memory attach was off for the whole prober process.
+#[test]
+fn probes_stalled_on_a_page_that_never_arrives_give_their_slot_back() {
+    const NAME: &str = "probes_stalled_on_a_page_that_never_arrives_give_their_slot_back";
+    if std::env::var(PROBER).is_ok() {
+        return prober();
+    }
+    let Some(stall) = Stall::new() else {
+        return;
+    };
+    let timeout_ms = PROBE_TIMEOUT_MS.to_string();
+    let mut child = spawn_role(
+        NAME,
+        PROBER,
+        "1",
+        &[("FERRY_CMA_PROBE_TIMEOUT_MS", timeout_ms.as_str())],
+    );
+    let mut out = BufReader::new(child.0.stdout.take().unwrap());
+    let prober_addr: SocketAddr = line_after(&mut out, "LISTEN ").parse().unwrap();
+    let page = stall.page as u64;
+    for wave in [SLOTS, SLOTS / 2] {
+        let probes: Vec<_> = (0..wave)
+            .map(|i| {
+                std::thread::spawn(move || {
+                    let mut w = Wire::hello(prober_addr, "staller");
+                    w.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                    let t0 = Instant::now();
+                    let v = w.attach_at([i as u8; 16], |_| page);
+                    (v, t0.elapsed())
+                })
+            })
+            .collect();
+        for p in probes {
+            let (verdict, took) = p.join().unwrap();
+            assert_eq!(
+                verdict,
+                Some(Verdict::Refused),
+                "no verdict within 5 s: the stalled probes kept their slots"
+            );
+            assert!(
+                took >= Duration::from_millis(PROBE_TIMEOUT_MS * 3 / 4),
+                "a probe was refused at once ({took:?}): it found no slot"
+            );
+        }
+    }
+    runtime().block_on(async {
+        let me = attaching_connector().await;
+        let data: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
+        let readable = me.create_readable(vec![data.into()]).await.unwrap();
+        let mut stdin = child.0.stdin.take().unwrap();
+        writeln!(stdin, "READ {}", readable.metadata().to_json()).unwrap();
+        let result = tokio::task::spawn_blocking(move || {
+            let said = line_after(&mut out, "RESULT ");
+            drain(out);
+            said
+        })
+        .await
+        .unwrap();
+        assert_eq!(result, "cma Ok(())", "the legitimate read");
+        tokio::time::timeout(Duration::from_secs(10), readable.wait_for_completion())
+            .await
+            .unwrap()
+            .unwrap();
+        drop(stdin);
+    });
+    child.0.wait().unwrap();
+    drop(stall);
+}
+
+/// The prober: a connector that reads what it is told to read.
+fn prober() {
+    let rt = runtime();
+    rt.block_on(async {
+        let c = attaching_connector().await;
+        println!("LISTEN {}", c.local_addr());
+        let mut lines = std::io::stdin().lock().lines();
+        while let Some(Ok(line)) = lines.next() {
+            let Some(json) = line.strip_prefix("READ ") else {
+                continue;
+            };
+            let m = RdmaMetadata::from_json(json).unwrap();
+            let size = sizes_of(&m)[0] as usize;
+            let op = c
+                .begin_read(&m, vec![vec![0u8; size].into()])
+                .await
+                .unwrap();
+            let r = tokio::time::timeout(Duration::from_secs(10), op.wait_for_completion())
+                .await
+                .unwrap_or(Err(Error::Timeout(Duration::from_secs(10))));
+            let t = op.transport().map(|t| t.to_string()).unwrap_or_default();
+            println!("RESULT {t} {r:?}");
+        }
+    });
+    // Threads stuck on the stalled page must not hold this process.
+    std::process::exit(0);
+}
+
+// ---------------------------------------------------------------------------
+// Item: probes cannot be made expensive.
+
+const MANY_FILES: &str = "FERRY_TEST_MANY_FILES";
+const FILES: usize = 20_000;
+
+/// A process with 20,000 open files attaches twice: once with a socket
+/// opened before those files (among the first the probe examines: it
+/// passes), once with a socket opened after them. The probe examines a
+/// bounded number of files (1,024 by default), so the second socket is not
+/// looked for and the connection falls back to TCP. Before the fix, the
+/// probe read all 20,000 links (about 100 times the attacker's cost) and
+/// passed.
+#[test]
+fn a_probe_examines_a_bounded_number_of_the_peers_open_files() {
+    const NAME: &str = "a_probe_examines_a_bounded_number_of_the_peers_open_files";
+    if let Ok(addr) = std::env::var(MANY_FILES) {
+        return many_files(addr.parse().unwrap());
+    }
+    runtime().block_on(async {
+        let target = attaching_connector().await;
+        let mut child = spawn_role(NAME, MANY_FILES, &target.local_addr().to_string(), &[]);
+        let mut out = BufReader::new(child.0.stdout.take().unwrap());
+        let said = tokio::task::spawn_blocking(move || {
+            let said = line_after(&mut out, "VERDICTS ");
+            drain(out);
+            said
+        })
+        .await
+        .unwrap();
+        child.0.wait().unwrap();
+        if let Some(why) = said.strip_prefix("skipped") {
+            eprintln!("skipped{why}");
+            return;
+        }
+        assert_eq!(said, "Some(CanPull) Some(Refused)");
+    });
+}
+
+/// The process with many files.
+fn many_files(target: SocketAddr) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is valid for writes of one `rlimit`.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    // As many as the hard limit allows, up to FILES (a few for the rest).
+    let files = usize::try_from(lim.rlim_max)
+        .unwrap_or(usize::MAX)
+        .min(FILES + 64)
+        - 64;
+    lim.rlim_cur = lim.rlim_max;
+    // SAFETY: `lim` is a valid `rlimit` (the soft limit up to the hard one).
+    if files < 8192 || unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+        println!(
+            "VERDICTS skipped: cannot open {FILES} files (the limit is {})",
+            lim.rlim_max
+        );
+        return;
+    }
+    let mut before = Wire::hello(target, "few-files");
+    let early = before.attach_at([1; 16], |c| c.as_ptr() as u64);
+    let files: Vec<std::fs::File> = (0..files)
+        .map(|_| std::fs::File::open("/dev/null").unwrap())
+        .collect();
+    let mut after = Wire::hello(target, "many-files");
+    assert!(after.s.as_raw_fd() as usize > files.len());
+    let late = after.attach_at([2; 16], |c| c.as_ptr() as u64);
+    println!("VERDICTS {early:?} {late:?}");
+    drop(files);
 }

@@ -71,47 +71,12 @@ pub(crate) fn is_local(local: SocketAddr, peer: SocketAddr) -> bool {
     p.ip().is_loopback() || p.ip() == l.ip()
 }
 
-/// Whether process `pid` holds the TCP socket whose own address is `sock`
-/// and whose remote address is `remote`: the kernel's word (from `/proc`) on
-/// who is at the other end of a connection, which a peer cannot fake by
-/// placing bytes anywhere. Reading `/proc/<pid>/fd` needs the same ptrace
-/// access as cross-memory attach. Blocking (file system): call it from a
-/// blocking thread.
-#[cfg(target_os = "linux")]
-pub(crate) fn owns_socket(pid: u32, sock: SocketAddr, remote: SocketAddr) -> bool {
-    let Some(inode) = socket_inode(sock, remote) else {
-        tracing::debug!(pid, %sock, %remote, "cross-memory attach: no such socket in this network namespace");
-        return false;
-    };
-    let want = format!("socket:[{inode}]");
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        tracing::debug!(pid, "cross-memory attach: cannot list the peer's files");
-        return false;
-    };
-    let found = dir
-        .take(1 << 16)
-        .filter_map(|e| e.ok())
-        .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == want.as_str()));
-    if !found {
-        tracing::debug!(
-            pid,
-            "cross-memory attach: that process does not hold the peer's socket"
-        );
-    }
-    found
-}
-
-#[cfg(not(target_os = "linux"))]
-pub(crate) fn owns_socket(_pid: u32, _sock: SocketAddr, _remote: SocketAddr) -> bool {
-    false
-}
-
 /// The inode of the TCP socket with this own and remote address: asked of
 /// the kernel with one `sock_diag` query (microseconds), or, where netlink
 /// is not available, found in `/proc/net/tcp{,6}` (each read walks the
 /// kernel's whole socket hash: milliseconds).
 #[cfg(target_os = "linux")]
-fn socket_inode(sock: SocketAddr, remote: SocketAddr) -> Option<u64> {
+pub(crate) fn socket_inode(sock: SocketAddr, remote: SocketAddr) -> Option<u64> {
     let (sock, remote) = (canonical(sock), canonical(remote));
     if let Some(inode) = diag_inode(sock, remote) {
         return Some(inode);
@@ -192,7 +157,13 @@ fn diag_inode(sock: SocketAddr, remote: SocketAddr) -> Option<u64> {
     (inode != 0).then_some(u64::from(inode))
 }
 
-/// The `/proc/net/tcp` way to [`socket_inode`], for where netlink fails.
+/// The most lines of each of `/proc/net/tcp{,6}` that [`proc_inode`] reads.
+#[cfg(target_os = "linux")]
+const MAX_TABLE_LINES: usize = 1 << 16;
+
+/// The `/proc/net/tcp` way to [`socket_inode`], for where netlink fails
+/// (bounded: a socket past the first [`MAX_TABLE_LINES`] lines is not found,
+/// and cross-memory attach falls back to TCP).
 #[cfg(target_os = "linux")]
 fn proc_inode(sock: SocketAddr, remote: SocketAddr) -> Option<u64> {
     let (sock, remote) = (canonical(sock), canonical(remote));
@@ -204,10 +175,13 @@ fn proc_inode(sock: SocketAddr, remote: SocketAddr) -> Option<u64> {
         &["/proc/net/tcp6"]
     };
     for &file in tables {
-        let Ok(text) = std::fs::read_to_string(file) else {
+        let Ok(text) = std::fs::File::open(file) else {
             continue;
         };
-        for line in text.lines().skip(1) {
+        // Bounded whatever the host holds: the kernel formats the table as
+        // it is read, and a peer may open sockets by the thousand.
+        let lines = io::BufRead::lines(io::BufReader::new(text));
+        for line in lines.skip(1).take(MAX_TABLE_LINES).map_while(Result::ok) {
             let f: Vec<&str> = line.split_whitespace().collect();
             if f.len() < 10 {
                 continue;
@@ -456,6 +430,11 @@ impl Peer {
         self.pid
     }
 
+    /// `/proc/<pid>` of this very process.
+    pub(crate) fn dir(&self) -> &OwnedFd {
+        &self.dir
+    }
+
     /// Whether the process still runs the image it ran when it was probed:
     /// [`Peer::check`], then [`Peer::confirm`]. Blocking, like a copy.
     pub(crate) fn unchanged(&self) -> bool {
@@ -684,26 +663,5 @@ mod tests {
             "[::ffff:127.0.0.1]:1".parse().unwrap(),
             "127.0.0.1:2".parse().unwrap()
         ));
-    }
-
-    #[test]
-    fn the_kernel_names_the_owner_of_a_socket() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (s, _) = l.accept().unwrap();
-        let (me, them) = (c.local_addr().unwrap(), c.peer_addr().unwrap());
-        // This process holds both ends.
-        assert!(owns_socket(pid(), me, them));
-        assert!(owns_socket(pid(), them, me));
-        // Another process does not (pid 1 holds no socket of ours).
-        assert!(!owns_socket(1, me, them));
-        // The netlink query and the /proc walk agree.
-        // (Netlink may be refused in a sandbox; then only /proc is used.)
-        if let Some(i) = diag_inode(me, them) {
-            assert_eq!(Some(i), proc_inode(me, them));
-        }
-        // A socket that does not exist has no owner.
-        assert!(!owns_socket(pid(), me, "127.0.0.1:1".parse().unwrap()));
-        drop((c, s));
     }
 }

@@ -20,6 +20,7 @@ use crate::{Error, Result};
 
 pub(crate) mod cma;
 pub(crate) mod local;
+pub(crate) mod probe;
 pub(crate) mod tcp;
 
 /// A way of moving bytes between two workers.

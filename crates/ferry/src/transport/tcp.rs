@@ -32,6 +32,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
+use super::probe::verify_peer;
 use super::{cma, ActiveJob, ActiveLink, BoxFuture, Transport, TransportKind};
 use crate::auth::{Role, Secret, Transcript};
 use crate::connector::Inner;
@@ -2310,47 +2311,6 @@ fn remote_error(a: &Abort) -> Error {
             reason,
             detail: a.detail.clone(),
         },
-    }
-}
-
-/// Probes running at once in this process, at most.
-const MAX_PROBES: usize = 16;
-
-/// Whether process `pid` is the other end of this connection (the kernel
-/// says it holds the socket `sock` -> `remote`) and this process may copy
-/// from it (its cookie at `addr` reads as `expected`): the process, held by
-/// a handle that notices a new program image, or `None`. Bounded: at most
-/// [`MAX_PROBES`] at once and [`HANDSHAKE_TIMEOUT`] each (a peer's memory may
-/// fault slowly); anything else is a refusal, and the connection uses TCP.
-async fn verify_peer(
-    pid: u32,
-    addr: u64,
-    sock: SocketAddr,
-    remote: SocketAddr,
-    expected: impl FnOnce() -> [u8; 16] + Send + 'static,
-) -> Option<Arc<cma::Peer>> {
-    static PROBES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_PROBES);
-    if pid == 0 {
-        return None;
-    }
-    let Ok(permit) = PROBES.try_acquire() else {
-        tracing::debug!(pid, "cross-memory attach: too many probes at once");
-        return None;
-    };
-    let job = tokio::task::spawn_blocking(move || {
-        // The permit lives as long as the blocking work, even past a timeout.
-        let _permit = permit;
-        // The image is noted before the socket check, and must be the same
-        // after the cookie: all three saw one program.
-        let peer = cma::Peer::open(pid).ok()?;
-        let ok = cma::owns_socket(pid, sock, remote)
-            && cma::probe(&peer, addr, expected)
-            && peer.unchanged();
-        ok.then(|| Arc::new(peer))
-    });
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, job).await {
-        Ok(Ok(peer)) => peer,
-        _ => None,
     }
 }
 
