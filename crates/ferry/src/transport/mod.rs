@@ -22,6 +22,7 @@ pub(crate) mod admission;
 pub(crate) mod cma;
 mod conn_io;
 pub(crate) mod local;
+pub(crate) mod probe;
 mod secure;
 pub(crate) mod stall;
 pub(crate) mod tcp;

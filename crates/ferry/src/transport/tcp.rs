@@ -34,6 +34,7 @@ use tokio::sync::watch;
 
 use super::admission::{Admission, Ticket};
 use super::conn_io::{ConnWriter, FrameReader};
+use super::probe::verify_peer;
 use super::secure;
 use super::stall::CopySlots;
 use super::{cma, ActiveJob, ActiveLink, BoxFuture, Transport, TransportKind};
@@ -338,14 +339,22 @@ enum PullEnd {
     Failed(String),
 }
 
-/// Copies every segment of a lease from process `pid` into `region`, one
+/// Copies every segment of a lease from process `peer` into `region`, one
 /// chunk per system call, each outside the region's lock (the peer may stall
 /// it: see `Region::copy_into`), then seals the operation under that lock.
-fn pull_all(pid: u32, region: &Region, shared: &OpShared, segs: &[(u64, u64)]) -> PullEnd {
-    /// The most iovecs of one system call (Linux's `IOV_MAX`).
-    const MAX_IOV: usize = 1024;
+/// Every copy, a check before the first and a confirmation before the seal
+/// make sure that `peer` still runs the program that passed the attach probe.
+fn pull_all(peer: &cma::Peer, region: &Region, shared: &OpShared, segs: &[(u64, u64)]) -> PullEnd {
+    /// The most iovecs of one system call: one fewer than Linux's
+    /// `IOV_MAX`, since `Peer::pull_many` adds the range that checks the
+    /// program image.
+    const MAX_IOV: usize = 1023;
+    let pid = peer.pid();
     let failed =
         |e: io::Error| PullEnd::Failed(format!("cross-memory copy from process {pid} failed: {e}"));
+    if let Err(e) = peer.check() {
+        return failed(e);
+    }
     let mut i = 0;
     while i < segs.len() {
         // Small segments in a row: one vectored call for up to a chunk.
@@ -365,7 +374,7 @@ fn pull_all(pid: u32, region: &Region, shared: &OpShared, segs: &[(u64, u64)]) -
                 // counted as in flight until we return: valid for writes and
                 // touched by nothing else meanwhile; the lengths match the
                 // lease pairwise (checked above) and `count` <= IOV_MAX.
-                unsafe { cma::pull_many(pid, local, batch) }
+                unsafe { peer.pull_many(local, batch) }
             });
             match r {
                 Ok(Ok(())) => {}
@@ -390,7 +399,7 @@ fn pull_all(pid: u32, region: &Region, shared: &OpShared, segs: &[(u64, u64)]) -
             // valid for writes and touched by nothing else meanwhile; one
             // local and one remote range of the same length.
             let r = region.copy_into(i, 1, Some((off, n)), |local| unsafe {
-                cma::pull_many(pid, local, &[(at, n as u64)])
+                peer.pull_many(local, &[(at, n as u64)])
             });
             match r {
                 Ok(Ok(())) => off += n as u64,
@@ -402,6 +411,9 @@ fn pull_all(pid: u32, region: &Region, shared: &OpShared, segs: &[(u64, u64)]) -
             }
         }
         i += 1;
+    }
+    if let Err(e) = peer.confirm() {
+        return failed(e);
     }
     if region.seal_if_open(|| shared.seal()) {
         PullEnd::Done
@@ -438,8 +450,9 @@ pub(crate) struct Conn {
     next_req: AtomicU64,
     queued: AtomicUsize,
     handle: Handle,
-    /// The peer's pid, once this process has proven it can copy from it.
-    peer_pid: OnceLock<u32>,
+    /// The peer's process (its pid, and the program it runs), once this
+    /// process has proven it can copy from it.
+    peer_pid: OnceLock<Arc<cma::Peer>>,
     /// The peer has proven it can copy from this process.
     peer_pulls: AtomicBool,
     /// The passive side's progress through the four `Attach` frames, and
@@ -554,7 +567,7 @@ impl Conn {
         shared: Arc<OpShared>,
         segs: Vec<(u64, u64)>,
     ) {
-        let Some(&pid) = self.peer_pid.get() else {
+        let Some(peer) = self.peer_pid.get().cloned() else {
             return self.kill("the peer lent memory to a process that cannot attach to it".into());
         };
         let conn = self.clone();
@@ -565,7 +578,7 @@ impl Conn {
                 _ = shared.ended() => return,
             };
             let copy = tokio::task::spawn_blocking(move || {
-                let end = pull_all(pid, &region, &shared, &segs);
+                let end = pull_all(&peer, &region, &shared, &segs);
                 drop(slot);
                 end
             });
@@ -1386,10 +1399,11 @@ impl TcpTransport {
             let np = theirs.cookie;
             let cookie = Box::new(cma::cookie(cma::Side::Active, &na, &np, me, them));
             // The passive end of this connection is `them` -> `me`.
-            let ok = verify_peer(theirs.pid, theirs.addr, them, me, move || {
+            let verified = verify_peer(theirs.pid, theirs.addr, them, me, move || {
                 cma::cookie(cma::Side::Passive, &na, &np, me, them)
             })
             .await;
+            let ok = verified.is_some();
             // 3. Our verdict, and where our cookie lies.
             let answer = Message::Attach(Attach {
                 pid: cma::pid(),
@@ -1406,9 +1420,7 @@ impl TcpTransport {
                 .map_err(|e| unreachable(e.to_string()))?;
             // 4. Their verdict on us.
             peer_pulls = next(&mut rd).await?.verdict == Verdict::CanPull;
-            if ok {
-                peer_pid = Some(theirs.pid);
-            }
+            peer_pid = verified;
             my_cookie = Some(cookie);
             tracing::debug!(
                 peer,
@@ -2312,40 +2324,6 @@ fn remote_error(a: &Abort) -> Error {
     }
 }
 
-/// Probes running at once in this process, at most.
-const MAX_PROBES: usize = 16;
-
-/// Whether process `pid` is the other end of this connection (the kernel
-/// says it holds the socket `sock` -> `remote`) and this process may copy
-/// from it (its cookie at `addr` reads as `expected`). Bounded: at most
-/// [`MAX_PROBES`] at once and [`HANDSHAKE_TIMEOUT`] each (a peer's memory may
-/// fault slowly); anything else is a refusal, and the connection uses TCP.
-async fn verify_peer(
-    pid: u32,
-    addr: u64,
-    sock: SocketAddr,
-    remote: SocketAddr,
-    expected: impl FnOnce() -> [u8; 16] + Send + 'static,
-) -> bool {
-    static PROBES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_PROBES);
-    if pid == 0 {
-        return false;
-    }
-    let Ok(permit) = PROBES.try_acquire() else {
-        tracing::debug!(pid, "cross-memory attach: too many probes at once");
-        return false;
-    };
-    let job = tokio::task::spawn_blocking(move || {
-        // The permit lives as long as the blocking work, even past a timeout.
-        let _permit = permit;
-        cma::owns_socket(pid, sock, remote) && cma::probe(pid, addr, expected)
-    });
-    matches!(
-        tokio::time::timeout(HANDSHAKE_TIMEOUT, job).await,
-        Ok(Ok(true))
-    )
-}
-
 /// The passive side's part of setting up cross-memory attach (see
 /// [`Attach`]).
 fn on_attach(conn: &Arc<Conn>, inner: &Arc<Inner>, a: Attach) -> Result<(), ConnError> {
@@ -2394,7 +2372,7 @@ fn on_attach(conn: &Arc<Conn>, inner: &Arc<Inner>, a: Attach) -> Result<(), Conn
             let conn = conn.clone();
             let tuple = conn.tuple.get().copied();
             tokio::spawn(async move {
-                let ok = match (nonces, tuple) {
+                let verified = match (nonces, tuple) {
                     (Some((na, np)), Some((act, pas))) => {
                         // The active end of this connection is `act` -> `pas`.
                         verify_peer(a.pid, a.addr, act, pas, move || {
@@ -2402,10 +2380,11 @@ fn on_attach(conn: &Arc<Conn>, inner: &Arc<Inner>, a: Attach) -> Result<(), Conn
                         })
                         .await
                     }
-                    _ => false,
+                    _ => None,
                 };
-                if ok {
-                    let _ = conn.peer_pid.set(a.pid);
+                let ok = verified.is_some();
+                if let Some(p) = verified {
+                    let _ = conn.peer_pid.set(p);
                 }
                 conn.send_detached(Message::Attach(Attach {
                     pid: 0,
