@@ -200,7 +200,7 @@ impl<'a> Descriptor<'a> {
 
     /// Takes the storage that keeps the memory alive (owned descriptors
     /// only), for a descriptor about to be dropped whose memory a peer may
-    /// still read (see `Region::keep_while_lent`).
+    /// still read (see `Region::keep_while_used`).
     pub(crate) fn take_owner(&mut self) -> Option<Box<dyn Any + Send>> {
         self.owner.take()
     }

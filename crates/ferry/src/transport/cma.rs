@@ -8,7 +8,7 @@
 //! no byte lands in that memory. The source side lends its memory for reading
 //! ("a lease") and gets it back when the destination says it stopped (its
 //! `Finish` or `Abort`) or the connection ends; a source buffer dropped while
-//! lent is kept alive until then (see `Region::keep_while_lent`).
+//! lent is kept alive until then (see `Region::keep_while_used`).
 //!
 //! Whether the kernel lets this process read a peer is probed, never assumed:
 //! the peer names its pid and the address of 16 random bytes ([`cookie`]),
