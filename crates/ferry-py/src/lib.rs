@@ -384,8 +384,20 @@ fn descriptors(
         //   operation is in progress, as with any buffer handed to native
         //   code (NIXL's, DMA engines'); the package documents it.
         // - Device memory (`cuda:N`) is never dereferenced: Ferry refuses it.
-        let d =
-            unsafe { ferry::Descriptor::from_raw_parts(ptr as *mut u8, size, device, writable) };
+        //   The descriptor holds a reference of its own to `owner`, so that
+        //   an operation dropped while a copy into its memory is stalled by
+        //   a same-host peer keeps the memory alive instead of waiting (with
+        //   the GIL held) for the copy to return.
+        let mine = Python::attach(|py| owner.clone_ref(py));
+        let d = unsafe {
+            ferry::Descriptor::from_raw_parts_with_owner(
+                ptr as *mut u8,
+                size,
+                device,
+                writable,
+                mine,
+            )
+        };
         descs.push(d);
         keep.push(owner);
     }

@@ -120,6 +120,33 @@ impl Descriptor<'static> {
     }
 }
 
+impl Descriptor<'static> {
+    /// Like [`from_raw_parts`](Self::from_raw_parts), with an `owner` that
+    /// keeps the memory valid: Ferry holds it until it no longer touches the
+    /// memory, which, after a copy into it that a same-host peer stalled,
+    /// may be after the operation was dropped (dropping the operation then
+    /// never waits for that copy, as it must for memory without an owner).
+    /// Bindings whose memory belongs to a garbage-collected object pass that
+    /// object here.
+    ///
+    /// # Safety
+    ///
+    /// As for [`from_raw_parts`](Self::from_raw_parts), with "must not be
+    /// freed" meaning: not while `owner` lives.
+    pub unsafe fn from_raw_parts_with_owner<T: Any + Send>(
+        ptr: *mut u8,
+        size: usize,
+        device: Device,
+        writable: bool,
+        owner: T,
+    ) -> Self {
+        // SAFETY: the caller's promise, as documented above.
+        let mut d = unsafe { Self::from_raw_parts(ptr, size, device, writable) };
+        d.owner = Some(Box::new(owner));
+        d
+    }
+}
+
 impl<'a> Descriptor<'a> {
     /// Borrows a mutable slice for `'a`; usable as source or destination.
     pub fn from_mut_slice(s: &'a mut [u8]) -> Self {

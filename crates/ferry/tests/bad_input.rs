@@ -2226,3 +2226,25 @@ async fn a_part_arriving_after_a_cancel_is_told_of_the_cancel() {
     a.expect_abort(2, AbortReason::OperationEnded).await;
     legit_transfers_still_work(&target).await;
 }
+
+/// A part other than 0 of a striped WRITE that claims to be finished before
+/// its bytes arrived is a violation that ends the operation (it once
+/// deadlocked the reader: the violation took the table it still held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_finished_before_its_bytes_ends_the_operation() {
+    let target = connector().await;
+    let w = target.create_writable(vec![untouched(10)]).await.unwrap();
+    let m = w.metadata().clone();
+    let (mut a, mut b) = (Raw::connect(&target).await, Raw::connect(&target).await);
+    a.send(&part_open(1, &m, OperationKind::Write, 0, 2)).await;
+    b.send(&part_open(7, &m, OperationKind::Write, 1, 2)).await;
+    b.send(&Message::Finish { req: 7 }).await;
+    let detail = b.expect_abort(7, AbortReason::PartFailed).await;
+    assert!(detail.contains("finish before all data"), "{detail}");
+    b.expect_closed().await;
+    let r = within(w.wait_for_completion()).await;
+    assert!(r.is_err(), "{r:?}");
+    assert_all(&w.into_descriptors()[0], UNTOUCHED, "the writable");
+    legit_transfers_still_work(&target).await;
+    assert_no_library_panic();
+}

@@ -1189,7 +1189,14 @@ impl TcpTransport {
                 .is_some_and(|d| d >= self.local.idle_timeout / 2);
             if c.is_alive() && !stale {
                 c.touch();
-                return Ok(c.clone());
+                let c = c.clone();
+                drop(g);
+                // It may have died while its slot was held here, when its
+                // close hook could not take the slot.
+                if !c.is_alive() {
+                    forget_slot(&self.pool, &key, &slot);
+                }
+                return Ok(c);
             }
             if stale {
                 c.kill("idle; replaced by a new connection".into());
@@ -2029,9 +2036,14 @@ async fn step(
                 (&mut r.part, r.cursor.as_ref(), &r.exposure.region)
             });
             if let Some(end) = part {
-                return end.map_err(|detail| match lock(&conn.passive).remove(&req) {
-                    Some(r) => passive_violation(conn, inner, &r.exposure, detail),
-                    None => ConnError::Violation(detail),
+                return end.map_err(|detail| {
+                    // Out of the table before the violation ends the
+                    // operation: ending it takes the table again.
+                    let r = lock(&conn.passive).remove(&req);
+                    match r {
+                        Some(r) => passive_violation(conn, inner, &r.exposure, detail),
+                        None => ConnError::Violation(detail),
+                    }
                 });
             }
             let Some(r) = lock(&conn.passive).remove(&req) else {
@@ -2105,9 +2117,12 @@ async fn step(
                 (&mut r.part, cursor, &r.region)
             });
             if let Some(end) = part {
-                return end.map_err(|detail| match lock(&conn.active).remove(&req) {
-                    Some(r) => active_violation(conn, &r, detail),
-                    None => ConnError::Violation(detail),
+                return end.map_err(|detail| {
+                    let r = lock(&conn.active).remove(&req);
+                    match r {
+                        Some(r) => active_violation(conn, &r, detail),
+                        None => ConnError::Violation(detail),
+                    }
                 });
             }
             let Some(r) = lock(&conn.active).remove(&req) else {
