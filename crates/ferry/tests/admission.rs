@@ -73,13 +73,16 @@ async fn a_peer_that_says_hello_and_stalls_is_closed_once_idle() {
         closed(&mut s, Duration::from_secs(10)).await,
         "a connection idle for 30 times its idle timeout was kept"
     );
-    // A connection with an operation in progress is not idle: a transfer
-    // longer than the idle timeout on one connection completes.
+    // A real peer's pooled connection idles out (or is replaced when idle
+    // for half the timeout): the next transfer reconnects and completes.
     let peer = target(Duration::from_millis(300), 64).await;
     transfer(&peer, &t).await;
     tokio::time::sleep(Duration::from_millis(700)).await;
-    // The pooled connection idled out (or is replaced): the next transfer
-    // reconnects.
+    assert_eq!(
+        peer.connection_count(),
+        0,
+        "the idle connection left the pool"
+    );
     transfer(&peer, &t).await;
 }
 

@@ -51,11 +51,30 @@ async fn transfer_works(c: &Connector) {
     w.wait_for_completion().await.unwrap();
 }
 
+/// Connection `i` of the test, from its own share of loopback addresses
+/// (127.0.0.2 and up, fewer than `UNPROVEN_PER_ADDRESS` each), so that the
+/// per-address bound closes none of them.
+async fn connect_from(c: &Connector, i: usize) -> TcpStream {
+    let per = ferry::UNPROVEN_PER_ADDRESS / 2;
+    let n = 2 + i / per;
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(
+        format!("127.0.{}.{}:0", n / 250, 2 + n % 250)
+            .parse()
+            .unwrap(),
+    )
+    .unwrap();
+    sock.connect(c.local_addr()).await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn announced_frames_cost_nothing_until_their_bytes_arrive() {
+    // Room for every connection of the test (the admission bounds would
+    // otherwise close most of them, and the memory bound could not fail).
     let c = Connector::builder()
         .listen("127.0.0.1:0".parse().unwrap())
         .transports(&[TransportKind::Tcp])
+        .max_connections(16 * 1024)
         .build()
         .await
         .unwrap();
@@ -71,11 +90,11 @@ async fn announced_frames_cost_nothing_until_their_bytes_arrive() {
         worker_id: "announcer".into(),
     })
     .to_vec();
-    for _ in 0..N {
-        let mut s = TcpStream::connect(c.local_addr()).await.unwrap();
+    for i in 0..N {
+        let mut s = connect_from(&c, 2 * i).await;
         s.write_all(&big_header()).await.unwrap();
         early.push(s);
-        let mut s = TcpStream::connect(c.local_addr()).await.unwrap();
+        let mut s = connect_from(&c, 2 * i + 1).await;
         let mut first = hello.clone();
         first.extend_from_slice(&big_header());
         s.write_all(&first).await.unwrap();

@@ -3,17 +3,19 @@
 //! A cross-memory copy reads the peer's pages; a peer can make them never
 //! arrive (userfaultfd, a FUSE-backed mapping), and the copying thread then
 //! waits in the kernel until they do: it cannot be interrupted. Such copies
-//! run on tokio's blocking pool, outside every lock (`Region::copy_into`),
-//! so a stalled one costs its thread and its operation only. This module
-//! bounds how many threads that can be: at most [`PER_CONNECTION`] copies
-//! per connection and [`IN_PROCESS`] in the whole process are in flight at
-//! once; further copies wait for a slot (asynchronously, and give up when
-//! their operation ends), so that stalled peers can never exhaust the
-//! blocking pool (512 threads by default) that other work needs.
+//! run on threads of their own ([`run`]; never tokio's blocking pool, whose
+//! threads a runtime waits for when it is dropped), outside every lock
+//! (`Region::copy_into`), so a stalled one costs its thread and its
+//! operation only. This module bounds how many threads that can be: at most
+//! [`PER_CONNECTION`] copies per connection and [`IN_PROCESS`] in the whole
+//! process are in flight at once; further copies wait for a slot
+//! (asynchronously, and give up when their operation ends).
 
-use std::sync::{Arc, OnceLock};
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 /// The most copies one connection may have in flight at once.
 pub(crate) const PER_CONNECTION: usize = 4;
@@ -62,6 +64,87 @@ impl CopySlots {
         CopySlot {
             _mine: mine,
             _process: process,
+        }
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The copy threads: at most [`IN_PROCESS`] (every job runs under a
+/// process slot, so no more are ever busy at once); an idle one exits after
+/// a while.
+#[derive(Default)]
+struct Threads {
+    queue: VecDeque<Job>,
+    idle: usize,
+    alive: usize,
+}
+
+fn threads() -> &'static (Mutex<Threads>, Condvar) {
+    static T: OnceLock<(Mutex<Threads>, Condvar)> = OnceLock::new();
+    T.get_or_init(Default::default)
+}
+
+fn lock(m: &Mutex<Threads>) -> std::sync::MutexGuard<'_, Threads> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs `f` on a copy thread (call it only while holding a [`CopySlot`]);
+/// its result arrives on the receiver. Threads are detached: a copy that a
+/// peer stalls keeps its thread, never the runtime (nor its shutdown).
+pub(crate) fn run<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> oneshot::Receiver<T> {
+    let (tx, rx) = oneshot::channel();
+    let (m, cv) = threads();
+    let mut t = lock(m);
+    t.queue.push_back(Box::new(move || {
+        let _ = tx.send(f());
+    }));
+    if t.idle > 0 {
+        cv.notify_one();
+        return rx;
+    }
+    t.alive += 1;
+    drop(t);
+    let spawned = std::thread::Builder::new()
+        .name("ferry-copy".into())
+        .stack_size(256 * 1024)
+        .spawn(worker);
+    if let Err(e) = spawned {
+        lock(m).alive -= 1;
+        // The job waits for a thread that frees up; with none alive it
+        // would wait for ever: run it here instead.
+        tracing::warn!("could not start a copy thread ({e}); copying on the caller's thread");
+        let job = lock(m).queue.pop_back();
+        if let Some(job) = job {
+            job();
+        }
+    }
+    rx
+}
+
+fn worker() {
+    /// An idle copy thread exits after this long.
+    const LINGER: Duration = Duration::from_secs(30);
+    let (m, cv) = threads();
+    let mut t = lock(m);
+    loop {
+        if let Some(job) = t.queue.pop_front() {
+            drop(t);
+            job();
+            t = lock(m);
+            continue;
+        }
+        t.idle += 1;
+        let (g, timeout) = cv
+            .wait_timeout(t, LINGER)
+            .unwrap_or_else(|e| e.into_inner());
+        t = g;
+        t.idle -= 1;
+        if timeout.timed_out() && t.queue.is_empty() {
+            t.alive -= 1;
+            return;
         }
     }
 }

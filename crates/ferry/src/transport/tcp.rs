@@ -36,7 +36,7 @@ use super::admission::{Admission, Ticket};
 use super::conn_io::{ConnWriter, FrameReader};
 use super::probe::verify_peer;
 use super::secure;
-use super::stall::CopySlots;
+use super::stall::{self, CopySlots};
 use super::{cma, ActiveJob, ActiveLink, BoxFuture, Transport, TransportKind};
 use crate::auth::Secret;
 use crate::connector::Inner;
@@ -577,16 +577,24 @@ impl Conn {
                 // Ended while waiting: whoever ended it tells the peer.
                 _ = shared.ended() => return,
             };
-            let copy = tokio::task::spawn_blocking(move || {
+            let copy = stall::run(move || {
                 let end = pull_all(&peer, &region, &shared, &segs);
                 drop(slot);
                 end
             });
-            match copy.await {
+            // A copy that the peer stalls must not keep the connection (its
+            // socket) alive while it waits.
+            let weak = Arc::downgrade(&conn);
+            drop(conn);
+            let end = copy.await;
+            let Some(conn) = weak.upgrade() else {
+                return;
+            };
+            match end {
                 Ok(PullEnd::Done) => conn.send_soon(Message::Finish { req }.to_vec(), None, false),
                 Ok(PullEnd::Closed) => {}
                 Ok(PullEnd::Failed(why)) => conn.kill(why),
-                Err(e) => conn.kill(format!("a cross-memory copy failed: {e}")),
+                Err(_) => conn.kill("a cross-memory copy ended without an answer".into()),
             }
         });
     }
