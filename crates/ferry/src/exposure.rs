@@ -53,12 +53,20 @@ pub(crate) struct Exposures {
     /// on independent connections) is told how it ended, as the bound parts
     /// were, instead of just "ended" — so a cancel here reads as a cancel at
     /// the remote whichever part it hears of first.
-    ended: Mutex<VecDeque<Ended>>,
+    ended: Mutex<EndedLog>,
+}
+
+/// The records of ended operations, oldest first, and where each
+/// operation's records are (looked up by id, so that an unknown id costs
+/// what a known one does: no scan a peer could time).
+#[derive(Default)]
+struct EndedLog {
+    order: VecDeque<u64>,
+    by_id: HashMap<u64, Vec<Ended>>,
 }
 
 /// A record of an operation that left the table.
 struct Ended {
-    op_id: u64,
     token: Token,
     /// For a striped operation that ended without completing: the peer it
     /// was bound to, and how it ended.
@@ -248,20 +256,30 @@ impl Exposures {
     /// Takes `e` out of the table, remembering its token.
     fn unlist(&self, e: &Exposure) {
         if lock(&self.map).remove(&e.op_id).is_some() {
-            self.remember(Ended {
-                op_id: e.op_id,
-                token: e.token,
-                stripe: None,
-            });
+            self.remember(
+                e.op_id,
+                Ended {
+                    token: e.token,
+                    stripe: None,
+                },
+            );
         }
     }
 
-    fn remember(&self, r: Ended) {
-        let mut ended = lock(&self.ended);
-        if ended.len() >= ENDED {
-            ended.pop_front();
+    fn remember(&self, op_id: u64, r: Ended) {
+        let mut log = lock(&self.ended);
+        if log.order.len() >= ENDED {
+            if let Some(old) = log.order.pop_front() {
+                if let Some(v) = log.by_id.get_mut(&old) {
+                    v.remove(0);
+                    if v.is_empty() {
+                        log.by_id.remove(&old);
+                    }
+                }
+            }
         }
-        ended.push_back(r);
+        log.order.push_back(op_id);
+        log.by_id.entry(op_id).or_default().push(r);
     }
 
     /// How the ended operation that `o` names ended, told only to whoever
@@ -269,8 +287,8 @@ impl Exposures {
     /// remembered): that it ended, and for a part of a striped transfer that
     /// comes from the peer it was bound to, how.
     fn how_it_ended(&self, o: &Open, peer: Option<&str>) -> Option<(AbortReason, String)> {
-        let ended = lock(&self.ended);
-        let mut records = ended.iter().rev().filter(|r| r.op_id == o.op_id).peekable();
+        let log = lock(&self.ended);
+        let mut records = log.by_id.get(&o.op_id)?.iter().rev().peekable();
         if !records.peek()?.token.ct_eq(&o.token) {
             return None;
         }
@@ -292,11 +310,13 @@ impl Exposures {
             Some(Binding::Striped(s)) => s.peer().to_string(),
             _ => return,
         };
-        self.remember(Ended {
-            op_id: e.op_id,
-            token: e.token,
-            stripe: Some((peer, how)),
-        });
+        self.remember(
+            e.op_id,
+            Ended {
+                token: e.token,
+                stripe: Some((peer, how)),
+            },
+        );
     }
 
     /// Ends an exposure from the owner's side (cancel or drop; the region
