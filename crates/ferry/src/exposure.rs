@@ -62,15 +62,15 @@ pub(crate) struct Exposures {
 #[derive(Default)]
 struct EndedLog {
     order: VecDeque<u64>,
-    by_id: HashMap<u64, Vec<Ended>>,
+    by_id: HashMap<u64, Ended>,
 }
 
 /// A record of an operation that left the table.
 struct Ended {
     token: Token,
     /// For a striped operation that ended without completing: the peer it
-    /// was bound to, and how it ended.
-    stripe: Option<(String, (AbortReason, String))>,
+    /// was bound to, and how it ended (the latest word on it).
+    stripe: Option<Box<(String, (AbortReason, String))>>,
 }
 
 /// How many records of ended operations [`Exposures`] keeps.
@@ -268,18 +268,21 @@ impl Exposures {
 
     fn remember(&self, op_id: u64, r: Ended) {
         let mut log = lock(&self.ended);
+        if let Some(known) = log.by_id.get_mut(&op_id) {
+            // A later word on the same operation (how a stripe really
+            // ended); its token is the same.
+            if r.stripe.is_some() {
+                known.stripe = r.stripe;
+            }
+            return;
+        }
         if log.order.len() >= ENDED {
             if let Some(old) = log.order.pop_front() {
-                if let Some(v) = log.by_id.get_mut(&old) {
-                    v.remove(0);
-                    if v.is_empty() {
-                        log.by_id.remove(&old);
-                    }
-                }
+                log.by_id.remove(&old);
             }
         }
         log.order.push_back(op_id);
-        log.by_id.entry(op_id).or_default().push(r);
+        log.by_id.insert(op_id, r);
     }
 
     /// How the ended operation that `o` names ended, told only to whoever
@@ -288,20 +291,14 @@ impl Exposures {
     /// comes from the peer it was bound to, how.
     fn how_it_ended(&self, o: &Open, peer: Option<&str>) -> Option<(AbortReason, String)> {
         let log = lock(&self.ended);
-        let mut records = log.by_id.get(&o.op_id)?.iter().rev().peekable();
-        if !records.peek()?.token.ct_eq(&o.token) {
+        let r = log.by_id.get(&o.op_id)?;
+        if !r.token.ct_eq(&o.token) {
             return None;
         }
-        if o.parts > 1 {
-            let how = records.find_map(|r| match &r.stripe {
-                Some((p, how)) if Some(p.as_str()) == peer => Some(how.clone()),
-                _ => None,
-            });
-            if how.is_some() {
-                return how;
-            }
+        match r.stripe.as_deref() {
+            Some((p, how)) if o.parts > 1 && Some(p.as_str()) == peer => Some(how.clone()),
+            _ => Some(ended_here(o.op_id)),
         }
-        Some(ended_here(o.op_id))
     }
 
     /// Remembers how a striped operation ended, before it leaves the table.
@@ -314,7 +311,7 @@ impl Exposures {
             e.op_id,
             Ended {
                 token: e.token,
-                stripe: Some((peer, how)),
+                stripe: Some(Box::new((peer, how))),
             },
         );
     }
