@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
-use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The most copies one connection may have in flight at once.
 pub(crate) const PER_CONNECTION: usize = 4;
@@ -45,6 +45,17 @@ impl CopySlots {
         CopySlots {
             mine: Arc::new(Semaphore::new(PER_CONNECTION)),
         }
+    }
+
+    /// A slot at once, if one of this connection and one of the process
+    /// are free.
+    pub(crate) fn try_acquire(&self) -> Option<CopySlot> {
+        let mine = self.mine.clone().try_acquire_owned().ok()?;
+        let process = process_slots().try_acquire_owned().ok()?;
+        Some(CopySlot {
+            _mine: mine,
+            _process: process,
+        })
     }
 
     /// Waits for a slot of this connection, then one of the process (in
@@ -89,21 +100,16 @@ fn lock(m: &Mutex<Threads>) -> std::sync::MutexGuard<'_, Threads> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Runs `f` on a copy thread (call it only while holding a [`CopySlot`]);
-/// its result arrives on the receiver. Threads are detached: a copy that a
-/// peer stalls keeps its thread, never the runtime (nor its shutdown).
-pub(crate) fn run<T: Send + 'static>(
-    f: impl FnOnce() -> T + Send + 'static,
-) -> oneshot::Receiver<T> {
-    let (tx, rx) = oneshot::channel();
+/// Runs `f` on a copy thread (call it only while holding a [`CopySlot`]).
+/// Threads are detached: a copy that a peer stalls keeps its thread, never
+/// the runtime (nor its shutdown).
+pub(crate) fn run(f: impl FnOnce() + Send + 'static) {
     let (m, cv) = threads();
     let mut t = lock(m);
-    t.queue.push_back(Box::new(move || {
-        let _ = tx.send(f());
-    }));
+    t.queue.push_back(Box::new(f));
     if t.idle > 0 {
         cv.notify_one();
-        return rx;
+        return;
     }
     t.alive += 1;
     drop(t);
@@ -121,7 +127,6 @@ pub(crate) fn run<T: Send + 'static>(
             job();
         }
     }
-    rx
 }
 
 fn worker() {

@@ -36,7 +36,7 @@ use super::admission::{Admission, Ticket};
 use super::conn_io::{ConnWriter, FrameReader};
 use super::probe::verify_peer;
 use super::secure;
-use super::stall::{self, CopySlots};
+use super::stall::{self, CopySlot, CopySlots};
 use super::{cma, ActiveJob, ActiveLink, BoxFuture, Transport, TransportKind};
 use crate::auth::Secret;
 use crate::connector::Inner;
@@ -466,7 +466,7 @@ pub(crate) struct Conn {
     /// Source memory lent to the peer, by request.
     leases: Mutex<HashMap<u64, Arc<Region>>>,
     /// Bounds this connection's copies from the peer (see `stall.rs`).
-    copy_slots: CopySlots,
+    copy_slots: Arc<CopySlots>,
     /// What to do once the reader has ended (`None` inside: it has).
     on_close: Mutex<Option<Vec<CloseHook>>>,
     /// An accepted connection's place (see `admission.rs`).
@@ -495,7 +495,7 @@ impl Conn {
             tuple: OnceLock::new(),
             cookie: Mutex::new(None),
             leases: Mutex::new(HashMap::new()),
-            copy_slots: CopySlots::new(),
+            copy_slots: Arc::new(CopySlots::new()),
             on_close: Mutex::new(Some(Vec::new())),
             ticket: OnceLock::new(),
             last_active: AtomicU64::new(now_ms()),
@@ -570,32 +570,34 @@ impl Conn {
         let Some(peer) = self.peer_pid.get().cloned() else {
             return self.kill("the peer lent memory to a process that cannot attach to it".into());
         };
-        let conn = self.clone();
-        self.handle.spawn(async move {
-            let slot = tokio::select! {
-                slot = conn.copy_slots.acquire() => slot,
-                // Ended while waiting: whoever ended it tells the peer.
-                _ = shared.ended() => return,
-            };
-            let copy = stall::run(move || {
-                let end = pull_all(&peer, &region, &shared, &segs);
-                drop(slot);
-                end
-            });
-            // A copy that the peer stalls must not keep the connection (its
-            // socket) alive while it waits.
-            let weak = Arc::downgrade(&conn);
-            drop(conn);
-            let end = copy.await;
-            let Some(conn) = weak.upgrade() else {
+        let shared_ended = shared.clone();
+        // The copy thread answers the peer itself (no hop back to the
+        // runtime) and holds the connection only weakly: a copy that the
+        // peer stalls must not keep its socket alive.
+        let conn = Arc::downgrade(self);
+        let copy = move |slot: CopySlot| {
+            let end = pull_all(&peer, &region, &shared, &segs);
+            drop(slot);
+            let Some(conn) = conn.upgrade() else {
                 return;
             };
             match end {
-                Ok(PullEnd::Done) => conn.send_soon(Message::Finish { req }.to_vec(), None, false),
-                Ok(PullEnd::Closed) => {}
-                Ok(PullEnd::Failed(why)) => conn.kill(why),
-                Err(_) => conn.kill("a cross-memory copy ended without an answer".into()),
+                PullEnd::Done => conn.send_soon(Message::Finish { req }.to_vec(), None, false),
+                PullEnd::Closed => {}
+                PullEnd::Failed(why) => conn.kill(why),
             }
+        };
+        if let Some(slot) = self.copy_slots.try_acquire() {
+            return stall::run(move || copy(slot));
+        }
+        let (slots, ended) = (self.copy_slots.clone(), shared_ended);
+        self.handle.spawn(async move {
+            let slot = tokio::select! {
+                slot = slots.acquire() => slot,
+                // Ended while waiting: whoever ended it tells the peer.
+                _ = ended.ended() => return,
+            };
+            stall::run(move || copy(slot));
         });
     }
 
