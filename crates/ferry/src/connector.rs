@@ -9,6 +9,12 @@ use tokio::runtime::Handle;
 use tokio::sync::watch;
 
 use crate::auth::Secret;
+use crate::builder::{
+    number_or_env, ConnectorBuilder, CMA_THRESHOLD_ENV, DEFAULT_CMA_THRESHOLD,
+    DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_STRIPE_THRESHOLD, IDLE_TIMEOUT_ENV,
+    MAX_CONNECTIONS_ENV, MIN_SECRET, SECRET_ENV, STRIPE_THRESHOLD_ENV, TCP_STREAMS_ENV,
+    TRANSPORTS_ENV,
+};
 use crate::exposure::Exposures;
 use crate::op::{Link, OpCore, OpShared};
 use crate::region::Region;
@@ -20,186 +26,7 @@ use crate::{
     WriteOperation,
 };
 
-/// The environment variable that restricts transports, e.g. `FERRY_TRANSPORTS=tcp`.
-pub const TRANSPORTS_ENV: &str = "FERRY_TRANSPORTS";
-/// The environment variable that holds the deployment's shared secret.
-pub const SECRET_ENV: &str = "FERRY_SECRET";
-/// The environment variable that sets [`ConnectorBuilder::cma_threshold`] (bytes).
-pub const CMA_THRESHOLD_ENV: &str = "FERRY_CMA_THRESHOLD";
-/// The environment variable that sets [`ConnectorBuilder::tcp_streams`].
-pub const TCP_STREAMS_ENV: &str = "FERRY_TCP_STREAMS";
-/// The environment variable that sets [`ConnectorBuilder::stripe_threshold`] (bytes).
-pub const STRIPE_THRESHOLD_ENV: &str = "FERRY_STRIPE_THRESHOLD";
-/// The environment variable that sets [`ConnectorBuilder::idle_timeout`] (seconds).
-pub const IDLE_TIMEOUT_ENV: &str = "FERRY_IDLE_TIMEOUT";
-/// The environment variable that sets [`ConnectorBuilder::max_connections`].
-pub const MAX_CONNECTIONS_ENV: &str = "FERRY_MAX_CONNECTIONS";
-/// Connections with no operation in progress for this long are closed, by default.
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-pub use crate::transport::admission::{DEFAULT_MAX_CONNECTIONS, UNPROVEN_PER_ADDRESS};
-/// The shortest shared secret accepted, in bytes.
-pub const MIN_SECRET: usize = 16;
-
-/// Configures a [`Connector`].
-///
-/// ```no_run
-/// # async fn f() -> ferry::Result<()> {
-/// let c = ferry::Connector::builder()
-///     .worker_id("prefill-0")
-///     .listen("127.0.0.1:0".parse().unwrap())
-///     .build()
-///     .await?;
-/// # Ok(()) }
-/// ```
-#[derive(Debug, Clone)]
-pub struct ConnectorBuilder {
-    worker_id: Option<String>,
-    listen: SocketAddr,
-    advertise: Option<Vec<SocketAddr>>,
-    transports: Option<Vec<TransportKind>>,
-    connect_timeout: Duration,
-    secret: Option<Secret>,
-    cma_threshold: Option<u64>,
-    tcp_streams: Option<usize>,
-    stripe_threshold: Option<u64>,
-    idle_timeout: Option<Duration>,
-    max_connections: Option<usize>,
-}
-
-/// TCP streams per transfer to another host, by default.
-pub const DEFAULT_TCP_STREAMS: usize = 4;
-/// TCP transfers of at least this many bytes are striped, by default.
-pub const DEFAULT_STRIPE_THRESHOLD: u64 = 8 << 20;
-
-/// Transfers of at least this many bytes use cross-memory attach by default.
-pub const DEFAULT_CMA_THRESHOLD: u64 = 64 * 1024;
-
-impl Default for ConnectorBuilder {
-    fn default() -> Self {
-        ConnectorBuilder {
-            worker_id: None,
-            listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
-            advertise: None,
-            transports: None,
-            connect_timeout: Duration::from_secs(5),
-            secret: None,
-            cma_threshold: None,
-            tcp_streams: None,
-            stripe_threshold: None,
-            idle_timeout: None,
-            max_connections: None,
-        }
-    }
-}
-
 impl ConnectorBuilder {
-    /// This worker's id (default: 32 random hexadecimal digits).
-    pub fn worker_id(mut self, id: impl Into<String>) -> Self {
-        self.worker_id = Some(id.into());
-        self
-    }
-
-    /// Where to listen (default `0.0.0.0:0`: all interfaces, an ephemeral port).
-    pub fn listen(mut self, addr: SocketAddr) -> Self {
-        self.listen = addr;
-        self
-    }
-
-    /// The addresses written into metadata (default: the listen address, or
-    /// when listening on all interfaces, this host's name's addresses and
-    /// loopback).
-    pub fn advertise(mut self, addrs: Vec<SocketAddr>) -> Self {
-        self.advertise = Some(addrs);
-        self
-    }
-
-    /// Restricts the transports (default: `FERRY_TRANSPORTS` if set, else all).
-    pub fn transports(mut self, t: &[TransportKind]) -> Self {
-        self.transports = Some(t.to_vec());
-        self
-    }
-
-    /// A secret shared by the deployment's workers (default: `FERRY_SECRET`
-    /// if set, else none). With one, every TCP connection starts with a
-    /// Noise handshake keyed by the secret (`Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s`)
-    /// that proves in both directions that the peer knows it, before any
-    /// operation is served; afterwards every frame and payload byte is
-    /// encrypted and authenticated under keys bound to that handshake, so
-    /// that nobody on the path can read, alter or inject any of it. Workers
-    /// without the secret, or with another, are refused with
-    /// [`Error::Unauthenticated`]. Use at least [`MIN_SECRET`] (16) random
-    /// bytes; shorter ones are refused.
-    pub fn secret(mut self, secret: impl AsRef<[u8]>) -> Self {
-        self.secret = Some(Secret::new(secret.as_ref()));
-        self
-    }
-
-    /// The smallest transfer (all descriptors together) that goes by
-    /// cross-memory attach when that is possible (default
-    /// [`DEFAULT_CMA_THRESHOLD`]). Smaller ones travel inside the control
-    /// connection's frames, which is faster for them: a READ by attach needs
-    /// one more round trip. 0 sends everything by attach. Without this
-    /// call, `FERRY_CMA_THRESHOLD` is read.
-    pub fn cma_threshold(mut self, bytes: u64) -> Self {
-        self.cma_threshold = Some(bytes);
-        self
-    }
-
-    /// Into how many TCP streams (connections) a large transfer is split
-    /// (at most [`MAX_PARTS`](ferry_proto::wire::MAX_PARTS); 1 never
-    /// splits). One TCP stream rarely fills a fast link between two hosts:
-    /// its window and the single core that feeds it limit it. Transfers of
-    /// at least [`stripe_threshold`](Self::stripe_threshold) bytes that go
-    /// over TCP are cut into this many contiguous parts, each sent on a
-    /// connection of its own, and complete when every part has landed.
-    ///
-    /// Without this call, `FERRY_TCP_STREAMS` is read; without either,
-    /// transfers to another host use [`DEFAULT_TCP_STREAMS`] and transfers on
-    /// one host (loopback, where striping only adds work) use one. A value
-    /// set here or in the environment applies to every remote.
-    pub fn tcp_streams(mut self, n: usize) -> Self {
-        self.tcp_streams = Some(n);
-        self
-    }
-
-    /// The smallest TCP transfer (all descriptors together) that is split
-    /// over several streams (default [`DEFAULT_STRIPE_THRESHOLD`]; see
-    /// [`tcp_streams`](Self::tcp_streams)). Without this call,
-    /// `FERRY_STRIPE_THRESHOLD` is read.
-    pub fn stripe_threshold(mut self, bytes: u64) -> Self {
-        self.stripe_threshold = Some(bytes);
-        self
-    }
-
-    /// Closes a connection (either direction) on which no operation has been
-    /// in progress, and no frame has arrived, for this long (default
-    /// [`DEFAULT_IDLE_TIMEOUT`]; without this call, `FERRY_IDLE_TIMEOUT`
-    /// in seconds is read). The next operation to that remote reconnects. A
-    /// pooled connection idle for half of it is replaced rather than used,
-    /// so give both sides the same value.
-    pub fn idle_timeout(mut self, d: Duration) -> Self {
-        self.idle_timeout = Some(d);
-        self
-    }
-
-    /// How many accepted connections this connector keeps at most (default
-    /// [`DEFAULT_MAX_CONNECTIONS`]; without this call,
-    /// `FERRY_MAX_CONNECTIONS` is read). An eighth of them, and at most
-    /// [`UNPROVEN_PER_ADDRESS`] per IP address, may be connections that have
-    /// not yet presented a valid capability; beyond that the oldest such
-    /// connection is closed to make room. Connections that presented one are
-    /// never closed to make room.
-    pub fn max_connections(mut self, n: usize) -> Self {
-        self.max_connections = Some(n);
-        self
-    }
-
-    /// How long to try each address of a remote (default 5 s).
-    pub fn connect_timeout(mut self, d: Duration) -> Self {
-        self.connect_timeout = d;
-        self
-    }
-
     /// Binds the listener and starts the connector. Must be called within a
     /// Tokio runtime, which the connector then uses for its tasks.
     pub async fn build(self) -> Result<Connector> {
@@ -320,21 +147,6 @@ impl ConnectorBuilder {
         tokio::spawn(tcp::listen(inner.clone(), listener, shutdown_rx));
         tracing::debug!(worker = inner.worker_id, addr = %local_addr, "connector started");
         Ok(Connector { inner })
-    }
-}
-
-/// A builder's value, else the environment variable's (a number of `what`).
-fn number_or_env<T: std::str::FromStr>(set: Option<T>, var: &str, what: &str) -> Result<Option<T>> {
-    if set.is_some() {
-        return Ok(set);
-    }
-    match std::env::var(var) {
-        Ok(v) if !v.trim().is_empty() => v
-            .trim()
-            .parse()
-            .map(Some)
-            .map_err(|_| Error::Config(format!("{var}={v:?} is not a number of {what}"))),
-        _ => Ok(None),
     }
 }
 

@@ -33,6 +33,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod auth;
+mod builder;
 mod connector;
 mod descriptor;
 mod error;
@@ -42,12 +43,13 @@ mod op;
 mod region;
 mod transport;
 
-pub use connector::{
-    Connector, ConnectorBuilder, Scope, CMA_THRESHOLD_ENV, DEFAULT_CMA_THRESHOLD,
-    DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_STRIPE_THRESHOLD, DEFAULT_TCP_STREAMS,
-    IDLE_TIMEOUT_ENV, MAX_CONNECTIONS_ENV, MIN_SECRET, SECRET_ENV, STRIPE_THRESHOLD_ENV,
-    TCP_STREAMS_ENV, TRANSPORTS_ENV, UNPROVEN_PER_ADDRESS,
+pub use builder::{
+    ConnectorBuilder, CMA_THRESHOLD_ENV, DEFAULT_CMA_THRESHOLD, DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_STRIPE_THRESHOLD, DEFAULT_TCP_STREAMS, IDLE_TIMEOUT_ENV,
+    MAX_CONNECTIONS_ENV, MIN_SECRET, SECRET_ENV, STRIPE_THRESHOLD_ENV, TCP_STREAMS_ENV,
+    TRANSPORTS_ENV, UNPROVEN_PER_ADDRESS,
 };
+pub use connector::{Connector, Scope};
 pub use descriptor::Descriptor;
 pub use error::{Error, Result};
 pub use ferry_proto::wire::AbortReason;

@@ -1591,7 +1591,7 @@ impl TcpTransport {
             .unwrap_or(if remote.host_id() == self.local.host_id {
                 1
             } else {
-                crate::connector::DEFAULT_TCP_STREAMS
+                crate::builder::DEFAULT_TCP_STREAMS
             });
         if streams <= 1 || total < self.local.stripe_threshold {
             return 1;
