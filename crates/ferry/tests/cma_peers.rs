@@ -16,7 +16,7 @@
 use std::ffi::CString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -451,114 +451,27 @@ const SLOTS: usize = 16;
 /// The prober's probe timeout in this test.
 const PROBE_TIMEOUT_MS: u64 = 300;
 
-/// One page of this process that never arrives: registered with
-/// `userfaultfd` for missing pages, and never served. Any read of it, by
-/// this process or by the kernel on behalf of another (`process_vm_readv`),
+#[path = "common/uffd.rs"]
+mod uffd;
+
+/// One page of this process that never arrives (registered with
+/// `userfaultfd` for missing pages, and never served); `None` (with the
+/// reason printed) where the kernel refuses. Any read of it, by this
+/// process or by the kernel on behalf of another (`process_vm_readv`),
 /// waits until the `userfaultfd` is closed.
-struct Stall {
-    _uffd: OwnedFd,
-    page: *mut libc::c_void,
+fn stalled_page() -> Option<uffd::Stall> {
+    uffd::Stall::new(4096)
+        .map_err(|e| eprintln!("skipped: the kernel refuses userfaultfd ({e})"))
+        .ok()
 }
 
-impl Stall {
-    /// `None` (with the reason printed) where the kernel refuses.
-    fn new() -> Option<Stall> {
-        #[repr(C)]
-        struct UffdioApi {
-            api: u64,
-            features: u64,
-            ioctls: u64,
-        }
-        #[repr(C)]
-        struct UffdioRegister {
-            start: u64,
-            len: u64,
-            mode: u64,
-            ioctls: u64,
-        }
-        const UFFD_API: u64 = 0xAA;
-        const UFFDIO_API: libc::c_ulong = 0xC018_AA3F;
-        const UFFDIO_REGISTER: libc::c_ulong = 0xC020_AA00;
-        const MODE_MISSING: u64 = 1;
-        // Not UFFD_USER_MODE_ONLY: the faults to stall come from the kernel.
-        // SAFETY: a system call with integer arguments.
-        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC) };
-        if fd < 0 {
-            eprintln!(
-                "skipped: the kernel refuses userfaultfd ({})",
-                std::io::Error::last_os_error()
-            );
-            return None;
-        }
-        // SAFETY: `fd` was just opened and is owned by nothing else.
-        let uffd = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
-        let mut api = UffdioApi {
-            api: UFFD_API,
-            features: 0,
-            ioctls: 0,
-        };
-        // SAFETY: `api` is the structure this ioctl reads and writes.
-        if unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_API, &mut api) } != 0 {
-            eprintln!(
-                "skipped: UFFDIO_API failed ({})",
-                std::io::Error::last_os_error()
-            );
-            return None;
-        }
-        // SAFETY: a fresh private anonymous mapping; integer arguments.
-        let page = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                4096,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(page, libc::MAP_FAILED);
-        let mut reg = UffdioRegister {
-            start: page as u64,
-            len: 4096,
-            mode: MODE_MISSING,
-            ioctls: 0,
-        };
-        // SAFETY: `reg` is the structure this ioctl reads and writes; the
-        // range is the page just mapped.
-        if unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_REGISTER, &mut reg) } != 0 {
-            eprintln!(
-                "skipped: UFFDIO_REGISTER failed ({})",
-                std::io::Error::last_os_error()
-            );
-            // SAFETY: unmapping the page mapped above, never touched.
-            unsafe { libc::munmap(page, 4096) };
-            return None;
-        }
-        Some(Stall { _uffd: uffd, page })
-    }
-}
-
-impl Drop for Stall {
-    fn drop(&mut self) {
-        // SAFETY: unmapping the page this value mapped; nothing refers to
-        // it any more (the processes that read it are gone).
-        unsafe { libc::munmap(self.page, 4096) };
-    }
-}
-
-/// Probes of a process whose cookie page never arrives time out and give
-/// their slot back then: more than the slots there are time out one after
-/// another (each one waits for its page, so it had a slot), and a
-/// legitimate peer still attaches afterwards. Before the fix, the 16 stuck
-/// probes kept their slots for good: no verdict came before the 10 s
-/// timeout, and cross-memory attach was off for the whole prober process.
 #[test]
 fn probes_stalled_on_a_page_that_never_arrives_give_their_slot_back() {
     const NAME: &str = "probes_stalled_on_a_page_that_never_arrives_give_their_slot_back";
     if std::env::var(PROBER).is_ok() {
         return prober();
     }
-    let Some(stall) = Stall::new() else {
+    let Some(stall) = stalled_page() else {
         return;
     };
     let timeout_ms = PROBE_TIMEOUT_MS.to_string();
@@ -570,7 +483,7 @@ fn probes_stalled_on_a_page_that_never_arrives_give_their_slot_back() {
     );
     let mut out = BufReader::new(child.0.stdout.take().unwrap());
     let prober_addr: SocketAddr = line_after(&mut out, "LISTEN ").parse().unwrap();
-    let page = stall.page as u64;
+    let page = stall.base as u64;
     for wave in [SLOTS, SLOTS / 2] {
         let probes: Vec<_> = (0..wave)
             .map(|i| {
