@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use crate::auth::Secret;
-use crate::transport::TransportKind;
+use crate::kind::TransportKind;
 use crate::{Error, Result};
 
 /// The environment variable that restricts transports, e.g. `FERRY_TRANSPORTS=tcp`.

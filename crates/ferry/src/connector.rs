@@ -1,6 +1,6 @@
 use std::marker::PhantomData;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ferry_proto::{DescriptorInfo, OperationKind, OperationStatus, RdmaMetadata, MAX_DESCRIPTORS};
@@ -11,16 +11,15 @@ use tokio::sync::watch;
 use crate::auth::Secret;
 use crate::builder::{
     number_or_env, ConnectorBuilder, CMA_THRESHOLD_ENV, DEFAULT_CMA_THRESHOLD,
-    DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_STRIPE_THRESHOLD, IDLE_TIMEOUT_ENV,
-    MAX_CONNECTIONS_ENV, MIN_SECRET, SECRET_ENV, STRIPE_THRESHOLD_ENV, TCP_STREAMS_ENV,
-    TRANSPORTS_ENV,
+    DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_STRIPE_THRESHOLD, DEFAULT_TCP_STREAMS,
+    IDLE_TIMEOUT_ENV, MAX_CONNECTIONS_ENV, MIN_SECRET, SECRET_ENV, STRIPE_THRESHOLD_ENV,
+    TCP_STREAMS_ENV, TRANSPORTS_ENV,
 };
 use crate::exposure::Exposures;
-use crate::op::{Link, OpCore, OpShared};
+use crate::op::{Link, OpCore};
+use crate::outcome::OpShared;
 use crate::region::Region;
-use crate::transport::local::{self, LocalTransport};
-use crate::transport::tcp::{self, Conn, LocalInfo, TcpTransport};
-use crate::transport::{ActiveJob, Transport, TransportKind};
+use crate::transport::{ActiveJob, Config, Host, TransportKind, Transports};
 use crate::{
     host, Descriptor, Error, ReadOperation, ReadableOperation, Result, WritableOperation,
     WriteOperation,
@@ -105,7 +104,7 @@ impl ConnectorBuilder {
         let host_id = host::host_id();
         let (shutdown, shutdown_rx) = watch::channel(false);
         let handle = Handle::current();
-        let local = Arc::new(LocalInfo {
+        let config = Config {
             worker_id: worker_id.clone(),
             host_id: host_id.clone(),
             connect_timeout: self.connect_timeout,
@@ -113,38 +112,32 @@ impl ConnectorBuilder {
             cma: transports.contains(&TransportKind::Cma),
             cma_threshold,
             tcp_streams,
+            streams_to_other_hosts: DEFAULT_TCP_STREAMS,
             stripe_threshold: stripe_threshold.max(1),
             idle_timeout,
             max_connections,
             shutdown: shutdown_rx.clone(),
             handle: handle.clone(),
+        };
+        let host = Arc::new(Host {
+            worker_id: worker_id.clone(),
+            secret,
+            exposures: Arc::new(Exposures::default()),
+            shutdown: shutdown_rx,
+            handle,
         });
-        let tcp = Arc::new(TcpTransport::new(local));
+        let transports = Transports::start(&host, config, &transports, listener, &advertised);
         let inner = Arc::new(Inner {
             worker_id,
             hostname,
             host_id,
             local_addr,
             advertised,
-            exposures: Exposures::default(),
-            tcp: tcp.clone(),
-            transports: {
-                let mut t: Vec<Arc<dyn Transport>> = Vec::new();
-                if transports.contains(&TransportKind::Local) {
-                    t.push(Arc::new(LocalTransport {
-                        secret: secret.clone(),
-                    }));
-                }
-                t.push(tcp);
-                t
-            },
+            exposures: host.exposures.clone(),
+            transports,
             shutdown,
-            handle,
-            incoming: Mutex::new(Vec::new()),
-            secret,
+            _host: host,
         });
-        local::register(&inner.worker_id, &inner.advertised, &inner);
-        tokio::spawn(tcp::listen(inner.clone(), listener, shutdown_rx));
         tracing::debug!(worker = inner.worker_id, addr = %local_addr, "connector started");
         Ok(Connector { inner })
     }
@@ -167,31 +160,18 @@ fn default_advertised(local: SocketAddr) -> Vec<SocketAddr> {
     out
 }
 
-pub(crate) struct Inner {
-    pub(crate) worker_id: String,
+struct Inner {
+    worker_id: String,
     hostname: String,
     host_id: String,
     local_addr: SocketAddr,
     advertised: Vec<SocketAddr>,
-    pub(crate) exposures: Exposures,
-    pub(crate) tcp: Arc<TcpTransport>,
-    transports: Vec<Arc<dyn Transport>>,
+    exposures: Arc<Exposures>,
+    transports: Transports,
     shutdown: watch::Sender<bool>,
-    pub(crate) handle: Handle,
-    incoming: Mutex<Vec<Weak<Conn>>>,
-    pub(crate) secret: Option<Secret>,
-}
-
-impl Inner {
-    pub(crate) fn is_shut_down(&self) -> bool {
-        *self.shutdown.borrow()
-    }
-
-    pub(crate) fn track_incoming(&self, c: &Arc<Conn>) {
-        let mut v = self.incoming.lock().unwrap_or_else(|e| e.into_inner());
-        v.retain(|w| w.strong_count() > 0);
-        v.push(Arc::downgrade(c));
-    }
+    /// What the transports see of this connector (they hold it weakly or
+    /// through their tasks).
+    _host: Arc<Host>,
 }
 
 /// One worker's entry point: creates the four operations, owns the listener,
@@ -292,40 +272,23 @@ impl Connector {
     /// the active side, and as the passive side). Zero when idle: nothing
     /// accumulates.
     pub fn pending_count(&self) -> usize {
-        let incoming: usize = self
-            .inner
-            .incoming
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter_map(Weak::upgrade)
-            .map(|c| c.pending())
-            .sum();
-        self.inner.tcp.pending() + incoming
+        self.inner.transports.pending()
     }
 
     /// Closes every connection to and from remote workers, as a network
     /// failure would: operations on them fail with
     /// [`Error::ConnectionLost`], and the next operation reconnects.
     pub fn close_connections(&self) {
-        self.inner.tcp.close_all("closed by close_connections()");
-        let incoming: Vec<_> = std::mem::take(
-            &mut *self
-                .inner
-                .incoming
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()),
-        );
-        for c in incoming.iter().filter_map(Weak::upgrade) {
-            c.close("closed by close_connections()");
-        }
+        self.inner
+            .transports
+            .close_all("closed by close_connections()");
     }
 
     /// How many pooled connections to remote workers are open or being
     /// opened. A connection that ended (the peer exited, the network broke)
     /// leaves the pool, and closes its socket, as soon as it is noticed.
     pub fn connection_count(&self) -> usize {
-        self.inner.tcp.connection_count()
+        self.inner.transports.connection_count()
     }
 
     /// Exposes local memory for one remote worker to read.
@@ -471,7 +434,7 @@ impl Connector {
             shared,
             region,
             link: Link::Passive {
-                inner: self.inner.clone(),
+                exposures: self.inner.exposures.clone(),
                 exposure,
             },
         });
@@ -522,8 +485,7 @@ impl Connector {
         let transport = self
             .inner
             .transports
-            .iter()
-            .find(|t| t.reaches(remote))
+            .for_remote(remote)
             .ok_or_else(|| Error::Config("no enabled transport reaches this remote".into()))?;
         tracing::trace!(transport = %transport.kind(), op = remote.operation_id(), "starting {kind}");
         let sizes: Vec<u64> = descs.iter().map(|d| d.size() as u64).collect();

@@ -2,17 +2,17 @@
 //! handed out, and the checks every remote request passes before it may
 //! touch a byte.
 
+use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
-use ferry_proto::wire::{Abort, AbortReason, Message, Open};
+use ferry_proto::wire::{AbortReason, Open};
 use ferry_proto::{OperationKind, OperationStatus, Token};
 
 use crate::host;
-use crate::op::OpShared;
+use crate::outcome::OpShared;
 use crate::region::Region;
-use crate::transport::tcp::{Conn, Stripe};
 use crate::Error;
 
 pub(crate) struct Exposure {
@@ -23,23 +23,41 @@ pub(crate) struct Exposure {
     pub(crate) region: Arc<Region>,
     pub(crate) shared: Arc<OpShared>,
     /// Who is transferring this operation right now.
-    binding: Mutex<Option<Binding>>,
+    binding: Mutex<Option<Arc<dyn PassiveLink>>>,
 }
 
-/// The remote side an exposure is bound to while it transfers.
-pub(crate) enum Binding {
-    /// A request on a TCP connection.
-    Tcp(Weak<Conn>, u64),
-    /// The parts of a striped transfer, each a request on a connection of
-    /// its own (bound as their `Open`s arrive, in any order).
-    Striped(Arc<Stripe>),
-    /// A connector of this process, copying directly; it notices a cancel
-    /// through the closed region.
-    Local,
+/// Why a request was refused: the wire's reason and a detail for the peer.
+pub(crate) type Refusal = (AbortReason, String);
+
+/// The remote side an exposure is bound to while it transfers, as the
+/// transport that carries it implements it: the table talks to bindings
+/// only through this trait, never to a transport's own types.
+pub(crate) trait PassiveLink: Send + Sync {
+    /// The transfer ended here: leave the transport's tables (called before
+    /// anyone waking on the end can look).
+    fn leave(&self);
+    /// The transfer ended here without completing (`how`, for the remote):
+    /// parts still running elsewhere are told. Called after the outcome is
+    /// published; a link whose reader settled the end itself does nothing.
+    fn ended(&self, how: Option<&Refusal>);
+    /// The owner withdrew the memory (cancel or drop): leave the tables and
+    /// tell the remote, as it really ended (`how`).
+    fn withdrawn(&self, how: Option<Refusal>);
+    /// For a binding that later requests may join (the parts of a striped
+    /// transfer), the worker they must come from: how such a transfer ended
+    /// is remembered for it.
+    fn joinable_by(&self) -> Option<&str> {
+        None
+    }
+    /// The binding as its transport's own type (to join it).
+    fn as_any(&self) -> &dyn Any;
 }
 
-/// An exposure a request was bound to, and the stripe it joined (if any).
-pub(crate) type Bound = (Arc<Exposure>, Option<Arc<Stripe>>);
+/// A request as it asks to bind an exposure: the worker it comes from, and
+/// how it binds (`None`: the exposure is free; `Some`: bound already, to be
+/// joined or refused).
+pub(crate) type Bind<'a> =
+    dyn FnMut(Option<&Arc<dyn PassiveLink>>) -> Result<Arc<dyn PassiveLink>, Refusal> + 'a;
 
 #[derive(Default)]
 pub(crate) struct Exposures {
@@ -114,19 +132,19 @@ impl Exposures {
         lock(&self.map).len()
     }
 
-    /// Checks a remote's request against the capability it presents and
-    /// binds the operation to it (`to` is `Tcp` or `Local`; a striped
-    /// request joins the operation's [`Stripe`], returned). Nothing is
-    /// touched when this fails.
-    pub(crate) fn open(&self, o: &Open, to: Binding) -> Result<Bound, (AbortReason, String)> {
-        let peer = match &to {
-            Binding::Tcp(conn, _) => conn.upgrade().map(|c| c.peer().to_string()),
-            _ => None,
-        };
+    /// Checks a remote's request, from worker `peer`, against the
+    /// capability it presents and binds the operation to it: `bind` makes
+    /// the binding of a free exposure, or joins (or refuses) the one it has
+    /// (a further part of a striped transfer). Nothing is touched when this
+    /// fails.
+    pub(crate) fn open(
+        &self,
+        o: &Open,
+        peer: Option<&str>,
+        bind: &mut Bind<'_>,
+    ) -> Result<(Arc<Exposure>, Arc<dyn PassiveLink>), Refusal> {
         let Some(e) = lock(&self.map).get(&o.op_id).cloned() else {
-            return Err(self
-                .how_it_ended(o, peer.as_deref())
-                .unwrap_or_else(unknown));
+            return Err(self.how_it_ended(o, peer).unwrap_or_else(unknown));
         };
         if !e.token.ct_eq(&o.token) {
             return Err(unknown());
@@ -164,49 +182,29 @@ impl Exposures {
             ));
         }
         let ended = || {
-            self.how_it_ended(o, peer.as_deref())
+            self.how_it_ended(o, peer)
                 .unwrap_or_else(|| ended_here(o.op_id))
         };
         let mut binding = lock(&e.binding);
-        if o.parts > 1 {
-            let Binding::Tcp(conn, req) = to else {
-                return Err((AbortReason::Protocol, "a striped local request".into()));
-            };
-            let stripe = match &*binding {
-                None => {
-                    if !e.shared.start() {
-                        return Err(ended());
-                    }
-                    let s = Stripe::new(o.parts, peer.clone().unwrap_or_default());
-                    *binding = Some(Binding::Striped(s.clone()));
-                    s
+        let link = match &*binding {
+            None => {
+                if !e.shared.start() {
+                    return Err(ended());
                 }
-                // Another part of the same transfer, from the same worker.
-                Some(Binding::Striped(s))
-                    if s.parts() == o.parts && peer.as_deref() == Some(s.peer()) =>
-                {
-                    if e.shared.status().is_terminal() {
-                        return Err(ended());
-                    }
-                    s.clone()
-                }
-                Some(_) => return Err((AbortReason::Busy, String::new())),
-            };
-            if !stripe.bind(o.part, conn, req, None) {
-                return Err((AbortReason::Busy, format!("part {} bound twice", o.part)));
+                let link = bind(None)?;
+                *binding = Some(link.clone());
+                link
             }
-            drop(binding);
-            return Ok((e, Some(stripe)));
-        }
-        if binding.is_some() {
-            return Err((AbortReason::Busy, String::new()));
-        }
-        if !e.shared.start() {
-            return Err(ended());
-        }
-        *binding = Some(to);
+            Some(b) => {
+                let link = bind(Some(b))?;
+                if e.shared.status().is_terminal() {
+                    return Err(ended());
+                }
+                link
+            }
+        };
         drop(binding);
-        Ok((e, None))
+        Ok((e, link))
     }
 
     /// Ends an exposure from the transport's side (completion, remote
@@ -227,21 +225,15 @@ impl Exposures {
         // the capability gone.
         self.unlist(e);
         let bound = lock(&e.binding).take();
-        let stripe = match bound {
-            Some(Binding::Striped(s)) => Some(s),
-            _ => None,
-        };
-        if let Some(s) = &stripe {
+        if let Some(b) = &bound {
             // Every part leaves its connection's table before anyone wakes.
-            s.abandon(None);
+            b.leave();
         }
         let won = e.shared.end(status, error);
         // The remote's parts end with it, told how it really ended here.
-        if let Some(s) = stripe {
+        if let Some(b) = bound {
             let (status, error) = e.shared.state();
-            if let Some(reason) = abort_reason(status, error.as_ref()) {
-                s.abandon(Some(reason));
-            }
+            b.ended(abort_reason(status, error.as_ref()).as_ref());
         }
         won
     }
@@ -304,8 +296,11 @@ impl Exposures {
     /// Remembers how a striped operation ended, before it leaves the table.
     fn remember_if_striped(&self, e: &Exposure, how: (AbortReason, String)) {
         let peer = match &*lock(&e.binding) {
-            Some(Binding::Striped(s)) => s.peer().to_string(),
-            _ => return,
+            Some(b) => match b.joinable_by() {
+                Some(p) => p.to_string(),
+                None => return,
+            },
+            None => return,
         };
         self.remember(
             e.op_id,
@@ -318,7 +313,7 @@ impl Exposures {
 
     /// Ends an exposure from the owner's side (cancel or drop; the region
     /// is already closed). Tells the remote if one is bound.
-    pub(crate) fn withdraw(&self, e: &Exposure, _changed: bool) {
+    pub(crate) fn withdraw(&self, e: &Exposure) {
         // As it really ended (this cancel may have lost to a failure).
         let (status, error) = e.shared.state();
         let reason = abort_reason(status, error.as_ref());
@@ -327,22 +322,11 @@ impl Exposures {
             self.remember_if_striped(e, r.clone());
         }
         self.unlist(e);
-        // Release `binding` before `forget_passive` takes the connection's
-        // table: the reader takes them in the other order.
+        // Release `binding` before the link takes its transport's tables:
+        // a reader takes them in the other order.
         let bound = lock(&e.binding).take();
-        match bound {
-            Some(Binding::Tcp(conn, req)) => {
-                if let Some(conn) = conn.upgrade() {
-                    conn.forget_passive(req);
-                    conn.send_detached(Message::Abort(Abort {
-                        req,
-                        reason: AbortReason::Cancelled,
-                        detail: String::new(),
-                    }));
-                }
-            }
-            Some(Binding::Striped(s)) => s.abandon(reason),
-            Some(Binding::Local) | None => {}
+        if let Some(b) = bound {
+            b.withdrawn(reason);
         }
     }
 

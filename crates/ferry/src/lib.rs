@@ -39,7 +39,9 @@ mod descriptor;
 mod error;
 mod exposure;
 mod host;
+mod kind;
 mod op;
+mod outcome;
 mod region;
 mod transport;
 
@@ -57,8 +59,8 @@ pub use ferry_proto::{
     Device, DeviceKind, MetadataError, OperationKind, OperationStatus, ParseDeviceError,
     RdmaMetadata,
 };
+pub use kind::TransportKind;
 pub use op::{ReadOperation, ReadableOperation, WritableOperation, WriteOperation};
-pub use transport::TransportKind;
 
 /// Cross-memory attach, the primitive under [`TransportKind::Cma`].
 pub mod cross_memory {

@@ -1,143 +1,22 @@
-//! The four operations and the state they share with the transports.
+//! The four operations: the handles a caller holds.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_proto::{OperationStatus, RdmaMetadata};
-use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::connector::Inner;
-use crate::exposure::Exposure;
+use crate::exposure::{Exposure, Exposures};
+use crate::kind::TransportKind;
+use crate::outcome::OpShared;
 use crate::region::Region;
-use crate::transport::{ActiveLink, TransportKind};
+use crate::transport::ActiveLink;
 use crate::{Descriptor, Error, Result};
-
-#[derive(Clone)]
-pub(crate) struct OpState {
-    pub(crate) status: OperationStatus,
-    pub(crate) error: Option<Error>,
-}
-
-/// The status of one operation, shared by its handle and the transport that
-/// moves its bytes. Every change wakes exactly the waiters of this operation.
-pub(crate) struct OpShared {
-    tx: watch::Sender<OpState>,
-    transport: OnceLock<TransportKind>,
-    /// Every byte and the final `Finish` are on their way: the outcome is
-    /// now the remote's to decide, and a cancel no longer changes it.
-    sealed: AtomicBool,
-}
-
-impl OpShared {
-    pub(crate) fn new(status: OperationStatus) -> Arc<Self> {
-        Arc::new(OpShared {
-            tx: watch::Sender::new(OpState {
-                status,
-                error: None,
-            }),
-            transport: OnceLock::new(),
-            sealed: AtomicBool::new(false),
-        })
-    }
-
-    pub(crate) fn status(&self) -> OperationStatus {
-        self.tx.borrow().status
-    }
-
-    pub(crate) fn seal(&self) {
-        self.sealed.store(true, Ordering::Release);
-    }
-
-    /// Undoes a `seal` whose frame did not leave after all (only under the
-    /// region's lock, in the same critical section as the `seal`).
-    pub(crate) fn unseal(&self) {
-        self.sealed.store(false, Ordering::Release);
-    }
-
-    pub(crate) fn is_sealed(&self) -> bool {
-        self.sealed.load(Ordering::Acquire)
-    }
-
-    pub(crate) fn set_transport(&self, t: TransportKind) {
-        let _ = self.transport.set(t);
-    }
-
-    pub(crate) fn transport(&self) -> Option<TransportKind> {
-        self.transport.get().copied()
-    }
-
-    /// INITIALIZED -> IN_PROGRESS; false if the operation is not INITIALIZED.
-    pub(crate) fn start(&self) -> bool {
-        self.tx.send_if_modified(|s| {
-            if s.status == OperationStatus::Initialized {
-                s.status = OperationStatus::InProgress;
-                true
-            } else {
-                false
-            }
-        })
-    }
-
-    /// Moves to a terminal state unless already in one; true if this call did.
-    pub(crate) fn end(&self, status: OperationStatus, error: Option<Error>) -> bool {
-        debug_assert!(status.is_terminal());
-        self.tx.send_if_modified(|s| {
-            if s.status.is_terminal() {
-                false
-            } else {
-                s.status = status;
-                s.error = error;
-                true
-            }
-        })
-    }
-
-    pub(crate) fn fail(&self, error: Error) -> bool {
-        let status = match error {
-            Error::Cancelled | Error::RemoteCancelled => OperationStatus::Cancelled,
-            _ => OperationStatus::Errored,
-        };
-        self.end(status, Some(error))
-    }
-
-    /// The state now, with its error.
-    pub(crate) fn state(&self) -> (OperationStatus, Option<Error>) {
-        let s = self.tx.borrow();
-        (s.status, s.error.clone())
-    }
-
-    /// Waits for a terminal state and returns it.
-    pub(crate) async fn ended(&self) -> (OperationStatus, Option<Error>) {
-        let mut rx = self.tx.subscribe();
-        let r = match rx.wait_for(|s| s.status.is_terminal()).await {
-            Ok(s) => (s.status, s.error.clone()),
-            // Not reached: the sender lives in `self`.
-            Err(_) => (OperationStatus::Errored, Some(Error::Shutdown)),
-        };
-        r
-    }
-
-    pub(crate) async fn wait(&self) -> Result<()> {
-        match self.ended().await {
-            (OperationStatus::Complete, _) => Ok(()),
-            (_, error) => Err(error.unwrap_or(Error::Cancelled)),
-        }
-    }
-
-    pub(crate) async fn wait_until(&self, deadline: Instant, budget: Duration) -> Result<()> {
-        match tokio::time::timeout_at(deadline, self.wait()).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::Timeout(budget)),
-        }
-    }
-}
 
 /// What a handle must undo when it is cancelled or dropped.
 pub(crate) enum Link {
     Passive {
-        inner: Arc<Inner>,
+        exposures: Arc<Exposures>,
         exposure: Arc<Exposure>,
     },
     Active(Arc<dyn ActiveLink>),
@@ -160,15 +39,22 @@ impl OpCore {
             // and decides the outcome; both sides will agree on it.
             return;
         }
-        if let Link::Passive { inner, exposure } = &self.link {
+        if let Link::Passive {
+            exposures,
+            exposure,
+        } = &self.link
+        {
             // The capability ends before anyone can observe the cancel.
-            inner.exposures.forget(exposure);
+            exposures.forget(exposure);
         }
         let changed = self
             .shared
             .end(OperationStatus::Cancelled, Some(Error::Cancelled));
         match &self.link {
-            Link::Passive { inner, exposure } => inner.exposures.withdraw(exposure, changed),
+            Link::Passive {
+                exposures,
+                exposure,
+            } => exposures.withdraw(exposure),
             Link::Active(link) => link.cancel(changed),
         }
     }

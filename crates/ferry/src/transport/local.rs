@@ -13,11 +13,10 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use ferry_proto::wire::Open;
 use ferry_proto::{OperationKind, OperationStatus, RdmaMetadata};
 
-use super::{ActiveJob, ActiveLink, BoxFuture, Transport, TransportKind};
+use super::{ActiveJob, ActiveLink, BoxFuture, Host, Transport, TransportKind};
 use crate::auth::Secret;
-use crate::connector::Inner;
-use crate::exposure::{Binding, Exposure};
-use crate::op::OpShared;
+use crate::exposure::{Exposure, PassiveLink, Refusal};
+use crate::outcome::OpShared;
 use crate::region::{Denied, Region};
 use crate::{host, Error, Result};
 
@@ -26,7 +25,7 @@ const INLINE: u64 = 1 << 20;
 /// Bytes copied under one pair of locks.
 const CHUNK: usize = 4 << 20;
 
-type Entry = (String, Vec<SocketAddr>, Weak<Inner>);
+type Entry = (String, Vec<SocketAddr>, Weak<Host>);
 
 fn registry() -> &'static Mutex<Vec<Entry>> {
     static R: OnceLock<Mutex<Vec<Entry>>> = OnceLock::new();
@@ -38,13 +37,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Makes a connector reachable by the others of this process.
-pub(crate) fn register(worker_id: &str, addrs: &[SocketAddr], inner: &Arc<Inner>) {
+pub(crate) fn register(worker_id: &str, addrs: &[SocketAddr], inner: &Arc<Host>) {
     let mut r = lock(registry());
     r.retain(|(_, _, w)| w.strong_count() > 0);
     r.push((worker_id.to_string(), addrs.to_vec(), Arc::downgrade(inner)));
 }
 
-fn find(remote: &RdmaMetadata) -> Option<Arc<Inner>> {
+fn find(remote: &RdmaMetadata) -> Option<Arc<Host>> {
     if remote.process_id() != Some(host::process_id()) {
         return None;
     }
@@ -62,12 +61,25 @@ pub(crate) struct LocalTransport {
 }
 
 impl LocalTransport {
-    fn find(&self, remote: &RdmaMetadata) -> Option<Arc<Inner>> {
+    fn find(&self, remote: &RdmaMetadata) -> Option<Arc<Host>> {
         find(remote).filter(|inner| inner.secret == self.secret)
     }
 }
 
 struct LocalLink;
+
+/// The passive side's binding: the copier notices a cancel through the
+/// closed region, so there is nothing to tell.
+struct LocalBinding;
+
+impl PassiveLink for LocalBinding {
+    fn leave(&self) {}
+    fn ended(&self, _how: Option<&Refusal>) {}
+    fn withdrawn(&self, _how: Option<Refusal>) {}
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
 
 impl ActiveLink for LocalLink {
     fn cancel(&self, _changed: bool) {
@@ -103,7 +115,11 @@ impl Transport for LocalTransport {
                 part: 0,
                 parts: 1,
             };
-            let exposure = match inner.exposures.open(&open, Binding::Local) {
+            let mut bind = |bound: Option<&Arc<dyn PassiveLink>>| match bound {
+                None => Ok(Arc::new(LocalBinding) as Arc<dyn PassiveLink>),
+                Some(_) => Err((ferry_proto::wire::AbortReason::Busy, String::new())),
+            };
+            let exposure = match inner.exposures.open(&open, None, &mut bind) {
                 Ok((e, _)) => e,
                 Err((reason, detail)) => {
                     job.region.close();
@@ -135,7 +151,7 @@ impl Transport for LocalTransport {
 
 /// Copies every byte between the two regions, then ends both operations.
 fn copy(
-    inner: &Inner,
+    inner: &Host,
     exposure: &Exposure,
     kind: OperationKind,
     active: &Region,

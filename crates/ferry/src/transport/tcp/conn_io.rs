@@ -17,7 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 use super::secure::{Opener, Sealer};
-use super::tcp::ConnError;
+use super::ConnError;
 use crate::region::{Denied, Region};
 
 /// A new reader's buffer: room for the largest valid first frame (a

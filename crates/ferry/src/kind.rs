@@ -1,0 +1,62 @@
+//! The ways bytes can move, as callers name them.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::{Error, Result};
+
+/// A way of moving bytes between two workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TransportKind {
+    /// A plain copy between two connectors of the same process.
+    Local,
+    /// Same host, other process: one copy by cross-memory attach
+    /// (`process_vm_readv`), set up and fenced over the TCP connection. Used
+    /// when the kernel permits it (probed per connection) and for transfers
+    /// of at least [`ConnectorBuilder::cma_threshold`](crate::ConnectorBuilder::cma_threshold)
+    /// bytes; otherwise the bytes go over TCP.
+    Cma,
+    /// A TCP connection between the two connectors: works between any two
+    /// workers that can reach each other.
+    Tcp,
+}
+
+impl TransportKind {
+    /// Every transport this build has, best first.
+    pub const ALL: &'static [TransportKind] =
+        &[TransportKind::Local, TransportKind::Cma, TransportKind::Tcp];
+
+    /// The name used in `FERRY_TRANSPORTS` and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Local => "local",
+            TransportKind::Cma => "cma",
+            TransportKind::Tcp => "tcp",
+        }
+    }
+}
+
+impl fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for TransportKind {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        TransportKind::ALL
+            .iter()
+            .copied()
+            .find(|t| t.name() == s.trim())
+            .ok_or_else(|| {
+                let names: Vec<_> = TransportKind::ALL.iter().map(|t| t.name()).collect();
+                Error::Config(format!(
+                    "unknown transport {s:?}; this build has: {}",
+                    names.join(", ")
+                ))
+            })
+    }
+}

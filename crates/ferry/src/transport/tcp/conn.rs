@@ -1,0 +1,700 @@
+//! One connection: its tables, its write side, and the streams of bytes
+//! it sends.
+
+use super::*;
+
+/// The `Open` behind `opened` is on the wire (or never will be): an
+/// `Abort` waiting for it may follow.
+pub(super) fn mark_opened(opened: &Option<Arc<watch::Sender<bool>>>) {
+    if let Some(o) = opened {
+        o.send_replace(true);
+    }
+}
+
+/// Tries to write the last frame of a transfer, sealing the operation
+/// under the region's lock at the moment its first byte enters the socket
+/// (see [`Conn::write_final`]): `None` if the region is closed (nothing
+/// sent), else what `try_write` returned.
+pub(super) fn try_write_sealed(
+    w: &mut ConnWriter,
+    region: &Region,
+    shared: &OpShared,
+    frame: &[u8],
+) -> Option<io::Result<usize>> {
+    let mut r = None;
+    region.seal_if_open(|| {
+        // Sealed before the bytes can reach the remote (its answer may be
+        // read before `try_write` even returns here), and unsealed if
+        // nothing went out: all under the lock, so a cancel never sees the
+        // difference.
+        shared.seal();
+        let x = w.try_write(frame);
+        if !matches!(x, Ok(n) if n > 0) {
+            shared.unseal();
+        }
+        r = Some(x);
+    });
+    r
+}
+
+/// One connection to a remote connector, in either direction.
+pub(crate) struct Conn {
+    pub(super) peer: String,
+    pub(super) writer: Arc<tokio::sync::Mutex<ConnWriter>>,
+    pub(super) dead: watch::Sender<Option<String>>,
+    pub(super) active: Mutex<HashMap<u64, ActiveReq>>,
+    pub(super) passive: Mutex<HashMap<u64, PassiveReq>>,
+    pub(super) next_req: AtomicU64,
+    pub(super) queued: AtomicUsize,
+    pub(super) handle: Handle,
+    /// The peer's process (its pid, and the program it runs), once this
+    /// process has proven it can copy from it.
+    pub(super) peer_pid: OnceLock<Arc<cma::Peer>>,
+    /// The peer has proven it can copy from this process.
+    pub(super) peer_pulls: AtomicBool,
+    /// The passive side's progress through the four `Attach` frames, and
+    /// the cookie this side keeps in memory for the peer to read.
+    pub(super) attach: Mutex<Attaching>,
+    /// `(active, passive)` socket addresses of this connection.
+    pub(super) tuple: OnceLock<(SocketAddr, SocketAddr)>,
+    /// This side's cookie, kept at a fixed address for the peer to read
+    /// while the connection lives.
+    pub(super) cookie: Mutex<Option<Box<[u8; 16]>>>,
+    /// Source memory lent to the peer, by request.
+    pub(super) leases: Mutex<HashMap<u64, Arc<Region>>>,
+    /// Bounds this connection's copies from the peer (see `stall.rs`).
+    pub(super) copy_slots: Arc<CopySlots>,
+    /// What to do once the reader has ended (`None` inside: it has).
+    pub(super) on_close: Mutex<Option<Vec<CloseHook>>>,
+    /// An accepted connection's place (see `admission.rs`).
+    pub(super) ticket: OnceLock<Ticket>,
+    /// When a frame last arrived or an operation last began, in
+    /// milliseconds since `clock::epoch()`.
+    pub(super) last_active: AtomicU64,
+}
+
+pub(super) type CloseHook = Box<dyn FnOnce() + Send>;
+
+impl Conn {
+    pub(super) fn new(peer: String, writer: ConnWriter, handle: Handle) -> Arc<Self> {
+        Arc::new(Conn {
+            peer,
+            writer: Arc::new(tokio::sync::Mutex::new(writer)),
+            dead: watch::Sender::new(None),
+            active: Mutex::new(HashMap::new()),
+            passive: Mutex::new(HashMap::new()),
+            next_req: AtomicU64::new(1),
+            queued: AtomicUsize::new(0),
+            handle,
+            peer_pid: OnceLock::new(),
+            peer_pulls: AtomicBool::new(false),
+            attach: Mutex::new(Attaching::Idle),
+            tuple: OnceLock::new(),
+            cookie: Mutex::new(None),
+            leases: Mutex::new(HashMap::new()),
+            copy_slots: Arc::new(CopySlots::new()),
+            on_close: Mutex::new(Some(Vec::new())),
+            ticket: OnceLock::new(),
+            last_active: AtomicU64::new(now_ms()),
+        })
+    }
+
+    /// Every byte of the part that request `req` carries has been sent.
+    pub(super) fn part_sent(&self, req: u64) {
+        if let Some(r) = lock(&self.active).get_mut(&req) {
+            r.part.iter_mut().for_each(|p| p.sent = true);
+            return;
+        }
+        if let Some(r) = lock(&self.passive).get_mut(&req) {
+            r.part.iter_mut().for_each(|p| p.sent = true);
+        }
+    }
+
+    /// Lends `region` to the peer for request `req`.
+    pub(super) fn lend(&self, req: u64, region: &Arc<Region>) {
+        region.lend();
+        lock(&self.leases).insert(req, region.clone());
+        // The reader drains the leases after marking the connection dead.
+        if !self.is_alive() {
+            self.give_back(req);
+        }
+    }
+
+    /// The peer no longer copies from the memory of request `req`.
+    pub(super) fn give_back(&self, req: u64) {
+        let r = lock(&self.leases).remove(&req);
+        if let Some(r) = r {
+            r.give_back();
+        }
+    }
+
+    /// Copies lease `l` into the request's region and shared state, or, if
+    /// the request has ended here meanwhile, tells the source at once (it
+    /// must not wait for a copy that never starts).
+    pub(super) fn pull_or_release(
+        self: &Arc<Self>,
+        l: Lease,
+        job: Option<(Arc<Region>, Arc<OpShared>)>,
+    ) {
+        match job {
+            Some((region, shared)) => self.spawn_pull(l.req, region, shared, l.segments),
+            None => self.release(l.req),
+        }
+    }
+
+    /// Tells the source of request `req` that this side stopped copying
+    /// (a reply: bounded like every frame the peer provokes).
+    pub(super) fn release(self: &Arc<Self>, req: u64) {
+        self.send_detached(Message::Release { req });
+    }
+
+    /// Copies a lease into `region` from a blocking thread (never the
+    /// reader task: the peer's pages may fault slowly, or never arrive),
+    /// once a copy slot is free (see `stall.rs`), then tells the
+    /// source that every byte is copied (`Finish`). A closed region ends it silently:
+    /// whoever closed it tells the peer. A failed copy means the peer died
+    /// (its memory went away) or lent memory it does not have: either way
+    /// the connection is closed, which fails every operation on it, on both
+    /// sides, with [`Error::ConnectionLost`] and the cause.
+    pub(super) fn spawn_pull(
+        self: &Arc<Self>,
+        req: u64,
+        region: Arc<Region>,
+        shared: Arc<OpShared>,
+        segs: Vec<(u64, u64)>,
+    ) {
+        let Some(peer) = self.peer_pid.get().cloned() else {
+            return self.kill("the peer lent memory to a process that cannot attach to it".into());
+        };
+        let shared_ended = shared.clone();
+        // The copy thread answers the peer itself (no hop back to the
+        // runtime) and holds the connection only weakly: a copy that the
+        // peer stalls must not keep its socket alive.
+        let conn = Arc::downgrade(self);
+        let copy = move |slot: CopySlot| {
+            let end = pull_all(&peer, &region, &shared, &segs);
+            drop(slot);
+            let Some(conn) = conn.upgrade() else {
+                return;
+            };
+            match end {
+                PullEnd::Done => conn.send_soon(Message::Finish { req }.to_vec(), None, false),
+                PullEnd::Closed => {}
+                PullEnd::Failed(why) => conn.kill(why),
+            }
+        };
+        if let Some(slot) = self.copy_slots.try_acquire() {
+            return stall::run(move || copy(slot));
+        }
+        let (slots, ended) = (self.copy_slots.clone(), shared_ended);
+        self.handle.spawn(async move {
+            let slot = tokio::select! {
+                slot = slots.acquire() => slot,
+                // Ended while waiting: whoever ended it tells the peer.
+                _ = ended.ended() => return,
+            };
+            stall::run(move || copy(slot));
+        });
+    }
+
+    pub(super) fn is_alive(&self) -> bool {
+        self.dead.borrow().is_none()
+    }
+
+    /// Something happened on the connection: it is not idle.
+    pub(super) fn touch(&self) {
+        self.last_active.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// How long nothing has happened, if no operation is in progress on it
+    /// (`None` if one is).
+    pub(super) fn idle_for(&self) -> Option<Duration> {
+        let busy = !lock(&self.active).is_empty()
+            || !lock(&self.passive).is_empty()
+            || !lock(&self.leases).is_empty();
+        (!busy).then(|| {
+            Duration::from_millis(now_ms().saturating_sub(self.last_active.load(Ordering::Relaxed)))
+        })
+    }
+
+    /// The connection presented a valid capability (an accepted one is
+    /// then never closed to make room).
+    pub(super) fn prove(&self) {
+        if let Some(t) = self.ticket.get() {
+            t.prove();
+        }
+    }
+
+    /// Runs `f` once the connection's reader has ended (at once if it has).
+    pub(super) fn when_closed(&self, f: CloseHook) {
+        let mut hooks = lock(&self.on_close);
+        match hooks.as_mut() {
+            Some(v) => v.push(f),
+            None => {
+                drop(hooks);
+                f();
+            }
+        }
+    }
+
+    /// The reader has ended: runs what waited for it.
+    pub(super) fn closed(&self) {
+        let hooks = lock(&self.on_close).take().unwrap_or_default();
+        for f in hooks {
+            f();
+        }
+    }
+
+    pub(super) fn kill(&self, cause: String) {
+        self.dead.send_if_modified(|d| {
+            if d.is_none() {
+                *d = Some(cause);
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// Runs a write unless, or until, the connection dies: a write blocked
+    /// on a peer that stopped reading is abandoned once the connection is
+    /// declared dead (the connection is unusable afterwards anyway).
+    pub(super) async fn unless_dead<T>(
+        &self,
+        f: impl std::future::Future<Output = io::Result<T>>,
+    ) -> io::Result<T> {
+        let mut dead = self.dead.subscribe();
+        tokio::select! {
+            r = f => r,
+            _ = until(&mut dead, |d| d.is_some()) => Err(io::Error::other("connection closed")),
+        }
+    }
+
+    pub(super) async fn send_frame(&self, frame: &[u8]) -> io::Result<()> {
+        self.unless_dead(async {
+            let mut w = self.writer.lock().await;
+            w.write_all(frame).await
+        })
+        .await
+    }
+
+    /// Sends a frame at once if the socket is free and has room for all of
+    /// it (no task switch: this is the small-operation fast path); otherwise
+    /// hands it to a task of its own. Never blocks and never leaves half a
+    /// frame behind: a partial write is finished by a task that keeps the
+    /// write lock.
+    pub(super) fn send_soon(
+        self: &Arc<Self>,
+        frame: Vec<u8>,
+        opened: Option<Arc<watch::Sender<bool>>>,
+        reply: bool,
+    ) {
+        if !self.is_alive() {
+            // A write may have been abandoned mid-frame: nothing may follow.
+            return mark_opened(&opened);
+        }
+        if let Ok(mut guard) = self.writer.clone().try_lock_owned() {
+            match guard.try_write(&frame) {
+                Ok(n) if n == frame.len() && guard.flushed() => return mark_opened(&opened),
+                Ok(n) => {
+                    let conn = self.clone();
+                    self.handle.spawn(async move {
+                        let mut guard = guard;
+                        let r = conn.unless_dead(guard.write_all(&frame[n..])).await;
+                        mark_opened(&opened);
+                        if let Err(e) = r {
+                            conn.kill(format!("write failed: {e}"));
+                        }
+                    });
+                    return;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => {
+                    mark_opened(&opened);
+                    return self.kill(format!("write failed: {e}"));
+                }
+            }
+        }
+        // Only replies the peer provokes count against it; our own frames
+        // simply wait for their turn.
+        if reply && self.queued.fetch_add(1, Ordering::Relaxed) >= MAX_QUEUED {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            mark_opened(&opened);
+            self.kill("the peer does not read its replies".into());
+            return;
+        }
+        let conn = self.clone();
+        self.handle.spawn(async move {
+            let r = conn.send_frame(&frame).await;
+            if reply {
+                conn.queued.fetch_sub(1, Ordering::Relaxed);
+            }
+            mark_opened(&opened);
+            if let Err(e) = r {
+                conn.kill(format!("write failed: {e}"));
+            }
+        });
+    }
+
+    /// Sends a control frame soon (see [`send_soon`](Self::send_soon)). A peer
+    /// that makes us queue more than [`MAX_QUEUED`] frames without reading is
+    /// cut off.
+    pub(crate) fn send_detached(self: &Arc<Self>, msg: Message) {
+        self.send_soon(msg.to_vec(), None, true);
+    }
+
+    /// Writes the last frame of a transfer (its `Finish`, or a whole small
+    /// transfer), sealing the operation under the region's lock at the
+    /// moment its first byte enters the socket: a cancel either comes first
+    /// (nothing of the frame is sent: `Ok(false)`) or finds the operation
+    /// sealed, so the two sides cannot disagree; and while the socket is
+    /// full, the operation is not sealed, so a cancel still ends it.
+    pub(super) async fn write_final(
+        &self,
+        w: &mut ConnWriter,
+        region: &Region,
+        shared: &OpShared,
+        frame: &[u8],
+    ) -> io::Result<bool> {
+        loop {
+            w.writable().await?;
+            let Some(r) = try_write_sealed(w, region, shared, frame) else {
+                return Ok(false);
+            };
+            match r {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    w.write_all(&frame[n..]).await?;
+                    return Ok(true);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    pub(super) fn abort_detached(self: &Arc<Self>, req: u64, reason: AbortReason, detail: String) {
+        self.send_detached(Message::Abort(Abort {
+            req,
+            reason,
+            detail,
+        }));
+    }
+
+    /// Sends one `Data` frame with its payload taken from the region. If the
+    /// region closes meanwhile, the rest of the payload is zeros (the frame
+    /// must be completed) and `Ok(false)` is returned.
+    pub(super) async fn send_chunk(
+        &self,
+        req: u64,
+        region: &Region,
+        desc: u32,
+        offset: u64,
+        len: u32,
+    ) -> io::Result<bool> {
+        self.unless_dead(self.send_chunk_inner(req, region, desc, offset, len))
+            .await
+    }
+
+    pub(super) async fn send_chunk_inner(
+        &self,
+        req: u64,
+        region: &Region,
+        desc: u32,
+        offset: u64,
+        len: u32,
+    ) -> io::Result<bool> {
+        let header = Message::Data(Data {
+            req,
+            desc,
+            offset,
+            len,
+        })
+        .to_vec();
+        let mut w = self.writer.lock().await;
+        w.send_data(&header, region, desc, offset, len).await
+    }
+
+    /// Sends `prefix`, then the bytes of the region under `cursor` as `Data`
+    /// frames, then `Finish` as `last` says. Returns `Ok(false)` if the
+    /// region closed on the way (the remote is then told with an `Abort`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn stream(
+        self: &Arc<Self>,
+        req: u64,
+        region: &Region,
+        cursor: Cursor,
+        prefix: Vec<u8>,
+        opened: Option<&watch::Sender<bool>>,
+        shared: &OpShared,
+        last: Last,
+    ) -> io::Result<bool> {
+        let r = self
+            .stream_inner(req, region, cursor, &prefix, opened, shared, last)
+            .await;
+        if let Some(o) = opened {
+            o.send_replace(true);
+        }
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn stream_inner(
+        self: &Arc<Self>,
+        req: u64,
+        region: &Region,
+        mut cursor: Cursor,
+        prefix: &[u8],
+        opened: Option<&watch::Sender<bool>>,
+        shared: &OpShared,
+        last: Last,
+    ) -> io::Result<bool> {
+        let striped = !matches!(last, Last::Seal);
+        let closed = |conn: &Arc<Conn>| {
+            // A striped operation's remote is told by whoever ended it,
+            // with how it ended (the region closes for a failed part too).
+            if !striped {
+                conn.abort_detached(req, AbortReason::Cancelled, String::new());
+            }
+            Ok(false)
+        };
+        if !prefix.is_empty() {
+            self.send_frame(prefix).await?;
+        }
+        if let Some(o) = opened {
+            o.send_replace(true);
+        }
+        while let Some((d, o, l)) = cursor.next_chunk(CHUNK) {
+            if !self.send_chunk(req, region, d, o, l).await? {
+                return closed(self);
+            }
+            let _ = cursor.accept(d, o, l);
+        }
+        let fin = Message::Finish { req }.to_vec();
+        match last {
+            Last::Seal => {}
+            Last::Part => {
+                // Not the commit: the destination confirms it, and part 0's
+                // sealing `Finish` waits for that.
+                self.part_sent(req);
+                self.send_frame(&fin).await?;
+                return Ok(true);
+            }
+            Last::SealAfter(stripe) => {
+                let mut done = stripe.done.subscribe();
+                let confirmed = self
+                    .unless_dead(async {
+                        tokio::select! {
+                            _ = until(&mut done, |n| *n + 1 >= stripe.parts) => Ok(true),
+                            // Ended meanwhile (a cancel, another part
+                            // failed): whoever ended it told the remote.
+                            _ = shared.ended() => Ok(false),
+                        }
+                    })
+                    .await?;
+                if !confirmed {
+                    return Ok(false);
+                }
+            }
+        }
+        let sent = self
+            .unless_dead(async {
+                let mut w = self.writer.lock().await;
+                self.write_final(&mut w, region, shared, &fin).await
+            })
+            .await?;
+        if !sent {
+            return closed(self);
+        }
+        Ok(true)
+    }
+
+    /// Appends a whole small transfer (data frames and `Finish`) to `out`;
+    /// `false` if the region is closed.
+    pub(super) fn small_frames(
+        req: u64,
+        region: &Region,
+        sizes: Vec<u64>,
+        out: &mut Vec<u8>,
+    ) -> bool {
+        let total: u64 = sizes.iter().sum();
+        out.reserve(total as usize + 64);
+        let mut cursor = Cursor::new(sizes);
+        while let Some((d, o, l)) = cursor.next_chunk(u32::MAX) {
+            Message::Data(Data {
+                req,
+                desc: d,
+                offset: o,
+                len: l,
+            })
+            .encode(out);
+            if region
+                .read_at(d as usize, o, l as usize, |s| out.extend_from_slice(s))
+                .is_err()
+            {
+                return false;
+            }
+            let _ = cursor.accept(d, o, l);
+        }
+        Message::Finish { req }.encode(out);
+        true
+    }
+
+    /// Streams the region: a small transfer goes out at once as one write,
+    /// a larger one from a task of its own. A write failure kills the
+    /// connection.
+    pub(super) fn spawn_stream(
+        self: &Arc<Self>,
+        req: u64,
+        region: Arc<Region>,
+        sizes: Vec<u64>,
+        prefix: Vec<u8>,
+        opened: Option<Arc<watch::Sender<bool>>>,
+        shared: Arc<OpShared>,
+    ) {
+        if sizes.iter().sum::<u64>() <= SMALL {
+            // Cancelled before a byte went out: still send the `Open` (if
+            // this is a write) followed by the `Abort`, so that the remote
+            // learns of the cancel as it would mid-transfer.
+            let mut cancelled = prefix.clone();
+            Message::Abort(Abort {
+                req,
+                reason: AbortReason::Cancelled,
+                detail: String::new(),
+            })
+            .encode(&mut cancelled);
+            let mut frame = prefix;
+            let aborted = move |conn: &Arc<Conn>, opened: &Option<Arc<watch::Sender<bool>>>| {
+                conn.send_soon(cancelled, opened.clone(), false);
+            };
+            if !Self::small_frames(req, &region, sizes, &mut frame) {
+                return aborted(self, &opened);
+            }
+            // Fast path: the whole transfer in one system call, now.
+            if let Ok(mut guard) = self.writer.clone().try_lock_owned() {
+                let Some(r) = try_write_sealed(&mut guard, &region, &shared, &frame) else {
+                    return aborted(self, &opened);
+                };
+                match r {
+                    Ok(n) if n == frame.len() && guard.flushed() => return mark_opened(&opened),
+                    Ok(n) if n > 0 => {
+                        let conn = self.clone();
+                        self.handle.spawn(async move {
+                            let r = conn.unless_dead(guard.write_all(&frame[n..])).await;
+                            mark_opened(&opened);
+                            if let Err(e) = r {
+                                conn.kill(format!("write failed: {e}"));
+                            }
+                        });
+                        return;
+                    }
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => {
+                        mark_opened(&opened);
+                        return self.kill(format!("write failed: {e}"));
+                    }
+                }
+            }
+            let conn = self.clone();
+            self.handle.spawn(async move {
+                let r = conn
+                    .unless_dead(async {
+                        let mut w = conn.writer.lock().await;
+                        conn.write_final(&mut w, &region, &shared, &frame).await
+                    })
+                    .await;
+                match r {
+                    Ok(true) => mark_opened(&opened),
+                    Ok(false) => aborted(&conn, &opened),
+                    Err(e) => {
+                        mark_opened(&opened);
+                        conn.kill(format!("write failed: {e}"));
+                    }
+                }
+            });
+            return;
+        }
+        self.spawn_part(
+            req,
+            region,
+            Cursor::new(sizes),
+            prefix,
+            opened,
+            shared,
+            Last::Seal,
+        );
+    }
+
+    /// Streams the bytes under `cursor` from a task of its own, ending as
+    /// `last` says. A write failure kills the connection.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn spawn_part(
+        self: &Arc<Self>,
+        req: u64,
+        region: Arc<Region>,
+        cursor: Cursor,
+        prefix: Vec<u8>,
+        opened: Option<Arc<watch::Sender<bool>>>,
+        shared: Arc<OpShared>,
+        last: Last,
+    ) {
+        let conn = self.clone();
+        self.handle.spawn(async move {
+            let r = conn
+                .stream(
+                    req,
+                    &region,
+                    cursor,
+                    prefix,
+                    opened.as_deref(),
+                    &shared,
+                    last,
+                )
+                .await;
+            if let Err(e) = r {
+                conn.kill(format!("write failed: {e}"));
+            }
+        });
+    }
+
+    /// Requests in flight on this connection, in both roles.
+    pub(crate) fn pending(&self) -> usize {
+        lock(&self.active).len() + lock(&self.passive).len() + lock(&self.leases).len()
+    }
+
+    pub(crate) fn forget_passive(&self, req: u64) {
+        lock(&self.passive).remove(&req);
+    }
+}
+
+/// The active side's handle on a request.
+pub(super) struct TcpLink {
+    pub(super) conn: Arc<Conn>,
+    pub(super) req: u64,
+    /// Set once the `Open` is on the wire: an `Abort` must not overtake it.
+    pub(super) opened: Arc<watch::Sender<bool>>,
+    /// The transfer is striped: these are all its requests.
+    pub(super) stripe: Option<Arc<Stripe>>,
+}
+
+impl ActiveLink for TcpLink {
+    fn cancel(&self, changed: bool) {
+        if let Some(s) = &self.stripe {
+            // The watcher tells the remote how the operation really ended
+            // (this cancel may have lost to a failure).
+            s.abandon(None);
+            return;
+        }
+        lock(&self.conn.active).remove(&self.req);
+        if changed {
+            let conn = self.conn.clone();
+            let req = self.req;
+            let mut opened = self.opened.subscribe();
+            self.conn.handle.spawn(async move {
+                until(&mut opened, |o| *o).await;
+                conn.abort_detached(req, AbortReason::Cancelled, String::new());
+            });
+        }
+    }
+}

@@ -1,0 +1,46 @@
+//! What can end a connection.
+
+use super::*;
+
+/// What went wrong on a connection; it is closed afterwards.
+pub(super) enum ConnError {
+    Io(io::Error),
+    Wire(WireError),
+    Violation(String),
+    Closed(Error),
+}
+
+impl From<io::Error> for ConnError {
+    fn from(e: io::Error) -> Self {
+        ConnError::Io(e)
+    }
+}
+impl From<WireError> for ConnError {
+    fn from(e: WireError) -> Self {
+        ConnError::Wire(e)
+    }
+}
+
+impl ConnError {
+    pub(super) fn into_error(self, peer: &str) -> Error {
+        match self {
+            ConnError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => Error::ConnectionLost {
+                peer: peer.to_string(),
+                cause: "the remote closed the connection (did the remote process exit?)".into(),
+            },
+            ConnError::Io(e) => Error::ConnectionLost {
+                peer: peer.to_string(),
+                cause: e.to_string(),
+            },
+            ConnError::Wire(e) => Error::Protocol {
+                peer: peer.to_string(),
+                detail: e.to_string(),
+            },
+            ConnError::Violation(d) => Error::Protocol {
+                peer: peer.to_string(),
+                detail: d,
+            },
+            ConnError::Closed(e) => e,
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! The listener and the passive side's handshake.
+
+use super::*;
+
+/// What the reader of an accepted connection serves passive operations
+/// from.
+pub(crate) struct Served {
+    pub(super) host: Arc<Host>,
+    /// Cross-memory attach is enabled here.
+    pub(super) cma: bool,
+}
+
+/// Accepts connections until the connector shuts down.
+pub(crate) async fn listen(host: Arc<Host>, tcp: Arc<TcpTransport>, listener: TcpListener) {
+    let mut shutdown = host.shutdown.clone();
+    let inner = Arc::new(Served {
+        host,
+        cma: tcp.local.cma,
+    });
+    loop {
+        let (s, addr) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    // Out of file descriptors and the like: back off briefly
+                    // instead of spinning.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = until(&mut shutdown, |s| *s) => return,
+        };
+        // Room for it, or closed at once (see `admission.rs`).
+        let Some(ticket) = tcp.admission.admit(addr.ip()) else {
+            tracing::debug!(%addr, "refused a connection: every place is held by a proven peer");
+            continue;
+        };
+        let tcp = tcp.clone();
+        let inner = inner.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            tune(&s);
+            let tuple = (s.peer_addr(), s.local_addr());
+            let (r, w) = s.into_split();
+            let (mut rd, mut w) = (FrameReader::new(r), ConnWriter::new(w));
+            // The whole handshake has one deadline, and ends if the
+            // connection must make room for another.
+            let mut evicted = ticket.evicted.clone();
+            let handshake = async {
+                let peer = match rd.next().await {
+                    Ok(Message::Hello(h)) if h.version == wire::PROTOCOL_VERSION => h.worker_id,
+                    _ => return Err("it did not start with a valid hello".to_string()),
+                };
+                let hello = Message::Hello(Hello {
+                    version: wire::PROTOCOL_VERSION,
+                    worker_id: inner.host.worker_id.clone(),
+                })
+                .to_vec();
+                w.write_all(&hello).await.map_err(|e| e.to_string())?;
+                if let Some(secret) = &inner.host.secret {
+                    authenticate(secret, &mut rd, &mut w, &peer, &hello).await?;
+                }
+                Ok(peer)
+            };
+            let peer = tokio::select! {
+                r = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => match r {
+                    Ok(Ok(peer)) => peer,
+                    Ok(Err(why)) => {
+                        tracing::info!(%addr, "refused a connection: {why}");
+                        let _ = w.shutdown().await;
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%addr, "dropped a connection: no handshake within {HANDSHAKE_TIMEOUT:?}");
+                        return;
+                    }
+                },
+                _ = until(&mut evicted, |e| *e) => return,
+            };
+            tracing::debug!(%addr, peer, "accepted a connection");
+            let conn = Conn::new(peer, w, inner.host.handle.clone());
+            // Closed if it must make room while it has proven nothing.
+            let weak = Arc::downgrade(&conn);
+            tokio::spawn(async move {
+                if evicted.wait_for(|e| *e).await.is_ok() {
+                    if let Some(c) = weak.upgrade() {
+                        c.kill(
+                            "closed to make room for other peers: it presented no capability"
+                                .into(),
+                        );
+                    }
+                }
+            });
+            let _ = conn.ticket.set(ticket);
+            if let (Ok(act), Ok(pas)) = tuple {
+                let _ = conn.tuple.set((act, pas));
+            }
+            tcp.track_incoming(&conn);
+            let idle = tcp.local.idle_timeout;
+            run_connection(conn, rd, shutdown, Some(inner), idle).await;
+        });
+    }
+}
+
+/// The passive side of the handshake of the secure channel (see
+/// `secure.rs`); `mine`: the `Hello` this side sent. On failure the remote
+/// is told why, and the connection must be closed.
+pub(super) async fn authenticate(
+    secret: &Secret,
+    rd: &mut FrameReader,
+    w: &mut ConnWriter,
+    peer: &str,
+    mine: &[u8],
+) -> Result<(), String> {
+    let refuse = async |w: &mut ConnWriter, req: u64, detail: &str| {
+        let abort = Message::Abort(Abort {
+            req,
+            reason: AbortReason::Unauthenticated,
+            detail: detail.to_string(),
+        });
+        let _ = w.write_all(&abort.to_vec()).await;
+        Err(detail.to_string())
+    };
+    let theirs = match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
+        Ok(Ok(Message::Auth(a))) => a,
+        Ok(Ok(Message::Open(o))) => {
+            return refuse(
+                w,
+                o.req,
+                "this worker requires a shared secret (FERRY_SECRET)",
+            )
+            .await
+        }
+        _ => return refuse(w, 0, "this worker requires a shared secret (FERRY_SECRET)").await,
+    };
+    // Their hello as received (decoding is exact: it re-encodes to the same bytes).
+    let their_hello = Message::Hello(Hello {
+        version: wire::PROTOCOL_VERSION,
+        worker_id: peer.to_string(),
+    })
+    .to_vec();
+    let (keys, answer) = match secure::respond(secret, &their_hello, &theirs.handshake, mine) {
+        Ok(x) => x,
+        Err(detail) => return refuse(w, 0, detail).await,
+    };
+    w.write_all(&Message::Auth(Auth { handshake: answer }).to_vec())
+        .await
+        .map_err(|e| e.to_string())?;
+    let (tx, rx) = keys.split();
+    rd.secure(rx);
+    w.secure(tx);
+    Ok(())
+}

@@ -1,0 +1,455 @@
+//! The TCP transport: one pooled connection per remote worker, shared by all
+//! operations to it, framed by `ferry_proto::wire`.
+//!
+//! Payload bytes move without staging copies: the sender hands slices of the
+//! source memory straight to the socket, the receiver reads from the socket
+//! straight into the destination memory (only a payload's first bytes that
+//! arrived together with its frame header are copied out of the read buffer).
+//! With a shared secret, every byte after the handshake goes through the
+//! secure channel instead (`secure.rs`; the streams are in `conn_io.rs`).
+//! Every access to operation memory goes through [`Region`], so a cancel or a
+//! drop fences the transport out before the memory is released.
+//!
+//! All writes to a socket happen in spawned tasks holding the connection's
+//! write lock for one frame, so a caller that drops a future can never leave
+//! half a frame on the wire. Each connection has one reader task; it never
+//! waits for the write side, so two connectors writing to each other cannot
+//! deadlock.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use ferry_proto::wire::{
+    self, part_range, Abort, AbortReason, Attach, Auth, Data, Hello, Lease, Message, Open, Verdict,
+    WireError, MAX_LEASE_SEGMENTS, MAX_PARTS,
+};
+use ferry_proto::{Cursor, OperationKind, OperationStatus, RdmaMetadata};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+
+use crate::auth::Secret;
+use crate::exposure::{abort_reason, Exposure, PassiveLink, Refusal};
+use crate::host;
+use crate::outcome::OpShared;
+use crate::region::{Denied, Region};
+use crate::transport::admission::{Admission, Ticket};
+use crate::transport::probe::verify_peer;
+use crate::transport::stall::{self, CopySlot, CopySlots};
+use crate::transport::{
+    cma, ActiveJob, ActiveLink, BoxFuture, Config, Host, Transport, TransportKind,
+};
+use crate::{Error, Result};
+
+mod conn;
+mod conn_io;
+mod error;
+mod handshake;
+mod listen;
+mod pull;
+mod reader;
+mod request;
+mod secure;
+
+use conn::*;
+use conn_io::{ConnWriter, FrameReader};
+use error::*;
+pub(crate) use listen::listen;
+use listen::*;
+use pull::*;
+use reader::*;
+use request::*;
+
+/// Operations up to this size go out in one write: header, payload and end.
+pub(super) const SMALL: u64 = 64 * 1024;
+/// Larger ones are sent in chunks of this size, so that concurrent operations
+/// on one connection take turns.
+pub(super) const CHUNK: u32 = 2 * 1024 * 1024;
+/// How long a new connection may take to say hello.
+pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most control frames a connection may have waiting to be sent.
+pub(super) const MAX_QUEUED: usize = 4096;
+/// A cross-memory copy holds the destination's lock for at most this many
+/// bytes, so that a cancel waits at most that long.
+pub(super) const PULL_CHUNK: u64 = cma::CHUNK as u64;
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+type Slot = Arc<tokio::sync::Mutex<Option<Arc<Conn>>>>;
+/// A remote worker, its addresses, and the stream's number.
+type PoolKey = (String, Vec<SocketAddr>, u16);
+
+pub(crate) struct TcpTransport {
+    local: Arc<Config>,
+    /// By remote worker, its addresses and the stream's number (0 carries
+    /// everything that is not a further part of a striped transfer). A slot
+    /// leaves when its connection ends or cannot be made, so that peers
+    /// that come and go leave nothing behind (no socket, no entry).
+    pool: Arc<Mutex<HashMap<PoolKey, Slot>>>,
+    /// Every outgoing connection, also those whose slot is busy connecting
+    /// a replacement, for `close_all` and `pending`.
+    outgoing: Mutex<Vec<Weak<Conn>>>,
+    /// Every accepted connection, for `close_all` and `pending`.
+    incoming: Mutex<Vec<Weak<Conn>>>,
+    /// The accepted connections and their bounds.
+    pub(crate) admission: Admission,
+}
+
+fn tune(s: &TcpStream) {
+    let _ = s.set_nodelay(true);
+    let sock = socket2::SockRef::from(s);
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(5))
+        .with_interval(Duration::from_secs(1))
+        .with_retries(5);
+    let _ = sock.set_tcp_keepalive(&ka);
+}
+
+impl TcpTransport {
+    pub(crate) fn new(local: Arc<Config>) -> Self {
+        TcpTransport {
+            admission: Admission::new(local.max_connections),
+            local,
+            pool: Arc::new(Mutex::new(HashMap::new())),
+            outgoing: Mutex::new(Vec::new()),
+            incoming: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Closes every pooled connection; the next operation reconnects.
+    pub(crate) fn close_all(&self, cause: &str) {
+        lock(&self.pool).clear();
+        let mut all = std::mem::take(&mut *lock(&self.outgoing));
+        all.append(&mut lock(&self.incoming));
+        for c in all.iter().filter_map(Weak::upgrade) {
+            c.kill(cause.to_string());
+        }
+    }
+
+    /// Requests in flight on this connector's connections, in both roles.
+    pub(crate) fn pending(&self) -> usize {
+        let all: Vec<_> = lock(&self.outgoing)
+            .iter()
+            .chain(lock(&self.incoming).iter())
+            .filter_map(Weak::upgrade)
+            .collect();
+        all.iter().map(|c| c.pending()).sum()
+    }
+
+    /// Keeps track of an accepted connection.
+    fn track_incoming(&self, c: &Arc<Conn>) {
+        let mut v = lock(&self.incoming);
+        v.retain(|w| w.strong_count() > 0);
+        v.push(Arc::downgrade(c));
+    }
+
+    /// How many pool entries there are: connections alive or being made
+    /// (a connection that ended leaves once its reader has stopped).
+    pub(crate) fn connection_count(&self) -> usize {
+        lock(&self.pool).len()
+    }
+
+    async fn conn_for(&self, remote: &RdmaMetadata, stream: u16) -> Result<Arc<Conn>> {
+        let key = (
+            remote.worker_id().to_string(),
+            remote.addresses().to_vec(),
+            stream,
+        );
+        let slot = lock(&self.pool).entry(key.clone()).or_default().clone();
+        let mut g = slot.lock().await;
+        if let Some(c) = g.as_ref() {
+            // One idle for more than half the idle timeout may be closed by
+            // the remote at any moment (both sides use the same timeout by
+            // default): a request must not race that close.
+            let stale = c
+                .idle_for()
+                .is_some_and(|d| d >= self.local.idle_timeout / 2);
+            if c.is_alive() && !stale {
+                c.touch();
+                let c = c.clone();
+                drop(g);
+                // It may have died while its slot was held here, when its
+                // close hook could not take the slot.
+                if !c.is_alive() {
+                    forget_slot(&self.pool, &key, &slot);
+                }
+                return Ok(c);
+            }
+            if stale {
+                c.kill("idle; replaced by a new connection".into());
+            }
+        }
+        *g = None;
+        let c = match self.connect(remote, stream == 0).await {
+            Ok(c) => c,
+            Err(e) => {
+                drop(g);
+                forget_slot(&self.pool, &key, &slot);
+                return Err(e);
+            }
+        };
+        {
+            let mut all = lock(&self.outgoing);
+            all.retain(|w| w.strong_count() > 0);
+            all.push(Arc::downgrade(&c));
+        }
+        *g = Some(c.clone());
+        drop(g);
+        let (pool, slot) = (Arc::downgrade(&self.pool), Arc::downgrade(&slot));
+        c.when_closed(Box::new(move || {
+            if let (Some(pool), Some(slot)) = (pool.upgrade(), slot.upgrade()) {
+                forget_slot(&pool, &key, &slot);
+            }
+        }));
+        Ok(c)
+    }
+}
+
+impl Transport for TcpTransport {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Tcp
+    }
+
+    fn reaches(&self, _remote: &RdmaMetadata) -> bool {
+        true
+    }
+
+    fn start(&self, job: ActiveJob) -> BoxFuture<'_, Result<Arc<dyn ActiveLink>>> {
+        Box::pin(async move {
+            let conn = self.conn_for(&job.remote, 0).await?;
+            let total: u64 = job.sizes.iter().sum();
+            let pull = self.local.cma
+                && total >= self.local.cma_threshold
+                && job.sizes.len() <= MAX_LEASE_SEGMENTS
+                && match job.kind {
+                    OperationKind::Read => conn.peer_pid.get().is_some(),
+                    OperationKind::Write => conn.peer_pulls.load(Ordering::Acquire),
+                };
+            if !pull {
+                let parts = self.parts_for(&job.remote, total);
+                let mut conns = vec![conn.clone()];
+                for i in 1..parts {
+                    match self.conn_for(&job.remote, i).await {
+                        Ok(c) => conns.push(c),
+                        // Fewer streams, then.
+                        Err(e) => {
+                            tracing::debug!(stream = i, "no further stream: {e}");
+                            break;
+                        }
+                    }
+                }
+                if conns.len() > 1 {
+                    return self.start_striped(job, conns);
+                }
+            }
+            let req = conn.next_req.fetch_add(1, Ordering::Relaxed);
+            let cma = match (pull, job.kind) {
+                (false, _) => Cma::No,
+                (true, OperationKind::Read) => Cma::Requested,
+                (true, OperationKind::Write) => Cma::Lent,
+            };
+            match cma {
+                Cma::No => job.shared.set_transport(TransportKind::Tcp),
+                Cma::Lent => job.shared.set_transport(TransportKind::Cma),
+                // Known once the remote answers with a lease or with data.
+                _ => {}
+            }
+            job.shared.start();
+            lock(&conn.active).insert(
+                req,
+                ActiveReq {
+                    kind: job.kind,
+                    region: job.region.clone(),
+                    shared: job.shared.clone(),
+                    cursor: Cursor::new(job.sizes.clone()),
+                    cma,
+                    part: None,
+                },
+            );
+            // The reader task drains the table after marking the connection
+            // dead; check after inserting so that no request is left behind.
+            if !conn.is_alive() {
+                lock(&conn.active).remove(&req);
+                let cause = conn.dead.borrow().clone().unwrap_or_default();
+                return Err(Error::ConnectionLost {
+                    peer: conn.peer.clone(),
+                    cause,
+                });
+            }
+            let open = Message::Open(Open {
+                req,
+                op_id: job.remote.operation_id(),
+                token: *job.remote.token(),
+                kind: job.kind,
+                sizes: job.sizes.clone(),
+                pull,
+                part: 0,
+                parts: 1,
+            })
+            .to_vec();
+            let opened = Arc::new(watch::Sender::new(false));
+            match (job.kind, pull) {
+                (OperationKind::Read, _) => conn.send_soon(open, Some(opened.clone()), false),
+                (OperationKind::Write, true) => {
+                    let mut frames = open;
+                    Message::Lease(Lease {
+                        req,
+                        segments: job.region.segments(),
+                    })
+                    .encode(&mut frames);
+                    conn.lend(req, &job.region);
+                    conn.send_soon(frames, Some(opened.clone()), false);
+                }
+                (OperationKind::Write, false) => conn.spawn_stream(
+                    req,
+                    job.region,
+                    job.sizes,
+                    open,
+                    Some(opened.clone()),
+                    job.shared.clone(),
+                ),
+            }
+            Ok(Arc::new(TcpLink {
+                conn,
+                req,
+                opened,
+                stripe: None,
+            }) as Arc<dyn ActiveLink>)
+        })
+    }
+}
+
+impl TcpTransport {
+    /// Into how many parts a TCP transfer of `total` bytes to `remote` is
+    /// split (see `ConnectorBuilder::tcp_streams`).
+    fn parts_for(&self, remote: &RdmaMetadata, total: u64) -> u16 {
+        let streams = self
+            .local
+            .tcp_streams
+            .unwrap_or(if remote.host_id() == self.local.host_id {
+                1
+            } else {
+                self.local.streams_to_other_hosts
+            });
+        if streams <= 1 || total < self.local.stripe_threshold {
+            return 1;
+        }
+        (streams as u64).min(u64::from(MAX_PARTS)).min(total) as u16
+    }
+
+    /// Starts a transfer striped over `conns`, one part on each; part 0 (on
+    /// the first) commits it once the destination has confirmed the others.
+    fn start_striped(&self, job: ActiveJob, conns: Vec<Arc<Conn>>) -> Result<Arc<dyn ActiveLink>> {
+        let parts = conns.len() as u16;
+        let total: u64 = job.sizes.iter().sum();
+        let stripe = Stripe::new(parts, String::new());
+        job.shared.set_transport(TransportKind::Tcp);
+        job.shared.start();
+        let mut reqs = Vec::with_capacity(conns.len());
+        for (part, conn) in (0..parts).zip(&conns) {
+            let req = conn.next_req.fetch_add(1, Ordering::Relaxed);
+            let (start, end) = part_range(total, part, parts);
+            let opened = Arc::new(watch::Sender::new(false));
+            stripe.bind(part, Arc::downgrade(conn), req, Some(opened.clone()));
+            lock(&conn.active).insert(
+                req,
+                ActiveReq {
+                    kind: job.kind,
+                    region: job.region.clone(),
+                    shared: job.shared.clone(),
+                    cursor: Cursor::range(job.sizes.clone(), start, end),
+                    cma: Cma::No,
+                    part: Part::new(stripe.clone(), part),
+                },
+            );
+            reqs.push((req, opened, start, end));
+        }
+        // A reader drains its table after marking its connection dead;
+        // check after inserting so that no request is left behind.
+        if let Some(dead) = conns.iter().find(|c| !c.is_alive()) {
+            stripe.abandon(None);
+            let cause = dead.dead.borrow().clone().unwrap_or_default();
+            return Err(Error::ConnectionLost {
+                peer: dead.peer.clone(),
+                cause,
+            });
+        }
+        // However the operation ends, the parts still running end with it
+        // (and the remote is told, unless it completed).
+        let (shared, s) = (job.shared.clone(), stripe.clone());
+        self.local.handle.spawn(async move {
+            let (status, error) = shared.ended().await;
+            s.abandon(abort_reason(status, error.as_ref()));
+        });
+        for ((part, conn), (req, opened, start, end)) in (0..parts).zip(&conns).zip(&reqs) {
+            let open = Message::Open(Open {
+                req: *req,
+                op_id: job.remote.operation_id(),
+                token: *job.remote.token(),
+                kind: job.kind,
+                sizes: job.sizes.clone(),
+                pull: false,
+                part,
+                parts,
+            })
+            .to_vec();
+            match job.kind {
+                OperationKind::Read => conn.send_soon(open, Some(opened.clone()), false),
+                OperationKind::Write => conn.spawn_part(
+                    *req,
+                    job.region.clone(),
+                    Cursor::range(job.sizes.clone(), *start, *end),
+                    open,
+                    Some(opened.clone()),
+                    job.shared.clone(),
+                    if part == 0 {
+                        Last::SealAfter(stripe.clone())
+                    } else {
+                        Last::Part
+                    },
+                ),
+            }
+        }
+        Ok(Arc::new(TcpLink {
+            conn: conns[0].clone(),
+            req: reqs[0].0,
+            opened: reqs[0].1.clone(),
+            stripe: Some(stripe),
+        }))
+    }
+}
+
+/// Removes `slot` from the pool unless it holds a live connection or is in
+/// use (whoever uses it fills it); a dead connection in it is dropped, and
+/// with it its socket.
+fn forget_slot(pool: &Mutex<HashMap<PoolKey, Slot>>, key: &PoolKey, slot: &Slot) {
+    let Ok(mut g) = slot.try_lock() else {
+        return;
+    };
+    if g.as_ref().is_some_and(|c| c.is_alive()) {
+        return;
+    }
+    *g = None;
+    let mut pool = lock(pool);
+    if pool.get(key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+        pool.remove(key);
+    }
+}
+
+/// Milliseconds since the first call, on a monotonic clock.
+fn now_ms() -> u64 {
+    static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
+    let epoch = *EPOCH.get_or_init(std::time::Instant::now);
+    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Waits until the watched value satisfies `f` (or its sender is gone).
+async fn until<T>(rx: &mut watch::Receiver<T>, f: impl FnMut(&T) -> bool) {
+    let _ = rx.wait_for(f).await;
+}
