@@ -90,6 +90,11 @@ impl Cursor {
         }
     }
 
+    /// The descriptors' sizes.
+    pub fn sizes(&self) -> &[u64] {
+        &self.sizes
+    }
+
     /// Whether every byte has been accounted for.
     pub fn is_done(&self) -> bool {
         self.desc >= self.sizes.len()

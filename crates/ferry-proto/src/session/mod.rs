@@ -1,0 +1,871 @@
+//! One connection's request protocol after the handshake, for either role,
+//! as a state machine without IO: fed frames and local events, it answers
+//! with what the driver must do. No socket, no clock, no lock, no thread.
+//!
+//! Every request has a *side* (the source or the destination of the
+//! bytes) and a *path* (the bytes travel in `Data` frames, or the source
+//! lends its memory and the destination copies it). The rules that decide
+//! the outcome live here: who may send `Data`, when a `Finish` is
+//! premature, what a lease must look like, how the parts of a striped
+//! transfer confirm, and the order of the attach exchange. Each refusal is
+//! a typed [`Violation`].
+//!
+//! The memory itself stays with the driver: a request carries the
+//! driver's handle `T` on it (its region and outcome), and the session
+//! asks it only what the fence knows ([`Fence`]): whether the operation
+//! is sealed, whether its region is open, whether the other parts of its
+//! stripe are done.
+
+mod attach;
+mod stripe;
+#[cfg(test)]
+mod tests;
+mod violation;
+
+use std::collections::{BTreeMap, VecDeque};
+
+pub use attach::{AttachState, Nonces};
+pub use stripe::{part_range, BindError, StripeState};
+pub use violation::Violation;
+
+use crate::wire::{Abort, AbortReason, Attach, Lease, Message, Open, Verdict, MAX_LEASE_SEGMENTS};
+use crate::{Cursor, OperationKind, Token};
+
+/// Which end of the connection this session is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// This side connected: it starts READs and WRITEs.
+    Active,
+    /// This side accepted: it serves readables and writables.
+    Passive,
+}
+
+/// Which end of the bytes a request is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// This side has the bytes.
+    Source,
+    /// The bytes land here.
+    Destination,
+}
+
+impl Side {
+    /// The side of a request of `kind` for a session of `role`.
+    pub fn of(role: Role, kind: OperationKind) -> Side {
+        match (role, kind) {
+            (Role::Active, OperationKind::Read) | (Role::Passive, OperationKind::Write) => {
+                Side::Destination
+            }
+            _ => Side::Source,
+        }
+    }
+}
+
+/// How a request's bytes move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// In `Data` frames on this connection.
+    InBand,
+    /// This side is the source and lent its memory (`Lease` sent).
+    Lent,
+    /// A READ asked for a lease; the answer is a `Lease` or `Data` frames.
+    Requested,
+    /// A pulled WRITE whose `Lease` has not arrived yet.
+    AwaitLease,
+    /// This side is the destination and copies from the lent memory.
+    Pulling,
+}
+
+/// What the session asks of the memory behind a request. The driver's
+/// fence answers: these change under the region's lock, on other threads.
+pub trait Fence: Clone {
+    /// Every byte and the final `Finish` are on their way (or copied): a
+    /// cancel no longer changes the outcome.
+    fn is_sealed(&self) -> bool;
+    /// The region is open: nobody began to end the operation here.
+    fn is_open(&self) -> bool;
+    /// For part 0 of a striped transfer: every other part is done. True
+    /// for a transfer that is not striped.
+    fn can_commit(&self) -> bool;
+}
+
+/// What this side can do on the connection, known from the handshake.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Caps {
+    /// Cross-memory attach is enabled here.
+    pub attach: bool,
+    /// This side proved it can copy from the peer (its lease may be taken).
+    pub can_pull: bool,
+    /// The peer proved it can copy from this side (this side may lend).
+    pub peer_pulls: bool,
+    /// The connection authenticated with a shared secret.
+    pub secret: bool,
+}
+
+/// How a stream of `Data` frames ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Last {
+    /// With the `Finish` that seals the operation (not striped). The
+    /// driver seals the operation under the region's lock as the first
+    /// byte of that frame enters the socket.
+    Seal,
+    /// With a plain `Finish`, which the destination confirms: a part other
+    /// than 0. Once it is written, the driver calls
+    /// [`Session::part_sent`].
+    Part,
+    /// Part 0: with the sealing `Finish`, once every other part is
+    /// confirmed ([`Fence::can_commit`]).
+    SealAfterParts,
+}
+
+/// The part of a striped transfer that a request carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PartState {
+    index: u16,
+    /// A part other than 0 that has landed or been confirmed: it stays in
+    /// the table until the operation ends, so that an `Abort` or a lost
+    /// connection on it still ends the operation.
+    done: bool,
+    /// The source has sent all of it: only then may it be confirmed.
+    sent: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Request<T> {
+    side: Side,
+    path: Path,
+    /// The bytes this request covers (its part's range when striped); at
+    /// the destination of in-band bytes, where the next byte must land.
+    cursor: Cursor,
+    part: Option<PartState>,
+    target: T,
+}
+
+/// What a frame asks of the driver right away (other work is queued as
+/// [`Action`]s).
+#[derive(Debug)]
+pub enum Step<T> {
+    /// Nothing more.
+    Done,
+    /// Read the `Data` frame's payload into the target's descriptor `desc`
+    /// at `offset`.
+    Payload {
+        /// The request's handle.
+        target: T,
+        /// Descriptor.
+        desc: u32,
+        /// Offset in it.
+        offset: u64,
+        /// Payload length.
+        len: u32,
+    },
+    /// Read and drop the payload: its request has ended here.
+    Discard {
+        /// Payload length.
+        len: u32,
+    },
+    /// Check the request's capability against the exposure table, then
+    /// call [`Session::bound`].
+    CheckGrant(Open),
+    /// Make the attach offer for the active side's `nonce` (or decline),
+    /// send it, then call [`Session::attach_offered`].
+    AttachOffer {
+        /// The active side's nonce.
+        nonce: [u8; 16],
+    },
+    /// Probe the peer's cookie, then call [`Session::attach_verified`].
+    AttachVerify {
+        /// Both nonces (`None`: this side declined; nothing to probe).
+        nonces: Option<Nonces>,
+        /// The peer's pid.
+        pid: u32,
+        /// Where its cookie lies.
+        addr: u64,
+    },
+}
+
+/// Work for the driver, in order.
+#[derive(Debug)]
+pub enum Action<T> {
+    /// Send a control frame; `reply`: the peer provoked it (bounded).
+    Send {
+        /// The frame.
+        msg: Message,
+        /// A reply the peer provoked.
+        reply: bool,
+    },
+    /// Send the bytes under `cursor` from the target's memory as `Data`
+    /// frames, ending as `last` says.
+    Stream {
+        /// The request.
+        req: u64,
+        /// Its handle.
+        target: T,
+        /// The bytes.
+        cursor: Cursor,
+        /// How the stream ends.
+        last: Last,
+    },
+    /// The operation moves by lending (`true`) or in band (`false`): for
+    /// reports.
+    Via {
+        /// Its handle.
+        target: T,
+        /// Lent memory.
+        lent: bool,
+    },
+    /// Lend the target's memory to the peer (it stays lent until
+    /// [`Action::GiveBack`]).
+    Lend {
+        /// Its handle.
+        target: T,
+    },
+    /// Send a `Lease` of the target's memory for request `req`.
+    SendLease {
+        /// The request.
+        req: u64,
+        /// Its handle.
+        target: T,
+    },
+    /// The peer no longer copies from the target's memory.
+    GiveBack {
+        /// Its handle.
+        target: T,
+    },
+    /// Copy the lease into the target's memory, chunk by chunk through its
+    /// region, seal it, then call [`Session::pull_ended`].
+    Pull {
+        /// The request.
+        req: u64,
+        /// Its handle.
+        target: T,
+        /// The lease's segments, one per descriptor.
+        segments: Vec<(u64, u64)>,
+    },
+    /// A part other than 0 is done: count it in its stripe.
+    PartDone {
+        /// Its handle.
+        target: T,
+    },
+    /// The destination has every byte (in-band destination: close the
+    /// region if intact, else a cancel is under way and tells the peer);
+    /// or the source lent and the peer copied everything (seal under the
+    /// region's lock, unless a cancel came first). Then end the operation
+    /// as COMPLETE; if that call ended it, send `Finish { req }` as the
+    /// confirmation, else `Abort(Cancelled)`.
+    Commit {
+        /// The request.
+        req: u64,
+        /// Its handle.
+        target: T,
+        /// The memory was lent (seal first) rather than received.
+        lent: bool,
+    },
+    /// The peer confirmed an operation that is sealed here: end it as
+    /// COMPLETE.
+    Complete {
+        /// Its handle.
+        target: T,
+    },
+    /// The peer ended the request: end the operation with its reason.
+    RemoteAbort {
+        /// Its handle.
+        target: T,
+        /// Why.
+        reason: AbortReason,
+        /// The peer's detail.
+        detail: String,
+    },
+}
+
+/// The parameters of an active request.
+#[derive(Debug, Clone)]
+pub struct OpenParams {
+    /// READ or WRITE.
+    pub kind: OperationKind,
+    /// The passive operation.
+    pub op_id: u64,
+    /// Its capability.
+    pub token: Token,
+    /// The descriptors' sizes.
+    pub sizes: Vec<u64>,
+    /// Move the bytes by lending (cross-memory attach).
+    pub pull: bool,
+    /// Which part of how many (`(0, 1)`: not striped).
+    pub part: (u16, u16),
+}
+
+/// How an active request begins.
+#[derive(Debug)]
+pub enum Start {
+    /// Send the `Open` (a READ: the bytes come back).
+    Open(Message),
+    /// Send the `Open` followed by a `Lease` of the memory (a pulled
+    /// WRITE; the memory was lent by the queued [`Action::Lend`]).
+    OpenAndLease(Message),
+    /// Send the `Open`, then stream the bytes (a WRITE in band).
+    Stream {
+        /// The `Open`.
+        open: Message,
+        /// The bytes.
+        cursor: Cursor,
+        /// How the stream ends.
+        last: Last,
+    },
+}
+
+/// One connection's request protocol (see the module documentation).
+#[derive(Debug)]
+pub struct Session<T> {
+    role: Role,
+    caps: Caps,
+    requests: BTreeMap<u64, Request<T>>,
+    /// Memory lent to the peer, by request.
+    lent: BTreeMap<u64, T>,
+    next_req: u64,
+    attach: AttachState,
+    actions: VecDeque<Action<T>>,
+}
+
+impl<T: Fence> Session<T> {
+    /// A session for a connection of `role`, after a handshake that found
+    /// `caps`.
+    pub fn new(role: Role, caps: Caps) -> Self {
+        Session {
+            role,
+            caps,
+            requests: BTreeMap::new(),
+            lent: BTreeMap::new(),
+            next_req: 1,
+            attach: AttachState::default(),
+            actions: VecDeque::new(),
+        }
+    }
+
+    /// The next thing to do, in order.
+    pub fn poll_action(&mut self) -> Option<Action<T>> {
+        self.actions.pop_front()
+    }
+
+    /// Requests and leases in flight: zero when idle.
+    pub fn pending(&self) -> usize {
+        self.requests.len() + self.lent.len()
+    }
+
+    /// What this side can do.
+    pub fn caps(&self) -> Caps {
+        self.caps
+    }
+
+    fn push(&mut self, a: Action<T>) {
+        self.actions.push_back(a);
+    }
+
+    fn reply(&mut self, msg: Message) {
+        self.push(Action::Send { msg, reply: true });
+    }
+
+    fn abort(&mut self, req: u64, reason: AbortReason, detail: String) {
+        self.reply(Message::Abort(Abort {
+            req,
+            reason,
+            detail,
+        }));
+    }
+
+    fn give_back(&mut self, req: u64) {
+        if let Some(target) = self.lent.remove(&req) {
+            self.push(Action::GiveBack { target });
+        }
+    }
+
+    /// Handles one frame from the peer. An `Err` closes the connection.
+    pub fn handle_frame(&mut self, msg: Message) -> Result<Step<T>, Violation> {
+        match msg {
+            Message::Hello(_) => Err(Violation::UnexpectedHello),
+            Message::Auth(_) => {
+                let v = if self.caps.secret {
+                    Violation::UnexpectedAuth
+                } else {
+                    Violation::AuthWithoutSecret
+                };
+                self.abort(0, v.abort_reason(), v.to_string());
+                Err(v)
+            }
+            Message::Attach(a) => self.on_attach(a),
+            Message::Open(o) => self.on_open(o),
+            Message::Data(d) => {
+                let Some(r) = self.requests.get_mut(&d.req) else {
+                    return Ok(Step::Discard { len: d.len });
+                };
+                let in_band = matches!(r.path, Path::InBand | Path::Requested);
+                if r.side != Side::Destination || !in_band {
+                    return Err(Violation::UnexpectedData { req: d.req });
+                }
+                r.cursor.accept(d.desc, d.offset, d.len)?;
+                if r.path == Path::Requested {
+                    // The source chose to stream instead of lending.
+                    r.path = Path::InBand;
+                    let target = r.target.clone();
+                    self.push(Action::Via {
+                        target: target.clone(),
+                        lent: false,
+                    });
+                    return Ok(Step::Payload {
+                        target,
+                        desc: d.desc,
+                        offset: d.offset,
+                        len: d.len,
+                    });
+                }
+                Ok(Step::Payload {
+                    target: r.target.clone(),
+                    desc: d.desc,
+                    offset: d.offset,
+                    len: d.len,
+                })
+            }
+            Message::Lease(l) => self.on_lease(l),
+            Message::Release { req } => {
+                self.give_back(req);
+                Ok(Step::Done)
+            }
+            Message::Finish { req } => self.on_finish(req),
+            Message::Abort(a) => self.on_abort(a),
+        }
+    }
+
+    fn on_attach(&mut self, a: Attach) -> Result<Step<T>, Violation> {
+        if self.role == Role::Active {
+            return Err(Violation::AttachToActiveSide);
+        }
+        match (self.attach, a.verdict) {
+            (AttachState::Idle, Verdict::Unknown) => {
+                self.attach = AttachState::Offering;
+                Ok(Step::AttachOffer { nonce: a.cookie })
+            }
+            (AttachState::Offered(nonces), v) if v != Verdict::Unknown => {
+                self.attach = AttachState::Done;
+                self.caps.peer_pulls = nonces.is_some() && v == Verdict::CanPull;
+                Ok(Step::AttachVerify {
+                    nonces,
+                    pid: a.pid,
+                    addr: a.addr,
+                })
+            }
+            _ => Err(Violation::AttachOutOfTurn),
+        }
+    }
+
+    /// The offer for the active side's nonce is on its way (`None`: this
+    /// side declined).
+    pub fn attach_offered(&mut self, nonces: Option<Nonces>) {
+        if self.attach == AttachState::Offering {
+            self.attach = AttachState::Offered(nonces);
+        }
+    }
+
+    /// The probe of the peer ended (`ok`: this side can copy from it): the
+    /// verdict to send.
+    pub fn attach_verified(&mut self, ok: bool) -> Message {
+        self.caps.can_pull = ok;
+        Message::Attach(Attach {
+            pid: 0,
+            addr: 0,
+            cookie: [0; 16],
+            verdict: if ok {
+                Verdict::CanPull
+            } else {
+                Verdict::Refused
+            },
+        })
+    }
+
+    fn on_open(&mut self, o: Open) -> Result<Step<T>, Violation> {
+        if self.role == Role::Active {
+            return Err(Violation::OpenToActiveSide);
+        }
+        if self.requests.contains_key(&o.req) || self.lent.contains_key(&o.req) {
+            return Err(Violation::RequestNumberInUse(o.req));
+        }
+        Ok(Step::CheckGrant(o))
+    }
+
+    /// The exposure table's verdict on request `o` (passive side): refused
+    /// with a reason, or granted to the operation behind `target`. A
+    /// granted request is in the table afterwards; memory it lends is lent
+    /// by the queued actions. The driver then checks that the operation
+    /// did not end meanwhile and calls [`serve`](Self::serve) or
+    /// [`forget`](Self::forget).
+    pub fn bound(&mut self, o: &Open, verdict: Result<T, (AbortReason, String)>) {
+        let target = match verdict {
+            Ok(t) => t,
+            Err((reason, detail)) => return self.abort(o.req, reason, detail),
+        };
+        let side = Side::of(Role::Passive, o.kind);
+        if o.parts > 1 {
+            // A part of a striped transfer: always in band.
+            let total = o.sizes.iter().fold(0u64, |a, s| a.saturating_add(*s));
+            let (start, end) = part_range(total, o.part, o.parts);
+            self.push(Action::Via {
+                target: target.clone(),
+                lent: false,
+            });
+            self.requests.insert(
+                o.req,
+                Request {
+                    side,
+                    path: Path::InBand,
+                    cursor: Cursor::range(o.sizes.clone(), start, end),
+                    part: Some(PartState {
+                        index: o.part,
+                        done: false,
+                        sent: false,
+                    }),
+                    target,
+                },
+            );
+            return;
+        }
+        let path = match (o.kind, o.pull) {
+            (_, false) => Path::InBand,
+            (OperationKind::Read, true)
+                if self.caps.attach
+                    && self.caps.peer_pulls
+                    && o.sizes.len() <= MAX_LEASE_SEGMENTS =>
+            {
+                Path::Lent
+            }
+            // Fall back to streaming the bytes.
+            (OperationKind::Read, true) => Path::InBand,
+            (OperationKind::Write, true) => Path::AwaitLease,
+        };
+        self.push(Action::Via {
+            target: target.clone(),
+            lent: path != Path::InBand,
+        });
+        if path == Path::Lent {
+            // Lent before the driver looks at the status: an owner that
+            // drops the operation from then on finds the memory lent.
+            self.lent.insert(o.req, target.clone());
+            self.push(Action::Lend {
+                target: target.clone(),
+            });
+        }
+        self.requests.insert(
+            o.req,
+            Request {
+                side,
+                path,
+                cursor: Cursor::new(o.sizes.clone()),
+                part: None,
+                target,
+            },
+        );
+    }
+
+    /// Starts serving a bound request: its source sends a lease or the
+    /// bytes; a destination waits for them.
+    pub fn serve(&mut self, req: u64) {
+        let Some(r) = self.requests.get(&req) else {
+            return;
+        };
+        if r.side != Side::Source {
+            return;
+        }
+        let (target, cursor) = (r.target.clone(), r.cursor.clone());
+        let a = match (r.path, r.part) {
+            (Path::Lent, _) => Action::SendLease { req, target },
+            (_, Some(p)) => Action::Stream {
+                req,
+                target,
+                cursor,
+                last: if p.index == 0 {
+                    Last::SealAfterParts
+                } else {
+                    Last::Part
+                },
+            },
+            (_, None) => Action::Stream {
+                req,
+                target,
+                cursor,
+                last: Last::Seal,
+            },
+        };
+        self.push(a);
+    }
+
+    /// Takes a request out of the table (its operation ended here, and
+    /// whoever ended it tells the peer), giving back memory it lent. True
+    /// if it was there.
+    pub fn forget(&mut self, req: u64) -> bool {
+        self.give_back(req);
+        self.requests.remove(&req).is_some()
+    }
+
+    /// Starts an active request for the operation behind `target`: its
+    /// number and how to begin. The request is in the table afterwards.
+    pub fn open(&mut self, p: OpenParams, target: T) -> (u64, Start) {
+        let req = self.next_req;
+        self.next_req += 1;
+        let (part, parts) = p.part;
+        let side = Side::of(Role::Active, p.kind);
+        let striped = parts > 1;
+        let pull = p.pull && !striped;
+        let path = match (pull, side) {
+            (false, _) => Path::InBand,
+            (true, Side::Destination) => Path::Requested,
+            (true, Side::Source) => Path::Lent,
+        };
+        let cursor = if striped {
+            let total = p.sizes.iter().fold(0u64, |a, s| a.saturating_add(*s));
+            let (start, end) = part_range(total, part, parts);
+            Cursor::range(p.sizes.clone(), start, end)
+        } else {
+            Cursor::new(p.sizes.clone())
+        };
+        match path {
+            Path::InBand => self.push(Action::Via {
+                target: target.clone(),
+                lent: false,
+            }),
+            Path::Lent => {
+                self.push(Action::Via {
+                    target: target.clone(),
+                    lent: true,
+                });
+                self.lent.insert(req, target.clone());
+                self.push(Action::Lend {
+                    target: target.clone(),
+                });
+            }
+            // Known once the peer answers with a lease or with data.
+            _ => {}
+        }
+        let open = Message::Open(Open {
+            req,
+            op_id: p.op_id,
+            token: p.token,
+            kind: p.kind,
+            sizes: p.sizes,
+            pull,
+            part,
+            parts,
+        });
+        let start = match (side, path) {
+            (Side::Destination, _) => Start::Open(open),
+            (Side::Source, Path::Lent) => Start::OpenAndLease(open),
+            (Side::Source, _) => Start::Stream {
+                open,
+                cursor: cursor.clone(),
+                last: match (striped, part) {
+                    (false, _) => Last::Seal,
+                    (true, 0) => Last::SealAfterParts,
+                    (true, _) => Last::Part,
+                },
+            },
+        };
+        self.requests.insert(
+            req,
+            Request {
+                side,
+                path,
+                cursor,
+                part: striped.then_some(PartState {
+                    index: part,
+                    done: false,
+                    sent: false,
+                }),
+                target,
+            },
+        );
+        (req, start)
+    }
+
+    /// Every byte of the part that request `req` carries has been sent.
+    pub fn part_sent(&mut self, req: u64) {
+        if let Some(p) = self.requests.get_mut(&req).and_then(|r| r.part.as_mut()) {
+            p.sent = true;
+        }
+    }
+
+    /// The copy of request `req` ended (`done`: every byte landed and the
+    /// operation is sealed): the frame to send, if any.
+    pub fn pull_ended(&mut self, req: u64, done: bool) -> Option<Message> {
+        done.then_some(Message::Finish { req })
+    }
+
+    /// The connection ended: every request's handle and every lent
+    /// memory's, for the driver to end and give back.
+    pub fn drain(&mut self) -> (Vec<T>, Vec<T>) {
+        let reqs = std::mem::take(&mut self.requests);
+        let lent = std::mem::take(&mut self.lent);
+        self.actions.clear();
+        (
+            reqs.into_values().map(|r| r.target).collect(),
+            lent.into_values().collect(),
+        )
+    }
+
+    fn on_lease(&mut self, l: Lease) -> Result<Step<T>, Violation> {
+        let want = match self.role {
+            Role::Passive => {
+                if !self.caps.attach || !self.caps.can_pull {
+                    return Err(Violation::LeaseWithoutAttach);
+                }
+                Path::AwaitLease
+            }
+            Role::Active => {
+                if !self.caps.can_pull || l.req >= self.next_req {
+                    return Err(Violation::UnaskedLease { req: l.req });
+                }
+                Path::Requested
+            }
+        };
+        let Some(r) = self.requests.get_mut(&l.req) else {
+            // Ended here meanwhile: the source must not wait for a copy
+            // that never starts.
+            self.reply(Message::Release { req: l.req });
+            return Ok(Step::Done);
+        };
+        if r.path != want {
+            return Err(Violation::UnaskedLease { req: l.req });
+        }
+        let sizes = r.cursor.sizes();
+        if l.segments.len() != sizes.len()
+            || !l.segments.iter().map(|s| s.1).eq(sizes.iter().copied())
+        {
+            return Err(Violation::LeaseShapeMismatch { req: l.req });
+        }
+        r.path = Path::Pulling;
+        let target = r.target.clone();
+        if self.role == Role::Active {
+            self.push(Action::Via {
+                target: target.clone(),
+                lent: true,
+            });
+        }
+        self.push(Action::Pull {
+            req: l.req,
+            target,
+            segments: l.segments,
+        });
+        Ok(Step::Done)
+    }
+
+    fn on_finish(&mut self, req: u64) -> Result<Step<T>, Violation> {
+        // A destination that copied from us has stopped.
+        self.give_back(req);
+        let Some(r) = self.requests.get_mut(&req) else {
+            return Ok(Step::Done);
+        };
+        if let Some(p) = r.part.as_mut().filter(|p| p.index != 0) {
+            // A part other than 0: at the destination, every byte of it
+            // was sent (confirmed unless a cancel is closing the region);
+            // at the source, that confirmation.
+            if p.done {
+                return Ok(Step::Done);
+            }
+            let target = r.target.clone();
+            match r.side {
+                Side::Destination if !r.cursor.is_done() => {
+                    return Err(Violation::PartFinishedEarly { part: p.index })
+                }
+                Side::Destination => {
+                    if target.is_open() {
+                        p.done = true;
+                        self.push(Action::PartDone { target });
+                        self.reply(Message::Finish { req });
+                    }
+                }
+                Side::Source if !p.sent => {
+                    return Err(Violation::PartConfirmedBeforeSent { part: p.index })
+                }
+                Side::Source => {
+                    p.done = true;
+                    self.push(Action::PartDone { target });
+                }
+            }
+            return Ok(Step::Done);
+        }
+        let premature = match (r.path, r.side) {
+            // The peer copied what we lent: it has every byte.
+            (Path::Lent, _) => None,
+            (Path::Pulling, _) if !r.target.is_sealed() => {
+                Some(Violation::FinishBeforeCopyEnded { req })
+            }
+            (Path::Pulling, _) => None,
+            (Path::AwaitLease, _) => Some(Violation::FinishBeforeLease { req }),
+            (_, Side::Destination) if !r.cursor.is_done() || !r.target.can_commit() => {
+                Some(Violation::FinishBeforeAllData { req })
+            }
+            // A confirmation must follow our own `Finish` (sent only once
+            // sealed).
+            (_, Side::Source) if !r.target.is_sealed() => {
+                Some(Violation::FinishBeforeAllData { req })
+            }
+            _ => None,
+        };
+        if let Some(v) = premature {
+            return Err(v);
+        }
+        let Some(r) = self.requests.remove(&req) else {
+            return Ok(Step::Done);
+        };
+        let a = match (r.path, r.side) {
+            (Path::Lent, _) => Action::Commit {
+                req,
+                target: r.target,
+                lent: true,
+            },
+            (Path::Pulling, _) | (_, Side::Source) => Action::Complete { target: r.target },
+            (_, Side::Destination) => Action::Commit {
+                req,
+                target: r.target,
+                lent: false,
+            },
+        };
+        self.push(a);
+        Ok(Step::Done)
+    }
+
+    fn on_abort(&mut self, a: Abort) -> Result<Step<T>, Violation> {
+        // A destination that copied from us has stopped.
+        self.give_back(a.req);
+        let Some(r) = self.requests.get(&a.req) else {
+            return Ok(Step::Done);
+        };
+        if let Some(p) = r.part {
+            // This side has begun to end a striped operation (a cancel, or
+            // another part failed): it settles the outcome and tells the
+            // peer; the peer's answers on other parts must not preempt it.
+            // A sealed operation is the peer's to settle.
+            if !r.target.is_open() && !r.target.is_sealed() {
+                self.requests.remove(&a.req);
+                return Ok(Step::Done);
+            }
+            if self.role == Role::Active && a.reason == AbortReason::OperationEnded && p.index != 0
+            {
+                // A further part arrived after the peer ended the
+                // operation: how it ended comes on part 0.
+                self.requests.remove(&a.req);
+                return Ok(Step::Done);
+            }
+        }
+        let Some(r) = self.requests.remove(&a.req) else {
+            return Ok(Step::Done);
+        };
+        self.push(Action::RemoteAbort {
+            target: r.target,
+            reason: a.reason,
+            detail: a.detail,
+        });
+        if r.path == Path::Pulling {
+            // Our copy stops here (the region closes): the source may
+            // stop waiting for it.
+            self.reply(Message::Release { req: a.req });
+        }
+        Ok(Step::Done)
+    }
+}

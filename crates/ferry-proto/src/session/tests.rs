@@ -1,0 +1,1 @@
+//! Session-level tests (see also `tests/session_pair.rs`).
