@@ -123,11 +123,6 @@ impl Region {
             .collect()
     }
 
-    /// The sizes of the segments.
-    pub(crate) fn sizes(&self) -> impl Iterator<Item = u64> + '_ {
-        self.segs.iter().map(|s| s.len as u64)
-    }
-
     fn lent(&self) -> std::sync::MutexGuard<'_, Lent> {
         self.lent.lock().unwrap_or_else(|e| e.into_inner())
     }

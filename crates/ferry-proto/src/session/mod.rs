@@ -495,8 +495,8 @@ impl<T: Fence> Session<T> {
     /// with a reason, or granted to the operation behind `target`. A
     /// granted request is in the table afterwards; memory it lends is lent
     /// by the queued actions. The driver then checks that the operation
-    /// did not end meanwhile and calls [`serve`](Self::serve) or
-    /// [`forget`](Self::forget).
+    /// did not end meanwhile and calls [`serve`](Self::serve), or
+    /// [`forget`](Self::forget) and [`unlend`](Self::unlend).
     pub fn bound(&mut self, o: &Open, verdict: Result<T, (AbortReason, String)>) {
         let target = match verdict {
             Ok(t) => t,
@@ -596,12 +596,18 @@ impl<T: Fence> Session<T> {
         self.push(a);
     }
 
-    /// Takes a request out of the table (its operation ended here, and
-    /// whoever ended it tells the peer), giving back memory it lent. True
-    /// if it was there.
+    /// Takes a request out of the table: its operation ended here, and
+    /// whoever ended it tells the peer. Memory it lent stays lent until the
+    /// peer says it stopped copying (`Finish`, `Abort`, `Release`) or the
+    /// connection ends. True if it was there.
     pub fn forget(&mut self, req: u64) -> bool {
-        self.give_back(req);
         self.requests.remove(&req).is_some()
+    }
+
+    /// Gives back the memory request `req` lent, before its lease was
+    /// sent (the peer cannot be copying it).
+    pub fn unlend(&mut self, req: u64) {
+        self.give_back(req);
     }
 
     /// Starts an active request for the operation behind `target`: its

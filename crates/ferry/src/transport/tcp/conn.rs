@@ -42,26 +42,20 @@ pub(crate) struct Conn {
     pub(super) peer: String,
     pub(super) writer: Arc<tokio::sync::Mutex<ConnWriter>>,
     pub(super) dead: watch::Sender<Option<String>>,
-    pub(super) active: Mutex<HashMap<u64, ActiveReq>>,
-    pub(super) passive: Mutex<HashMap<u64, PassiveReq>>,
-    pub(super) next_req: AtomicU64,
+    /// The request protocol: every request in flight, in either role, and
+    /// the memory lent to the peer (see `ferry_proto::session`). Held only
+    /// to feed it and take its actions, never while executing them.
+    pub(super) session: Mutex<Session<Target>>,
     pub(super) queued: AtomicUsize,
     pub(super) handle: Handle,
     /// The peer's process (its pid, and the program it runs), once this
     /// process has proven it can copy from it.
     pub(super) peer_pid: OnceLock<Arc<cma::Peer>>,
-    /// The peer has proven it can copy from this process.
-    pub(super) peer_pulls: AtomicBool,
-    /// The passive side's progress through the four `Attach` frames, and
-    /// the cookie this side keeps in memory for the peer to read.
-    pub(super) attach: Mutex<Attaching>,
     /// `(active, passive)` socket addresses of this connection.
     pub(super) tuple: OnceLock<(SocketAddr, SocketAddr)>,
     /// This side's cookie, kept at a fixed address for the peer to read
     /// while the connection lives.
     pub(super) cookie: Mutex<Option<Box<[u8; 16]>>>,
-    /// Source memory lent to the peer, by request.
-    pub(super) leases: Mutex<HashMap<u64, Arc<Region>>>,
     /// Bounds this connection's copies from the peer (see `stall.rs`).
     pub(super) copy_slots: Arc<CopySlots>,
     /// What to do once the reader has ended (`None` inside: it has).
@@ -76,22 +70,22 @@ pub(crate) struct Conn {
 pub(super) type CloseHook = Box<dyn FnOnce() + Send>;
 
 impl Conn {
-    pub(super) fn new(peer: String, writer: ConnWriter, handle: Handle) -> Arc<Self> {
+    pub(super) fn new(
+        peer: String,
+        writer: ConnWriter,
+        handle: Handle,
+        session: Session<Target>,
+    ) -> Arc<Self> {
         Arc::new(Conn {
             peer,
             writer: Arc::new(tokio::sync::Mutex::new(writer)),
             dead: watch::Sender::new(None),
-            active: Mutex::new(HashMap::new()),
-            passive: Mutex::new(HashMap::new()),
-            next_req: AtomicU64::new(1),
+            session: Mutex::new(session),
             queued: AtomicUsize::new(0),
             handle,
             peer_pid: OnceLock::new(),
-            peer_pulls: AtomicBool::new(false),
-            attach: Mutex::new(Attaching::Idle),
             tuple: OnceLock::new(),
             cookie: Mutex::new(None),
-            leases: Mutex::new(HashMap::new()),
             copy_slots: Arc::new(CopySlots::new()),
             on_close: Mutex::new(Some(Vec::new())),
             ticket: OnceLock::new(),
@@ -99,53 +93,151 @@ impl Conn {
         })
     }
 
-    /// Every byte of the part that request `req` carries has been sent.
-    pub(super) fn part_sent(&self, req: u64) {
-        if let Some(r) = lock(&self.active).get_mut(&req) {
-            r.part.iter_mut().for_each(|p| p.sent = true);
-            return;
-        }
-        if let Some(r) = lock(&self.passive).get_mut(&req) {
-            r.part.iter_mut().for_each(|p| p.sent = true);
-        }
-    }
-
-    /// Lends `region` to the peer for request `req`.
-    pub(super) fn lend(&self, req: u64, region: &Arc<Region>) {
-        region.lend();
-        lock(&self.leases).insert(req, region.clone());
-        // The reader drains the leases after marking the connection dead.
-        if !self.is_alive() {
-            self.give_back(req);
-        }
-    }
-
-    /// The peer no longer copies from the memory of request `req`.
-    pub(super) fn give_back(&self, req: u64) {
-        let r = lock(&self.leases).remove(&req);
-        if let Some(r) = r {
-            r.give_back();
-        }
-    }
-
-    /// Copies lease `l` into the request's region and shared state, or, if
-    /// the request has ended here meanwhile, tells the source at once (it
-    /// must not wait for a copy that never starts).
-    pub(super) fn pull_or_release(
+    /// Feeds the session with `f` and runs the actions it queued, in
+    /// order, outside its lock.
+    pub(super) fn with_session<R>(
         self: &Arc<Self>,
-        l: Lease,
-        job: Option<(Arc<Region>, Arc<OpShared>)>,
-    ) {
-        match job {
-            Some((region, shared)) => self.spawn_pull(l.req, region, shared, l.segments),
-            None => self.release(l.req),
+        f: impl FnOnce(&mut Session<Target>) -> R,
+    ) -> R {
+        let (r, actions) = {
+            let mut s = lock(&self.session);
+            let r = f(&mut s);
+            (
+                r,
+                std::iter::from_fn(|| s.poll_action()).collect::<Vec<_>>(),
+            )
+        };
+        for a in actions {
+            self.execute(a);
+        }
+        r
+    }
+
+    /// Does what the session asked. No protocol decision here: only how.
+    fn execute(self: &Arc<Self>, a: Action<Target>) {
+        match a {
+            Action::Send { msg, reply } => self.send_soon(msg.to_vec(), None, reply),
+            Action::Stream {
+                req,
+                target,
+                cursor,
+                last,
+            } => self.stream_from(req, target, cursor, Vec::new(), None, last),
+            Action::Via { target, lent } => target.shared.set_transport(if lent {
+                TransportKind::Cma
+            } else {
+                TransportKind::Tcp
+            }),
+            Action::Lend { target } => target.region.lend(),
+            Action::SendLease { req, target } => {
+                let lease = Message::Lease(Lease {
+                    req,
+                    segments: target.region.segments(),
+                });
+                self.send_soon(lease.to_vec(), None, true);
+            }
+            Action::GiveBack { target } => target.region.give_back(),
+            Action::Pull {
+                req,
+                target,
+                segments,
+            } => self.spawn_pull(req, target.region, target.shared, segments),
+            Action::PartDone { target } => {
+                if let Some(s) = &target.stripe {
+                    s.part_done();
+                }
+            }
+            Action::Commit { req, target, lent } => {
+                // Unless a cancel got here first (it tells the remote).
+                let ok = if lent {
+                    target.region.seal_if_open(|| target.shared.seal())
+                } else {
+                    target.region.close_if_intact()
+                };
+                if !ok {
+                    return;
+                }
+                if target.end(OperationStatus::Complete, None) {
+                    self.send_soon(Message::Finish { req }.to_vec(), None, true);
+                } else {
+                    self.abort_detached(req, AbortReason::Cancelled, String::new());
+                }
+            }
+            Action::Complete { target } => {
+                target.end(OperationStatus::Complete, None);
+            }
+            Action::RemoteAbort {
+                target,
+                reason,
+                detail,
+            } => {
+                let err = remote_error(reason, detail);
+                let status = if matches!(err, Error::RemoteCancelled) {
+                    OperationStatus::Cancelled
+                } else {
+                    OperationStatus::Errored
+                };
+                target.end(status, Some(err));
+            }
         }
     }
 
-    /// Tells the source of request `req` that this side stopped copying
-    /// (a reply: bounded like every frame the peer provokes).
-    pub(super) fn release(self: &Arc<Self>, req: u64) {
-        self.send_detached(Message::Release { req });
+    /// Begins active request `req` as the session said.
+    pub(super) fn begin(
+        self: &Arc<Self>,
+        req: u64,
+        target: Target,
+        start: Start,
+        opened: Option<Arc<watch::Sender<bool>>>,
+    ) {
+        match start {
+            Start::Open(open) => self.send_soon(open.to_vec(), opened, false),
+            Start::OpenAndLease(open) => {
+                let mut frames = open.to_vec();
+                Message::Lease(Lease {
+                    req,
+                    segments: target.region.segments(),
+                })
+                .encode(&mut frames);
+                self.send_soon(frames, opened, false);
+            }
+            Start::Stream { open, cursor, last } => {
+                self.stream_from(req, target, cursor, open.to_vec(), opened, last)
+            }
+        }
+    }
+
+    /// Streams the bytes under `cursor` after `prefix` (an `Open`), ending
+    /// as `last` says: a whole transfer that is small goes out at once.
+    pub(super) fn stream_from(
+        self: &Arc<Self>,
+        req: u64,
+        target: Target,
+        cursor: Cursor,
+        prefix: Vec<u8>,
+        opened: Option<Arc<watch::Sender<bool>>>,
+        last: SessionLast,
+    ) {
+        let last = match (last, &target.stripe) {
+            (SessionLast::Seal, _) => {
+                let sizes = cursor.sizes().to_vec();
+                return self.spawn_stream(req, target.region, sizes, prefix, opened, target.shared);
+            }
+            (SessionLast::Part, _) => Last::Part,
+            (SessionLast::SealAfterParts, Some(s)) => Last::SealAfter(s.clone()),
+            // Not striped after all: cannot happen (the session says so
+            // only for a striped request); seal as usual.
+            (SessionLast::SealAfterParts, None) => Last::Seal,
+        };
+        self.spawn_part(
+            req,
+            target.region,
+            cursor,
+            prefix,
+            opened,
+            target.shared,
+            last,
+        );
     }
 
     /// Copies a lease into `region` from a blocking thread (never the
@@ -178,7 +270,11 @@ impl Conn {
                 return;
             };
             match end {
-                PullEnd::Done => conn.send_soon(Message::Finish { req }.to_vec(), None, false),
+                PullEnd::Done => {
+                    if let Some(m) = lock(&conn.session).pull_ended(req, true) {
+                        conn.send_soon(m.to_vec(), None, false);
+                    }
+                }
                 PullEnd::Closed => {}
                 PullEnd::Failed(why) => conn.kill(why),
             }
@@ -209,9 +305,7 @@ impl Conn {
     /// How long nothing has happened, if no operation is in progress on it
     /// (`None` if one is).
     pub(super) fn idle_for(&self) -> Option<Duration> {
-        let busy = !lock(&self.active).is_empty()
-            || !lock(&self.passive).is_empty()
-            || !lock(&self.leases).is_empty();
+        let busy = lock(&self.session).pending() > 0;
         (!busy).then(|| {
             Duration::from_millis(now_ms().saturating_sub(self.last_active.load(Ordering::Relaxed)))
         })
@@ -476,7 +570,7 @@ impl Conn {
             Last::Part => {
                 // Not the commit: the destination confirms it, and part 0's
                 // sealing `Finish` waits for that.
-                self.part_sent(req);
+                lock(&self.session).part_sent(req);
                 self.send_frame(&fin).await?;
                 return Ok(true);
             }
@@ -660,11 +754,11 @@ impl Conn {
 
     /// Requests in flight on this connection, in both roles.
     pub(crate) fn pending(&self) -> usize {
-        lock(&self.active).len() + lock(&self.passive).len() + lock(&self.leases).len()
+        lock(&self.session).pending()
     }
 
     pub(crate) fn forget_passive(&self, req: u64) {
-        lock(&self.passive).remove(&req);
+        lock(&self.session).forget(req);
     }
 }
 
@@ -686,7 +780,7 @@ impl ActiveLink for TcpLink {
             s.abandon(None);
             return;
         }
-        lock(&self.conn.active).remove(&self.req);
+        lock(&self.conn.session).forget(self.req);
         if changed {
             let conn = self.conn.clone();
             let req = self.req;

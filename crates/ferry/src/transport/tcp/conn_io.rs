@@ -144,7 +144,7 @@ impl FrameReader {
             .expect("length checked");
         let header = wire::decode_header(&h)?;
         if self.first && header.body_len > wire::MAX_HELLO_BODY {
-            return Err(ConnError::Violation(format!(
+            return Err(ConnError::Channel(format!(
                 "a first frame of {} bytes, larger than any hello",
                 header.body_len
             )));
@@ -177,7 +177,7 @@ impl FrameReader {
                     Ok(()) => dst = Some((region, seg, off + buffered as u64)),
                     Err(Denied::Closed) => dst = None,
                     Err(Denied::OutOfBounds) => {
-                        return Err(ConnError::Violation("data outside the descriptor".into()))
+                        return Err(ConnError::Channel("data outside the descriptor".into()))
                     }
                 }
             }
@@ -204,7 +204,7 @@ impl FrameReader {
                         Ok(Err(e)) => return Err(e.into()),
                         Err(Denied::Closed) => dst = None,
                         Err(Denied::OutOfBounds) => {
-                            return Err(ConnError::Violation("data outside the descriptor".into()))
+                            return Err(ConnError::Channel("data outside the descriptor".into()))
                         }
                     }
                 }
@@ -237,7 +237,7 @@ async fn secure_payload(
                 Ok(()) => dst = Some((region, seg, off + p.len() as u64)),
                 Err(Denied::Closed) => dst = None,
                 Err(Denied::OutOfBounds) => {
-                    return Err(ConnError::Violation("data outside the descriptor".into()))
+                    return Err(ConnError::Channel("data outside the descriptor".into()))
                 }
             }
         }
@@ -501,7 +501,7 @@ mod tests {
         let mut h = vec![1u8, 0, 0, 0];
         h.extend_from_slice(&(wire::MAX_HELLO_BODY + 1).to_le_bytes());
         c.write_all(&h).await.unwrap();
-        assert!(matches!(rd.next().await, Err(ConnError::Violation(_))));
+        assert!(matches!(rd.next().await, Err(ConnError::Channel(_))));
         assert_eq!(rd.capacity(), INITIAL);
     }
 

@@ -6,8 +6,17 @@ use super::*;
 pub(super) enum ConnError {
     Io(io::Error),
     Wire(WireError),
-    Violation(String),
+    /// The peer broke the request protocol.
+    Violation(Violation),
+    /// A frame or the secure channel could not be read as it must be.
+    Channel(String),
     Closed(Error),
+}
+
+impl From<Violation> for ConnError {
+    fn from(v: Violation) -> Self {
+        ConnError::Violation(v)
+    }
 }
 
 impl From<io::Error> for ConnError {
@@ -36,7 +45,11 @@ impl ConnError {
                 peer: peer.to_string(),
                 detail: e.to_string(),
             },
-            ConnError::Violation(d) => Error::Protocol {
+            ConnError::Violation(v) => Error::Protocol {
+                peer: peer.to_string(),
+                detail: v.to_string(),
+            },
+            ConnError::Channel(d) => Error::Protocol {
                 peer: peer.to_string(),
                 detail: d,
             },

@@ -213,13 +213,18 @@ impl TcpTransport {
                 "cross-memory attach probed"
             );
         }
-        let conn = Conn::new(peer, w, self.local.handle.clone());
+        let caps = Caps {
+            attach: self.local.cma,
+            can_pull: peer_pid.is_some(),
+            peer_pulls,
+            secret: self.local.secret.is_some(),
+        };
+        let session = Session::new(Role::Active, caps);
+        let conn = Conn::new(peer, w, self.local.handle.clone(), session);
         if let Some(p) = peer_pid {
             let _ = conn.peer_pid.set(p);
         }
-        conn.peer_pulls.store(peer_pulls, Ordering::Release);
         *lock(&conn.cookie) = my_cookie;
-        *lock(&conn.attach) = Attaching::Done;
         if let Some(t) = tuple {
             let _ = conn.tuple.set(t);
         }

@@ -79,7 +79,13 @@ pub(crate) async fn listen(host: Arc<Host>, tcp: Arc<TcpTransport>, listener: Tc
                 _ = until(&mut evicted, |e| *e) => return,
             };
             tracing::debug!(%addr, peer, "accepted a connection");
-            let conn = Conn::new(peer, w, inner.host.handle.clone());
+            let caps = Caps {
+                attach: inner.cma,
+                secret: inner.host.secret.is_some(),
+                ..Caps::default()
+            };
+            let session = Session::new(Role::Passive, caps);
+            let conn = Conn::new(peer, w, inner.host.handle.clone(), session);
             // Closed if it must make room while it has proven nothing.
             let weak = Arc::downgrade(&conn);
             tokio::spawn(async move {

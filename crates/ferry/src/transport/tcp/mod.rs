@@ -19,13 +19,17 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
+use ferry_proto::session::{
+    Action, Caps, Fence, Last as SessionLast, Nonces, OpenParams, Role, Session, Start, Step,
+    StripeState, Violation,
+};
 use ferry_proto::wire::{
-    self, part_range, Abort, AbortReason, Attach, Auth, Data, Hello, Lease, Message, Open, Verdict,
-    WireError, MAX_LEASE_SEGMENTS, MAX_PARTS,
+    self, Abort, AbortReason, Attach, Auth, Data, Hello, Lease, Message, Open, Verdict, WireError,
+    MAX_LEASE_SEGMENTS, MAX_PARTS,
 };
 use ferry_proto::{Cursor, OperationKind, OperationStatus, RdmaMetadata};
 use tokio::net::{TcpListener, TcpStream};
@@ -33,7 +37,7 @@ use tokio::runtime::Handle;
 use tokio::sync::watch;
 
 use crate::auth::Secret;
-use crate::exposure::{abort_reason, Exposure, PassiveLink, Refusal};
+use crate::exposure::{abort_reason, Exposure, Exposures, PassiveLink, Refusal};
 use crate::host;
 use crate::outcome::OpShared;
 use crate::region::{Denied, Region};
@@ -229,7 +233,7 @@ impl Transport for TcpTransport {
                 && job.sizes.len() <= MAX_LEASE_SEGMENTS
                 && match job.kind {
                     OperationKind::Read => conn.peer_pid.get().is_some(),
-                    OperationKind::Write => conn.peer_pulls.load(Ordering::Acquire),
+                    OperationKind::Write => lock(&conn.session).caps().peer_pulls,
                 };
             if !pull {
                 let parts = self.parts_for(&job.remote, total);
@@ -248,73 +252,32 @@ impl Transport for TcpTransport {
                     return self.start_striped(job, conns);
                 }
             }
-            let req = conn.next_req.fetch_add(1, Ordering::Relaxed);
-            let cma = match (pull, job.kind) {
-                (false, _) => Cma::No,
-                (true, OperationKind::Read) => Cma::Requested,
-                (true, OperationKind::Write) => Cma::Lent,
+            let target = Target::active(job.region.clone(), job.shared.clone(), None);
+            let params = OpenParams {
+                kind: job.kind,
+                op_id: job.remote.operation_id(),
+                token: *job.remote.token(),
+                sizes: job.sizes.clone(),
+                pull,
+                part: (0, 1),
             };
-            match cma {
-                Cma::No => job.shared.set_transport(TransportKind::Tcp),
-                Cma::Lent => job.shared.set_transport(TransportKind::Cma),
-                // Known once the remote answers with a lease or with data.
-                _ => {}
-            }
+            let (req, start) = conn.with_session(|s| s.open(params, target.clone()));
             job.shared.start();
-            lock(&conn.active).insert(
-                req,
-                ActiveReq {
-                    kind: job.kind,
-                    region: job.region.clone(),
-                    shared: job.shared.clone(),
-                    cursor: Cursor::new(job.sizes.clone()),
-                    cma,
-                    part: None,
-                },
-            );
-            // The reader task drains the table after marking the connection
-            // dead; check after inserting so that no request is left behind.
+            // The reader drains the session after marking the connection
+            // dead; check after opening so that no request is left behind.
             if !conn.is_alive() {
-                lock(&conn.active).remove(&req);
+                conn.with_session(|s| {
+                    s.forget(req);
+                    s.unlend(req);
+                });
                 let cause = conn.dead.borrow().clone().unwrap_or_default();
                 return Err(Error::ConnectionLost {
                     peer: conn.peer.clone(),
                     cause,
                 });
             }
-            let open = Message::Open(Open {
-                req,
-                op_id: job.remote.operation_id(),
-                token: *job.remote.token(),
-                kind: job.kind,
-                sizes: job.sizes.clone(),
-                pull,
-                part: 0,
-                parts: 1,
-            })
-            .to_vec();
             let opened = Arc::new(watch::Sender::new(false));
-            match (job.kind, pull) {
-                (OperationKind::Read, _) => conn.send_soon(open, Some(opened.clone()), false),
-                (OperationKind::Write, true) => {
-                    let mut frames = open;
-                    Message::Lease(Lease {
-                        req,
-                        segments: job.region.segments(),
-                    })
-                    .encode(&mut frames);
-                    conn.lend(req, &job.region);
-                    conn.send_soon(frames, Some(opened.clone()), false);
-                }
-                (OperationKind::Write, false) => conn.spawn_stream(
-                    req,
-                    job.region,
-                    job.sizes,
-                    open,
-                    Some(opened.clone()),
-                    job.shared.clone(),
-                ),
-            }
+            conn.begin(req, target, start, Some(opened.clone()));
             Ok(Arc::new(TcpLink {
                 conn,
                 req,
@@ -347,31 +310,27 @@ impl TcpTransport {
     /// the first) commits it once the destination has confirmed the others.
     fn start_striped(&self, job: ActiveJob, conns: Vec<Arc<Conn>>) -> Result<Arc<dyn ActiveLink>> {
         let parts = conns.len() as u16;
-        let total: u64 = job.sizes.iter().sum();
         let stripe = Stripe::new(parts, String::new());
-        job.shared.set_transport(TransportKind::Tcp);
-        job.shared.start();
         let mut reqs = Vec::with_capacity(conns.len());
         for (part, conn) in (0..parts).zip(&conns) {
-            let req = conn.next_req.fetch_add(1, Ordering::Relaxed);
-            let (start, end) = part_range(total, part, parts);
+            let target =
+                Target::active(job.region.clone(), job.shared.clone(), Some(stripe.clone()));
+            let params = OpenParams {
+                kind: job.kind,
+                op_id: job.remote.operation_id(),
+                token: *job.remote.token(),
+                sizes: job.sizes.clone(),
+                pull: false,
+                part: (part, parts),
+            };
+            let (req, start) = conn.with_session(|s| s.open(params, target.clone()));
             let opened = Arc::new(watch::Sender::new(false));
             stripe.bind(part, Arc::downgrade(conn), req, Some(opened.clone()));
-            lock(&conn.active).insert(
-                req,
-                ActiveReq {
-                    kind: job.kind,
-                    region: job.region.clone(),
-                    shared: job.shared.clone(),
-                    cursor: Cursor::range(job.sizes.clone(), start, end),
-                    cma: Cma::No,
-                    part: Part::new(stripe.clone(), part),
-                },
-            );
-            reqs.push((req, opened, start, end));
+            reqs.push((req, opened, target, start));
         }
-        // A reader drains its table after marking its connection dead;
-        // check after inserting so that no request is left behind.
+        job.shared.start();
+        // A reader drains its session after marking its connection dead;
+        // check after opening so that no request is left behind.
         if let Some(dead) = conns.iter().find(|c| !c.is_alive()) {
             stripe.abandon(None);
             let cause = dead.dead.borrow().clone().unwrap_or_default();
@@ -387,39 +346,14 @@ impl TcpTransport {
             let (status, error) = shared.ended().await;
             s.abandon(abort_reason(status, error.as_ref()));
         });
-        for ((part, conn), (req, opened, start, end)) in (0..parts).zip(&conns).zip(&reqs) {
-            let open = Message::Open(Open {
-                req: *req,
-                op_id: job.remote.operation_id(),
-                token: *job.remote.token(),
-                kind: job.kind,
-                sizes: job.sizes.clone(),
-                pull: false,
-                part,
-                parts,
-            })
-            .to_vec();
-            match job.kind {
-                OperationKind::Read => conn.send_soon(open, Some(opened.clone()), false),
-                OperationKind::Write => conn.spawn_part(
-                    *req,
-                    job.region.clone(),
-                    Cursor::range(job.sizes.clone(), *start, *end),
-                    open,
-                    Some(opened.clone()),
-                    job.shared.clone(),
-                    if part == 0 {
-                        Last::SealAfter(stripe.clone())
-                    } else {
-                        Last::Part
-                    },
-                ),
-            }
+        let (req0, opened0) = (reqs[0].0, reqs[0].1.clone());
+        for (conn, (req, opened, target, start)) in conns.iter().zip(reqs) {
+            conn.begin(req, target, start, Some(opened));
         }
         Ok(Arc::new(TcpLink {
             conn: conns[0].clone(),
-            req: reqs[0].0,
-            opened: reqs[0].1.clone(),
+            req: req0,
+            opened: opened0,
             stripe: Some(stripe),
         }))
     }

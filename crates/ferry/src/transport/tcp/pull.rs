@@ -100,26 +100,3 @@ pub(super) fn pull_all(
         PullEnd::Closed
     }
 }
-
-/// Takes a `Lease` for a request that waits for one (its `cma` is `want`):
-/// the segments must match the request's descriptors one for one; the
-/// request then copies (`Pulling`).
-pub(super) fn take_lease(
-    cma: &mut Cma,
-    want: Cma,
-    l: &Lease,
-    region: &Region,
-) -> Result<(), ConnError> {
-    if *cma != want {
-        return Err(ConnError::Violation("unexpected lease".into()));
-    }
-    let sizes_match = l.segments.len() == region.sizes().count()
-        && l.segments.iter().map(|s| s.1).eq(region.sizes());
-    if !sizes_match {
-        return Err(ConnError::Violation(
-            "the lease does not match the descriptors".into(),
-        ));
-    }
-    *cma = Cma::Pulling;
-    Ok(())
-}

@@ -3,80 +3,74 @@
 
 use super::*;
 
-/// The part a request plays in a cross-memory-attach transfer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Cma {
-    /// The bytes go in `Data` frames.
-    No,
-    /// This side is the source and lent its memory (`Lease` sent).
-    Lent,
-    /// A READ asked for a lease; the answer is a `Lease` or `Data` frames.
-    Requested,
-    /// A pulled WRITE whose `Lease` has not arrived yet.
-    AwaitLease,
-    /// This side is the destination and copies from the peer.
-    Pulling,
-}
-
-/// Where a connection stands in setting up cross-memory attach.
-pub(super) enum Attaching {
-    /// Nothing received yet.
-    Idle,
-    /// The passive side answered the active side's nonce (`None`: declined).
-    Offered(Option<([u8; 16], [u8; 16])>),
-    /// Set up, or declined.
-    Done,
-}
-
-/// An active operation waiting for its remote.
-pub(super) struct ActiveReq {
-    pub(super) kind: OperationKind,
+/// The driver's handle on a request, carried by the session: the memory
+/// (its region and outcome) and how the operation ends.
+#[derive(Clone)]
+pub(super) struct Target {
     pub(super) region: Arc<Region>,
     pub(super) shared: Arc<OpShared>,
-    pub(super) cursor: Cursor,
-    pub(super) cma: Cma,
-    /// The transfer is striped and this request carries one part of it.
-    pub(super) part: Option<Part>,
+    /// Passive side: the exposure, ended through its table.
+    pub(super) exposure: Option<(Arc<Exposure>, Arc<Exposures>)>,
+    /// The transfer is striped: all its parts.
+    pub(super) stripe: Option<Arc<Stripe>>,
 }
 
-/// The part of a striped transfer that a request carries.
-pub(super) struct Part {
-    pub(super) stripe: Arc<Stripe>,
-    pub(super) index: u16,
-    /// A part other than 0 that has ended (landed, or confirmed): it stays
-    /// in the table until the operation ends, so that an `Abort` or a lost
-    /// connection on it still ends the operation.
-    pub(super) done: bool,
-    /// The source of a part other than 0 has sent all of it: only then may
-    /// the destination confirm it.
-    pub(super) sent: bool,
-}
+impl Fence for Target {
+    fn is_sealed(&self) -> bool {
+        self.shared.is_sealed()
+    }
 
-impl Part {
-    pub(super) fn new(stripe: Arc<Stripe>, index: u16) -> Option<Self> {
-        Some(Part {
-            stripe,
-            index,
-            done: false,
-            sent: false,
-        })
+    fn is_open(&self) -> bool {
+        self.region.is_open()
+    }
+
+    fn can_commit(&self) -> bool {
+        self.stripe.as_ref().map_or(true, |s| s.all_done())
     }
 }
 
-/// Whether `part` is of a striped transfer whose other parts have not all
-/// landed (a commit now would be premature).
-pub(super) fn parts_missing(part: &Option<Part>) -> bool {
-    part.as_ref().is_some_and(|p| !p.stripe.all_done())
-}
+impl Target {
+    pub(super) fn active(
+        region: Arc<Region>,
+        shared: Arc<OpShared>,
+        stripe: Option<Arc<Stripe>>,
+    ) -> Self {
+        Target {
+            region,
+            shared,
+            exposure: None,
+            stripe,
+        }
+    }
 
-/// A passive operation bound to a request on this connection.
-pub(super) struct PassiveReq {
-    pub(super) exposure: Arc<Exposure>,
-    /// For writes: where the next payload byte must go.
-    pub(super) cursor: Option<Cursor>,
-    pub(super) cma: Cma,
-    /// As in [`ActiveReq`].
-    pub(super) part: Option<Part>,
+    pub(super) fn passive(
+        e: Arc<Exposure>,
+        table: Arc<Exposures>,
+        stripe: Option<Arc<Stripe>>,
+    ) -> Self {
+        Target {
+            region: e.region.clone(),
+            shared: e.shared.clone(),
+            exposure: Some((e, table)),
+            stripe,
+        }
+    }
+
+    /// Ends the operation (its region closes first); true if this call
+    /// ended it. The other parts of a striped active transfer leave their
+    /// tables before anyone wakes.
+    pub(super) fn end(&self, status: OperationStatus, error: Option<Error>) -> bool {
+        match &self.exposure {
+            Some((e, table)) => table.finish(e, status, error),
+            None => {
+                if let Some(s) = &self.stripe {
+                    s.abandon(None);
+                }
+                self.region.close();
+                self.shared.end(status, error)
+            }
+        }
+    }
 }
 
 /// Binds request `o` of `conn` to an exposure: a request of its own binds a
@@ -179,6 +173,8 @@ pub(crate) struct Stripe {
     pub(super) done: watch::Sender<u16>,
     /// The request of each part, once bound.
     pub(super) members: Mutex<Vec<Option<Member>>>,
+    /// Which parts are bound and done (the rules: `ferry_proto::session`).
+    pub(super) state: Mutex<StripeState>,
 }
 
 #[derive(Clone)]
@@ -197,6 +193,7 @@ impl Stripe {
             peer,
             done: watch::Sender::new(0),
             members: Mutex::new((0..parts).map(|_| None).collect()),
+            state: Mutex::new(StripeState::new(parts)),
         })
     }
 
@@ -208,22 +205,30 @@ impl Stripe {
         req: u64,
         opened: Option<Arc<watch::Sender<bool>>>,
     ) -> bool {
+        if lock(&self.state).bind(part).is_err() {
+            return false;
+        }
         let mut m = lock(&self.members);
         match m.get_mut(usize::from(part)) {
-            Some(slot @ None) => {
+            Some(slot) => {
                 *slot = Some(Member { conn, req, opened });
                 true
             }
-            _ => false,
+            None => false,
         }
     }
 
     pub(super) fn part_done(&self) {
-        self.done.send_modify(|n| *n += 1);
+        let done = {
+            let mut s = lock(&self.state);
+            s.part_done();
+            s.done()
+        };
+        self.done.send_replace(done);
     }
 
     pub(super) fn all_done(&self) -> bool {
-        *self.done.borrow() + 1 >= self.parts
+        lock(&self.state).can_commit()
     }
 
     /// Ends every part's request still in a connection's table; with a
@@ -236,8 +241,7 @@ impl Stripe {
             let Some(conn) = m.conn.upgrade() else {
                 continue;
             };
-            lock(&conn.active).remove(&m.req);
-            lock(&conn.passive).remove(&m.req);
+            lock(&conn.session).forget(m.req);
             // Told even if its request has left the table: on the passive
             // side a part bound just before the end may not be in it yet
             // (its reader inserts it after binding, then sees the end and

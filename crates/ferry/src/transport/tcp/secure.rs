@@ -249,7 +249,7 @@ impl Opener {
             self.raw[self.start + 1],
         ]));
         if len < TAG {
-            return Err(ConnError::Violation(
+            return Err(ConnError::Channel(
                 "a message of the secure channel is shorter than its tag".into(),
             ));
         }
@@ -263,7 +263,7 @@ impl Opener {
             .keys
             .read_message(self.nonce, ct, &mut self.plain)
             .map_err(|_| {
-                ConnError::Violation(
+                ConnError::Channel(
                     "a message of the secure channel failed authentication \
                      (altered, injected, replayed or reordered on the way)"
                         .into(),
