@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use ferry::{Device, DeviceKind, OperationStatus};
+use ferry::{Device, DeviceKind, OperationKind, OperationStatus};
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -539,61 +539,36 @@ impl<F: Future> Future for KeepAlive<F> {
 // Operations
 // ---------------------------------------------------------------------------
 
-enum AnyOp {
-    Readable(ferry::ReadableOperation<'static>),
-    Writable(ferry::WritableOperation<'static>),
-    Read(ferry::ReadOperation<'static>),
-    Write(ferry::WriteOperation<'static>),
-}
-
-macro_rules! each {
-    ($self:expr, $op:ident => $e:expr) => {
-        match $self {
-            AnyOp::Readable($op) => $e,
-            AnyOp::Writable($op) => $e,
-            AnyOp::Read($op) => $e,
-            AnyOp::Write($op) => $e,
-        }
-    };
-}
-
-impl AnyOp {
-    fn status(&self) -> OperationStatus {
-        each!(self, op => op.status())
-    }
-
-    fn cancel(&self) {
-        each!(self, op => op.cancel())
-    }
-
-    fn transport(&self) -> Option<ferry::TransportKind> {
-        each!(self, op => op.transport())
-    }
-
-    async fn wait(&self, timeout: Option<Duration>) -> ferry::Result<()> {
-        match timeout {
-            None => each!(self, op => op.wait_for_completion().await),
-            Some(t) => each!(self, op => op.wait_for_completion_timeout(t).await),
-        }
-    }
-
-    /// The outcome of an operation that has ended.
-    fn ended(&self) -> ferry::Result<()> {
-        debug_assert!(self.status().is_terminal());
-        // Waiting on an ended operation is ready at once.
-        match pin!(self.wait(None)).poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(r) => r,
-            Poll::Pending => Err(ferry::Error::Cancelled),
-        }
-    }
+/// `op` as any of the four operations.
+fn boxed<O: ferry::Operation<'static> + 'static>(op: O) -> Box<dyn ferry::Operation<'static>> {
+    Box::new(op)
 }
 
 /// An operation and the Python objects that own the memory it moves.
 struct Holder {
     // Field order is drop order: the operation first (its drop closes the
     // region: no transport touches the memory afterwards), then the owners.
-    op: AnyOp,
+    op: Box<dyn ferry::Operation<'static>>,
     owners: Owners,
+}
+
+impl Holder {
+    async fn wait(&self, timeout: Option<Duration>) -> ferry::Result<()> {
+        match timeout {
+            None => self.op.wait_for_completion().await,
+            Some(t) => self.op.wait_for_completion_timeout(t).await,
+        }
+    }
+
+    /// The outcome of an operation that has ended.
+    fn ended(&self) -> ferry::Result<()> {
+        debug_assert!(self.op.status().is_terminal());
+        // Waiting on an ended operation is ready at once.
+        match pin!(self.wait(None)).poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(r) => r,
+            Poll::Pending => Err(ferry::Error::Cancelled),
+        }
+    }
 }
 
 impl Drop for Holder {
@@ -620,13 +595,14 @@ struct Operation {
 }
 
 impl Operation {
-    fn new(op: AnyOp, owners: Owners) -> Self {
-        let (kind, metadata) = match &op {
-            AnyOp::Readable(o) => ("readable", Some(o.metadata().clone())),
-            AnyOp::Writable(o) => ("writable", Some(o.metadata().clone())),
-            AnyOp::Read(_) => ("read", None),
-            AnyOp::Write(_) => ("write", None),
+    fn new(op: Box<dyn ferry::Operation<'static>>, owners: Owners) -> Self {
+        let kind = match (op.kind(), op.is_passive()) {
+            (OperationKind::Read, true) => "readable",
+            (OperationKind::Write, true) => "writable",
+            (OperationKind::Read, false) => "read",
+            (OperationKind::Write, false) => "write",
         };
+        let metadata = op.metadata().cloned();
         let holder = Arc::new(Holder { op, owners });
         holder.owners._claim.attach(&holder);
         Operation {
@@ -702,7 +678,7 @@ impl Operation {
         };
         let (status, outcome) = py.detach(|| {
             h.op.cancel();
-            (h.op.status(), h.op.ended())
+            (h.op.status(), h.ended())
         });
         let mut state = self.state();
         if let State::Open(_) = &*state {
@@ -728,7 +704,7 @@ impl Operation {
         let holder = self.snapshot();
         run_future(py, async move {
             Outcome::Done(match holder {
-                Ok(h) => h.op.wait(timeout).await,
+                Ok(h) => h.wait(timeout).await,
                 Err(outcome) => outcome,
             })
         })
@@ -742,7 +718,7 @@ impl Operation {
             Ok(h) => h,
             Err(outcome) => return outcome.map_err(|e| error_to_py(py, e)),
         };
-        block_on(py, holder.op.wait(timeout))?.map_err(|e| error_to_py(py, e))
+        block_on(py, holder.wait(timeout))?.map_err(|e| error_to_py(py, e))
     }
 
     /// The metadata of a readable or writable, `None` for a read or write.
@@ -976,9 +952,9 @@ impl Connector {
         // Ready at once: exposing memory waits for nothing.
         let op = block_on(py, async {
             if writable {
-                inner.create_writable(descs).await.map(AnyOp::Writable)
+                inner.create_writable(descs).await.map(boxed)
             } else {
-                inner.create_readable(descs).await.map(AnyOp::Readable)
+                inner.create_readable(descs).await.map(boxed)
             }
         })?;
         // On failure the descriptors are gone by now, and `owners` go after them.
@@ -999,9 +975,9 @@ impl Connector {
         let start = KeepAlive {
             fut: Box::pin(async move {
                 if write {
-                    inner.begin_write(descs, &remote).await.map(AnyOp::Write)
+                    inner.begin_write(descs, &remote).await.map(boxed)
                 } else {
-                    inner.begin_read(&remote, descs).await.map(AnyOp::Read)
+                    inner.begin_read(&remote, descs).await.map(boxed)
                 }
             }),
             owners: Some(owners),
