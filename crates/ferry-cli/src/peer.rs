@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
-use ferry::{Connector, Descriptor, OperationStatus, RdmaMetadata};
+use ferry::{Connector, Descriptor, Operation, RdmaMetadata};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
@@ -213,43 +213,6 @@ pub fn checksum(descs: &[Descriptor<'_>]) -> u64 {
     })
 }
 
-/// Any of the four operations.
-enum AnyOp {
-    Readable(ferry::ReadableOperation<'static>),
-    Writable(ferry::WritableOperation<'static>),
-    Read(ferry::ReadOperation<'static>),
-    Write(ferry::WriteOperation<'static>),
-}
-
-macro_rules! each {
-    ($self:expr, $op:ident => $e:expr) => {
-        match $self {
-            AnyOp::Readable($op) => $e,
-            AnyOp::Writable($op) => $e,
-            AnyOp::Read($op) => $e,
-            AnyOp::Write($op) => $e,
-        }
-    };
-}
-
-impl AnyOp {
-    fn status(&self) -> OperationStatus {
-        each!(self, op => op.status())
-    }
-    fn cancel(&self) {
-        each!(self, op => op.cancel())
-    }
-    async fn wait(&self) -> ferry::Result<()> {
-        each!(self, op => op.wait_for_completion().await)
-    }
-    fn take(self) -> Vec<Descriptor<'static>> {
-        each!(self, op => op.into_descriptors())
-    }
-    fn transport(&self) -> Option<ferry::TransportKind> {
-        each!(self, op => op.transport())
-    }
-}
-
 struct PeerState {
     connector: Connector,
     out: mpsc::UnboundedSender<Event>,
@@ -306,17 +269,25 @@ impl PeerState {
     }
 
     /// Waits for `op` (or a cancel of request `id`), then reports.
-    async fn finish(&self, r: &Request, started: Instant, op: AnyOp, seed: Option<u64>) {
+    async fn finish(
+        &self,
+        r: &Request,
+        started: Instant,
+        op: Box<dyn Operation<'static>>,
+        seed: Option<u64>,
+    ) {
         let (id, deadline) = (r.id, r.deadline_ms);
         let (tx, rx) = oneshot::channel();
         self.cancels.lock().unwrap().insert(id, tx);
         let mut ev = Event::new(id, "done");
         let waited = async {
             match deadline {
-                Some(ms) => tokio::time::timeout(Duration::from_millis(ms), op.wait())
-                    .await
-                    .unwrap_or(Err(ferry::Error::Timeout(Duration::from_millis(ms)))),
-                None => op.wait().await,
+                Some(ms) => {
+                    tokio::time::timeout(Duration::from_millis(ms), op.wait_for_completion())
+                        .await
+                        .unwrap_or(Err(ferry::Error::Timeout(Duration::from_millis(ms))))
+                }
+                None => op.wait_for_completion().await,
             }
         };
         let result = tokio::select! {
@@ -335,7 +306,7 @@ impl PeerState {
         ev.status = Some(op.status().to_string());
         ev.error = result.err().map(|e| e.to_string());
         ev.transport = op.transport().map(|t| t.to_string());
-        let descs = op.take();
+        let descs = op.into_descriptors();
         if r.reuse {
             self.send(ev);
             self.unpool(descs);
@@ -371,7 +342,7 @@ impl PeerState {
                 Err(e) => self.send(fail(e.to_string())),
                 Ok(op) => {
                     self.send_metadata(r.id, op.metadata(), created_ns);
-                    self.finish(&r, started, AnyOp::Readable(op), None).await
+                    self.finish(&r, started, Box::new(op), None).await
                 }
             },
             Cmd::Writable => match self.connector.create_writable(self.bufs(&r, None)).await {
@@ -379,7 +350,7 @@ impl PeerState {
                 Ok(op) => {
                     self.send_metadata(r.id, op.metadata(), created_ns);
                     let seed = (!r.reuse).then_some(r.seed);
-                    self.finish(&r, started, AnyOp::Writable(op), seed).await
+                    self.finish(&r, started, Box::new(op), seed).await
                 }
             },
             Cmd::Read => match remote() {
@@ -388,7 +359,7 @@ impl PeerState {
                     Err(e) => self.send(fail(e.to_string())),
                     Ok(op) => {
                         let seed = (!r.reuse).then_some(r.seed);
-                        self.finish(&r, started, AnyOp::Read(op), seed).await
+                        self.finish(&r, started, Box::new(op), seed).await
                     }
                 },
             },
@@ -400,7 +371,7 @@ impl PeerState {
                     .await
                 {
                     Err(e) => self.send(fail(e.to_string())),
-                    Ok(op) => self.finish(&r, started, AnyOp::Write(op), None).await,
+                    Ok(op) => self.finish(&r, started, Box::new(op), None).await,
                 },
             },
             Cmd::Cancel => {

@@ -389,8 +389,10 @@ def test_overlapping_operations_are_refused():
         other = await b.create_readable(Descriptor(bytes(1024)))
         with await a.create_writable(Descriptor(buf)) as writable:
             # Written by the writable: nobody else may use it meanwhile.
-            with pytest.raises(ValueError, match="overlaps memory that an operation in progress writes"):
+            with pytest.raises(ValueError, match="overlaps memory that an operation in progress writes") as refused:
                 await a.begin_read(source.metadata(), Descriptor(buf))
+            # One line, words one space apart.
+            assert "  " not in str(refused.value) and "\n" not in str(refused.value)
             with pytest.raises(ValueError, match="overlaps"):
                 await a.create_readable(Descriptor(memoryview(buf)))
         # The writable was cancelled on leaving the block: the memory is free.

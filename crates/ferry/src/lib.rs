@@ -41,6 +41,7 @@ mod exposure;
 mod host;
 mod kind;
 mod op;
+mod operation;
 mod outcome;
 mod region;
 mod transport;
@@ -61,6 +62,7 @@ pub use ferry_proto::{
 };
 pub use kind::TransportKind;
 pub use op::{ReadOperation, ReadableOperation, WritableOperation, WriteOperation};
+pub use operation::Operation;
 
 /// Cross-memory attach, the primitive under [`TransportKind::Cma`].
 pub mod cross_memory {

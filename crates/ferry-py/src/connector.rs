@@ -1,0 +1,194 @@
+//! Connector: one worker's connector, and the operations it starts.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::bridge::{block_on, run_future, Outcome};
+use crate::errors::error_to_py;
+use crate::memory::{descriptors, KeepAlive, RawDescriptor};
+use crate::metadata::Metadata;
+use crate::ops::{boxed, Operation};
+
+/// One worker's connector.
+#[pyclass(frozen, module = "ferry._ferry")]
+pub(crate) struct Connector {
+    inner: Arc<ferry::Connector>,
+}
+
+#[pymethods]
+impl Connector {
+    #[new]
+    #[pyo3(signature = (worker_id=None, listen=None))]
+    fn new(py: Python<'_>, worker_id: Option<String>, listen: Option<&str>) -> PyResult<Self> {
+        let mut builder = ferry::Connector::builder();
+        if let Some(id) = worker_id {
+            builder = builder.worker_id(id);
+        }
+        if let Some(addr) = listen {
+            let addr = addr.parse().map_err(|_| {
+                PyValueError::new_err(format!(
+                    "listen address {addr:?} is not of the form ip:port (e.g. \"127.0.0.1:0\")"
+                ))
+            })?;
+            builder = builder.listen(addr);
+        }
+        let connector = block_on(py, builder.build())?.map_err(|e| error_to_py(py, e))?;
+        Ok(Connector {
+            inner: Arc::new(connector),
+        })
+    }
+
+    /// The worker id.
+    #[getter]
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// This host's name.
+    #[getter]
+    fn hostname(&self) -> &str {
+        self.inner.hostname()
+    }
+
+    /// Whether CUDA memory can be moved (not in this version).
+    #[getter]
+    fn is_cuda_available(&self) -> bool {
+        self.inner.is_cuda_available()
+    }
+
+    /// The address the connector listens on, `ip:port`.
+    #[getter]
+    fn local_address(&self) -> String {
+        self.inner.local_addr().to_string()
+    }
+
+    /// How many readables and writables currently expose memory.
+    fn exposed_count(&self) -> usize {
+        self.inner.exposed_count()
+    }
+
+    /// How many pooled connections to remote workers are open.
+    fn connection_count(&self) -> usize {
+        self.inner.connection_count()
+    }
+
+    /// Exposes memory for one remote worker to read.
+    fn create_readable(
+        &self,
+        py: Python<'_>,
+        descriptors: Vec<RawDescriptor>,
+    ) -> PyResult<Operation> {
+        self.expose(py, descriptors, false)
+    }
+
+    /// Exposes memory for one remote worker to write.
+    fn create_writable(
+        &self,
+        py: Python<'_>,
+        descriptors: Vec<RawDescriptor>,
+    ) -> PyResult<Operation> {
+        self.expose(py, descriptors, true)
+    }
+
+    /// Starts reading the remote readable `metadata` describes; returns an
+    /// asyncio future of the operation.
+    fn begin_read<'py>(
+        &self,
+        py: Python<'py>,
+        metadata: &Metadata,
+        descriptors: Vec<RawDescriptor>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let work = self.begin(metadata, descriptors, false)?;
+        run_future(py, async move { Outcome::Started(work.await) })
+    }
+
+    /// Starts writing into the remote writable `metadata` describes; returns
+    /// an asyncio future of the operation.
+    fn begin_write<'py>(
+        &self,
+        py: Python<'py>,
+        descriptors: Vec<RawDescriptor>,
+        metadata: &Metadata,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let work = self.begin(metadata, descriptors, true)?;
+        run_future(py, async move { Outcome::Started(work.await) })
+    }
+
+    /// `begin_read`, blocking (without the GIL) until the operation has started.
+    fn begin_read_blocking(
+        &self,
+        py: Python<'_>,
+        metadata: &Metadata,
+        descriptors: Vec<RawDescriptor>,
+    ) -> PyResult<Operation> {
+        let work = self.begin(metadata, descriptors, false)?;
+        block_on(py, work)?
+            .map(|op| *op)
+            .map_err(|e| error_to_py(py, e))
+    }
+
+    /// `begin_write`, blocking (without the GIL) until the operation has started.
+    fn begin_write_blocking(
+        &self,
+        py: Python<'_>,
+        descriptors: Vec<RawDescriptor>,
+        metadata: &Metadata,
+    ) -> PyResult<Operation> {
+        let work = self.begin(metadata, descriptors, true)?;
+        block_on(py, work)?
+            .map(|op| *op)
+            .map_err(|e| error_to_py(py, e))
+    }
+}
+
+impl Connector {
+    fn expose(
+        &self,
+        py: Python<'_>,
+        raw: Vec<RawDescriptor>,
+        writable: bool,
+    ) -> PyResult<Operation> {
+        let (descs, owners) = descriptors(raw, writable)?;
+        let inner = &self.inner;
+        // Ready at once: exposing memory waits for nothing.
+        let op = block_on(py, async {
+            if writable {
+                inner.create_writable(descs).await.map(boxed)
+            } else {
+                inner.create_readable(descs).await.map(boxed)
+            }
+        })?;
+        // On failure the descriptors are gone by now, and `owners` go after them.
+        Ok(Operation::new(op.map_err(|e| error_to_py(py, e))?, owners))
+    }
+
+    /// The future that starts a read or write, owning everything it needs.
+    fn begin(
+        &self,
+        metadata: &Metadata,
+        raw: Vec<RawDescriptor>,
+        write: bool,
+    ) -> PyResult<impl Future<Output = ferry::Result<Box<Operation>>> + Send + 'static> {
+        // A read writes into its descriptors; a write only reads them.
+        let (descs, owners) = descriptors(raw, !write)?;
+        let inner = self.inner.clone();
+        let remote = metadata.0.clone();
+        let start = KeepAlive {
+            fut: Box::pin(async move {
+                if write {
+                    inner.begin_write(descs, &remote).await.map(boxed)
+                } else {
+                    inner.begin_read(&remote, descs).await.map(boxed)
+                }
+            }),
+            owners: Some(owners),
+        };
+        Ok(async move {
+            let (op, owners) = start.await;
+            op.map(|op| Box::new(Operation::new(op, owners)))
+        })
+    }
+}

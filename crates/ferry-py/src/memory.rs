@@ -1,0 +1,236 @@
+//! Descriptors, and the memory they point into: the claims that keep two
+//! operations from racing on the same bytes, and the Python objects that
+//! own the memory, kept alive until no operation uses it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::task::{Context, Poll};
+
+use ferry::Device;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::lock;
+use crate::ops::Holder;
+
+/// A descriptor as the Python layer hands it over: address, size, device,
+/// writable, and the object that keeps the memory alive (and, for buffers,
+/// exported, so that it cannot be resized or freed).
+pub(crate) type RawDescriptor = (usize, usize, String, bool, Py<PyAny>);
+
+/// What an operation's memory needs until the operation has let go of it:
+/// the claim on the address ranges, and the Python objects that own them.
+pub(crate) struct Owners {
+    pub(crate) _claim: Claim,
+    _keep: Vec<Py<PyAny>>,
+}
+
+/// Builds the Rust descriptors for an operation that `writes` into them (a
+/// read, a writable) or only reads them, claims their memory, and returns
+/// them with what must outlive every use of them.
+#[allow(unsafe_code)]
+pub(crate) fn descriptors(
+    raw: Vec<RawDescriptor>,
+    writes: bool,
+) -> PyResult<(Vec<ferry::Descriptor<'static>>, Owners)> {
+    let mut ranges = Vec::with_capacity(raw.len());
+    for (index, (ptr, size, device, _, _)) in raw.iter().enumerate() {
+        if device == "cpu" && *size > 0 {
+            ranges.push((index, *ptr, ptr.saturating_add(*size)));
+        }
+    }
+    let claim = Claim::new(ranges, writes)?;
+    // `descs` is declared last so that it is dropped first on an early return.
+    let mut keep = Vec::with_capacity(raw.len());
+    let mut descs = Vec::with_capacity(raw.len());
+    for (index, (ptr, size, device, writable, owner)) in raw.into_iter().enumerate() {
+        let device: Device = device
+            .parse()
+            .map_err(|e: ferry::ParseDeviceError| PyValueError::new_err(e.to_string()))?;
+        if ptr == 0 && size > 0 {
+            return Err(PyValueError::new_err(format!(
+                "descriptor {index} has a null pointer and a size of {size} bytes"
+            )));
+        }
+        if isize::try_from(size).is_err() || ptr.checked_add(size).is_none() {
+            return Err(PyValueError::new_err(format!(
+                "descriptor {index}: {size} bytes at {ptr:#x} wrap around the address space"
+            )));
+        }
+        // SAFETY: `from_raw_parts` needs the memory valid (and writable if
+        // `writable`), not freed, and not accessed by others, for as long as
+        // the descriptor or an operation holding it exists.
+        // - Validity: the Python layer (`ferry/_types.py`) takes
+        //   `ptr`/`size` only from what the interpreter or the framework
+        //   guarantees, never from a method an arbitrary object can define:
+        //   a buffer export (address, size and the export itself from one
+        //   `Py_buffer`), the storage of a `bytes` object (`bytes_address`,
+        //   its C length, not `len()`), or torch's own C methods of a tensor
+        //   whose type is exactly `torch.Tensor` or `torch.nn.Parameter`. It
+        //   marks read-only memory (bytes, read-only buffers) not writable,
+        //   and Ferry never writes into a descriptor that is not. The raw
+        //   `(ptr, size, device, ref)` form is the caller's promise, exactly
+        //   as in the reference API.
+        // - Lifetime: `owner` is that object (with the buffer export that
+        //   pins the memory: a bytearray cannot be resized while exported).
+        //   It is kept next to the descriptor — in `KeepAlive` while an
+        //   operation starts, then in `Holder` — and dropped only after the
+        //   operation, whose drop closes its memory region so that no
+        //   transport touches the memory afterwards (see `Holder`).
+        // - Exclusivity: Python code must not use the memory while an
+        //   operation is in progress, as with any buffer handed to native
+        //   code (NIXL's, DMA engines'); the package documents it.
+        // - Device memory (`cuda:N`) is never dereferenced: Ferry refuses it.
+        //   The descriptor holds a reference of its own to `owner`, so that
+        //   an operation dropped while a copy into its memory is stalled by
+        //   a same-host peer keeps the memory alive instead of waiting (with
+        //   the GIL held) for the copy to return.
+        let mine = Python::attach(|py| owner.clone_ref(py));
+        let d = unsafe {
+            ferry::Descriptor::from_raw_parts_with_owner(
+                ptr as *mut u8,
+                size,
+                device,
+                writable,
+                mine,
+            )
+        };
+        descs.push(d);
+        keep.push(owner);
+    }
+    Ok((
+        descs,
+        Owners {
+            _claim: claim,
+            _keep: keep,
+        },
+    ))
+}
+
+/// Host memory that operations in progress use. A second operation that
+/// would write bytes another one uses, or use bytes another one writes, is
+/// refused: the two would race on those bytes. (The reference leaves this to
+/// the caller; from Python, passing one buffer to two operations is easy.)
+static CLAIMS: Mutex<Vec<Claimed>> = Mutex::new(Vec::new());
+
+struct Claimed {
+    start: usize,
+    end: usize,
+    writes: bool,
+    by: Arc<ClaimOwner>,
+}
+
+/// The operation behind a claim: unknown while it starts.
+#[derive(Default)]
+struct ClaimOwner(OnceLock<Weak<Holder>>);
+
+impl ClaimOwner {
+    /// Whether the operation may still touch its memory. An operation that
+    /// has ended has closed its region, even if its handle lives on. A
+    /// handle found here is pushed to `found`, to be dropped only after
+    /// `CLAIMS` is unlocked (its drop takes that lock).
+    fn in_use(&self, found: &mut Vec<Arc<Holder>>) -> bool {
+        match self.0.get() {
+            None => true,
+            Some(op) => match op.upgrade() {
+                None => false,
+                Some(h) => {
+                    let open = !h.op.status().is_terminal();
+                    found.push(h);
+                    open
+                }
+            },
+        }
+    }
+}
+
+/// One operation's claim on its memory, released when dropped.
+pub(crate) struct Claim(Arc<ClaimOwner>);
+
+impl Claim {
+    /// Claims `(index, start, end)` ranges, or says which one conflicts.
+    fn new(mut ranges: Vec<(usize, usize, usize)>, writes: bool) -> PyResult<Claim> {
+        let by = Arc::new(ClaimOwner::default());
+        if ranges.is_empty() {
+            return Ok(Claim(by));
+        }
+        ranges.sort_unstable_by_key(|&(_, start, _)| start);
+        if writes {
+            if let Some(w) = ranges.windows(2).find(|w| w[1].1 < w[0].2) {
+                return Err(PyValueError::new_err(format!(
+                    "descriptors {} and {} overlap, and this operation writes into them",
+                    w[0].0.min(w[1].0),
+                    w[0].0.max(w[1].0)
+                )));
+            }
+        }
+        let low = ranges[0].1;
+        let high = ranges.iter().map(|r| r.2).max().unwrap_or(low);
+        let mut found = Vec::new();
+        let mut claims = lock(&CLAIMS);
+        claims.retain(|c| c.by.in_use(&mut found));
+        let conflict = claims
+            .iter()
+            .filter(|c| (writes || c.writes) && c.start < high && low < c.end)
+            .find_map(|c| {
+                ranges
+                    .iter()
+                    .find(|&&(_, start, end)| start < c.end && c.start < end)
+                    .map(|&(index, _, _)| (index, c.writes))
+            });
+        if conflict.is_none() {
+            claims.extend(ranges.iter().map(|&(_, start, end)| Claimed {
+                start,
+                end,
+                writes,
+                by: by.clone(),
+            }));
+        }
+        drop(claims);
+        drop(found);
+        match conflict {
+            None => Ok(Claim(by)),
+            Some((index, other_writes)) => Err(PyValueError::new_err(format!(
+                "descriptor {index} overlaps memory that an operation in progress {}: \
+                 the two would race on those bytes; wait for the other operation to end \
+                 (or cancel it), or use another buffer",
+                if other_writes { "writes into" } else { "reads" }
+            ))),
+        }
+    }
+
+    /// Ties the claim to the operation, so that it lapses when the
+    /// operation ends.
+    pub(crate) fn attach(&self, holder: &Arc<Holder>) {
+        let _ = self.0 .0.set(Arc::downgrade(holder));
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        lock(&CLAIMS).retain(|c| !Arc::ptr_eq(&c.by, &self.0));
+    }
+}
+
+/// A future that owns the Python objects its descriptors point into, and
+/// drops them only after the future itself: a `begin_*` future dropped
+/// half-way (its asyncio future was cancelled) first fences its region, then
+/// the memory is released.
+pub(crate) struct KeepAlive<F> {
+    // Field order is drop order.
+    pub(crate) fut: Pin<Box<F>>,
+    pub(crate) owners: Option<Owners>,
+}
+
+impl<F: Future> Future for KeepAlive<F> {
+    type Output = (F::Output, Owners);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        match this.fut.as_mut().poll(cx) {
+            Poll::Ready(v) => Poll::Ready((v, this.owners.take().expect("polled after Ready"))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
