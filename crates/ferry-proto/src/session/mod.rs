@@ -16,6 +16,7 @@
 //! is sealed, whether its region is open, whether the other parts of its
 //! stripe are done.
 
+mod action;
 mod attach;
 mod stripe;
 #[cfg(test)]
@@ -24,12 +25,13 @@ mod violation;
 
 use std::collections::{BTreeMap, VecDeque};
 
+pub use action::{Action, Last, OpenParams, Start, Step};
 pub use attach::{AttachState, Nonces};
 pub use stripe::{part_range, BindError, StripeState};
 pub use violation::Violation;
 
 use crate::wire::{Abort, AbortReason, Attach, Lease, Message, Open, Verdict, MAX_LEASE_SEGMENTS};
-use crate::{Cursor, OperationKind, Token};
+use crate::{Cursor, OperationKind};
 
 /// Which end of the connection this session is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,22 +104,6 @@ pub struct Caps {
     pub secret: bool,
 }
 
-/// How a stream of `Data` frames ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Last {
-    /// With the `Finish` that seals the operation (not striped). The
-    /// driver seals the operation under the region's lock as the first
-    /// byte of that frame enters the socket.
-    Seal,
-    /// With a plain `Finish`, which the destination confirms: a part other
-    /// than 0. Once it is written, the driver calls
-    /// [`Session::part_sent`].
-    Part,
-    /// Part 0: with the sealing `Finish`, once every other part is
-    /// confirmed ([`Fence::can_commit`]).
-    SealAfterParts,
-}
-
 /// The part of a striped transfer that a request carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct PartState {
@@ -139,179 +125,6 @@ struct Request<T> {
     cursor: Cursor,
     part: Option<PartState>,
     target: T,
-}
-
-/// What a frame asks of the driver right away (other work is queued as
-/// [`Action`]s).
-#[derive(Debug)]
-pub enum Step<T> {
-    /// Nothing more.
-    Done,
-    /// Read the `Data` frame's payload into the target's descriptor `desc`
-    /// at `offset`.
-    Payload {
-        /// The request's handle.
-        target: T,
-        /// Descriptor.
-        desc: u32,
-        /// Offset in it.
-        offset: u64,
-        /// Payload length.
-        len: u32,
-    },
-    /// Read and drop the payload: its request has ended here.
-    Discard {
-        /// Payload length.
-        len: u32,
-    },
-    /// Check the request's capability against the exposure table, then
-    /// call [`Session::bound`].
-    CheckGrant(Open),
-    /// Make the attach offer for the active side's `nonce` (or decline),
-    /// send it, then call [`Session::attach_offered`].
-    AttachOffer {
-        /// The active side's nonce.
-        nonce: [u8; 16],
-    },
-    /// Probe the peer's cookie, then call [`Session::attach_verified`].
-    AttachVerify {
-        /// Both nonces (`None`: this side declined; nothing to probe).
-        nonces: Option<Nonces>,
-        /// The peer's pid.
-        pid: u32,
-        /// Where its cookie lies.
-        addr: u64,
-    },
-}
-
-/// Work for the driver, in order.
-#[derive(Debug)]
-pub enum Action<T> {
-    /// Send a control frame; `reply`: the peer provoked it (bounded).
-    Send {
-        /// The frame.
-        msg: Message,
-        /// A reply the peer provoked.
-        reply: bool,
-    },
-    /// Send the bytes under `cursor` from the target's memory as `Data`
-    /// frames, ending as `last` says.
-    Stream {
-        /// The request.
-        req: u64,
-        /// Its handle.
-        target: T,
-        /// The bytes.
-        cursor: Cursor,
-        /// How the stream ends.
-        last: Last,
-    },
-    /// The operation moves by lending (`true`) or in band (`false`): for
-    /// reports.
-    Via {
-        /// Its handle.
-        target: T,
-        /// Lent memory.
-        lent: bool,
-    },
-    /// Lend the target's memory to the peer (it stays lent until
-    /// [`Action::GiveBack`]).
-    Lend {
-        /// Its handle.
-        target: T,
-    },
-    /// Send a `Lease` of the target's memory for request `req`.
-    SendLease {
-        /// The request.
-        req: u64,
-        /// Its handle.
-        target: T,
-    },
-    /// The peer no longer copies from the target's memory.
-    GiveBack {
-        /// Its handle.
-        target: T,
-    },
-    /// Copy the lease into the target's memory, chunk by chunk through its
-    /// region, seal it, then call [`Session::pull_ended`].
-    Pull {
-        /// The request.
-        req: u64,
-        /// Its handle.
-        target: T,
-        /// The lease's segments, one per descriptor.
-        segments: Vec<(u64, u64)>,
-    },
-    /// A part other than 0 is done: count it in its stripe.
-    PartDone {
-        /// Its handle.
-        target: T,
-    },
-    /// The destination has every byte (in-band destination: close the
-    /// region if intact, else a cancel is under way and tells the peer);
-    /// or the source lent and the peer copied everything (seal under the
-    /// region's lock, unless a cancel came first). Then end the operation
-    /// as COMPLETE; if that call ended it, send `Finish { req }` as the
-    /// confirmation, else `Abort(Cancelled)`.
-    Commit {
-        /// The request.
-        req: u64,
-        /// Its handle.
-        target: T,
-        /// The memory was lent (seal first) rather than received.
-        lent: bool,
-    },
-    /// The peer confirmed an operation that is sealed here: end it as
-    /// COMPLETE.
-    Complete {
-        /// Its handle.
-        target: T,
-    },
-    /// The peer ended the request: end the operation with its reason.
-    RemoteAbort {
-        /// Its handle.
-        target: T,
-        /// Why.
-        reason: AbortReason,
-        /// The peer's detail.
-        detail: String,
-    },
-}
-
-/// The parameters of an active request.
-#[derive(Debug, Clone)]
-pub struct OpenParams {
-    /// READ or WRITE.
-    pub kind: OperationKind,
-    /// The passive operation.
-    pub op_id: u64,
-    /// Its capability.
-    pub token: Token,
-    /// The descriptors' sizes.
-    pub sizes: Vec<u64>,
-    /// Move the bytes by lending (cross-memory attach).
-    pub pull: bool,
-    /// Which part of how many (`(0, 1)`: not striped).
-    pub part: (u16, u16),
-}
-
-/// How an active request begins.
-#[derive(Debug)]
-pub enum Start {
-    /// Send the `Open` (a READ: the bytes come back).
-    Open(Message),
-    /// Send the `Open` followed by a `Lease` of the memory (a pulled
-    /// WRITE; the memory was lent by the queued [`Action::Lend`]).
-    OpenAndLease(Message),
-    /// Send the `Open`, then stream the bytes (a WRITE in band).
-    Stream {
-        /// The `Open`.
-        open: Message,
-        /// The bytes.
-        cursor: Cursor,
-        /// How the stream ends.
-        last: Last,
-    },
 }
 
 /// One connection's request protocol (see the module documentation).
