@@ -1,5 +1,6 @@
 //! `RdmaMetadata::from_json_bytes` over arbitrary bytes: never panics, and
-//! whatever it accepts obeys every limit and survives a round trip.
+//! whatever it accepts obeys every limit (transport blobs included) and
+//! survives a round trip.
 #![no_main]
 
 use ferry_proto::{RdmaMetadata, MAX_ADDRESSES, MAX_DESCRIPTORS, MAX_METADATA_JSON};
@@ -24,6 +25,19 @@ fuzz_target!(|data: &[u8]| {
     assert!((1..=MAX_ADDRESSES).contains(&m.addresses().len()));
     for s in [m.worker_id(), m.hostname(), m.host_id()] {
         assert!((1..=256).contains(&s.len()));
+    }
+    assert!(m.transport_blobs().count() <= RdmaMetadata::MAX_TRANSPORTS);
+    for (name, blob) in m.transport_blobs() {
+        let b = name.as_bytes();
+        assert!((1..=RdmaMetadata::MAX_TRANSPORT_NAME).contains(&b.len()));
+        assert!(b[0].is_ascii_lowercase(), "transport name {name:?}");
+        assert!(
+            b.iter()
+                .all(|&c| matches!(c, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-')),
+            "transport name {name:?}"
+        );
+        assert!(blob.len() <= RdmaMetadata::MAX_TRANSPORT_BLOB);
+        assert_eq!(m.transport_blob(name), Some(blob));
     }
     let json = m.to_json();
     let back = RdmaMetadata::from_json(&json).expect("accepted metadata re-parses");

@@ -73,10 +73,25 @@ fn check_accepted(m: &RdmaMetadata) {
     for s in [m.worker_id(), m.hostname(), m.host_id()] {
         assert!((1..=256).contains(&s.len()), "name of {} bytes", s.len());
     }
+    assert!(m.transport_blobs().count() <= RdmaMetadata::MAX_TRANSPORTS);
+    for (name, blob) in m.transport_blobs() {
+        assert!(is_transport_name(name), "transport name {name:?}");
+        assert!(blob.len() <= RdmaMetadata::MAX_TRANSPORT_BLOB);
+        assert_eq!(m.transport_blob(name), Some(blob));
+    }
     let json = m.to_json();
     let back = RdmaMetadata::from_json(&json).expect("accepted metadata re-parses");
     assert_eq!(&back, m);
     assert_eq!(back.to_json(), json, "serialization is canonical");
+}
+
+/// What a transport name may be: 1 to 32 bytes of `[a-z][a-z0-9_-]*`.
+fn is_transport_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    (1..=RdmaMetadata::MAX_TRANSPORT_NAME).contains(&b.len())
+        && b[0].is_ascii_lowercase()
+        && b.iter()
+            .all(|&c| matches!(c, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-'))
 }
 
 fn err_text(r: Result<RdmaMetadata, MetadataError>) -> String {
@@ -197,6 +212,13 @@ fn duplicated_fields_are_refused() {
         let err = err_text(RdmaMetadata::from_json(&dup));
         assert!(err.contains("duplicate field"), "{field}: {err}");
     }
+    // The optional field too.
+    let dup = format!(
+        "{},\"transports\":{{}},\"transports\":{{\"tcp\":\"00\"}}}}",
+        &json[..json.len() - 1]
+    );
+    let err = err_text(RdmaMetadata::from_json(&dup));
+    assert!(err.contains("duplicate field"), "transports: {err}");
     let dup_size = json.replacen("\"size\":10", "\"size\":10,\"size\":11", 1);
     assert_ne!(dup_size, json);
     let err = err_text(RdmaMetadata::from_json(&dup_size));
@@ -420,7 +442,7 @@ fn deeply_nested_json_is_refused_without_deep_recursion() {
             assert!(RdmaMetadata::from_json(&unclosed).is_err());
             // Deep values inside fields, where a string or number is expected
             // and where an unknown field would be skipped by a laxer parser.
-            for field in ["worker_id", "token", "descriptors", "extra"] {
+            for field in ["worker_id", "token", "descriptors", "extra", "transports"] {
                 let mut v = sample_value();
                 v.as_object_mut().unwrap().remove(field);
                 let json = v.to_string();
@@ -430,10 +452,130 @@ fn deeply_nested_json_is_refused_without_deep_recursion() {
             let json = sample().to_json();
             let deep_desc = json.replacen("\"size\":10", &format!("\"size\":{objects}"), 1);
             assert!(RdmaMetadata::from_json(&deep_desc).is_err());
+            // And where a transport blob is expected.
+            let deep_blob = format!(
+                "{},\"transports\":{{\"tcp\":{arrays}}}}}",
+                &json[..json.len() - 1]
+            );
+            assert!(RdmaMetadata::from_json(&deep_blob).is_err());
         })
         .unwrap()
         .join()
         .expect("parsing deep JSON stays within a 512 KiB stack");
+}
+
+// ---------------------------------------------------------------------------
+// Transport blobs.
+
+#[test]
+fn transport_blobs_are_optional_and_bounded() {
+    // Absent, empty or null: no blobs, and none written back.
+    check_accepted(&sample());
+    for t in [json!({}), Value::Null] {
+        let m = edited(|v| v["transports"] = t.clone()).unwrap();
+        assert_eq!(m, sample(), "{t}");
+        assert!(!m.to_json().contains("transports"));
+    }
+    // The most entries, each the longest name and the largest blob: about
+    // 130 KiB of JSON, well within MAX_METADATA_JSON.
+    let full = |n: usize, blob: usize| -> Value {
+        let map: serde_json::Map<String, Value> = (0..n)
+            .map(|i| {
+                let name = format!("{:a<32}", format!("t{i}"));
+                (name, json!("ab".repeat(blob)))
+            })
+            .collect();
+        Value::Object(map)
+    };
+    let m = edited(|v| {
+        v["transports"] = full(
+            RdmaMetadata::MAX_TRANSPORTS,
+            RdmaMetadata::MAX_TRANSPORT_BLOB,
+        )
+    })
+    .unwrap();
+    assert_eq!(m.transport_blobs().count(), RdmaMetadata::MAX_TRANSPORTS);
+    assert!(m.to_json().len() < 140_000, "{}", m.to_json().len());
+    check_accepted(&m);
+    let err = err_text(edited(|v| {
+        v["transports"] = full(RdmaMetadata::MAX_TRANSPORTS + 1, 1)
+    }));
+    assert!(err.contains("17 entries"), "{err}");
+    let err = err_text(edited(|v| {
+        v["transports"] = full(1, RdmaMetadata::MAX_TRANSPORT_BLOB + 1)
+    }));
+    assert!(err.contains("4097 bytes"), "{err}");
+    // As many entries as fit in the size limit: refused after the 17th.
+    let many: String = (0..200_000)
+        .map(|i| format!("\"t{i}\":\"\""))
+        .collect::<Vec<_>>()
+        .join(",");
+    let json = sample().to_json();
+    let json = format!("{},\"transports\":{{{many}}}}}", &json[..json.len() - 1]);
+    assert!(json.len() < MAX_METADATA_JSON);
+    let err = err_text(RdmaMetadata::from_json(&json));
+    assert!(err.contains("17 entries"), "{err}");
+    // One blob as large as the input may be: refused by its length.
+    let json = sample().to_json();
+    let huge = format!(
+        "{},\"transports\":{{\"tcp\":\"{}\"}}}}",
+        &json[..json.len() - 1],
+        "0".repeat(MAX_METADATA_JSON - json.len() - 100)
+    );
+    assert!(huge.len() <= MAX_METADATA_JSON);
+    let err = err_text(RdmaMetadata::from_json(&huge));
+    assert!(err.contains("more than the limit of 4096"), "{err}");
+    assert!(err.len() < 400, "error of {} bytes", err.len());
+}
+
+#[test]
+fn transport_names_and_blobs_are_checked() {
+    for name in ["", "TCP", "9p", "-x", "a b", "a.b", "é", "a\u{0}", "tcp\n"] {
+        let err = err_text(edited(|v| v["transports"] = json!({ name: "00" })));
+        assert!(err.contains("transports: name"), "{name:?}: {err}");
+    }
+    let long = "a".repeat(100_000);
+    let err = err_text(edited(|v| v["transports"] = json!({ long: "00" })));
+    assert!(err.len() < 400, "error of {} bytes", err.len());
+    for blob in ["0", "000", "0x00", "+f", "-1", "zz", " 00", "00 ", "éé"] {
+        let err = err_text(edited(|v| v["transports"] = json!({ "tcp": blob })));
+        assert!(err.contains("hexadecimal"), "{blob:?}: {err}");
+    }
+    for bad in [json!(1), json!(true), json!([]), json!({}), Value::Null] {
+        let err = err_text(edited(|v| v["transports"] = json!({ "tcp": bad })));
+        assert!(err.contains("invalid type"), "{bad}: {err}");
+    }
+    for bad in [json!(1), json!("tcp"), json!([["tcp", "00"]])] {
+        let err = err_text(edited(|v| v["transports"] = bad.clone()));
+        assert!(err.contains("invalid type"), "{bad}: {err}");
+    }
+    // Upper-case digits are the same blob; the name is not case-folded.
+    let m = edited(|v| v["transports"] = json!({ "tcp": "DEADbeef" })).unwrap();
+    assert_eq!(m.transport_blob("tcp"), Some(&[0xde, 0xad, 0xbe, 0xef][..]));
+    assert!(m.to_json().contains("\"tcp\":\"deadbeef\""));
+    check_accepted(&m);
+    // The same name twice is refused, not collapsed.
+    let json = sample().to_json();
+    let dup = format!(
+        "{},\"transports\":{{\"tcp\":\"00\",\"udp\":\"\",\"tcp\":\"00\"}}}}",
+        &json[..json.len() - 1]
+    );
+    let err = err_text(RdmaMetadata::from_json(&dup));
+    assert!(err.contains("appears twice"), "{err}");
+}
+
+#[test]
+fn unknown_transport_names_survive_a_round_trip() {
+    let m = edited(|v| v["transports"] = json!({ "z-future": "0102", "tcp": "", "a_9": "ff" }))
+        .unwrap();
+    check_accepted(&m);
+    let json = m.to_json();
+    assert!(
+        json.ends_with(r#""transports":{"a_9":"ff","tcp":"","z-future":"0102"}}"#),
+        "{json}"
+    );
+    assert_eq!(m.transport_blob("tcp"), Some(&[][..]));
+    assert_eq!(m.transport_blob("Z-FUTURE"), None);
 }
 
 // ---------------------------------------------------------------------------
@@ -512,6 +654,8 @@ fn json_value() -> impl Strategy<Value = Value> {
         Just(json!("cpu")),
         Just(json!("127.0.0.1:1")),
         Just(json!({"device": "cpu", "size": 1})),
+        Just(json!({"tcp": "00ff"})),
+        "[0-9a-fA-F]{0,12}".prop_map(Value::from),
     ];
     leaf.prop_recursive(4, 64, 8, |inner| {
         prop_oneof![
@@ -522,7 +666,7 @@ fn json_value() -> impl Strategy<Value = Value> {
     })
 }
 
-const FIELDS: [&str; 10] = [
+const FIELDS: [&str; 11] = [
     "version",
     "operation_kind",
     "worker_id",
@@ -532,6 +676,7 @@ const FIELDS: [&str; 10] = [
     "operation_id",
     "token",
     "descriptors",
+    "transports",
     "unknown",
 ];
 
@@ -594,6 +739,29 @@ proptest! {
             _ => v["operation_kind"] = json!(n),
         });
         prop_assert!(r.is_err());
+    }
+
+    /// Any JSON value as a transport blob, under any name: an error, or
+    /// metadata within limits whose blob is what the digits say.
+    #[test]
+    fn any_value_in_transports(name in "[a-z][a-z0-9_-]{0,33}|[ -~]{0,6}|.{0,4}",
+                               value in json_value()) {
+        if let Ok(m) = edited(|v| v["transports"] = json!({ name.clone(): value.clone() })) {
+            check_accepted(&m);
+            prop_assert!(is_transport_name(&name));
+            let hex = value.as_str().expect("only a string is a blob");
+            prop_assert_eq!(m.transport_blob(&name).map(<[u8]>::len), Some(hex.len() / 2));
+        }
+    }
+
+    /// A name is accepted exactly when it is 1 to 32 bytes of `[a-z][a-z0-9_-]*`.
+    #[test]
+    fn transport_names_are_checked_exactly(name in "[a-z][a-z0-9_-]{0,33}|[ -~]{0,34}|.{0,8}") {
+        let r = edited(|v| v["transports"] = json!({ name.clone(): "0a" }));
+        prop_assert_eq!(r.is_ok(), is_transport_name(&name), "{:?}", name);
+        if let Ok(m) = r {
+            prop_assert_eq!(m.transport_blob(&name), Some(&[10u8][..]));
+        }
     }
 
     /// Any 32 hexadecimal digits, in either case, are a token; the token

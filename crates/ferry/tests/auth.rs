@@ -2,15 +2,18 @@
 
 use std::time::Duration;
 
-use ferry::{Connector, Error, TransportKind};
+use ferry::{Connector, Error};
 use ferry_proto::wire::{self, AbortReason, Hello, Message, Open};
 use ferry_proto::OperationKind;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-async fn with_secret(secret: Option<&str>, transports: &[TransportKind]) -> Connector {
-    let mut b = Connector::builder()
-        .listen("127.0.0.1:0".parse().unwrap())
-        .transports(transports);
+mod support;
+
+use support::{Via, TRANSPORTS};
+
+/// A connector over `t` (see `support::Via`), with `secret` if any.
+async fn with_secret(secret: Option<&str>, t: Via) -> Connector {
+    let mut b = t.builder();
     if let Some(s) = secret {
         b = b.secret(s);
     }
@@ -50,12 +53,9 @@ async fn write(from: &Connector, to: &Connector) -> Result<(), Error> {
     r
 }
 
-const TCP: &[TransportKind] = &[TransportKind::Tcp];
-const ALL: &[TransportKind] = TransportKind::ALL;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_secret_on_both_sides_works() {
-    for t in [TCP, ALL] {
+    for t in TRANSPORTS {
         let a = with_secret(Some("s3cret-of-the-deployment"), t).await;
         let b = with_secret(Some("s3cret-of-the-deployment"), t).await;
         write(&a, &b).await.unwrap();
@@ -65,7 +65,7 @@ async fn the_same_secret_on_both_sides_works() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_or_different_secret_is_refused_in_both_directions() {
-    for t in [TCP, ALL] {
+    for t in TRANSPORTS {
         for (active, passive) in [
             (None, Some("x-secret-of-16-bytes")),
             (Some("x-secret-of-16-bytes"), None),
@@ -78,7 +78,7 @@ async fn a_missing_or_different_secret_is_refused_in_both_directions() {
             // secret too, so these go over TCP and fail its handshake.
             assert!(
                 matches!(err, Error::Unauthenticated { .. }),
-                "{active:?} -> {passive:?} over {t:?}: {err}"
+                "{active:?} -> {passive:?} over {t}: {err}"
             );
             assert!(err.to_string().contains("same secret"), "{err}");
         }
@@ -87,7 +87,7 @@ async fn a_missing_or_different_secret_is_refused_in_both_directions() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raw_peer_with_a_valid_token_but_no_secret_touches_nothing() {
-    let p = with_secret(Some("k-secret-of-16-bytes"), TCP).await;
+    let p = with_secret(Some("k-secret-of-16-bytes"), Via::TCP).await;
     let w = p.create_writable(vec![vec![0u8; 64].into()]).await.unwrap();
     let m = w.metadata().clone();
     let mut s = tokio::net::TcpStream::connect(p.local_addr())
@@ -125,7 +125,7 @@ async fn a_raw_peer_with_a_valid_token_but_no_secret_touches_nothing() {
     );
     assert_eq!(w.status(), ferry::OperationStatus::Initialized);
     // The capability is intact for the rightful holder.
-    let b = with_secret(Some("k-secret-of-16-bytes"), TCP).await;
+    let b = with_secret(Some("k-secret-of-16-bytes"), Via::TCP).await;
     let op = b.begin_write(vec![vec![4u8; 64].into()], &m).await.unwrap();
     op.wait_for_completion().await.unwrap();
 }

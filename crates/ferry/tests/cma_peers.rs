@@ -451,8 +451,8 @@ const SLOTS: usize = 16;
 /// The prober's probe timeout in this test.
 const PROBE_TIMEOUT_MS: u64 = 300;
 
-#[path = "common/uffd.rs"]
-mod uffd;
+mod support;
+use support::uffd;
 
 /// One page of this process that never arrives (registered with
 /// `userfaultfd` for missing pages, and never served); `None` (with the

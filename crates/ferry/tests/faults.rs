@@ -4,31 +4,17 @@
 
 use std::time::{Duration, Instant};
 
-use ferry::{Connector, Descriptor, Error, OperationStatus, TransportKind};
+use ferry::{Connector, Descriptor, Error, OperationStatus};
 use ferry_proto::wire::{Hello, Message, Open, PROTOCOL_VERSION};
 use ferry_proto::OperationKind;
 use tokio::io::AsyncWriteExt;
 
-async fn connector() -> Connector {
-    connector_over(TransportKind::Tcp, 1).await
-}
+mod support;
 
-/// A connector restricted to `t` (and TCP); TCP transfers of 4 bytes or
-/// more are split over `streams` connections.
-async fn connector_over(t: TransportKind, streams: usize) -> Connector {
-    let mut only = vec![t];
-    if t != TransportKind::Tcp {
-        only.push(TransportKind::Tcp);
-    }
-    Connector::builder()
-        .listen("127.0.0.1:0".parse().unwrap())
-        .transports(&only)
-        .cma_threshold(0)
-        .tcp_streams(streams)
-        .stripe_threshold(1)
-        .build()
-        .await
-        .unwrap()
+use support::{Via, TRANSPORTS};
+
+async fn connector() -> Connector {
+    Via::TCP.connector().await
 }
 
 async fn terminal(f: impl Fn() -> OperationStatus) -> OperationStatus {
@@ -187,24 +173,14 @@ async fn in_flight_operations_fail_on_both_sides_when_a_connection_resets() {
 /// two sides agree: both COMPLETE (every byte landed), or neither. A remote
 /// that finds the operation already cancelled sees it refused as ended.
 async fn cancel_race(kind: OperationKind, cancel_active: bool) {
-    for (t, streams) in [
-        (TransportKind::Tcp, 1),
-        (TransportKind::Local, 1),
-        (TransportKind::Cma, 1),
-        (TransportKind::Tcp, 4),
-    ] {
-        cancel_race_over(t, streams, kind, cancel_active).await;
+    for t in TRANSPORTS {
+        cancel_race_over(t, kind, cancel_active).await;
     }
 }
 
-async fn cancel_race_over(
-    t: TransportKind,
-    streams: usize,
-    kind: OperationKind,
-    cancel_active: bool,
-) {
-    let a = connector_over(t, streams).await;
-    let b = connector_over(t, streams).await;
+async fn cancel_race_over(t: Via, kind: OperationKind, cancel_active: bool) {
+    let a = t.connector().await;
+    let b = t.connector().await;
     let mut outcomes = std::collections::BTreeMap::new();
     for i in 0..200u64 {
         let size = if i % 2 == 0 { 4096 } else { 8 << 20 };
@@ -308,7 +284,7 @@ async fn cancel_race_over(
             .or_insert(0) += 1;
     }
     eprintln!(
-        "{t} x{streams}: {kind:?} cancelled by the {} side: {outcomes:?}",
+        "{t}: {kind:?} cancelled by the {} side: {outcomes:?}",
         if cancel_active { "active" } else { "passive" }
     );
     assert_eq!(a.exposed_count(), 0);
@@ -318,7 +294,7 @@ async fn cancel_race_over(
     while a.pending_count() + b.pending_count() > 0 && t0.elapsed() < Duration::from_secs(5) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert_eq!(a.pending_count() + b.pending_count(), 0, "{t} x{streams}");
+    assert_eq!(a.pending_count() + b.pending_count(), 0, "{t}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,8 +26,8 @@ const PER_CONNECTION: usize = 4;
 /// the fix); speed is not what is tested.
 const PROMPT: Duration = Duration::from_secs(5);
 
-#[path = "common/uffd.rs"]
-mod uffd;
+mod support;
+use support::uffd;
 
 // ---------------------------------------------------------------------------
 // The hostile peer.

@@ -10,84 +10,9 @@ use ferry::{
     AbortReason, Connector, Descriptor, Error, OperationStatus, RdmaMetadata, TransportKind,
 };
 
-/// A transport, and for TCP the streams per transfer.
-#[derive(Debug, Clone, Copy)]
-struct Via {
-    kind: TransportKind,
-    streams: usize,
-}
+mod support;
 
-impl std::fmt::Display for Via {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.streams {
-            1 => write!(f, "{}", self.kind),
-            n => write!(f, "{} x{n}", self.kind),
-        }
-    }
-}
-
-async fn pair(t: Via) -> (Connector, Connector) {
-    let only: Vec<TransportKind> = if t.kind == TransportKind::Tcp {
-        vec![t.kind]
-    } else {
-        vec![t.kind, TransportKind::Tcp]
-    };
-    let mk = || {
-        Connector::builder()
-            .listen("127.0.0.1:0".parse().unwrap())
-            .transports(&only)
-            .cma_threshold(0)
-            .tcp_streams(t.streams)
-            .stripe_threshold(1)
-            .build()
-    };
-    (mk().await.unwrap(), mk().await.unwrap())
-}
-
-fn pattern(seed: u8, size: usize) -> Vec<u8> {
-    (0..size)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
-
-fn descs(sizes: &[usize], seed: Option<u8>) -> Vec<Descriptor<'static>> {
-    sizes
-        .iter()
-        .enumerate()
-        .map(|(i, &s)| match seed {
-            Some(seed) => Descriptor::from_vec(pattern(seed.wrapping_add(i as u8), s)),
-            None => Descriptor::from_vec(vec![0; s]),
-        })
-        .collect()
-}
-
-fn check(got: &[Descriptor<'_>], sizes: &[usize], seed: u8) {
-    for (i, (d, &s)) in got.iter().zip(sizes).enumerate() {
-        assert!(
-            d.as_slice().unwrap() == pattern(seed.wrapping_add(i as u8), s).as_slice(),
-            "descriptor {i} differs"
-        );
-    }
-}
-
-const TRANSPORTS: [Via; 4] = [
-    Via {
-        kind: TransportKind::Local,
-        streams: 1,
-    },
-    Via {
-        kind: TransportKind::Cma,
-        streams: 1,
-    },
-    Via {
-        kind: TransportKind::Tcp,
-        streams: 1,
-    },
-    Via {
-        kind: TransportKind::Tcp,
-        streams: 4,
-    },
-];
+use support::{check, descs, pair, Via, TRANSPORTS};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pairings_on_every_transport() {
@@ -377,11 +302,7 @@ impl Drop for Watched {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_dropped_while_lent_lives_until_the_copy_stops() {
     use std::sync::{Arc, Mutex, OnceLock};
-    let (a, b) = pair(Via {
-        kind: TransportKind::Cma,
-        streams: 1,
-    })
-    .await;
+    let (a, b) = pair(Via::CMA).await;
     let size = 128usize << 20;
     let mut cancelled_mid_copy = 0;
     for attempt in 0..20u64 {

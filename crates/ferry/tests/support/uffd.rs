@@ -1,7 +1,6 @@
 //! userfaultfd, by hand (the `libc` crate has the system call, not the
 //! ABI): memory whose pages never arrive until this process serves them,
-//! for tests of peers that stall a copy or a probe. Shared by the test
-//! binaries that need it (`#[path]`-included).
+//! for tests of peers that stall a copy or a probe (`support::uffd`).
 #![allow(dead_code)]
 
 use std::io;
