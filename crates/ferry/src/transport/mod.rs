@@ -28,6 +28,7 @@ pub(crate) mod admission;
 pub(crate) mod cma;
 pub(crate) mod local;
 pub(crate) mod probe;
+pub(crate) mod pull;
 pub(crate) mod stall;
 pub(crate) mod tcp;
 

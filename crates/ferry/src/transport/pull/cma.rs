@@ -1,0 +1,282 @@
+//! Cross-memory attach as a [`Puller`]: the destination copies what the
+//! source lent with `process_vm_readv`, chunk by chunk, through its region
+//! (the system calls and the peer handle are in `transport::cma`).
+
+use std::io;
+
+use ferry_proto::DeviceKind;
+
+use super::{LeaseBlob, PullEnd, Puller};
+use crate::outcome::OpShared;
+use crate::region::{Denied, Region};
+use crate::transport::cma::{Peer, CHUNK};
+use crate::transport::TransportKind;
+
+/// The most iovecs of one system call: one fewer than Linux's `IOV_MAX`,
+/// since `Peer::pull_many` adds the range that checks the program image.
+pub(crate) const MAX_IOV: usize = 1023;
+
+/// How many bytes one copy moves at most (and so how long a cancel waits
+/// for an ordinary one): a chunk of a large segment, or a run of small ones.
+const PULL_CHUNK: u64 = CHUNK as u64;
+
+/// Cross-memory attach (`process_vm_readv`) between two processes of one
+/// host. A lease is the `(address, length)` of each source segment in the
+/// source process; the peer is that process, held by a handle that notices
+/// a new program image (see [`Peer`]).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct CmaPuller;
+
+impl Puller for CmaPuller {
+    type Peer = Peer;
+
+    fn kind(&self) -> TransportKind {
+        TransportKind::Cma
+    }
+
+    fn memory_kinds(&self) -> &'static [DeviceKind] {
+        &[DeviceKind::Cpu]
+    }
+
+    fn lend(&self, region: &Region) -> LeaseBlob {
+        LeaseBlob::addresses(region.segments())
+    }
+
+    /// Copies every segment of a lease from process `peer` into `region`,
+    /// one chunk per system call, each outside the region's lock (the peer
+    /// may stall it: see `Region::copy_into`), then seals the operation
+    /// under that lock. Every copy, a check before the first and a
+    /// confirmation before the seal make sure that `peer` still runs the
+    /// program that passed the attach probe.
+    fn pull(&self, peer: &Peer, lease: &LeaseBlob, region: &Region, shared: &OpShared) -> PullEnd {
+        let segs = lease.segments();
+        let pid = peer.pid();
+        let failed = |e: io::Error| {
+            PullEnd::Failed(format!("cross-memory copy from process {pid} failed: {e}"))
+        };
+        if let Err(e) = peer.check() {
+            return failed(e);
+        }
+        let mut i = 0;
+        while i < segs.len() {
+            // Small segments in a row: one vectored call for up to a chunk.
+            let mut count = 0;
+            let mut bytes = 0u64;
+            while i + count < segs.len()
+                && count < MAX_IOV
+                && segs[i + count].1 <= PULL_CHUNK - bytes
+            {
+                bytes += segs[i + count].1;
+                count += 1;
+            }
+            if count > 1 {
+                let batch = &segs[i..i + count];
+                let r = region.copy_into(i, count, None, |local| {
+                    if local.iter().zip(batch).any(|(l, r)| l.1 as u64 != r.1) {
+                        return Err(io::Error::other("lease larger than the destination"));
+                    }
+                    // SAFETY: `copy_into` hands out whole segments of the region,
+                    // counted as in flight until we return: valid for writes and
+                    // touched by nothing else meanwhile; the lengths match the
+                    // lease pairwise (checked above) and `count` <= IOV_MAX.
+                    unsafe { peer.pull_many(local, batch) }
+                });
+                match r {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return failed(e),
+                    Err(Denied::Closed) => return PullEnd::Closed,
+                    Err(Denied::OutOfBounds) => {
+                        return PullEnd::Failed("lease larger than the destination".into())
+                    }
+                }
+                i += count;
+                continue;
+            }
+            let (addr, len) = segs[i];
+            let mut off = 0u64;
+            while off < len {
+                let n = (len - off).min(PULL_CHUNK) as usize;
+                let Some(at) = addr.checked_add(off) else {
+                    return PullEnd::Failed("lease address overflows".into());
+                };
+                // SAFETY: `copy_into` hands out `n` bytes at `off` of segment
+                // `i` (bounds checked), counted as in flight until we return:
+                // valid for writes and touched by nothing else meanwhile; one
+                // local and one remote range of the same length.
+                let r = region.copy_into(i, 1, Some((off, n)), |local| unsafe {
+                    peer.pull_many(local, &[(at, n as u64)])
+                });
+                match r {
+                    Ok(Ok(())) => off += n as u64,
+                    Ok(Err(e)) => return failed(e),
+                    Err(Denied::Closed) => return PullEnd::Closed,
+                    Err(Denied::OutOfBounds) => {
+                        return PullEnd::Failed("lease larger than the destination".into())
+                    }
+                }
+            }
+            i += 1;
+        }
+        if let Err(e) = peer.confirm() {
+            return failed(e);
+        }
+        if region.seal_if_open(|| shared.seal()) {
+            PullEnd::Done
+        } else {
+            PullEnd::Closed
+        }
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+#[path = "../../../tests/common/uffd.rs"]
+mod uffd;
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::region::Region;
+    use crate::transport::cma;
+    use crate::transport::pull::conformance::{Backend, Stalled};
+    use crate::{Descriptor, Device};
+
+    /// Cross-memory attach to this very process (`Peer::open` of our own
+    /// pid is allowed: the kernel checks ptrace access, which a process has
+    /// to itself), or to a forked twin of it for a source that goes away.
+    #[derive(Default)]
+    pub(super) struct CmaBackend(CmaPuller);
+
+    impl Backend for CmaBackend {
+        type P = CmaPuller;
+
+        fn puller(&self) -> &CmaPuller {
+            &self.0
+        }
+
+        fn chunk(&self) -> usize {
+            CHUNK
+        }
+
+        unsafe fn source(&self, _src: &Arc<Region>) -> Peer {
+            // The memory lent is this process's own.
+            Peer::open(cma::pid()).expect("cross-memory attach to this process")
+        }
+
+        unsafe fn mortal_source(&self, _src: &Arc<Region>) -> (Peer, Box<dyn FnOnce()>) {
+            let twin = Twin::fork();
+            let peer = Peer::open(twin.0 as u32).expect("cross-memory attach to the twin");
+            (peer, Box::new(move || drop(twin)))
+        }
+
+        fn stalled_source(&self, len: usize) -> Option<Stalled<Peer>> {
+            let stall = match uffd::Stall::new(len) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("skipped: userfaultfd refused by this kernel: {e}");
+                    return None;
+                }
+            };
+            let (fd, base) = (stall.fd, stall.base as u64);
+            // SAFETY: the mapping lives in `stall`, kept in the `Stalled`
+            // after the region (dropped first), and only the kernel (a
+            // cross-memory copy) touches it.
+            let desc = unsafe { Descriptor::from_raw_parts(stall.base, len, Device::CPU, false) };
+            // SAFETY: as above: valid for reads until `stall` is dropped,
+            // written by nobody.
+            let region = Arc::new(unsafe { Region::new(&[desc], false) });
+            Some(Stalled {
+                region,
+                peer: Peer::open(cma::pid()).expect("cross-memory attach to this process"),
+                stuck: Box::new(move || {
+                    let mut p = libc::pollfd {
+                        fd,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
+                    // SAFETY: one valid `pollfd` for the call.
+                    let n = unsafe { libc::poll(&mut p, 1, 30_000) };
+                    assert_eq!(n, 1, "no copy touched the stalled memory");
+                    uffd::Stall::next_fault(fd).expect("a page fault");
+                }),
+                release: Box::new(move || uffd::Stall::serve(fd, base, len as u64)),
+                keep: Box::new(stall),
+            })
+        }
+    }
+
+    /// A fork of this process: the same memory at the same addresses
+    /// (copied on write), so a lease of ours is a lease of its memory too.
+    /// It waits to be killed, which dropping this does.
+    struct Twin(libc::pid_t);
+
+    impl Twin {
+        fn fork() -> Twin {
+            let parent = std::process::id() as libc::pid_t;
+            // SAFETY: after the fork the child only makes system calls that
+            // are async-signal-safe (`close_range`, `prctl`, `getppid`,
+            // `pause`, `_exit`):
+            // it never returns into Rust code, allocates nor takes a lock,
+            // so the test process's other threads, absent in it, cannot
+            // matter.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork: {}", io::Error::last_os_error());
+            if pid == 0 {
+                // SAFETY: async-signal-safe system calls only (see above).
+                // The child closes what it inherited (so that a socket of
+                // another test does not outlive its owner's close), dies
+                // with the thread that forked it, and otherwise waits for
+                // its SIGKILL.
+                unsafe {
+                    libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    if libc::getppid() != parent {
+                        libc::_exit(0);
+                    }
+                    loop {
+                        libc::pause();
+                    }
+                }
+            }
+            Twin(pid)
+        }
+    }
+
+    impl Drop for Twin {
+        fn drop(&mut self) {
+            // SAFETY: system calls on our own child's pid, which stays ours
+            // (unreaped) until `waitpid` returns.
+            unsafe {
+                libc::kill(self.0, libc::SIGKILL);
+                libc::waitpid(self.0, std::ptr::null_mut(), 0);
+            }
+        }
+    }
+
+    mod conformance {
+        use super::CmaBackend;
+        use crate::transport::pull::conformance::conformance_tests;
+
+        conformance_tests!(CmaBackend::default());
+    }
+
+    #[test]
+    fn cma_pulls_host_memory_and_registers_nothing() {
+        let p = CmaPuller;
+        assert_eq!(p.kind(), TransportKind::Cma);
+        assert!(p.supports(DeviceKind::Cpu));
+        assert!(!p.supports(DeviceKind::Cuda));
+        let descs = vec![
+            Descriptor::from_vec(vec![1; 3]),
+            Descriptor::from_vec(vec![2; 5]),
+        ];
+        // SAFETY: the descriptors outlive the region and are not touched elsewhere.
+        let r = unsafe { Region::new(&descs, false) };
+        assert!(p.register(&r).is_ok() && p.deregister(&r).is_ok());
+        let lease = p.lend(&r);
+        assert_eq!(lease.segments(), r.segments().as_slice());
+        assert!(lease.opaque().is_empty() && lease.fits(&r));
+        r.close();
+    }
+}
