@@ -115,6 +115,11 @@ impl Region {
         }
     }
 
+    /// The sizes of the segments.
+    pub(crate) fn sizes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.segs.iter().map(|s| s.len as u64)
+    }
+
     /// `(address, length)` of every segment, for a cross-memory lease.
     pub(crate) fn segments(&self) -> Vec<(u64, u64)> {
         self.segs

@@ -129,7 +129,7 @@ impl Puller for CmaPuller {
 }
 
 #[cfg(all(test, target_os = "linux"))]
-#[path = "../../../tests/common/uffd.rs"]
+#[path = "../../../tests/support/uffd.rs"]
 mod uffd;
 
 #[cfg(all(test, target_os = "linux"))]

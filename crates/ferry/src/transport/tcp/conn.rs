@@ -124,19 +124,27 @@ impl Conn {
                 last,
             } => self.stream_from(req, target, cursor, Vec::new(), None, last),
             Action::Via { target, lent } => target.shared.set_transport(if lent {
-                TransportKind::Cma
+                CmaPuller.kind()
             } else {
                 TransportKind::Tcp
             }),
-            Action::Lend { target } => target.region.lend(),
+            Action::Lend { target } => {
+                if let Err(e) = CmaPuller.register(&target.region) {
+                    return self.kill(format!("cannot lend this memory: {e}"));
+                }
+                target.region.lend();
+            }
             Action::SendLease { req, target } => {
                 let lease = Message::Lease(Lease {
                     req,
-                    segments: target.region.segments(),
+                    segments: CmaPuller.lend(&target.region).segments().to_vec(),
                 });
                 self.send_soon(lease.to_vec(), None, true);
             }
-            Action::GiveBack { target } => target.region.give_back(),
+            Action::GiveBack { target } => {
+                target.region.give_back();
+                let _ = CmaPuller.deregister(&target.region);
+            }
             Action::Pull {
                 req,
                 target,
@@ -196,7 +204,7 @@ impl Conn {
                 let mut frames = open.to_vec();
                 Message::Lease(Lease {
                     req,
-                    segments: target.region.segments(),
+                    segments: CmaPuller.lend(&target.region).segments().to_vec(),
                 })
                 .encode(&mut frames);
                 self.send_soon(frames, opened, false);
@@ -264,7 +272,17 @@ impl Conn {
         // peer stalls must not keep its socket alive.
         let conn = Arc::downgrade(self);
         let copy = move |slot: CopySlot| {
-            let end = pull_all(&peer, &region, &shared, &segs);
+            let lease = LeaseBlob::addresses(segs);
+            // The session checked the lease's shape; the copy checks again.
+            let end = if !lease.fits(&region) {
+                PullEnd::Failed("the lease does not match the descriptors".into())
+            } else if let Err(e) = CmaPuller.register(&region) {
+                PullEnd::Failed(format!("cannot register the destination: {e}"))
+            } else {
+                let end = CmaPuller.pull(&peer, &lease, &region, &shared);
+                let _ = CmaPuller.deregister(&region);
+                end
+            };
             drop(slot);
             let Some(conn) = conn.upgrade() else {
                 return;

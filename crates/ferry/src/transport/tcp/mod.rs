@@ -40,7 +40,7 @@ use crate::auth::Secret;
 use crate::exposure::{abort_reason, Exposure, Exposures, PassiveLink, Refusal};
 use crate::host;
 use crate::outcome::OpShared;
-use crate::region::{Denied, Region};
+use crate::region::Region;
 use crate::transport::admission::{Admission, Ticket};
 use crate::transport::probe::verify_peer;
 use crate::transport::stall::{self, CopySlot, CopySlots};
@@ -54,17 +54,16 @@ mod conn_io;
 mod error;
 mod handshake;
 mod listen;
-mod pull;
 mod reader;
 mod request;
 mod secure;
 
+use crate::transport::pull::{cma::CmaPuller, LeaseBlob, PullEnd, Puller};
 use conn::*;
 use conn_io::{ConnWriter, FrameReader};
 use error::*;
 pub(crate) use listen::listen;
 use listen::*;
-use pull::*;
 use reader::*;
 use request::*;
 
@@ -77,9 +76,6 @@ pub(super) const CHUNK: u32 = 2 * 1024 * 1024;
 pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most control frames a connection may have waiting to be sent.
 pub(super) const MAX_QUEUED: usize = 4096;
-/// A cross-memory copy holds the destination's lock for at most this many
-/// bytes, so that a cancel waits at most that long.
-pub(super) const PULL_CHUNK: u64 = cma::CHUNK as u64;
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
