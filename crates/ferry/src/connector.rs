@@ -16,10 +16,11 @@ use crate::builder::{
     TCP_STREAMS_ENV, TRANSPORTS_ENV,
 };
 use crate::exposure::Exposures;
+use crate::kind::TransportKind;
 use crate::op::{Link, OpCore};
 use crate::outcome::OpShared;
 use crate::region::Region;
-use crate::transport::{ActiveJob, Config, Host, TransportKind, Transports};
+use crate::transport::{ActiveJob, Config, Host, Transports};
 use crate::{
     host, Descriptor, Error, ReadOperation, ReadableOperation, Result, WritableOperation,
     WriteOperation,

@@ -13,9 +13,10 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use ferry_proto::wire::Open;
 use ferry_proto::{OperationKind, OperationStatus, RdmaMetadata};
 
-use super::{ActiveJob, ActiveLink, BoxFuture, Host, Transport, TransportKind};
+use super::api::{ActiveJob, ActiveLink, BoxFuture, Host, Transport};
 use crate::auth::Secret;
 use crate::exposure::{Exposure, PassiveLink, Refusal};
+use crate::kind::TransportKind;
 use crate::outcome::OpShared;
 use crate::region::{Denied, Region};
 use crate::{host, Error, Result};

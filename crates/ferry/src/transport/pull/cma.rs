@@ -7,10 +7,10 @@ use std::io;
 use ferry_proto::DeviceKind;
 
 use super::{LeaseBlob, PullEnd, Puller};
+use crate::kind::TransportKind;
 use crate::outcome::OpShared;
 use crate::region::{Denied, Region};
 use crate::transport::cma::{Peer, CHUNK};
-use crate::transport::TransportKind;
 
 /// The most iovecs of one system call: one fewer than Linux's `IOV_MAX`,
 /// since `Peer::pull_many` adds the range that checks the program image.

@@ -24,9 +24,9 @@ use std::io;
 
 use ferry_proto::DeviceKind;
 
+use crate::kind::TransportKind;
 use crate::outcome::OpShared;
 use crate::region::Region;
-use crate::transport::TransportKind;
 
 pub(crate) mod cma;
 #[cfg(test)]

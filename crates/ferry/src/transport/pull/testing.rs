@@ -11,9 +11,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use ferry_proto::DeviceKind;
 
 use super::{LeaseBlob, PullEnd, Puller};
+use crate::kind::TransportKind;
 use crate::outcome::OpShared;
 use crate::region::{Denied, Region};
-use crate::transport::TransportKind;
 
 /// Copies lent memory of this process, `chunk` bytes per copy.
 pub(super) struct TestPuller {

@@ -39,14 +39,14 @@ use tokio::sync::watch;
 use crate::auth::Secret;
 use crate::exposure::{abort_reason, Exposure, Exposures, PassiveLink, Refusal};
 use crate::host;
+use crate::kind::TransportKind;
 use crate::outcome::OpShared;
 use crate::region::Region;
 use crate::transport::admission::{Admission, Ticket};
+use crate::transport::api::{ActiveJob, ActiveLink, BoxFuture, Config, Host, Transport};
+use crate::transport::cma;
 use crate::transport::probe::verify_peer;
 use crate::transport::stall::{self, CopySlot, CopySlots};
-use crate::transport::{
-    cma, ActiveJob, ActiveLink, BoxFuture, Config, Host, Transport, TransportKind,
-};
 use crate::{Error, Result};
 
 mod conn;
