@@ -51,8 +51,7 @@ impl Transports {
         }
         list.push(tcp.clone());
         local::register(&host.worker_id, advertised, host);
-        host.handle
-            .spawn(tcp::listen(host.clone(), tcp.clone(), listener));
+        tcp.serve(host.clone(), listener);
         Transports { list, tcp }
     }
 

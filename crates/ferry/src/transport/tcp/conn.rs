@@ -1,7 +1,33 @@
 //! One connection: its tables, its write side, and the streams of bytes
 //! it sends.
 
-use super::*;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use ferry_proto::session::{Action, Session};
+use ferry_proto::wire::{Abort, AbortReason, Lease, Message};
+use ferry_proto::OperationStatus;
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+
+use crate::exposure::{PassiveLink, Refusal};
+use crate::kind::TransportKind;
+use crate::outcome::OpShared;
+use crate::region::Region;
+use crate::transport::admission::Ticket;
+use crate::transport::api::ActiveLink;
+use crate::transport::cma;
+use crate::transport::stall::{self, CopySlot, CopySlots};
+use crate::Error;
+
+use super::conn_io::*;
+use super::error::*;
+use super::request::*;
+use super::util::*;
+use crate::transport::pull::{cma::CmaPuller, LeaseBlob, PullEnd, Puller};
 
 /// The `Open` behind `opened` is on the wire (or never will be): an
 /// `Abort` waiting for it may follow.
@@ -39,6 +65,8 @@ pub(super) fn try_write_sealed(
 
 /// One connection to a remote connector, in either direction.
 pub(crate) struct Conn {
+    /// This connection, for the stripes that hold it as a `PartConn`.
+    pub(super) me: Weak<Conn>,
     pub(super) peer: String,
     pub(super) writer: Arc<tokio::sync::Mutex<ConnWriter>>,
     pub(super) dead: watch::Sender<Option<String>>,
@@ -76,7 +104,8 @@ impl Conn {
         handle: Handle,
         session: Session<Target>,
     ) -> Arc<Self> {
-        Arc::new(Conn {
+        Arc::new_cyclic(|me| Conn {
+            me: me.clone(),
             peer,
             writer: Arc::new(tokio::sync::Mutex::new(writer)),
             dead: watch::Sender::new(None),
@@ -188,64 +217,6 @@ impl Conn {
                 target.end(status, Some(err));
             }
         }
-    }
-
-    /// Begins active request `req` as the session said.
-    pub(super) fn begin(
-        self: &Arc<Self>,
-        req: u64,
-        target: Target,
-        start: Start,
-        opened: Option<Arc<watch::Sender<bool>>>,
-    ) {
-        match start {
-            Start::Open(open) => self.send_soon(open.to_vec(), opened, false),
-            Start::OpenAndLease(open) => {
-                let mut frames = open.to_vec();
-                Message::Lease(Lease {
-                    req,
-                    segments: CmaPuller.lend(&target.region).segments().to_vec(),
-                })
-                .encode(&mut frames);
-                self.send_soon(frames, opened, false);
-            }
-            Start::Stream { open, cursor, last } => {
-                self.stream_from(req, target, cursor, open.to_vec(), opened, last)
-            }
-        }
-    }
-
-    /// Streams the bytes under `cursor` after `prefix` (an `Open`), ending
-    /// as `last` says: a whole transfer that is small goes out at once.
-    pub(super) fn stream_from(
-        self: &Arc<Self>,
-        req: u64,
-        target: Target,
-        cursor: Cursor,
-        prefix: Vec<u8>,
-        opened: Option<Arc<watch::Sender<bool>>>,
-        last: SessionLast,
-    ) {
-        let last = match (last, &target.stripe) {
-            (SessionLast::Seal, _) => {
-                let sizes = cursor.sizes().to_vec();
-                return self.spawn_stream(req, target.region, sizes, prefix, opened, target.shared);
-            }
-            (SessionLast::Part, _) => Last::Part,
-            (SessionLast::SealAfterParts, Some(s)) => Last::SealAfter(s.clone()),
-            // Not striped after all: cannot happen (the session says so
-            // only for a striped request); seal as usual.
-            (SessionLast::SealAfterParts, None) => Last::Seal,
-        };
-        self.spawn_part(
-            req,
-            target.region,
-            cursor,
-            prefix,
-            opened,
-            target.shared,
-            last,
-        );
     }
 
     /// Copies a lease into `region` from a blocking thread (never the
@@ -455,319 +426,12 @@ impl Conn {
         self.send_soon(msg.to_vec(), None, true);
     }
 
-    /// Writes the last frame of a transfer (its `Finish`, or a whole small
-    /// transfer), sealing the operation under the region's lock at the
-    /// moment its first byte enters the socket: a cancel either comes first
-    /// (nothing of the frame is sent: `Ok(false)`) or finds the operation
-    /// sealed, so the two sides cannot disagree; and while the socket is
-    /// full, the operation is not sealed, so a cancel still ends it.
-    pub(super) async fn write_final(
-        &self,
-        w: &mut ConnWriter,
-        region: &Region,
-        shared: &OpShared,
-        frame: &[u8],
-    ) -> io::Result<bool> {
-        loop {
-            w.writable().await?;
-            let Some(r) = try_write_sealed(w, region, shared, frame) else {
-                return Ok(false);
-            };
-            match r {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => {
-                    w.write_all(&frame[n..]).await?;
-                    return Ok(true);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
     pub(super) fn abort_detached(self: &Arc<Self>, req: u64, reason: AbortReason, detail: String) {
         self.send_detached(Message::Abort(Abort {
             req,
             reason,
             detail,
         }));
-    }
-
-    /// Sends one `Data` frame with its payload taken from the region. If the
-    /// region closes meanwhile, the rest of the payload is zeros (the frame
-    /// must be completed) and `Ok(false)` is returned.
-    pub(super) async fn send_chunk(
-        &self,
-        req: u64,
-        region: &Region,
-        desc: u32,
-        offset: u64,
-        len: u32,
-    ) -> io::Result<bool> {
-        self.unless_dead(self.send_chunk_inner(req, region, desc, offset, len))
-            .await
-    }
-
-    pub(super) async fn send_chunk_inner(
-        &self,
-        req: u64,
-        region: &Region,
-        desc: u32,
-        offset: u64,
-        len: u32,
-    ) -> io::Result<bool> {
-        let header = Message::Data(Data {
-            req,
-            desc,
-            offset,
-            len,
-        })
-        .to_vec();
-        let mut w = self.writer.lock().await;
-        w.send_data(&header, region, desc, offset, len).await
-    }
-
-    /// Sends `prefix`, then the bytes of the region under `cursor` as `Data`
-    /// frames, then `Finish` as `last` says. Returns `Ok(false)` if the
-    /// region closed on the way (the remote is then told with an `Abort`).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn stream(
-        self: &Arc<Self>,
-        req: u64,
-        region: &Region,
-        cursor: Cursor,
-        prefix: Vec<u8>,
-        opened: Option<&watch::Sender<bool>>,
-        shared: &OpShared,
-        last: Last,
-    ) -> io::Result<bool> {
-        let r = self
-            .stream_inner(req, region, cursor, &prefix, opened, shared, last)
-            .await;
-        if let Some(o) = opened {
-            o.send_replace(true);
-        }
-        r
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn stream_inner(
-        self: &Arc<Self>,
-        req: u64,
-        region: &Region,
-        mut cursor: Cursor,
-        prefix: &[u8],
-        opened: Option<&watch::Sender<bool>>,
-        shared: &OpShared,
-        last: Last,
-    ) -> io::Result<bool> {
-        let striped = !matches!(last, Last::Seal);
-        let closed = |conn: &Arc<Conn>| {
-            // A striped operation's remote is told by whoever ended it,
-            // with how it ended (the region closes for a failed part too).
-            if !striped {
-                conn.abort_detached(req, AbortReason::Cancelled, String::new());
-            }
-            Ok(false)
-        };
-        if !prefix.is_empty() {
-            self.send_frame(prefix).await?;
-        }
-        if let Some(o) = opened {
-            o.send_replace(true);
-        }
-        while let Some((d, o, l)) = cursor.next_chunk(CHUNK) {
-            if !self.send_chunk(req, region, d, o, l).await? {
-                return closed(self);
-            }
-            let _ = cursor.accept(d, o, l);
-        }
-        let fin = Message::Finish { req }.to_vec();
-        match last {
-            Last::Seal => {}
-            Last::Part => {
-                // Not the commit: the destination confirms it, and part 0's
-                // sealing `Finish` waits for that.
-                lock(&self.session).part_sent(req);
-                self.send_frame(&fin).await?;
-                return Ok(true);
-            }
-            Last::SealAfter(stripe) => {
-                let mut done = stripe.done.subscribe();
-                let confirmed = self
-                    .unless_dead(async {
-                        tokio::select! {
-                            _ = until(&mut done, |n| *n + 1 >= stripe.parts) => Ok(true),
-                            // Ended meanwhile (a cancel, another part
-                            // failed): whoever ended it told the remote.
-                            _ = shared.ended() => Ok(false),
-                        }
-                    })
-                    .await?;
-                if !confirmed {
-                    return Ok(false);
-                }
-            }
-        }
-        let sent = self
-            .unless_dead(async {
-                let mut w = self.writer.lock().await;
-                self.write_final(&mut w, region, shared, &fin).await
-            })
-            .await?;
-        if !sent {
-            return closed(self);
-        }
-        Ok(true)
-    }
-
-    /// Appends a whole small transfer (data frames and `Finish`) to `out`;
-    /// `false` if the region is closed.
-    pub(super) fn small_frames(
-        req: u64,
-        region: &Region,
-        sizes: Vec<u64>,
-        out: &mut Vec<u8>,
-    ) -> bool {
-        let total: u64 = sizes.iter().sum();
-        out.reserve(total as usize + 64);
-        let mut cursor = Cursor::new(sizes);
-        while let Some((d, o, l)) = cursor.next_chunk(u32::MAX) {
-            Message::Data(Data {
-                req,
-                desc: d,
-                offset: o,
-                len: l,
-            })
-            .encode(out);
-            if region
-                .read_at(d as usize, o, l as usize, |s| out.extend_from_slice(s))
-                .is_err()
-            {
-                return false;
-            }
-            let _ = cursor.accept(d, o, l);
-        }
-        Message::Finish { req }.encode(out);
-        true
-    }
-
-    /// Streams the region: a small transfer goes out at once as one write,
-    /// a larger one from a task of its own. A write failure kills the
-    /// connection.
-    pub(super) fn spawn_stream(
-        self: &Arc<Self>,
-        req: u64,
-        region: Arc<Region>,
-        sizes: Vec<u64>,
-        prefix: Vec<u8>,
-        opened: Option<Arc<watch::Sender<bool>>>,
-        shared: Arc<OpShared>,
-    ) {
-        if sizes.iter().sum::<u64>() <= SMALL {
-            // Cancelled before a byte went out: still send the `Open` (if
-            // this is a write) followed by the `Abort`, so that the remote
-            // learns of the cancel as it would mid-transfer.
-            let mut cancelled = prefix.clone();
-            Message::Abort(Abort {
-                req,
-                reason: AbortReason::Cancelled,
-                detail: String::new(),
-            })
-            .encode(&mut cancelled);
-            let mut frame = prefix;
-            let aborted = move |conn: &Arc<Conn>, opened: &Option<Arc<watch::Sender<bool>>>| {
-                conn.send_soon(cancelled, opened.clone(), false);
-            };
-            if !Self::small_frames(req, &region, sizes, &mut frame) {
-                return aborted(self, &opened);
-            }
-            // Fast path: the whole transfer in one system call, now.
-            if let Ok(mut guard) = self.writer.clone().try_lock_owned() {
-                let Some(r) = try_write_sealed(&mut guard, &region, &shared, &frame) else {
-                    return aborted(self, &opened);
-                };
-                match r {
-                    Ok(n) if n == frame.len() && guard.flushed() => return mark_opened(&opened),
-                    Ok(n) if n > 0 => {
-                        let conn = self.clone();
-                        self.handle.spawn(async move {
-                            let r = conn.unless_dead(guard.write_all(&frame[n..])).await;
-                            mark_opened(&opened);
-                            if let Err(e) = r {
-                                conn.kill(format!("write failed: {e}"));
-                            }
-                        });
-                        return;
-                    }
-                    Ok(_) => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => {
-                        mark_opened(&opened);
-                        return self.kill(format!("write failed: {e}"));
-                    }
-                }
-            }
-            let conn = self.clone();
-            self.handle.spawn(async move {
-                let r = conn
-                    .unless_dead(async {
-                        let mut w = conn.writer.lock().await;
-                        conn.write_final(&mut w, &region, &shared, &frame).await
-                    })
-                    .await;
-                match r {
-                    Ok(true) => mark_opened(&opened),
-                    Ok(false) => aborted(&conn, &opened),
-                    Err(e) => {
-                        mark_opened(&opened);
-                        conn.kill(format!("write failed: {e}"));
-                    }
-                }
-            });
-            return;
-        }
-        self.spawn_part(
-            req,
-            region,
-            Cursor::new(sizes),
-            prefix,
-            opened,
-            shared,
-            Last::Seal,
-        );
-    }
-
-    /// Streams the bytes under `cursor` from a task of its own, ending as
-    /// `last` says. A write failure kills the connection.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn spawn_part(
-        self: &Arc<Self>,
-        req: u64,
-        region: Arc<Region>,
-        cursor: Cursor,
-        prefix: Vec<u8>,
-        opened: Option<Arc<watch::Sender<bool>>>,
-        shared: Arc<OpShared>,
-        last: Last,
-    ) {
-        let conn = self.clone();
-        self.handle.spawn(async move {
-            let r = conn
-                .stream(
-                    req,
-                    &region,
-                    cursor,
-                    prefix,
-                    opened.as_deref(),
-                    &shared,
-                    last,
-                )
-                .await;
-            if let Err(e) = r {
-                conn.kill(format!("write failed: {e}"));
-            }
-        });
     }
 
     /// Requests in flight on this connection, in both roles.
@@ -807,6 +471,58 @@ impl ActiveLink for TcpLink {
                 until(&mut opened, |o| *o).await;
                 conn.abort_detached(req, AbortReason::Cancelled, String::new());
             });
+        }
+    }
+}
+
+/// The binding of an exposure to one request on an accepted connection.
+pub(super) struct ReqLink {
+    pub(super) conn: Weak<Conn>,
+    pub(super) req: u64,
+}
+
+impl PassiveLink for ReqLink {
+    fn leave(&self) {}
+
+    fn ended(&self, _how: Option<&Refusal>) {
+        // The reader that ended it tells the remote itself.
+    }
+
+    fn withdrawn(&self, _how: Option<Refusal>) {
+        if let Some(conn) = self.conn.upgrade() {
+            conn.forget_passive(self.req);
+            conn.abort_detached(self.req, AbortReason::Cancelled, String::new());
+        }
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl PartConn for Conn {
+    fn forget(&self, req: u64) {
+        lock(&self.session).forget(req);
+    }
+
+    fn abort_after(
+        &self,
+        req: u64,
+        reason: AbortReason,
+        detail: String,
+        opened: Option<watch::Receiver<bool>>,
+    ) {
+        let Some(conn) = self.me.upgrade() else {
+            return;
+        };
+        match opened {
+            Some(mut o) => {
+                self.handle.spawn(async move {
+                    until(&mut o, |o| *o).await;
+                    conn.abort_detached(req, reason, detail);
+                });
+            }
+            None => conn.abort_detached(req, reason, detail),
         }
     }
 }

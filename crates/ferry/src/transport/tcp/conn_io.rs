@@ -16,8 +16,8 @@ use ferry_proto::wire::{self, Message};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
+use super::error::ConnError;
 use super::secure::{Opener, Sealer};
-use super::ConnError;
 use crate::region::{Denied, Region};
 
 /// A new reader's buffer: room for the largest valid first frame (a

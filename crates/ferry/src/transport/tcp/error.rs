@@ -1,6 +1,11 @@
 //! What can end a connection.
 
-use super::*;
+use std::io;
+
+use ferry_proto::session::Violation;
+use ferry_proto::wire::{AbortReason, WireError};
+
+use crate::Error;
 
 /// What went wrong on a connection; it is closed afterwards.
 pub(super) enum ConnError {
@@ -55,5 +60,23 @@ impl ConnError {
             },
             ConnError::Closed(e) => e,
         }
+    }
+}
+
+/// The error an operation ends with when the remote aborts it.
+pub(super) fn remote_error(reason: AbortReason, detail: String) -> Error {
+    match reason {
+        AbortReason::Cancelled => Error::RemoteCancelled,
+        AbortReason::Unauthenticated => Error::Unauthenticated {
+            peer: String::new(),
+            detail,
+        },
+        AbortReason::PartFailed => Error::ConnectionLost {
+            peer: String::new(),
+            cause: format!(
+                "another stream of this striped transfer failed at the remote: {detail}"
+            ),
+        },
+        reason => Error::Rejected { reason, detail },
     }
 }

@@ -1,240 +1,252 @@
 //! The active side's handshake: hello, authentication, and the attach
 //! probe.
 
-use super::*;
+use std::net::SocketAddr;
+use std::sync::Arc;
 
-impl TcpTransport {
-    /// Connects to `remote`; `attach`: also set up cross-memory attach when
-    /// it is on this host.
-    pub(super) async fn connect(&self, remote: &RdmaMetadata, attach: bool) -> Result<Arc<Conn>> {
-        let mut addrs = remote.addresses().to_vec();
-        if remote.host_id() == self.local.host_id {
-            addrs.sort_by_key(|a| !a.ip().is_loopback());
-        } else if addrs.iter().any(|a| !a.ip().is_loopback()) {
-            addrs.retain(|a| !a.ip().is_loopback());
-        }
-        let mut cause = String::from("no address");
-        for a in &addrs {
-            match tokio::time::timeout(self.local.connect_timeout, TcpStream::connect(a)).await {
-                Ok(Ok(s)) => return self.handshake(s, *a, remote, attach).await,
-                Ok(Err(e)) => cause = format!("{a}: {e}"),
-                Err(_) => {
-                    cause = format!(
-                        "{a}: connect timed out after {:?}",
-                        self.local.connect_timeout
-                    )
-                }
-            }
-        }
-        Err(Error::Unreachable {
-            worker: remote.worker_id().to_string(),
-            addresses: addrs
-                .iter()
-                .map(|a| a.to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-            cause,
-        })
+use ferry_proto::session::{Caps, Role, Session};
+use ferry_proto::wire::{self, AbortReason, Attach, Auth, Hello, Message, Verdict};
+use ferry_proto::RdmaMetadata;
+use tokio::net::TcpStream;
+
+use crate::host;
+use crate::transport::api::Config;
+use crate::transport::cma;
+use crate::transport::probe::verify_peer;
+use crate::{Error, Result};
+
+use super::conn::*;
+use super::conn_io::*;
+use super::reader::*;
+use super::secure;
+use super::util::*;
+
+/// Connects to `remote`; `attach`: also set up cross-memory attach when
+/// it is on this host.
+pub(super) async fn connect(
+    cfg: &Config,
+    remote: &RdmaMetadata,
+    attach: bool,
+) -> Result<Arc<Conn>> {
+    let mut addrs = remote.addresses().to_vec();
+    if remote.host_id() == cfg.host_id {
+        addrs.sort_by_key(|a| !a.ip().is_loopback());
+    } else if addrs.iter().any(|a| !a.ip().is_loopback()) {
+        addrs.retain(|a| !a.ip().is_loopback());
     }
+    let mut cause = String::from("no address");
+    for a in &addrs {
+        match tokio::time::timeout(cfg.connect_timeout, TcpStream::connect(a)).await {
+            Ok(Ok(s)) => return handshake(cfg, s, *a, remote, attach).await,
+            Ok(Err(e)) => cause = format!("{a}: {e}"),
+            Err(_) => cause = format!("{a}: connect timed out after {:?}", cfg.connect_timeout),
+        }
+    }
+    Err(Error::Unreachable {
+        worker: remote.worker_id().to_string(),
+        addresses: addrs
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        cause,
+    })
+}
 
-    pub(super) async fn handshake(
-        &self,
-        s: TcpStream,
-        addr: SocketAddr,
-        remote: &RdmaMetadata,
-        attach: bool,
-    ) -> Result<Arc<Conn>> {
-        tune(&s);
-        let (local_addr, peer_addr) = (s.local_addr(), s.peer_addr());
-        let (r, w) = s.into_split();
-        let mut w = ConnWriter::new(w);
-        let unreachable = |cause: String| Error::Unreachable {
-            worker: remote.worker_id().to_string(),
-            addresses: addr.to_string(),
-            cause,
+pub(super) async fn handshake(
+    cfg: &Config,
+    s: TcpStream,
+    addr: SocketAddr,
+    remote: &RdmaMetadata,
+    attach: bool,
+) -> Result<Arc<Conn>> {
+    tune(&s);
+    let (local_addr, peer_addr) = (s.local_addr(), s.peer_addr());
+    let (r, w) = s.into_split();
+    let mut w = ConnWriter::new(w);
+    let unreachable = |cause: String| Error::Unreachable {
+        worker: remote.worker_id().to_string(),
+        addresses: addr.to_string(),
+        cause,
+    };
+    let hello = Message::Hello(Hello {
+        version: wire::PROTOCOL_VERSION,
+        worker_id: cfg.worker_id.clone(),
+    })
+    .to_vec();
+    let mut first = hello.clone();
+    let noise = match &cfg.secret {
+        Some(secret) => {
+            let (hs, m) =
+                secure::Initiator::start(secret, &hello).map_err(|detail| Error::Protocol {
+                    peer: addr.to_string(),
+                    detail,
+                })?;
+            Message::Auth(Auth { handshake: m }).encode(&mut first);
+            Some(hs)
+        }
+        None => None,
+    };
+    w.write_all(&first)
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    let mut rd = FrameReader::new(r);
+    let answer = match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
+        Err(_) => return Err(unreachable("no hello from the remote".into())),
+        Ok(Err(e)) => return Err(e.into_error(&addr.to_string())),
+        Ok(Ok(m)) => m,
+    };
+    let peer = match answer {
+        Message::Hello(h) if h.version == wire::PROTOCOL_VERSION => h.worker_id,
+        Message::Hello(h) => {
+            return Err(Error::Protocol {
+                peer: addr.to_string(),
+                detail: format!(
+                    "protocol version {} (this build speaks {})",
+                    h.version,
+                    wire::PROTOCOL_VERSION
+                ),
+            })
+        }
+        _ => {
+            return Err(Error::Protocol {
+                peer: addr.to_string(),
+                detail: "expected hello".into(),
+            })
+        }
+    };
+    if peer != remote.worker_id() {
+        return Err(Error::WrongWorker {
+            address: addr.to_string(),
+            expected: remote.worker_id().to_string(),
+            found: peer,
+        });
+    }
+    if let Some(noise) = noise {
+        let unauthenticated = |detail: &str| Error::Unauthenticated {
+            peer: peer.clone(),
+            detail: detail.to_string(),
         };
-        let hello = Message::Hello(Hello {
+        let theirs = match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
+            Ok(Ok(Message::Auth(a))) => a,
+            Ok(Ok(Message::Abort(a))) if a.reason == AbortReason::Unauthenticated => {
+                return Err(unauthenticated(&a.detail))
+            }
+            Ok(Err(_)) | Err(_) => {
+                return Err(unauthenticated(
+                    "the remote closed the connection or went silent during authentication",
+                ))
+            }
+            Ok(Ok(_)) => return Err(unauthenticated("the remote did not authenticate")),
+        };
+        // The hello as received (decoding is exact, so it re-encodes
+        // to the same bytes).
+        let theirs_hello = Message::Hello(Hello {
             version: wire::PROTOCOL_VERSION,
-            worker_id: self.local.worker_id.clone(),
+            worker_id: peer.clone(),
         })
         .to_vec();
-        let mut first = hello.clone();
-        let noise = match &self.local.secret {
-            Some(secret) => {
-                let (hs, m) =
-                    secure::Initiator::start(secret, &hello).map_err(|detail| Error::Protocol {
-                        peer: addr.to_string(),
-                        detail,
-                    })?;
-                Message::Auth(Auth { handshake: m }).encode(&mut first);
-                Some(hs)
+        let (tx, rx) = noise
+            .finish(&theirs.handshake, &theirs_hello)
+            .map_err(unauthenticated)?
+            .split();
+        rd.secure(rx);
+        w.secure(tx);
+    }
+    let (mut peer_pid, mut peer_pulls, mut my_cookie) = (None, false, None);
+    let tuple = match (local_addr, peer_addr) {
+        (Ok(l), Ok(p)) => Some((l, p)),
+        _ => None,
+    };
+    if let Some((me, them)) = tuple.filter(|&(l, p)| {
+        attach && cfg.cma && remote.host_id() == cfg.host_id && cma::is_local(l, p)
+    }) {
+        let next = async |rd: &mut FrameReader| -> Result<Attach> {
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
+                Ok(Ok(Message::Attach(a))) => Ok(a),
+                // A passive side with a secret refuses a peer without one
+                // at its first frame after the hello.
+                Ok(Ok(Message::Abort(a))) if a.reason == AbortReason::Unauthenticated => {
+                    Err(Error::Unauthenticated {
+                        peer: peer.clone(),
+                        detail: a.detail,
+                    })
+                }
+                Ok(Ok(_)) => Err(Error::Protocol {
+                    peer: addr.to_string(),
+                    detail: "expected an attach frame".into(),
+                }),
+                Ok(Err(e)) => Err(e.into_error(&addr.to_string())),
+                Err(_) => Err(unreachable("no answer to attach".into())),
             }
-            None => None,
         };
-        w.write_all(&first)
+        // 1. Our nonce.
+        let na = host::random_bytes();
+        let hello = Message::Attach(Attach {
+            pid: cma::pid(),
+            addr: 0,
+            cookie: na,
+            verdict: Verdict::Unknown,
+        });
+        w.write_all(&hello.to_vec())
             .await
             .map_err(|e| unreachable(e.to_string()))?;
-        let mut rd = FrameReader::new(r);
-        let answer = match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
-            Err(_) => return Err(unreachable("no hello from the remote".into())),
-            Ok(Err(e)) => return Err(e.into_error(&addr.to_string())),
-            Ok(Ok(m)) => m,
-        };
-        let peer = match answer {
-            Message::Hello(h) if h.version == wire::PROTOCOL_VERSION => h.worker_id,
-            Message::Hello(h) => {
-                return Err(Error::Protocol {
-                    peer: addr.to_string(),
-                    detail: format!(
-                        "protocol version {} (this build speaks {})",
-                        h.version,
-                        wire::PROTOCOL_VERSION
-                    ),
-                })
-            }
-            _ => {
-                return Err(Error::Protocol {
-                    peer: addr.to_string(),
-                    detail: "expected hello".into(),
-                })
-            }
-        };
-        if peer != remote.worker_id() {
-            return Err(Error::WrongWorker {
-                address: addr.to_string(),
-                expected: remote.worker_id().to_string(),
-                found: peer,
-            });
-        }
-        if let Some(noise) = noise {
-            let unauthenticated = |detail: &str| Error::Unauthenticated {
-                peer: peer.clone(),
-                detail: detail.to_string(),
-            };
-            let theirs = match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
-                Ok(Ok(Message::Auth(a))) => a,
-                Ok(Ok(Message::Abort(a))) if a.reason == AbortReason::Unauthenticated => {
-                    return Err(unauthenticated(&a.detail))
-                }
-                Ok(Err(_)) | Err(_) => {
-                    return Err(unauthenticated(
-                        "the remote closed the connection or went silent during authentication",
-                    ))
-                }
-                Ok(Ok(_)) => return Err(unauthenticated("the remote did not authenticate")),
-            };
-            // The hello as received (decoding is exact, so it re-encodes
-            // to the same bytes).
-            let theirs_hello = Message::Hello(Hello {
-                version: wire::PROTOCOL_VERSION,
-                worker_id: peer.clone(),
-            })
-            .to_vec();
-            let (tx, rx) = noise
-                .finish(&theirs.handshake, &theirs_hello)
-                .map_err(unauthenticated)?
-                .split();
-            rd.secure(rx);
-            w.secure(tx);
-        }
-        let (mut peer_pid, mut peer_pulls, mut my_cookie) = (None, false, None);
-        let tuple = match (local_addr, peer_addr) {
-            (Ok(l), Ok(p)) => Some((l, p)),
-            _ => None,
-        };
-        if let Some((me, them)) = tuple.filter(|&(l, p)| {
-            attach
-                && self.local.cma
-                && remote.host_id() == self.local.host_id
-                && cma::is_local(l, p)
-        }) {
-            let next = async |rd: &mut FrameReader| -> Result<Attach> {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
-                    Ok(Ok(Message::Attach(a))) => Ok(a),
-                    // A passive side with a secret refuses a peer without one
-                    // at its first frame after the hello.
-                    Ok(Ok(Message::Abort(a))) if a.reason == AbortReason::Unauthenticated => {
-                        Err(Error::Unauthenticated {
-                            peer: peer.clone(),
-                            detail: a.detail,
-                        })
-                    }
-                    Ok(Ok(_)) => Err(Error::Protocol {
-                        peer: addr.to_string(),
-                        detail: "expected an attach frame".into(),
-                    }),
-                    Ok(Err(e)) => Err(e.into_error(&addr.to_string())),
-                    Err(_) => Err(unreachable("no answer to attach".into())),
-                }
-            };
-            // 1. Our nonce.
-            let na = host::random_bytes();
-            let hello = Message::Attach(Attach {
-                pid: cma::pid(),
-                addr: 0,
-                cookie: na,
-                verdict: Verdict::Unknown,
-            });
-            w.write_all(&hello.to_vec())
-                .await
-                .map_err(|e| unreachable(e.to_string()))?;
-            // 2. Theirs, and where their cookie lies (pid 0: declined).
-            let theirs = next(&mut rd).await?;
-            let np = theirs.cookie;
-            let cookie = Box::new(cma::cookie(cma::Side::Active, &na, &np, me, them));
-            // The passive end of this connection is `them` -> `me`.
-            let verified = verify_peer(theirs.pid, theirs.addr, them, me, move || {
-                cma::cookie(cma::Side::Passive, &na, &np, me, them)
-            })
-            .await;
-            let ok = verified.is_some();
-            // 3. Our verdict, and where our cookie lies.
-            let answer = Message::Attach(Attach {
-                pid: cma::pid(),
-                addr: cookie.as_ptr() as u64,
-                cookie: [0; 16],
-                verdict: if ok {
-                    Verdict::CanPull
-                } else {
-                    Verdict::Refused
-                },
-            });
-            w.write_all(&answer.to_vec())
-                .await
-                .map_err(|e| unreachable(e.to_string()))?;
-            // 4. Their verdict on us.
-            peer_pulls = next(&mut rd).await?.verdict == Verdict::CanPull;
-            peer_pid = verified;
-            my_cookie = Some(cookie);
-            tracing::debug!(
-                peer,
-                pull_from_peer = ok,
-                peer_pulls,
-                "cross-memory attach probed"
-            );
-        }
-        let caps = Caps {
-            attach: self.local.cma,
-            can_pull: peer_pid.is_some(),
+        // 2. Theirs, and where their cookie lies (pid 0: declined).
+        let theirs = next(&mut rd).await?;
+        let np = theirs.cookie;
+        let cookie = Box::new(cma::cookie(cma::Side::Active, &na, &np, me, them));
+        // The passive end of this connection is `them` -> `me`.
+        let verified = verify_peer(theirs.pid, theirs.addr, them, me, move || {
+            cma::cookie(cma::Side::Passive, &na, &np, me, them)
+        })
+        .await;
+        let ok = verified.is_some();
+        // 3. Our verdict, and where our cookie lies.
+        let answer = Message::Attach(Attach {
+            pid: cma::pid(),
+            addr: cookie.as_ptr() as u64,
+            cookie: [0; 16],
+            verdict: if ok {
+                Verdict::CanPull
+            } else {
+                Verdict::Refused
+            },
+        });
+        w.write_all(&answer.to_vec())
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        // 4. Their verdict on us.
+        peer_pulls = next(&mut rd).await?.verdict == Verdict::CanPull;
+        peer_pid = verified;
+        my_cookie = Some(cookie);
+        tracing::debug!(
+            peer,
+            pull_from_peer = ok,
             peer_pulls,
-            secret: self.local.secret.is_some(),
-        };
-        let session = Session::new(Role::Active, caps);
-        let conn = Conn::new(peer, w, self.local.handle.clone(), session);
-        if let Some(p) = peer_pid {
-            let _ = conn.peer_pid.set(p);
-        }
-        *lock(&conn.cookie) = my_cookie;
-        if let Some(t) = tuple {
-            let _ = conn.tuple.set(t);
-        }
-        self.local.handle.spawn(run_connection(
-            conn.clone(),
-            rd,
-            self.local.shutdown.clone(),
-            None,
-            self.local.idle_timeout,
-        ));
-        Ok(conn)
+            "cross-memory attach probed"
+        );
     }
+    let caps = Caps {
+        attach: cfg.cma,
+        can_pull: peer_pid.is_some(),
+        peer_pulls,
+        secret: cfg.secret.is_some(),
+    };
+    let session = Session::new(Role::Active, caps);
+    let conn = Conn::new(peer, w, cfg.handle.clone(), session);
+    if let Some(p) = peer_pid {
+        let _ = conn.peer_pid.set(p);
+    }
+    *lock(&conn.cookie) = my_cookie;
+    if let Some(t) = tuple {
+        let _ = conn.tuple.set(t);
+    }
+    cfg.handle.spawn(run_connection(
+        conn.clone(),
+        rd,
+        cfg.shutdown.clone(),
+        None,
+        cfg.idle_timeout,
+    ));
+    Ok(conn)
 }

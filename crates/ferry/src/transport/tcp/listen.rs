@@ -1,22 +1,64 @@
 //! The listener and the passive side's handshake.
 
-use super::*;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
-/// What the reader of an accepted connection serves passive operations
-/// from.
-pub(crate) struct Served {
-    pub(super) host: Arc<Host>,
-    /// Cross-memory attach is enabled here.
-    pub(super) cma: bool,
+use ferry_proto::session::{Caps, Role, Session};
+use ferry_proto::wire::{self, Abort, AbortReason, Auth, Hello, Message};
+use tokio::net::TcpListener;
+
+use crate::auth::Secret;
+use crate::transport::admission::Admission;
+use crate::transport::api::{Config, Host};
+use crate::Result;
+
+use super::conn::*;
+use super::conn_io::*;
+use super::reader::*;
+use super::secure;
+use super::util::*;
+
+/// The accepted connections: their places (see `admission.rs`) and who
+/// they are, for `close_all` and `pending`.
+pub(super) struct Accepted {
+    admission: Admission,
+    conns: Mutex<Vec<Weak<Conn>>>,
+}
+
+impl Accepted {
+    pub(super) fn new(max_connections: usize) -> Self {
+        Accepted {
+            admission: Admission::new(max_connections),
+            conns: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn track(&self, c: &Arc<Conn>) {
+        let mut v = lock(&self.conns);
+        v.retain(|w| w.strong_count() > 0);
+        v.push(Arc::downgrade(c));
+    }
+
+    /// Every accepted connection still open.
+    pub(super) fn all(&self) -> Vec<Arc<Conn>> {
+        lock(&self.conns).iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Forgets them all (to close them).
+    pub(super) fn take_all(&self) -> Vec<Weak<Conn>> {
+        std::mem::take(&mut *lock(&self.conns))
+    }
 }
 
 /// Accepts connections until the connector shuts down.
-pub(crate) async fn listen(host: Arc<Host>, tcp: Arc<TcpTransport>, listener: TcpListener) {
+pub(super) async fn listen(
+    host: Arc<Host>,
+    cfg: Arc<Config>,
+    accepted: Arc<Accepted>,
+    listener: TcpListener,
+) {
     let mut shutdown = host.shutdown.clone();
-    let inner = Arc::new(Served {
-        host,
-        cma: tcp.local.cma,
-    });
+    let inner = Arc::new(Served { host, cma: cfg.cma });
     loop {
         let (s, addr) = tokio::select! {
             r = listener.accept() => match r {
@@ -32,11 +74,11 @@ pub(crate) async fn listen(host: Arc<Host>, tcp: Arc<TcpTransport>, listener: Tc
             _ = until(&mut shutdown, |s| *s) => return,
         };
         // Room for it, or closed at once (see `admission.rs`).
-        let Some(ticket) = tcp.admission.admit(addr.ip()) else {
+        let Some(ticket) = accepted.admission.admit(addr.ip()) else {
             tracing::debug!(%addr, "refused a connection: every place is held by a proven peer");
             continue;
         };
-        let tcp = tcp.clone();
+        let (accepted, cfg) = (accepted.clone(), cfg.clone());
         let inner = inner.clone();
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
@@ -102,8 +144,8 @@ pub(crate) async fn listen(host: Arc<Host>, tcp: Arc<TcpTransport>, listener: Tc
             if let (Ok(act), Ok(pas)) = tuple {
                 let _ = conn.tuple.set((act, pas));
             }
-            tcp.track_incoming(&conn);
-            let idle = tcp.local.idle_timeout;
+            accepted.track(&conn);
+            let idle = cfg.idle_timeout;
             run_connection(conn, rd, shutdown, Some(inner), idle).await;
         });
     }

@@ -17,36 +17,18 @@
 //! deadlock.
 
 use std::collections::HashMap;
-use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, Weak};
 
-use ferry_proto::session::{
-    Action, Caps, Fence, Last as SessionLast, Nonces, OpenParams, Role, Session, Start, Step,
-    StripeState, Violation,
-};
-use ferry_proto::wire::{
-    self, Abort, AbortReason, Attach, Auth, Data, Hello, Lease, Message, Open, Verdict, WireError,
-    MAX_LEASE_SEGMENTS, MAX_PARTS,
-};
-use ferry_proto::{Cursor, OperationKind, OperationStatus, RdmaMetadata};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::runtime::Handle;
+use ferry_proto::session::OpenParams;
+use ferry_proto::wire::{MAX_LEASE_SEGMENTS, MAX_PARTS};
+use ferry_proto::{OperationKind, RdmaMetadata};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::auth::Secret;
-use crate::exposure::{abort_reason, Exposure, Exposures, PassiveLink, Refusal};
-use crate::host;
+use crate::exposure::abort_reason;
 use crate::kind::TransportKind;
-use crate::outcome::OpShared;
-use crate::region::Region;
-use crate::transport::admission::{Admission, Ticket};
 use crate::transport::api::{ActiveJob, ActiveLink, BoxFuture, Config, Host, Transport};
-use crate::transport::cma;
-use crate::transport::probe::verify_peer;
-use crate::transport::stall::{self, CopySlot, CopySlots};
 use crate::{Error, Result};
 
 mod conn;
@@ -57,29 +39,13 @@ mod listen;
 mod reader;
 mod request;
 mod secure;
+mod stream;
+mod util;
 
-use crate::transport::pull::{cma::CmaPuller, LeaseBlob, PullEnd, Puller};
 use conn::*;
-use conn_io::{ConnWriter, FrameReader};
-use error::*;
-pub(crate) use listen::listen;
 use listen::*;
-use reader::*;
 use request::*;
-
-/// Operations up to this size go out in one write: header, payload and end.
-pub(super) const SMALL: u64 = 64 * 1024;
-/// Larger ones are sent in chunks of this size, so that concurrent operations
-/// on one connection take turns.
-pub(super) const CHUNK: u32 = 2 * 1024 * 1024;
-/// How long a new connection may take to say hello.
-pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// The most control frames a connection may have waiting to be sent.
-pub(super) const MAX_QUEUED: usize = 4096;
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use util::*;
 
 type Slot = Arc<tokio::sync::Mutex<Option<Arc<Conn>>>>;
 /// A remote worker, its addresses, and the stream's number.
@@ -95,38 +61,33 @@ pub(crate) struct TcpTransport {
     /// Every outgoing connection, also those whose slot is busy connecting
     /// a replacement, for `close_all` and `pending`.
     outgoing: Mutex<Vec<Weak<Conn>>>,
-    /// Every accepted connection, for `close_all` and `pending`.
-    incoming: Mutex<Vec<Weak<Conn>>>,
     /// The accepted connections and their bounds.
-    pub(crate) admission: Admission,
-}
-
-fn tune(s: &TcpStream) {
-    let _ = s.set_nodelay(true);
-    let sock = socket2::SockRef::from(s);
-    let ka = socket2::TcpKeepalive::new()
-        .with_time(Duration::from_secs(5))
-        .with_interval(Duration::from_secs(1))
-        .with_retries(5);
-    let _ = sock.set_tcp_keepalive(&ka);
+    accepted: Arc<Accepted>,
 }
 
 impl TcpTransport {
     pub(crate) fn new(local: Arc<Config>) -> Self {
         TcpTransport {
-            admission: Admission::new(local.max_connections),
+            accepted: Arc::new(Accepted::new(local.max_connections)),
             local,
             pool: Arc::new(Mutex::new(HashMap::new())),
             outgoing: Mutex::new(Vec::new()),
-            incoming: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Accepts connections on `listener` for `host` until it shuts down.
+    pub(crate) fn serve(&self, host: Arc<Host>, listener: TcpListener) {
+        let (local, accepted) = (self.local.clone(), self.accepted.clone());
+        host.handle
+            .clone()
+            .spawn(listen::listen(host, local, accepted, listener));
     }
 
     /// Closes every pooled connection; the next operation reconnects.
     pub(crate) fn close_all(&self, cause: &str) {
         lock(&self.pool).clear();
         let mut all = std::mem::take(&mut *lock(&self.outgoing));
-        all.append(&mut lock(&self.incoming));
+        all.append(&mut self.accepted.take_all());
         for c in all.iter().filter_map(Weak::upgrade) {
             c.kill(cause.to_string());
         }
@@ -136,17 +97,10 @@ impl TcpTransport {
     pub(crate) fn pending(&self) -> usize {
         let all: Vec<_> = lock(&self.outgoing)
             .iter()
-            .chain(lock(&self.incoming).iter())
             .filter_map(Weak::upgrade)
+            .chain(self.accepted.all())
             .collect();
         all.iter().map(|c| c.pending()).sum()
-    }
-
-    /// Keeps track of an accepted connection.
-    fn track_incoming(&self, c: &Arc<Conn>) {
-        let mut v = lock(&self.incoming);
-        v.retain(|w| w.strong_count() > 0);
-        v.push(Arc::downgrade(c));
     }
 
     /// How many pool entries there are: connections alive or being made
@@ -186,7 +140,7 @@ impl TcpTransport {
             }
         }
         *g = None;
-        let c = match self.connect(remote, stream == 0).await {
+        let c = match handshake::connect(&self.local, remote, stream == 0).await {
             Ok(c) => c,
             Err(e) => {
                 drop(g);
@@ -321,7 +275,7 @@ impl TcpTransport {
             };
             let (req, start) = conn.with_session(|s| s.open(params, target.clone()));
             let opened = Arc::new(watch::Sender::new(false));
-            stripe.bind(part, Arc::downgrade(conn), req, Some(opened.clone()));
+            stripe.bind(part, conn.me.clone(), req, Some(opened.clone()));
             reqs.push((req, opened, target, start));
         }
         job.shared.start();
@@ -370,16 +324,4 @@ fn forget_slot(pool: &Mutex<HashMap<PoolKey, Slot>>, key: &PoolKey, slot: &Slot)
     if pool.get(key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
         pool.remove(key);
     }
-}
-
-/// Milliseconds since the first call, on a monotonic clock.
-fn now_ms() -> u64 {
-    static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
-    let epoch = *EPOCH.get_or_init(std::time::Instant::now);
-    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
-}
-
-/// Waits until the watched value satisfies `f` (or its sender is gone).
-async fn until<T>(rx: &mut watch::Receiver<T>, f: impl FnMut(&T) -> bool) {
-    let _ = rx.wait_for(f).await;
 }

@@ -1,6 +1,33 @@
 //! The reader of a connection: every frame that arrives, in either role.
 
-use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_proto::session::{Nonces, Step};
+use ferry_proto::wire::{AbortReason, Attach, Message, Open, Verdict};
+use ferry_proto::OperationStatus;
+use tokio::sync::watch;
+
+use crate::exposure::{PassiveLink, Refusal};
+use crate::host;
+use crate::transport::api::Host;
+use crate::transport::cma;
+use crate::transport::probe::verify_peer;
+use crate::{Error, Result};
+
+use super::conn::*;
+use super::conn_io::*;
+use super::error::*;
+use super::request::*;
+use super::util::*;
+
+/// What the reader of an accepted connection serves passive operations
+/// from.
+pub(crate) struct Served {
+    pub(super) host: Arc<Host>,
+    /// Cross-memory attach is enabled here.
+    pub(super) cma: bool,
+}
 
 /// The reader loop of a connection. `inner` is set for connections accepted
 /// by the listener (they serve passive operations).
@@ -111,24 +138,6 @@ pub(super) async fn step(
     }
 }
 
-/// The error an operation ends with when the remote aborts it.
-pub(super) fn remote_error(reason: AbortReason, detail: String) -> Error {
-    match reason {
-        AbortReason::Cancelled => Error::RemoteCancelled,
-        AbortReason::Unauthenticated => Error::Unauthenticated {
-            peer: String::new(),
-            detail,
-        },
-        AbortReason::PartFailed => Error::ConnectionLost {
-            peer: String::new(),
-            cause: format!(
-                "another stream of this striped transfer failed at the remote: {detail}"
-            ),
-        },
-        reason => Error::Rejected { reason, detail },
-    }
-}
-
 /// Answers the active side's nonce with this side's offer (its pid, its
 /// nonce, where its cookie lies), or declines (pid 0).
 fn offer_attach(conn: &Arc<Conn>, enabled: bool, theirs: [u8; 16]) {
@@ -227,4 +236,39 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Served>, o: Open) {
         return;
     }
     conn.with_session(|s| s.serve(o.req));
+}
+
+/// Binds request `o` of `conn` to an exposure: a request of its own binds a
+/// free exposure; a part of a striped transfer makes the stripe (the first
+/// part to arrive) or joins it (`joined`: the stripe it belongs to).
+pub(super) fn bind_request(
+    conn: &Arc<Conn>,
+    o: &Open,
+    bound: Option<&Arc<dyn PassiveLink>>,
+    joined: &mut Option<Arc<Stripe>>,
+) -> Result<Arc<dyn PassiveLink>, Refusal> {
+    if o.parts <= 1 {
+        return match bound {
+            None => Ok(Arc::new(ReqLink {
+                conn: Arc::downgrade(conn),
+                req: o.req,
+            })),
+            Some(_) => Err((AbortReason::Busy, String::new())),
+        };
+    }
+    let stripe = match bound {
+        None => Stripe::new(o.parts, conn.peer.clone()),
+        // Another part of the same transfer, from the same worker.
+        Some(b) => match b.as_any().downcast_ref::<Stripe>() {
+            Some(s) if s.parts == o.parts && s.peer == conn.peer => {
+                s.me.upgrade().ok_or((AbortReason::Busy, String::new()))?
+            }
+            _ => return Err((AbortReason::Busy, String::new())),
+        },
+    };
+    if !stripe.bind(o.part, conn.me.clone(), o.req, None) {
+        return Err((AbortReason::Busy, format!("part {} bound twice", o.part)));
+    }
+    *joined = Some(stripe.clone());
+    Ok(stripe)
 }

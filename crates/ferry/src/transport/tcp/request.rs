@@ -1,7 +1,19 @@
 //! A request's state on a connection, in either role, and the stripes that
 //! tie the parts of one transfer together.
 
-use super::*;
+use std::sync::{Arc, Mutex, Weak};
+
+use ferry_proto::session::{Fence, StripeState};
+use ferry_proto::wire::AbortReason;
+use ferry_proto::OperationStatus;
+use tokio::sync::watch;
+
+use crate::exposure::{Exposure, Exposures, PassiveLink, Refusal};
+use crate::outcome::OpShared;
+use crate::region::Region;
+use crate::Error;
+
+use super::util::*;
 
 /// The driver's handle on a request, carried by the session: the memory
 /// (its region and outcome) and how the operation ends.
@@ -73,66 +85,6 @@ impl Target {
     }
 }
 
-/// Binds request `o` of `conn` to an exposure: a request of its own binds a
-/// free exposure; a part of a striped transfer makes the stripe (the first
-/// part to arrive) or joins it (`joined`: the stripe it belongs to).
-pub(super) fn bind_request(
-    conn: &Arc<Conn>,
-    o: &Open,
-    bound: Option<&Arc<dyn PassiveLink>>,
-    joined: &mut Option<Arc<Stripe>>,
-) -> Result<Arc<dyn PassiveLink>, Refusal> {
-    if o.parts <= 1 {
-        return match bound {
-            None => Ok(Arc::new(ReqLink {
-                conn: Arc::downgrade(conn),
-                req: o.req,
-            })),
-            Some(_) => Err((AbortReason::Busy, String::new())),
-        };
-    }
-    let stripe = match bound {
-        None => Stripe::new(o.parts, conn.peer.clone()),
-        // Another part of the same transfer, from the same worker.
-        Some(b) => match b.as_any().downcast_ref::<Stripe>() {
-            Some(s) if s.parts == o.parts && s.peer == conn.peer => {
-                s.me.upgrade().ok_or((AbortReason::Busy, String::new()))?
-            }
-            _ => return Err((AbortReason::Busy, String::new())),
-        },
-    };
-    if !stripe.bind(o.part, Arc::downgrade(conn), o.req, None) {
-        return Err((AbortReason::Busy, format!("part {} bound twice", o.part)));
-    }
-    *joined = Some(stripe.clone());
-    Ok(stripe)
-}
-
-/// The binding of an exposure to one request on an accepted connection.
-pub(super) struct ReqLink {
-    pub(super) conn: Weak<Conn>,
-    pub(super) req: u64,
-}
-
-impl PassiveLink for ReqLink {
-    fn leave(&self) {}
-
-    fn ended(&self, _how: Option<&Refusal>) {
-        // The reader that ended it tells the remote itself.
-    }
-
-    fn withdrawn(&self, _how: Option<Refusal>) {
-        if let Some(conn) = self.conn.upgrade() {
-            conn.forget_passive(self.req);
-            conn.abort_detached(self.req, AbortReason::Cancelled, String::new());
-        }
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
-
 impl PassiveLink for Stripe {
     fn leave(&self) {
         self.abandon(None);
@@ -177,9 +129,24 @@ pub(crate) struct Stripe {
     pub(super) state: Mutex<StripeState>,
 }
 
+/// What a stripe needs of the connection that carries one of its parts.
+pub(super) trait PartConn: Send + Sync {
+    /// The part's request leaves the connection's session.
+    fn forget(&self, req: u64);
+    /// Tells the peer that the part's request ended, once its `Open` is on
+    /// the wire (`opened`, if it is not yet).
+    fn abort_after(
+        &self,
+        req: u64,
+        reason: AbortReason,
+        detail: String,
+        opened: Option<watch::Receiver<bool>>,
+    );
+}
+
 #[derive(Clone)]
 pub(super) struct Member {
-    pub(super) conn: Weak<Conn>,
+    pub(super) conn: Weak<dyn PartConn>,
     pub(super) req: u64,
     /// Active side: set once the part's `Open` is on the wire.
     pub(super) opened: Option<Arc<watch::Sender<bool>>>,
@@ -201,7 +168,7 @@ impl Stripe {
     pub(crate) fn bind(
         &self,
         part: u16,
-        conn: Weak<Conn>,
+        conn: Weak<dyn PartConn>,
         req: u64,
         opened: Option<Arc<watch::Sender<bool>>>,
     ) -> bool {
@@ -241,7 +208,7 @@ impl Stripe {
             let Some(conn) = m.conn.upgrade() else {
                 continue;
             };
-            lock(&conn.session).forget(m.req);
+            conn.forget(m.req);
             // Told even if its request has left the table: on the passive
             // side a part bound just before the end may not be in it yet
             // (its reader inserts it after binding, then sees the end and
@@ -249,17 +216,8 @@ impl Stripe {
             let Some((reason, detail)) = abort.clone() else {
                 continue;
             };
-            match m.opened {
-                Some(o) if !*o.borrow() => {
-                    let mut o = o.subscribe();
-                    let h = conn.handle.clone();
-                    h.spawn(async move {
-                        until(&mut o, |o| *o).await;
-                        conn.abort_detached(m.req, reason, detail);
-                    });
-                }
-                _ => conn.abort_detached(m.req, reason, detail),
-            }
+            let opened = m.opened.filter(|o| !*o.borrow()).map(|o| o.subscribe());
+            conn.abort_after(m.req, reason, detail, opened);
         }
     }
 }

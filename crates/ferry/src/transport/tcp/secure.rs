@@ -26,7 +26,7 @@ use snow::{Builder, HandshakeState, StatelessTransportState};
 use tokio::io::AsyncReadExt;
 use tokio::net::tcp::OwnedReadHalf;
 
-use super::ConnError;
+use super::error::ConnError;
 use crate::auth::Secret;
 
 /// The Noise protocol of the handshake and the channel.
