@@ -647,6 +647,9 @@ impl<'a> Harness<'a> {
             t.0.open.set(false);
             self.pump(PASSIVE);
             self.forget(PASSIVE, o.req, AbortReason::OperationEnded);
+            // No lease went out: the memory comes back at once.
+            self.ends[PASSIVE].s.unlend(o.req);
+            self.pump(PASSIVE);
         } else {
             self.ends[PASSIVE].s.serve(o.req);
         }
