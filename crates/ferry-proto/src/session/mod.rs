@@ -18,6 +18,7 @@
 
 mod action;
 mod attach;
+mod plan;
 mod stripe;
 #[cfg(test)]
 mod tests;
@@ -27,10 +28,14 @@ use std::collections::{BTreeMap, VecDeque};
 
 pub use action::{Action, Last, OpenParams, Start, Step};
 pub use attach::{AttachState, Nonces};
+pub use plan::{can_lend, plan, Plan, Thresholds};
 pub use stripe::{part_range, BindError, StripeState};
 pub use violation::Violation;
 
-use crate::wire::{Abort, AbortReason, Attach, Lease, Message, Open, Verdict, MAX_LEASE_SEGMENTS};
+use crate::wire::{Abort, AbortReason, Attach, Lease, Message, Open, Verdict};
+// The session tests use it through `super::*`.
+#[cfg(test)]
+use crate::wire::MAX_LEASE_SEGMENTS;
 use crate::{Cursor, OperationKind};
 
 /// Which end of the connection this session is.
@@ -342,13 +347,7 @@ impl<T: Fence> Session<T> {
         }
         let path = match (o.kind, o.pull) {
             (_, false) => Path::InBand,
-            (OperationKind::Read, true)
-                if self.caps.attach
-                    && self.caps.peer_pulls
-                    && o.sizes.len() <= MAX_LEASE_SEGMENTS =>
-            {
-                Path::Lent
-            }
+            (OperationKind::Read, true) if can_lend(&o.sizes, self.caps) => Path::Lent,
             // Fall back to streaming the bytes.
             (OperationKind::Read, true) => Path::InBand,
             (OperationKind::Write, true) => Path::AwaitLease,

@@ -20,9 +20,8 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, Weak};
 
-use ferry_proto::session::OpenParams;
-use ferry_proto::wire::{MAX_LEASE_SEGMENTS, MAX_PARTS};
-use ferry_proto::{OperationKind, RdmaMetadata};
+use ferry_proto::session::{self, OpenParams, Plan, Thresholds};
+use ferry_proto::RdmaMetadata;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -177,16 +176,14 @@ impl Transport for TcpTransport {
     fn start(&self, job: ActiveJob) -> BoxFuture<'_, Result<Arc<dyn ActiveLink>>> {
         Box::pin(async move {
             let conn = self.conn_for(&job.remote, 0).await?;
-            let total: u64 = job.sizes.iter().sum();
-            let pull = self.local.cma
-                && total >= self.local.cma_threshold
-                && job.sizes.len() <= MAX_LEASE_SEGMENTS
-                && match job.kind {
-                    OperationKind::Read => conn.peer_pid.get().is_some(),
-                    OperationKind::Write => lock(&conn.session).caps().peer_pulls,
-                };
-            if !pull {
-                let parts = self.parts_for(&job.remote, total);
+            let caps = lock(&conn.session).caps();
+            let thresholds = Thresholds {
+                pull_from: self.local.cma_threshold,
+                stripe_from: self.local.stripe_threshold,
+                streams: self.streams_to(&job.remote),
+            };
+            let plan = session::plan(job.kind, &job.sizes, caps, &thresholds);
+            if let Plan::Striped { parts } = plan {
                 let mut conns = vec![conn.clone()];
                 for i in 1..parts {
                     match self.conn_for(&job.remote, i).await {
@@ -202,6 +199,7 @@ impl Transport for TcpTransport {
                     return self.start_striped(job, conns);
                 }
             }
+            let pull = plan == Plan::Pull;
             let target = Target::active(job.region.clone(), job.shared.clone(), None);
             let params = OpenParams {
                 kind: job.kind,
@@ -239,9 +237,9 @@ impl Transport for TcpTransport {
 }
 
 impl TcpTransport {
-    /// Into how many parts a TCP transfer of `total` bytes to `remote` is
-    /// split (see `ConnectorBuilder::tcp_streams`).
-    fn parts_for(&self, remote: &RdmaMetadata, total: u64) -> u16 {
+    /// Over how many streams large transfers to `remote` go (see
+    /// `ConnectorBuilder::tcp_streams`).
+    fn streams_to(&self, remote: &RdmaMetadata) -> u16 {
         let streams = self
             .local
             .tcp_streams
@@ -250,10 +248,7 @@ impl TcpTransport {
             } else {
                 self.local.streams_to_other_hosts
             });
-        if streams <= 1 || total < self.local.stripe_threshold {
-            return 1;
-        }
-        (streams as u64).min(u64::from(MAX_PARTS)).min(total) as u16
+        u16::try_from(streams).unwrap_or(u16::MAX)
     }
 
     /// Starts a transfer striped over `conns`, one part on each; part 0 (on

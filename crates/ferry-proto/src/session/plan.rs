@@ -1,0 +1,128 @@
+//! How one operation's bytes will move: the one place that answers it, for
+//! the side that starts the operation ([`plan`]) and for the side that
+//! serves it ([`can_lend`]).
+
+use super::Caps;
+use crate::wire::{MAX_LEASE_SEGMENTS, MAX_PARTS};
+use crate::OperationKind;
+
+/// The thresholds of a connector (from its builder and environment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Thresholds {
+    /// Transfers of at least this many bytes move by lending memory (cross
+    /// memory attach) when the connection allows it.
+    pub pull_from: u64,
+    /// Transfers of at least this many bytes that move in band are split
+    /// over several connections.
+    pub stripe_from: u64,
+    /// Over how many connections (1: never split).
+    pub streams: u16,
+}
+
+/// How an active operation's bytes move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plan {
+    /// The source lends its memory and the destination copies it (a READ
+    /// asks for a lease; the passive side may still answer with data).
+    Pull,
+    /// `Data` frames on one connection.
+    Stream,
+    /// `Data` frames on `parts` connections, each a contiguous part (the
+    /// driver may get fewer connections: then fewer parts, or `Stream`).
+    Striped {
+        /// 2 to [`MAX_PARTS`].
+        parts: u16,
+    },
+}
+
+/// How an operation of `kind` over descriptors of `sizes` moves on a
+/// connection whose handshake found `caps`, given the connector's
+/// `thresholds`.
+pub fn plan(kind: OperationKind, sizes: &[u64], caps: Caps, thresholds: &Thresholds) -> Plan {
+    let total = sizes.iter().fold(0u64, |a, s| a.saturating_add(*s));
+    let lends = match kind {
+        // This side copies from the peer.
+        OperationKind::Read => caps.can_pull,
+        // The peer copies from this side.
+        OperationKind::Write => caps.peer_pulls,
+    };
+    if caps.attach && lends && total >= thresholds.pull_from && sizes.len() <= MAX_LEASE_SEGMENTS {
+        return Plan::Pull;
+    }
+    if thresholds.streams <= 1 || total < thresholds.stripe_from {
+        return Plan::Stream;
+    }
+    let parts = u64::from(thresholds.streams.min(MAX_PARTS)).min(total);
+    Plan::Striped {
+        parts: parts as u16,
+    }
+}
+
+/// Whether the passive side lends its memory for a READ that asked for a
+/// lease (else it streams the bytes: the fallback).
+pub fn can_lend(sizes: &[u64], caps: Caps) -> bool {
+    caps.attach && caps.peer_pulls && sizes.len() <= MAX_LEASE_SEGMENTS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Thresholds = Thresholds {
+        pull_from: 1024,
+        stripe_from: 1 << 20,
+        streams: 4,
+    };
+
+    fn caps(can_pull: bool, peer_pulls: bool) -> Caps {
+        Caps {
+            attach: true,
+            can_pull,
+            peer_pulls,
+            secret: false,
+        }
+    }
+
+    #[test]
+    fn exactly_one_way_for_each_shape() {
+        use OperationKind::{Read, Write};
+        // Lending needs attach, the right direction, and enough bytes.
+        assert_eq!(plan(Read, &[4096], caps(true, false), &T), Plan::Pull);
+        assert_eq!(plan(Write, &[4096], caps(true, false), &T), Plan::Stream);
+        assert_eq!(plan(Write, &[4096], caps(false, true), &T), Plan::Pull);
+        assert_eq!(plan(Read, &[512], caps(true, true), &T), Plan::Stream);
+        let off = Caps {
+            attach: false,
+            ..caps(true, true)
+        };
+        assert_eq!(plan(Read, &[4096], off, &T), Plan::Stream);
+        // Too many segments for one lease.
+        let many = vec![1u64; MAX_LEASE_SEGMENTS + 1];
+        assert_eq!(plan(Read, &many, caps(true, true), &T), Plan::Stream);
+        // Large, not lent: striped, never more parts than bytes or MAX_PARTS.
+        let none = caps(false, false);
+        assert_eq!(plan(Read, &[8 << 20], none, &T), Plan::Striped { parts: 4 });
+        let wide = Thresholds {
+            streams: 64,
+            stripe_from: 1,
+            ..T
+        };
+        assert_eq!(plan(Write, &[3], none, &wide), Plan::Striped { parts: 3 });
+        assert_eq!(
+            plan(Write, &[1 << 30], none, &wide),
+            Plan::Striped { parts: MAX_PARTS }
+        );
+        let one = Thresholds { streams: 1, ..T };
+        assert_eq!(plan(Write, &[1 << 30], none, &one), Plan::Stream);
+    }
+
+    #[test]
+    fn the_passive_side_lends_only_to_a_peer_that_pulls() {
+        assert!(can_lend(&[1], caps(false, true)));
+        assert!(!can_lend(&[1], caps(true, false)));
+        assert!(!can_lend(
+            &vec![1; MAX_LEASE_SEGMENTS + 1],
+            caps(true, true)
+        ));
+    }
+}
