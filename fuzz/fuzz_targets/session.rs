@@ -4,7 +4,8 @@
 //! lost connection. Never a panic; every `Err` a `Violation` with its
 //! documented reason; and no `Step::Payload`, `Stream`, `Pull`, `Commit`,
 //! `Complete` or `PartDone` beyond what the request's grant allows. The
-//! checks live in `crates/ferry-proto/tests/support/session_fuzz.rs`, which
+//! harness lives in `crates/ferry-proto/tests/support/session_fuzz.rs` (its
+//! checks in `session_fuzz_checks.rs` beside it), which
 //! `tests/session_fuzz.rs` also runs on stable under proptest.
 #![no_main]
 

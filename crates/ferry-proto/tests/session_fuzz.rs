@@ -1,8 +1,9 @@
-//! The `session` fuzz target's checks (`support/session_fuzz.rs`), run on
-//! stable: on proptest's random scripts, on long pseudo-random scripts, and
-//! on those scripts' totals, to show that the scripts reach every kind of
-//! action and many kinds of violation (a harness that never got past the
-//! `Open` would check nothing).
+//! The `session` fuzz target's checks (`support/session_fuzz.rs` and
+//! `support/session_fuzz_checks.rs`), run on stable: on proptest's random
+//! scripts, on long pseudo-random scripts, and on those scripts' totals, to
+//! show that the scripts reach every kind of action and many kinds of
+//! violation (a harness that never got past the `Open` would check
+//! nothing).
 
 #[path = "support/session_fuzz.rs"]
 mod session_fuzz;
