@@ -196,11 +196,10 @@ impl Exposures {
                 link
             }
             Some(b) => {
-                let link = bind(Some(b))?;
                 if e.shared.status().is_terminal() {
                     return Err(ended());
                 }
-                link
+                bind(Some(b))?
             }
         };
         drop(binding);

@@ -138,8 +138,9 @@ pub struct Session<T> {
     role: Role,
     caps: Caps,
     requests: BTreeMap<u64, Request<T>>,
-    /// Memory lent to the peer, by request.
-    lent: BTreeMap<u64, T>,
+    /// Memory lent to the peer, by request, and whether its lease went
+    /// out (only then may the peer be copying it).
+    lent: BTreeMap<u64, (T, bool)>,
     next_req: u64,
     attach: AttachState,
     actions: VecDeque<Action<T>>,
@@ -192,7 +193,7 @@ impl<T: Fence> Session<T> {
     }
 
     fn give_back(&mut self, req: u64) {
-        if let Some(target) = self.lent.remove(&req) {
+        if let Some((target, _)) = self.lent.remove(&req) {
             self.push(Action::GiveBack { target });
         }
     }
@@ -359,7 +360,7 @@ impl<T: Fence> Session<T> {
         if path == Path::Lent {
             // Lent before the driver looks at the status: an owner that
             // drops the operation from then on finds the memory lent.
-            self.lent.insert(o.req, target.clone());
+            self.lent.insert(o.req, (target.clone(), false));
             self.push(Action::Lend {
                 target: target.clone(),
             });
@@ -380,6 +381,7 @@ impl<T: Fence> Session<T> {
     /// bytes; a destination waits for them.
     pub fn serve(&mut self, req: u64) {
         let Some(r) = self.requests.get(&req) else {
+            // Ended meanwhile (`forget` gave back what it lent).
             return;
         };
         if r.side != Side::Source {
@@ -387,7 +389,12 @@ impl<T: Fence> Session<T> {
         }
         let (target, cursor) = (r.target.clone(), r.cursor.clone());
         let a = match (r.path, r.part) {
-            (Path::Lent, _) => Action::SendLease { req, target },
+            (Path::Lent, _) => {
+                if let Some(l) = self.lent.get_mut(&req) {
+                    l.1 = true;
+                }
+                Action::SendLease { req, target }
+            }
             (_, Some(p)) => Action::Stream {
                 req,
                 target,
@@ -409,15 +416,20 @@ impl<T: Fence> Session<T> {
     }
 
     /// Takes a request out of the table: its operation ended here, and
-    /// whoever ended it tells the peer. Memory it lent stays lent until the
-    /// peer says it stopped copying (`Finish`, `Abort`, `Release`) or the
-    /// connection ends. True if it was there.
+    /// whoever ended it tells the peer. Memory it lent whose lease went out
+    /// stays lent until the peer says it stopped copying (`Finish`,
+    /// `Abort`, `Release`) or the connection ends; memory whose lease never
+    /// went out is given back at once. True if it was there.
     pub fn forget(&mut self, req: u64) -> bool {
+        if self.lent.get(&req).is_some_and(|l| !l.1) {
+            self.give_back(req);
+        }
         self.requests.remove(&req).is_some()
     }
 
-    /// Gives back the memory request `req` lent, before its lease was
-    /// sent (the peer cannot be copying it).
+    /// Gives back the memory request `req` lent, whose lease the driver
+    /// never sent (the peer cannot be copying it): for an active request
+    /// that found its connection dead before it began.
     pub fn unlend(&mut self, req: u64) {
         self.give_back(req);
     }
@@ -453,7 +465,8 @@ impl<T: Fence> Session<T> {
                     target: target.clone(),
                     lent: true,
                 });
-                self.lent.insert(req, target.clone());
+                // Its lease goes out with the `Open` (`Start::OpenAndLease`).
+                self.lent.insert(req, (target.clone(), true));
                 self.push(Action::Lend {
                     target: target.clone(),
                 });
@@ -522,7 +535,7 @@ impl<T: Fence> Session<T> {
         self.actions.clear();
         (
             reqs.into_values().map(|r| r.target).collect(),
-            lent.into_values().collect(),
+            lent.into_values().map(|(t, _)| t).collect(),
         )
     }
 

@@ -484,3 +484,22 @@ fn drain_hands_back_every_request_and_lent_memory() {
     // drains.
     assert!(s.poll_action().is_none());
 }
+
+/// The owner withdraws a READ it lends after the grant but before the
+/// lease goes out (the driver's `serve` comes after the withdrawal): the
+/// memory comes back at once, and nothing is sent.
+#[test]
+fn a_lease_withdrawn_before_it_went_out_is_given_back() {
+    let mut s = passive(ATTACH);
+    let o = pulled(open(7, OperationKind::Read, &[8]));
+    assert!(matches!(
+        s.handle_frame(Message::Open(o.clone())),
+        Ok(Step::CheckGrant(_))
+    ));
+    let f = F::new();
+    s.bound(&o, Ok(f.clone()));
+    assert!(s.forget(7));
+    s.serve(7);
+    assert_eq!(all_about(&mut s, &f), ["Via lent", "Lend", "GiveBack"]);
+    assert_eq!(s.pending(), 0);
+}

@@ -3,7 +3,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -93,6 +93,9 @@ pub(crate) struct Conn {
     /// When a frame last arrived or an operation last began, in
     /// milliseconds since `clock::epoch()`.
     pub(super) last_active: AtomicU64,
+    /// Set before the operations of a connection that broke the protocol
+    /// end, just before it closes.
+    pub(super) closing: AtomicBool,
 }
 
 pub(super) type CloseHook = Box<dyn FnOnce() + Send>;
@@ -119,6 +122,7 @@ impl Conn {
             on_close: Mutex::new(Some(Vec::new())),
             ticket: OnceLock::new(),
             last_active: AtomicU64::new(now_ms()),
+            closing: AtomicBool::new(false),
         })
     }
 
@@ -131,15 +135,31 @@ impl Conn {
         let (r, actions) = {
             let mut s = lock(&self.session);
             let r = f(&mut s);
-            (
-                r,
-                std::iter::from_fn(|| s.poll_action()).collect::<Vec<_>>(),
-            )
+            let mut actions = Vec::new();
+            while let Some(a) = s.poll_action() {
+                match a {
+                    // Counted while the session still holds the lease: the
+                    // reader's drain (under this lock) then always finds
+                    // it counted, and its give-back always follows.
+                    Action::Lend { target } => self.lend(&target),
+                    a => actions.push(a),
+                }
+            }
+            (r, actions)
         };
         for a in actions {
             self.execute(a);
         }
         r
+    }
+
+    /// Lends the target's memory to the peer (registered first, if the
+    /// backend needs it).
+    fn lend(&self, target: &Target) {
+        if let Err(e) = CmaPuller.register(&target.region) {
+            return self.kill(format!("cannot lend this memory: {e}"));
+        }
+        target.region.lend();
     }
 
     /// Does what the session asked. No protocol decision here: only how.
@@ -157,12 +177,7 @@ impl Conn {
             } else {
                 TransportKind::Tcp
             }),
-            Action::Lend { target } => {
-                if let Err(e) = CmaPuller.register(&target.region) {
-                    return self.kill(format!("cannot lend this memory: {e}"));
-                }
-                target.region.lend();
-            }
+            Action::Lend { target } => self.lend(&target),
             Action::SendLease { req, target } => {
                 let lease = Message::Lease(Lease {
                     req,
@@ -170,10 +185,7 @@ impl Conn {
                 });
                 self.send_soon(lease.to_vec(), None, true);
             }
-            Action::GiveBack { target } => {
-                target.region.give_back();
-                let _ = CmaPuller.deregister(&target.region);
-            }
+            Action::GiveBack { target } => give_back(&target),
             Action::Pull {
                 req,
                 target,
@@ -260,7 +272,8 @@ impl Conn {
             };
             match end {
                 PullEnd::Done => {
-                    if let Some(m) = lock(&conn.session).pull_ended(req, true) {
+                    let finish = lock(&conn.session).pull_ended(req, true);
+                    if let Some(m) = finish {
                         conn.send_soon(m.to_vec(), None, false);
                     }
                 }
@@ -284,6 +297,12 @@ impl Conn {
 
     pub(super) fn is_alive(&self) -> bool {
         self.dead.borrow().is_none()
+    }
+
+    /// The connection is about to close (it still sends what its ending
+    /// operations tell the peer): no new operation may pick it.
+    pub(super) fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire) || !self.is_alive()
     }
 
     /// Something happened on the connection: it is not idle.
@@ -525,4 +544,11 @@ impl PartConn for Conn {
             None => conn.abort_detached(req, reason, detail),
         }
     }
+}
+
+/// The peer no longer copies from the target's memory: its registration
+/// ends first, then the lease (after which its owner may free it).
+pub(super) fn give_back(target: &Target) {
+    let _ = CmaPuller.deregister(&target.region);
+    target.region.give_back();
 }

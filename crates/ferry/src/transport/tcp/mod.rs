@@ -123,7 +123,7 @@ impl TcpTransport {
             let stale = c
                 .idle_for()
                 .is_some_and(|d| d >= self.local.idle_timeout / 2);
-            if c.is_alive() && !stale {
+            if !c.is_closing() && !stale {
                 c.touch();
                 let c = c.clone();
                 drop(g);

@@ -1,5 +1,6 @@
 //! The reader of a connection: every frame that arrives, in either role.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -68,7 +69,9 @@ pub(super) async fn run_connection(
             let err = e.into_error(&conn.peer);
             if told {
                 // Its operations end while the connection still lives, so
-                // that the peer's other parts of a striped one hear how.
+                // that the peer's other parts of a striped one hear how;
+                // no new operation picks it meanwhile.
+                conn.closing.store(true, Ordering::Release);
                 end_all(&conn, &err);
             }
             break err;
@@ -99,7 +102,7 @@ fn end_all(conn: &Arc<Conn>, err: &Error) {
     // peer's copies from us end with its process or its reader (it closes
     // its regions the same way when it sees the connection end).
     for t in lent {
-        t.region.give_back();
+        give_back(&t);
     }
 }
 
