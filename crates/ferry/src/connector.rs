@@ -4,7 +4,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ferry_proto::{DescriptorInfo, OperationKind, OperationStatus, RdmaMetadata, MAX_DESCRIPTORS};
-use tokio::net::TcpListener;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
@@ -20,7 +19,7 @@ use crate::kind::TransportKind;
 use crate::op::{Link, OpCore};
 use crate::outcome::OpShared;
 use crate::region::Region;
-use crate::transport::{ActiveJob, Config, Host, Transports};
+use crate::transport::{ActiveJob, Config, Host, Listener, Transports};
 use crate::{
     host, Descriptor, Error, ReadOperation, ReadableOperation, Result, WritableOperation,
     WriteOperation,
@@ -94,7 +93,7 @@ impl ConnectorBuilder {
         if max_connections == 0 {
             return Err(Error::Config("max connections must be at least 1".into()));
         }
-        let listener = TcpListener::bind(self.listen).await?;
+        let listener = Listener::bind(self.listen).await?;
         let local_addr = listener.local_addr()?;
         let advertised = match self.advertise {
             Some(a) if !a.is_empty() => a,

@@ -24,6 +24,20 @@ pub(crate) mod pull;
 pub(crate) mod stall;
 pub(crate) mod tcp;
 
+/// The socket a connector accepts its peers' connections on, bound before
+/// the transports start (its address goes into the metadata).
+pub(crate) struct Listener(TcpListener);
+
+impl Listener {
+    pub(crate) async fn bind(addr: SocketAddr) -> std::io::Result<Listener> {
+        TcpListener::bind(addr).await.map(Listener)
+    }
+
+    pub(crate) fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.0.local_addr()
+    }
+}
+
 /// The transports of one connector, best first, and what the connector
 /// asks of them as a whole.
 pub(crate) struct Transports {
@@ -39,7 +53,7 @@ impl Transports {
         host: &Arc<Host>,
         config: Config,
         kinds: &[TransportKind],
-        listener: TcpListener,
+        listener: Listener,
         advertised: &[SocketAddr],
     ) -> Transports {
         let tcp = Arc::new(tcp::TcpTransport::new(Arc::new(config)));
@@ -51,7 +65,7 @@ impl Transports {
         }
         list.push(tcp.clone());
         local::register(&host.worker_id, advertised, host);
-        tcp.serve(host.clone(), listener);
+        tcp.serve(host.clone(), listener.0);
         Transports { list, tcp }
     }
 
