@@ -3,9 +3,10 @@
 #
 # Run from anywhere; works from a fresh machine with Python >= 3.9, pip and a
 # Rust toolchain. Creates a virtual environment in target-py/venv, installs
-# maturin, numpy, pytest and mypy there, builds the extension (release, with
-# Cargo.lock as committed) into the environment, type-checks the package and
-# runs the tests.
+# maturin, numpy, pytest, mypy, pydantic and uvloop there (the tests need
+# pydantic v2 and uvloop; the package itself depends on neither), builds the
+# extension (release, with Cargo.lock as committed) into the environment,
+# type-checks the package and runs the tests.
 # Exits non-zero if anything fails.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,8 +20,8 @@ if [ ! -x "$venv/bin/python" ]; then
     echo "== creating $venv"
     "$python" -m venv "$venv"
 fi
-echo "== pip install maturin numpy pytest mypy"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check "maturin>=1.9.4,<2" numpy pytest mypy
+echo "== pip install maturin numpy pytest mypy pydantic uvloop"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check "maturin>=1.9.4,<2" numpy pytest mypy "pydantic>=2,<3" uvloop
 
 echo "== maturin develop --release (crates/ferry-py)"
 (cd crates/ferry-py && VIRTUAL_ENV="$venv" "$venv/bin/maturin" develop --release --locked --quiet)

@@ -36,7 +36,9 @@ from ._errors import (
     UnreachableError,
 )
 from ._ferry import __version__
+from ._metadata import ForeignMetadataError
 from ._types import Descriptor, Device, DeviceKind, OperationKind, OperationStatus
+from ._types import SerializedDescriptor
 
 __all__ = [
     "Connector",
@@ -48,6 +50,7 @@ __all__ = [
     "OperationStatus",
     "PendingOperation",
     "RdmaMetadata",
+    "SerializedDescriptor",
     "ReadOperation",
     "ReadableOperation",
     "WritableOperation",
@@ -61,5 +64,6 @@ __all__ = [
     "ProtocolError",
     "StaleMetadataError",
     "ShutdownError",
+    "ForeignMetadataError",
     "__version__",
 ]

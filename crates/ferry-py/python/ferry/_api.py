@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import weakref
 from typing import (
     Any,
@@ -13,7 +12,6 @@ from typing import (
     Generator,
     Generic,
     List,
-    NamedTuple,
     Optional,
     Sequence,
     Tuple,
@@ -23,7 +21,8 @@ from typing import (
 )
 
 from . import _ferry
-from ._types import Descriptor, Device, OperationKind, OperationStatus
+from ._metadata import DescriptorInfo, RdmaMetadata
+from ._types import Descriptor, OperationKind, OperationStatus
 
 __all__ = [
     "Connector",
@@ -68,125 +67,6 @@ def _new_bridge(loop: Any) -> _ferry.Bridge:
 
 
 Descriptors = Union[Descriptor, Sequence[Descriptor]]
-
-
-class DescriptorInfo(NamedTuple):
-    """What metadata says about one remote descriptor."""
-
-    device: Device
-    size: int
-
-
-class RdmaMetadata:
-    """What a :class:`ReadableOperation` or :class:`WritableOperation` hands
-    to its remote worker, through any side channel, so that the remote can
-    start the paired :class:`ReadOperation` or :class:`WriteOperation`.
-
-    It is a capability: whoever holds it may read (or write) the described
-    bytes of that one operation until it ends. Its ``repr`` hides the token;
-    treat its JSON like a password.
-
-    Get it from ``op.metadata()``; move it as JSON with
-    :meth:`model_dump_json` / :meth:`model_validate_json` (pydantic's names)
-    or :meth:`to_json` / :meth:`from_json`. Bad JSON raises ``ValueError``.
-    """
-
-    __slots__ = ("_core",)
-    _core: _ferry.Metadata
-
-    def __init__(self, **fields: Any) -> None:
-        if not fields:
-            raise TypeError(
-                "RdmaMetadata comes from op.metadata() or RdmaMetadata.model_validate_json(json)"
-            )
-        self._core = _ferry.Metadata.from_json(json.dumps(fields))
-
-    @classmethod
-    def _wrap(cls, core: _ferry.Metadata) -> RdmaMetadata:
-        m = cls.__new__(cls)
-        m._core = core
-        return m
-
-    # ---- JSON ----
-
-    @classmethod
-    def from_json(cls, json_data: Union[str, bytes, bytearray]) -> RdmaMetadata:
-        """Parses and validates metadata JSON; ``ValueError`` if it is bad."""
-        return cls._wrap(_ferry.Metadata.from_json(json_data))
-
-    def to_json(self) -> str:
-        """The JSON to hand to the remote worker (a few hundred bytes)."""
-        return self._core.to_json()
-
-    @classmethod
-    def model_validate_json(cls, json_data: Union[str, bytes, bytearray]) -> RdmaMetadata:
-        """pydantic's name for :meth:`from_json`."""
-        return cls.from_json(json_data)
-
-    def model_dump_json(self, *, indent: Optional[int] = None) -> str:
-        """pydantic's name for :meth:`to_json`."""
-        text = self._core.to_json()
-        return text if indent is None else json.dumps(json.loads(text), indent=indent)
-
-    @classmethod
-    def model_validate(cls, obj: Union[RdmaMetadata, Dict[str, Any]]) -> RdmaMetadata:
-        """Metadata from the dictionary :meth:`model_dump` returns."""
-        if isinstance(obj, RdmaMetadata):
-            return obj
-        if not isinstance(obj, dict):
-            raise TypeError(f"model_validate takes a dict, not {type(obj).__name__}")
-        return cls.from_json(json.dumps(obj))
-
-    def model_dump(self) -> Dict[str, Any]:
-        """The metadata as a dictionary of JSON values."""
-        result: Dict[str, Any] = json.loads(self._core.to_json())
-        return result
-
-    # ---- what it describes ----
-
-    @property
-    def operation_kind(self) -> OperationKind:
-        """READ for a readable's metadata, WRITE for a writable's."""
-        return OperationKind(self._core.operation_kind)
-
-    @property
-    def worker_id(self) -> str:
-        """The id of the worker that exposes the memory."""
-        return self._core.worker_id
-
-    @property
-    def hostname(self) -> str:
-        """The host name of that worker."""
-        return self._core.hostname
-
-    @property
-    def descriptors(self) -> List[DescriptorInfo]:
-        """Device and size of each exposed descriptor."""
-        return [DescriptorInfo(Device(d), size) for d, size in self._core.descriptors]
-
-    @property
-    def total_size(self) -> int:
-        """The sum of the descriptors' sizes."""
-        return self._core.total_size
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, RdmaMetadata):
-            return NotImplemented
-        return self._core.to_json() == other._core.to_json()
-
-    def __hash__(self) -> int:
-        return hash(self._core.to_json())
-
-    def __reduce__(self) -> Any:
-        return (RdmaMetadata.from_json, (self._core.to_json(),))
-
-    def __repr__(self) -> str:
-        # Never the token, nor the addresses.
-        return (
-            f"RdmaMetadata(operation_kind={self.operation_kind}, worker_id={self.worker_id!r}, "
-            f"hostname={self.hostname!r}, descriptors={len(self._core.descriptors)}, "
-            f"total_size={self.total_size})"
-        )
 
 
 class _Operation:
@@ -322,7 +202,7 @@ class ReadOperation(_Operation):
         """The local descriptors, which hold the data once the read is
         complete (``RuntimeError`` before)."""
         if self.status != OperationStatus.COMPLETE:
-            raise RuntimeError(f"the read is {self.status}, not COMPLETE: no results yet")
+            raise RuntimeError(f"the read is {self.status.name}, not COMPLETE: no results yet")
         return list(self._descriptors)
 
 

@@ -1,14 +1,16 @@
-"""Enums, :class:`Device` and :class:`Descriptor`."""
+"""Enums, :class:`Device`, :class:`Descriptor` and :class:`SerializedDescriptor`."""
 
 from __future__ import annotations
 
 import ctypes
+import json
 import re
 import sys
 from enum import IntEnum
 from typing import Any, Dict, Optional, Tuple, Union
 
 from . import _ferry
+from ._pydantic import core_schema_for, json_schema_for
 
 __all__ = [
     "DeviceKind",
@@ -16,6 +18,7 @@ __all__ = [
     "OperationStatus",
     "Device",
     "Descriptor",
+    "SerializedDescriptor",
 ]
 
 
@@ -27,6 +30,9 @@ class DeviceKind(IntEnum):
     """System (CPU) memory."""
     CUDA = 2
     """CUDA device (GPU) memory."""
+    XPU = 3
+    """Intel XPU (Level Zero) device memory: it can be named and described,
+    but this version of Ferry refuses to move it."""
 
     def __str__(self) -> str:
         return _DEVICE_KIND_NAMES.get(self.value, "<invalid>")
@@ -34,8 +40,15 @@ class DeviceKind(IntEnum):
     def __format__(self, spec: str) -> str:
         return format(str(self), spec)
 
+    @property
+    def nixl_mem_type(self) -> str:
+        """NIXL's name for this kind of memory: ``"DRAM"`` for host memory,
+        ``"VRAM"`` otherwise (as in the reference). Ferry itself does not
+        use it."""
+        return "DRAM" if self is DeviceKind.HOST else "VRAM"
 
-_DEVICE_KIND_NAMES = {1: "cpu", 2: "cuda"}
+
+_DEVICE_KIND_NAMES = {1: "cpu", 2: "cuda", 3: "xpu"}
 
 
 class OperationKind(IntEnum):
@@ -46,14 +59,19 @@ class OperationKind(IntEnum):
     WRITE = 2
 
     def __str__(self) -> str:
-        return self.name
+        return "<invalid>" if self is OperationKind.UNSPECIFIED else self.name
 
     def __format__(self, spec: str) -> str:
         return format(str(self), spec)
 
 
 class OperationStatus(IntEnum):
-    """The state of an operation (the reference's six states and numbers)."""
+    """The state of an operation (the reference's six states and numbers).
+
+    ``str()`` gives the reference's short names: ``INIT``, ``PROC``,
+    ``DONE``, ``STOP``, ``ERR`` (and ``<invalid>`` for UNINITIALIZED);
+    ``.name`` gives the member's name.
+    """
 
     UNINITIALIZED = 0
     """Not set up yet."""
@@ -69,18 +87,53 @@ class OperationStatus(IntEnum):
     """Failed; waiting for it raises the cause."""
 
     def __str__(self) -> str:
-        return self.name
+        return _STATUS_NAMES.get(self.value, "<invalid>")
 
     def __format__(self, spec: str) -> str:
         return format(str(self), spec)
 
 
-class Device:
-    """Where memory lives: ``"cpu"``, ``"cuda"`` (= ``"cuda:0"``) or
-    ``"cuda:N"``, or a ``(DeviceKind, id)`` pair.
+_STATUS_NAMES = {1: "INIT", 2: "PROC", 3: "DONE", 4: "STOP", 5: "ERR"}
 
-    This version of Ferry moves host memory only; descriptors on a CUDA
-    device are refused (``ValueError``) when an operation is created.
+
+# What Device takes (after surrounding spaces are stripped, in any case):
+# the reference's names, each with an optional ":N".
+_DEVICE_STRING = re.compile(r"(cpu|host|cuda|gpu|xpu)(?:\s*:\s*([0-9]{1,9}))?")
+_DEVICE_NAME_KINDS = {
+    "cpu": DeviceKind.HOST,
+    "host": DeviceKind.HOST,
+    "cuda": DeviceKind.CUDA,
+    "gpu": DeviceKind.CUDA,
+    "xpu": DeviceKind.XPU,
+}
+_DEVICE_EXPECTED = "expected 'cpu' (or 'host'), 'cuda' or 'cuda:N' (or 'gpu:N'), or 'xpu:N'"
+
+
+def _parse_device(text: str) -> Tuple[DeviceKind, int]:
+    """``(kind, id)`` of a device string, read as the reference reads it
+    (any case, surrounding spaces, ``gpu`` for ``cuda``, ``host`` for
+    ``cpu``), without its leniency for trailing junk."""
+    m = _DEVICE_STRING.fullmatch(text.strip().lower())
+    if m is None:
+        raise ValueError(f"invalid device {text[:64]!r}: {_DEVICE_EXPECTED}")
+    kind = _DEVICE_NAME_KINDS[m.group(1)]
+    ident = int(m.group(2) or 0)
+    if kind == DeviceKind.HOST and ident != 0:
+        raise ValueError(
+            f"invalid device {text[:64]!r}: host memory has no device number "
+            "(expected 'cpu' or 'cpu:0')"
+        )
+    return kind, ident
+
+
+class Device:
+    """Where memory lives: a string such as ``"cpu"``, ``"cuda"`` (=
+    ``"cuda:0"``), ``"cuda:N"`` or ``"xpu:N"`` (any case, surrounding spaces
+    allowed; ``"host"`` and ``"gpu:N"`` are synonyms), or a
+    ``(DeviceKind, id)`` pair.
+
+    This version of Ferry moves host memory only; descriptors on a CUDA or
+    XPU device are refused (``ValueError``) when an operation is created.
     """
 
     __slots__ = ("_kind", "_id")
@@ -89,14 +142,15 @@ class Device:
         if type(metadata) is Device:
             kind, ident = metadata._kind, metadata._id
         elif isinstance(metadata, str):
-            k, ident = _ferry.parse_device(metadata)
-            kind = DeviceKind(k)
+            kind, ident = _parse_device(metadata)
         elif isinstance(metadata, tuple) and len(metadata) == 2:
             k, ident = metadata
             if not isinstance(k, int) or isinstance(k, bool):
                 raise TypeError(f"device kind must be a DeviceKind, not {type(k).__name__}")
-            if k not in (DeviceKind.HOST, DeviceKind.CUDA):
-                raise ValueError(f"device kind must be DeviceKind.HOST or DeviceKind.CUDA, not {k!r}")
+            if k not in (DeviceKind.HOST, DeviceKind.CUDA, DeviceKind.XPU):
+                raise ValueError(
+                    f"device kind must be DeviceKind.HOST, DeviceKind.CUDA or DeviceKind.XPU, not {k!r}"
+                )
             kind = DeviceKind(k)
             if not isinstance(ident, int) or isinstance(ident, bool):
                 raise TypeError(f"device id must be an int, not {type(ident).__name__}")
@@ -106,7 +160,7 @@ class Device:
                 raise ValueError(f"host memory has no device number (got {ident})")
         else:
             raise TypeError(
-                "Device takes 'cpu', 'cuda', 'cuda:N' or a (DeviceKind, id) pair, "
+                "Device takes 'cpu', 'cuda', 'cuda:N', 'xpu:N' or a (DeviceKind, id) pair, "
                 f"not {type(metadata).__name__}"
             )
         self._kind: DeviceKind = kind
@@ -123,7 +177,7 @@ class Device:
         return self._id
 
     def __str__(self) -> str:
-        return "cpu" if self._kind == DeviceKind.HOST else f"cuda:{self._id}"
+        return "cpu" if self._kind == DeviceKind.HOST else f"{self._kind}:{self._id}"
 
     def __repr__(self) -> str:
         return f"Device({str(self)!r})"
@@ -164,7 +218,7 @@ class Descriptor:
       buffers are read-only descriptors; a buffer must be contiguous, in C or
       Fortran order, and must not hold Python objects);
     - a ``torch.Tensor`` or ``torch.nn.Parameter`` (contiguous, dense, on
-      cpu or cuda), when ``torch`` has been imported;
+      cpu, cuda or xpu), when ``torch`` has been imported;
     - a tuple ``(array, device)``: any of the above and the
       :class:`Device` (or device string) it must be on; for a CUDA device,
       also an object with a ``__cuda_array_interface__`` (CuPy, Numba...);
@@ -195,7 +249,7 @@ class Descriptor:
     and size an operation uses.
     """
 
-    __slots__ = ("_ptr", "_size", "_device", "_readonly", "_ref", "_raw")
+    __slots__ = ("_ptr", "_size", "_device", "_readonly", "_ref", "_core_args")
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         raise TypeError(
@@ -222,7 +276,19 @@ class Descriptor:
         self._readonly: bool = readonly
         self._ref: Any = ref
         # What the compiled core takes.
-        self._raw = (ptr, size, str(device), not readonly, ref)
+        self._core_args = (ptr, size, str(device), not readonly, ref)
+
+    @property
+    def _raw(self) -> Tuple[int, int, str, bool, Any]:
+        """What the compiled core takes; memory it cannot move is refused
+        here, when an operation is created."""
+        if self._device.kind == DeviceKind.XPU:
+            raise ValueError(
+                f"a descriptor is on {self._device}: this version of Ferry moves host (cpu) "
+                "memory only, and XPU memory is not supported: copy the data to host memory "
+                "(e.g. tensor.cpu()) and describe that"
+            )
+        return self._core_args
 
     @property
     def ptr(self) -> int:
@@ -245,9 +311,166 @@ class Descriptor:
         such a descriptor cannot receive data."""
         return self._readonly
 
+    @property
+    def metadata(self) -> SerializedDescriptor:
+        """The descriptor's address, size and device as a
+        :class:`SerializedDescriptor` (as the reference has it). It does not
+        keep the memory alive."""
+        return SerializedDescriptor(device=str(self._device), ptr=self._ptr, size=self._size)
+
+    @staticmethod
+    def from_serialized(serialized: SerializedDescriptor) -> Descriptor:
+        """``serialized.to_descriptor()``: raw memory, the caller's promise
+        (see :meth:`SerializedDescriptor.to_descriptor`)."""
+        if type(serialized) is not SerializedDescriptor:
+            raise TypeError(
+                f"from_serialized takes a ferry.SerializedDescriptor, not {type(serialized).__name__}"
+            )
+        return serialized.to_descriptor()
+
     def __repr__(self) -> str:
         ro = ", readonly" if self._readonly else ""
         return f"Descriptor(ptr={self._ptr:#x}, size={self._size}, device={self._device}{ro})"
+
+
+class SerializedDescriptor:
+    """One descriptor's device, address and size, as the reference's
+    ``SerializedDescriptor`` (a frozen pydantic model there; a plain frozen
+    class here, usable as a field of a pydantic v2 model all the same).
+
+    Fields, keyword only: ``device`` (a string such as ``"cpu"`` or
+    ``"cuda:0"``, kept stripped and lower-cased), ``ptr`` (an address) and
+    ``size`` (bytes). A null ``ptr`` is refused when ``size`` is not 0.
+
+    Ferry's :class:`RdmaMetadata` carries no addresses (a remote's address
+    is of no use to this process); a ``SerializedDescriptor`` describes
+    local memory, e.g. :attr:`Descriptor.metadata`.
+    """
+
+    __slots__ = ("_device", "_ptr", "_size")
+
+    def __init__(self, *, device: str = "cpu", ptr: int = 0, size: int = 0) -> None:
+        if not isinstance(device, str):
+            raise TypeError(f"device must be a str such as 'cpu' or 'cuda:0', not {type(device).__name__}")
+        device = device.strip().lower()
+        _parse_device(device)
+        p, n = _int_arg(ptr), _int_arg(size)
+        if p is None:
+            raise TypeError(f"ptr must be an int, not {type(ptr).__name__}")
+        if n is None:
+            raise TypeError(f"size must be an int, not {type(size).__name__}")
+        if not 0 <= p < 1 << 64:
+            raise ValueError(f"ptr {p} is not an address")
+        if not 0 <= n < 1 << 64:
+            raise ValueError(f"size must be >= 0 (got {n})")
+        if p == 0 and n > 0:
+            raise ValueError("ptr cannot be zero (null) for a non-empty descriptor")
+        self._device: str = device
+        self._ptr: int = p
+        self._size: int = n
+
+    @property
+    def device(self) -> str:
+        """The device, e.g. ``"cpu"`` or ``"cuda:0"``."""
+        return self._device
+
+    @property
+    def ptr(self) -> int:
+        """The address of the first byte."""
+        return self._ptr
+
+    @property
+    def size(self) -> int:
+        """The length in bytes."""
+        return self._size
+
+    def to_descriptor(self) -> Descriptor:
+        """A :class:`Descriptor` of this memory: the raw
+        ``(ptr, size, device, None)`` form, the caller's promise that the
+        memory is this process's and stays valid (nothing keeps it alive)."""
+        return Descriptor((self._ptr, self._size, self._device, None))
+
+    # ---- pydantic's names ----
+
+    def model_dump(self, *, mode: str = "python") -> Dict[str, Any]:
+        """``{"device": ..., "ptr": ..., "size": ...}``."""
+        _check_mode(mode)
+        return {"device": self._device, "ptr": self._ptr, "size": self._size}
+
+    def model_dump_json(self, *, indent: Optional[int] = None) -> str:
+        """:meth:`model_dump` as JSON."""
+        return json.dumps(self.model_dump(), indent=indent)
+
+    @classmethod
+    def model_validate(cls, obj: Any) -> SerializedDescriptor:
+        """From a ``SerializedDescriptor`` or the dict :meth:`model_dump`
+        gives (unknown keys are refused)."""
+        if isinstance(obj, SerializedDescriptor):
+            return obj
+        if not isinstance(obj, dict):
+            raise TypeError(f"model_validate takes a dict, not {type(obj).__name__}")
+        unknown = sorted(str(k) for k in obj if k not in ("device", "ptr", "size"))
+        if unknown:
+            raise ValueError(
+                f"SerializedDescriptor has no field {', '.join(map(repr, unknown))}: "
+                "its fields are device, ptr and size"
+            )
+        return cls(**obj)
+
+    @classmethod
+    def model_validate_json(cls, json_data: Union[str, bytes, bytearray]) -> SerializedDescriptor:
+        """From the JSON :meth:`model_dump_json` gives."""
+        try:
+            obj = json.loads(json_data)
+        except ValueError as e:
+            raise ValueError(f"not valid SerializedDescriptor JSON: {e}") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"SerializedDescriptor JSON must be an object, not {type(obj).__name__}")
+        return cls.model_validate(obj)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        return core_schema_for(cls, cls.model_validate, cls.model_dump)
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: Any, handler: Any) -> Dict[str, Any]:
+        return json_schema_for(
+            cls,
+            schema,
+            handler,
+            {
+                "properties": {
+                    "device": {"type": "string", "default": "cpu"},
+                    "ptr": {"type": "integer", "default": 0},
+                    "size": {"type": "integer", "default": 0},
+                },
+                "additionalProperties": False,
+            },
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SerializedDescriptor):
+            return NotImplemented
+        return (self._device, self._ptr, self._size) == (other._device, other._ptr, other._size)
+
+    def __hash__(self) -> int:
+        return hash((SerializedDescriptor, self._device, self._ptr, self._size))
+
+    def __reduce__(self) -> Any:
+        return (_serialized_descriptor, (self._device, self._ptr, self._size))
+
+    def __repr__(self) -> str:
+        return f"SerializedDescriptor(device={self._device!r}, ptr={self._ptr}, size={self._size})"
+
+
+def _serialized_descriptor(device: str, ptr: int, size: int) -> SerializedDescriptor:
+    return SerializedDescriptor(device=device, ptr=ptr, size=size)
+
+
+def _check_mode(mode: str) -> None:
+    """pydantic's ``mode`` argument: the dict is made of JSON values either way."""
+    if mode not in ("python", "json"):
+        raise ValueError(f"mode must be 'python' or 'json', not {mode!r}")
 
 
 def _describe(data: Any) -> _Described:
@@ -370,9 +593,10 @@ def _tensor_device(d: Any) -> Device:
     """The :class:`Device` of a ``torch.device``."""
     if d.type == "cpu":
         return CPU
-    if d.type == "cuda":
-        return Device((DeviceKind.CUDA, 0 if d.index is None else int(d.index)))
-    raise ValueError(f"tensors on {d} are not supported: only cpu and cuda")
+    if d.type in ("cuda", "xpu"):
+        kind = DeviceKind.CUDA if d.type == "cuda" else DeviceKind.XPU
+        return Device((kind, 0 if d.index is None else int(d.index)))
+    raise ValueError(f"tensors on {d} are not supported: only cpu, cuda and xpu")
 
 
 # ---- CUDA arrays ----
