@@ -15,18 +15,24 @@ cancellation; waiting is event driven and releases the GIL.
 """
 
 from ._api import (
+    AbstractOperation,
+    ActiveOperation,
+    Connection,
     Connector,
     DescriptorInfo,
+    PassiveOperation,
     PendingOperation,
     RdmaMetadata,
     ReadableOperation,
     ReadOperation,
+    Remote,
     WritableOperation,
     WriteOperation,
 )
 from ._errors import (
     ConnectionLostError,
     FerryError,
+    InvalidWorkerIdError,
     OperationCancelledError,
     ProtocolError,
     RejectedError,
@@ -34,11 +40,15 @@ from ._errors import (
     ShutdownError,
     StaleMetadataError,
     UnreachableError,
+    WrongPairingError,
 )
 from ._ferry import __version__
 from ._types import Descriptor, Device, DeviceKind, OperationKind, OperationStatus
 
 __all__ = [
+    "AbstractOperation",
+    "ActiveOperation",
+    "Connection",
     "Connector",
     "Descriptor",
     "DescriptorInfo",
@@ -46,10 +56,12 @@ __all__ = [
     "DeviceKind",
     "OperationKind",
     "OperationStatus",
+    "PassiveOperation",
     "PendingOperation",
     "RdmaMetadata",
     "ReadOperation",
     "ReadableOperation",
+    "Remote",
     "WritableOperation",
     "WriteOperation",
     "FerryError",
@@ -61,5 +73,7 @@ __all__ = [
     "ProtocolError",
     "StaleMetadataError",
     "ShutdownError",
+    "WrongPairingError",
+    "InvalidWorkerIdError",
     "__version__",
 ]
