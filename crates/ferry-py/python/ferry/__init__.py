@@ -15,18 +15,24 @@ cancellation; waiting is event driven and releases the GIL.
 """
 
 from ._api import (
+    AbstractOperation,
+    ActiveOperation,
+    Connection,
     Connector,
     DescriptorInfo,
+    PassiveOperation,
     PendingOperation,
     RdmaMetadata,
     ReadableOperation,
     ReadOperation,
+    Remote,
     WritableOperation,
     WriteOperation,
 )
 from ._errors import (
     ConnectionLostError,
     FerryError,
+    InvalidWorkerIdError,
     OperationCancelledError,
     ProtocolError,
     RejectedError,
@@ -34,6 +40,7 @@ from ._errors import (
     ShutdownError,
     StaleMetadataError,
     UnreachableError,
+    WrongPairingError,
 )
 from ._ferry import __version__
 from ._metadata import ForeignMetadataError
@@ -41,6 +48,9 @@ from ._types import Descriptor, Device, DeviceKind, OperationKind, OperationStat
 from ._types import SerializedDescriptor
 
 __all__ = [
+    "AbstractOperation",
+    "ActiveOperation",
+    "Connection",
     "Connector",
     "Descriptor",
     "DescriptorInfo",
@@ -48,11 +58,13 @@ __all__ = [
     "DeviceKind",
     "OperationKind",
     "OperationStatus",
+    "PassiveOperation",
     "PendingOperation",
     "RdmaMetadata",
     "SerializedDescriptor",
     "ReadOperation",
     "ReadableOperation",
+    "Remote",
     "WritableOperation",
     "WriteOperation",
     "FerryError",
@@ -65,5 +77,7 @@ __all__ = [
     "StaleMetadataError",
     "ShutdownError",
     "ForeignMetadataError",
+    "WrongPairingError",
+    "InvalidWorkerIdError",
     "__version__",
 ]

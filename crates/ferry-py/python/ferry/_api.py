@@ -1,7 +1,9 @@
-"""Connector, RdmaMetadata and the four operations."""
+"""Connector, Connection, RdmaMetadata and the operations."""
 
 from __future__ import annotations
 
+import json
+import threading
 import weakref
 from typing import (
     Any,
@@ -12,6 +14,7 @@ from typing import (
     Generator,
     Generic,
     List,
+    NamedTuple,
     Optional,
     Sequence,
     Tuple,
@@ -21,13 +24,19 @@ from typing import (
 )
 
 from . import _ferry
+from ._errors import InvalidWorkerIdError, WrongPairingError
 from ._metadata import DescriptorInfo, RdmaMetadata
-from ._types import Descriptor, OperationKind, OperationStatus
+from ._types import Descriptor, Device, OperationKind, OperationStatus
 
 __all__ = [
     "Connector",
+    "Connection",
+    "Remote",
     "RdmaMetadata",
     "DescriptorInfo",
+    "AbstractOperation",
+    "ActiveOperation",
+    "PassiveOperation",
     "ReadableOperation",
     "WritableOperation",
     "ReadOperation",
@@ -37,61 +46,226 @@ __all__ = [
 
 _STATUSES = tuple(OperationStatus)
 
-_bridges: Any = weakref.WeakKeyDictionary()
+# ---- event loops ----
+#
+# A result of Ferry's runtime that is not ready at once reaches the event
+# loop awaiting it through that loop's Bridge: a socket pair the loop watches
+# (`add_reader`), so a result wakes the loop directly and no thread of ours
+# takes the GIL. Any loop that supports `add_reader` will do (asyncio's
+# selector loops, uvloop), in any thread, and a connector is bound to none:
+# it can be created outside any loop and used from several at once.
+#
+# One bridge per loop, found by the loop's id and checked by identity; the
+# loop is held weakly (strongly if it takes no weak reference), and a bridge
+# goes with its loop, or once the loop is closed.
+
+_bridges: Dict[int, Tuple[Callable[[], Any], _ferry.Bridge]] = {}
+_bridges_lock = threading.Lock()
 
 
 def _bridge_for(loop: Any) -> _ferry.Bridge:
-    """The mailbox through which results of Ferry's runtime reach `loop`
-    (called by the compiled core). The loop watches its descriptor, so a
-    result wakes the loop directly: no thread of ours takes the GIL."""
-    try:
-        return _bridges[loop]  # type: ignore[no-any-return]
-    except KeyError:
-        pass
-    except TypeError:  # a loop that takes no weak reference: kept for good
-        if id(loop) not in _bridges_kept:
-            _bridges_kept[id(loop)] = (loop, _new_bridge(loop))
-        return _bridges_kept[id(loop)][1]
-    bridge = _new_bridge(loop)
-    _bridges[loop] = bridge
-    return bridge
+    """The bridge of `loop`, made on first use (called by the compiled core,
+    on the loop's own thread, while it runs)."""
+    entry = _bridges.get(id(loop))
+    if entry is not None and entry[0]() is loop:
+        return entry[1]
+    with _bridges_lock:
+        entry = _bridges.get(id(loop))
+        if entry is not None and entry[0]() is loop:
+            return entry[1]
+        _forget_closed_loops()
+        bridge = _ferry.Bridge()
+        try:
+            loop.add_reader(bridge.fileno(), bridge.drain)
+        except NotImplementedError:
+            raise RuntimeError(
+                f"ferry needs an event loop that supports add_reader; {type(loop).__name__} "
+                "does not (use asyncio's default loop or uvloop)"
+            ) from None
+        key = id(loop)
+        held: Callable[[], Any]
+        try:
+            held = weakref.ref(loop, lambda r: _forget(key, r))
+        except TypeError:  # a loop that takes no weak reference: held until closed
+            held = lambda: loop  # noqa: E731
+        _bridges[key] = (held, bridge)
+        return bridge
 
 
-_bridges_kept: Dict[int, Tuple[Any, _ferry.Bridge]] = {}
+def _forget(key: int, held: Any) -> None:
+    # A weak reference's callback, run while the loop is freed (before its
+    # id can be reused): takes no lock, which the freeing thread may hold.
+    entry = _bridges.get(key)
+    if entry is not None and entry[0] is held:
+        _bridges.pop(key, None)
 
 
-def _new_bridge(loop: Any) -> _ferry.Bridge:
-    bridge = _ferry.Bridge()
-    loop.add_reader(bridge.fileno(), bridge.drain)
-    return bridge
+def _forget_closed_loops() -> None:
+    """Drops the bridges of loops that are closed (or gone); under the lock."""
+    for key, (held, _) in list(_bridges.items()):
+        loop = held()
+        if loop is None or loop.is_closed():
+            _forget(key, held)
 
 
 Descriptors = Union[Descriptor, Sequence[Descriptor]]
 
 
-class _Operation:
-    """What the four operations share."""
+class Connection:
+    """A connection of a :class:`Connector`, as the reference's operations
+    hold one: ``await connector._create_connection()`` returns a new one (so
+    does ``Connection(connector, number)``), and every operation has one
+    (its ``connection``).
 
-    __slots__ = ("_op", "_descriptors", "_connector", "__weakref__")
+    Ferry's connector pools its network connections itself, and exposes
+    memory per operation: a ``Connection`` holds no resource. It names the
+    connector (``name`` is ``"<worker id>-<number>"``) and is what a pooled
+    :class:`Descriptor` is registered with. Connections compare by identity.
+    """
+
+    def __init__(self, connector: Connector, number: int) -> None:
+        if not isinstance(connector, Connector):
+            raise TypeError(f"connector must be a ferry.Connector, not {type(connector).__name__}")
+        if not isinstance(number, int) or isinstance(number, bool):
+            raise TypeError(f"number must be an int, not {type(number).__name__}")
+        if number <= 0:
+            raise ValueError(f"number must be greater than 0 (got {number})")
+        self._connector = connector
+        self._number = int(number)
+        self._name = f"{connector.name}-{self._number}"
+        self._is_initialized = False
+
+    @property
+    def connector(self) -> Connector:
+        """The connector of this connection."""
+        return self._connector
+
+    @property
+    def name(self) -> str:
+        """``"<worker id>-<number>"``."""
+        return self._name
+
+    @property
+    def metadata(self) -> bytes:
+        """What identifies the connector to a remote (JSON): worker id,
+        host name and address. Ferry's operations carry this in their
+        :class:`RdmaMetadata`; nothing needs to send it apart."""
+        c = self._connector
+        return json.dumps(
+            {"worker_id": c.name, "hostname": c.hostname, "address": c.address}
+        ).encode()
+
+    async def initialize(self) -> None:
+        """Nothing to do: a connection is ready when created (kept for the
+        reference's callers)."""
+        self._is_initialized = True
+
+    def __repr__(self) -> str:
+        return f"Connection(is_initialized={self._is_initialized}, name={self._name!r})"
+
+    def __str__(self) -> str:
+        return self._name
+
+
+class Remote:
+    """The remote worker of a :class:`ReadOperation` or
+    :class:`WriteOperation` (its ``remote``), as the reference names it:
+    ``name`` is the remote's worker id.
+
+    `remote` is the :class:`RdmaMetadata` the operation was started with,
+    or the remote worker's id. It holds nothing: leaving its ``with`` block,
+    or ``_release()``, does nothing.
+    """
+
+    def __init__(self, connection: Connection, remote: Union[RdmaMetadata, str, bytes]) -> None:
+        if not isinstance(connection, Connection):
+            raise TypeError(f"connection must be a ferry.Connection, not {type(connection).__name__}")
+        if isinstance(remote, RdmaMetadata):
+            name = remote.worker_id
+        elif isinstance(remote, (str, bytes)):
+            if len(remote) == 0:
+                raise ValueError("the remote's name must not be empty")
+            name = remote if isinstance(remote, str) else remote.decode("utf-8", "replace")
+        else:
+            raise TypeError(
+                f"remote must be a ferry.RdmaMetadata or a worker id, not {type(remote).__name__}"
+            )
+        self._connection = connection
+        self._name = name
+
+    @property
+    def connection(self) -> Connection:
+        """The local connection the remote is used through."""
+        return self._connection
+
+    @property
+    def name(self) -> str:
+        """The remote worker's id."""
+        return self._name
+
+    def _release(self) -> None:
+        """Nothing to release (the reference forgets the remote's NIXL agent
+        here; callers may replace this method)."""
+
+    def __enter__(self) -> Remote:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._release()
+
+    def __repr__(self) -> str:
+        return f"Remote(name={self._name}, connection={self._connection.name})"
+
+    def __str__(self) -> str:
+        return self._name
+
+
+class AbstractOperation:
+    """What every operation is: a :class:`ReadableOperation` or
+    :class:`WritableOperation` (both :class:`PassiveOperation`), or a
+    :class:`ReadOperation` or :class:`WriteOperation` (both
+    :class:`ActiveOperation`). Only these four are created."""
+
+    __slots__ = ("_op", "_descriptors", "_connector", "_connection", "__weakref__")
     _kind: ClassVar[OperationKind]
 
     _op: _ferry.Operation
     _descriptors: List[Descriptor]
     _connector: Connector
+    _connection: Optional[Connection]
 
-    def __init__(self) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError(
-            f"{type(self).__name__} is created by a Connector "
+            f"{type(self).__name__} is abstract: a Connector creates operations "
             "(create_readable, create_writable, begin_read, begin_write)"
         )
 
     @classmethod
-    def _new(cls: Type[_Op], op: _ferry.Operation, descriptors: List[Descriptor], connector: Connector) -> _Op:
+    def _new(
+        cls: Type[_Op],
+        op: _ferry.Operation,
+        descriptors: List[Descriptor],
+        connector: Connector,
+        connection: Optional[Connection] = None,
+    ) -> _Op:
         self = cls.__new__(cls)
         self._op = op
         self._descriptors = descriptors
         self._connector = connector
+        self._connection = connection
         return self
+
+    def _setup(
+        self,
+        op: _ferry.Operation,
+        descriptors: List[Descriptor],
+        connector: Connector,
+        connection: Optional[Connection],
+    ) -> None:
+        self._op = op
+        self._descriptors = descriptors
+        self._connector = connector
+        self._connection = connection
 
     @property
     def status(self) -> OperationStatus:
@@ -109,15 +283,29 @@ class _Operation:
         return self._connector
 
     @property
+    def connection(self) -> Connection:
+        """The operation's :class:`Connection`: what the connector's
+        ``_create_connection()`` returned for it. A subclass's override is
+        asked when the operation starts; :class:`Connector`'s own makes a new
+        connection, numbered on, when this is first read."""
+        conn = self._connection
+        if conn is None:
+            c = self._connector
+            conn = c._connection_now() if c._overrides_connection() else c._new_connection()
+            self._connection = conn
+        return conn
+
+    @property
     def transport(self) -> Optional[str]:
         """The transport carrying the bytes (``"local"``, ``"cma"`` or ``"tcp"``), once known."""
         return self._op.transport()
 
     async def wait_for_completion(self, timeout: Optional[float] = None) -> None:
         """Waits until the operation ends. Returns when it completed; raises
-        the cause otherwise: a :class:`FerryError` subclass when it failed or
-        was cancelled (by either side), ``TimeoutError`` after `timeout`
-        seconds (the operation goes on; cancel it to stop it).
+        the cause otherwise: a :class:`FerryError` subclass (a
+        ``RuntimeError``) when it failed or was cancelled (by either side),
+        ``TimeoutError`` after `timeout` seconds (the operation goes on;
+        cancel it to stop it).
 
         Woken by the operation's own notification, never by polling; the
         GIL is not held while waiting.
@@ -145,13 +333,17 @@ class _Operation:
 
     def __repr__(self) -> str:
         sizes = [d.size for d in self._descriptors]
-        return f"{type(self).__name__}(status={self.status}, descriptors={sizes})"
+        return f"{type(self).__name__}(status={self.status.name}, descriptors={sizes})"
 
 
-_Op = TypeVar("_Op", bound=_Operation)
+_Op = TypeVar("_Op", bound=AbstractOperation)
+_Operation = AbstractOperation  # its former name
 
 
-class _Passive(_Operation):
+class PassiveOperation(AbstractOperation):
+    """A :class:`ReadableOperation` or :class:`WritableOperation`: local
+    memory exposed to one remote worker, which the ``metadata()`` describes."""
+
     __slots__ = ("_metadata",)
 
     def metadata(self, hex_encode: bool = False) -> RdmaMetadata:
@@ -166,37 +358,128 @@ class _Passive(_Operation):
             return self._metadata
 
 
-class ReadableOperation(_Passive):
+_Passive = PassiveOperation  # its former name
+
+
+class ActiveOperation(AbstractOperation):
+    """A :class:`ReadOperation` or :class:`WriteOperation`: moves bytes from
+    or into a remote worker's passive operation, described by the
+    :class:`RdmaMetadata` it was started with (its ``remote``)."""
+
+    __slots__ = ("_remote_metadata", "_remote")
+
+    _remote_metadata: RdmaMetadata
+    _remote: Optional[Remote]
+
+    def _setup_active(
+        self,
+        op: _ferry.Operation,
+        descriptors: List[Descriptor],
+        connector: Connector,
+        connection: Optional[Connection],
+        remote_metadata: RdmaMetadata,
+    ) -> None:
+        self._setup(op, descriptors, connector, connection)
+        self._remote_metadata = remote_metadata
+        self._remote = None
+
+    @property
+    def remote(self) -> Remote:
+        """The remote worker (its ``name`` is the remote's worker id)."""
+        remote = self._remote
+        if remote is None:
+            remote = self._remote = Remote(self.connection, self._remote_metadata)
+        return remote
+
+
+_Act = TypeVar("_Act", bound=ActiveOperation)
+
+
+def _new_active(
+    cls: Type[_Act],
+    op: _ferry.Operation,
+    descriptors: List[Descriptor],
+    connector: Connector,
+    connection: Optional[Connection],
+    remote_metadata: RdmaMetadata,
+) -> _Act:
+    self = cls.__new__(cls)
+    self._op = op
+    self._descriptors = descriptors
+    self._connector = connector
+    self._connection = connection
+    self._remote_metadata = remote_metadata
+    self._remote = None
+    return self
+
+
+
+class ReadableOperation(PassiveOperation):
     """Passive: local memory that one remote worker may read, once, with a
     :class:`ReadOperation`. Completes when the remote has every byte.
 
     Leaving its ``with`` block (or dropping it) before it completed cancels
     it and withdraws the memory.
+
+    Usually created by ``connector.create_readable(descriptors)``; also, as
+    in the reference, by ``ReadableOperation(connection, descriptors)``.
     """
 
     __slots__ = ()
     _kind = OperationKind.READ
 
+    def __init__(self, connection: Union[Connection, Connector], local_descriptors: Descriptors) -> None:
+        conn, connector = _connection_of(connection)
+        descs = _descriptor_list(local_descriptors, "local_descriptors")
+        core = connector._core.create_readable([d._raw for d in descs])
+        self._setup(core, descs, connector, conn)
 
-class WritableOperation(_Passive):
+
+class WritableOperation(PassiveOperation):
     """Passive: local memory that one remote worker may write, once, with a
     :class:`WriteOperation`. Completes when every byte has landed.
 
     Leaving its ``with`` block (or dropping it) before it completed cancels
     it and withdraws the memory.
+
+    Usually created by ``connector.create_writable(descriptors)``; also, as
+    in the reference, by ``WritableOperation(connection, descriptors)``.
     """
 
     __slots__ = ()
     _kind = OperationKind.WRITE
 
+    def __init__(self, connection: Union[Connection, Connector], local_descriptors: Descriptors) -> None:
+        conn, connector = _connection_of(connection)
+        descs = _descriptor_list(local_descriptors, "local_descriptors")
+        _check_writable(descs, "WritableOperation")
+        core = connector._core.create_writable([d._raw for d in descs])
+        self._setup(core, descs, connector, conn)
 
-class ReadOperation(_Operation):
+
+class ReadOperation(ActiveOperation):
     """Active: reads a remote :class:`ReadableOperation` into local
     descriptors. Starts at once; leaving its ``with`` block (or dropping it)
-    before it completed cancels it."""
+    before it completed cancels it.
+
+    Usually started by ``await connector.begin_read(metadata, descriptors)``;
+    also, as in the reference, by ``ReadOperation(connection, metadata,
+    descriptors)``, which blocks (without the GIL) while it connects: prefer
+    the connector's method inside an event loop."""
 
     __slots__ = ()
     _kind = OperationKind.READ
+
+    def __init__(
+        self,
+        connection: Union[Connection, Connector],
+        remote_metadata: RdmaMetadata,
+        local_descriptors: Descriptors,
+    ) -> None:
+        conn, connector = _connection_of(connection)
+        meta, descs = _read_args(remote_metadata, local_descriptors)
+        core = connector._core.begin_read_blocking(meta._core, [d._raw for d in descs])
+        self._setup_active(core, descs, connector, conn, meta)
 
     def results(self) -> List[Descriptor]:
         """The local descriptors, which hold the data once the read is
@@ -206,16 +489,32 @@ class ReadOperation(_Operation):
         return list(self._descriptors)
 
 
-class WriteOperation(_Operation):
+class WriteOperation(ActiveOperation):
     """Active: writes local descriptors into a remote
     :class:`WritableOperation`. Starts at once; leaving its ``with`` block
-    (or dropping it) before it completed cancels it."""
+    (or dropping it) before it completed cancels it.
+
+    Usually started by ``await connector.begin_write(descriptors, metadata)``;
+    also, as in the reference, by ``WriteOperation(connection, descriptors,
+    metadata)``, which blocks (without the GIL) while it connects: prefer the
+    connector's method inside an event loop."""
 
     __slots__ = ()
     _kind = OperationKind.WRITE
 
+    def __init__(
+        self,
+        connection: Union[Connection, Connector],
+        local_descriptors: Descriptors,
+        remote_metadata: RdmaMetadata,
+    ) -> None:
+        conn, connector = _connection_of(connection)
+        descs, meta = _write_args(local_descriptors, remote_metadata)
+        core = connector._core.begin_write_blocking([d._raw for d in descs], meta._core)
+        self._setup_active(core, descs, connector, conn, meta)
 
-T = TypeVar("T", bound=_Operation)
+
+T = TypeVar("T", bound=AbstractOperation)
 
 
 class PendingOperation(Generic[T]):
@@ -227,15 +526,17 @@ class PendingOperation(Generic[T]):
     It starts the operation once; nothing happens until then.
     """
 
-    __slots__ = ("_begin", "_begin_blocking", "_wrap", "_op", "_started")
+    __slots__ = ("_connector", "_begin", "_begin_blocking", "_wrap", "_op", "_started")
 
     def __init__(
         self,
+        connector: Connector,
         begin: Optional[Callable[[], Awaitable[_ferry.Operation]]],
         begin_blocking: Callable[[], _ferry.Operation],
-        wrap: Callable[[_ferry.Operation], T],
+        wrap: Callable[[_ferry.Operation, Optional[Connection]], T],
     ) -> None:
         # `begin` is None when starting never waits (readables, writables).
+        self._connector = connector
         self._begin = begin
         self._begin_blocking = begin_blocking
         self._wrap = wrap
@@ -249,14 +550,24 @@ class PendingOperation(Generic[T]):
 
     def __await__(self) -> Generator[Any, None, T]:
         self._claim()
+        connection = None
+        if self._connector._overrides_connection():
+            # As the reference does: a subclass's connection, asked for
+            # before each operation.
+            connection = _connection_result(
+                (yield from self._connector._create_connection().__await__())
+            )
         if self._begin is None:
-            return self._wrap(self._begin_blocking())
+            return self._wrap(self._begin_blocking(), connection)
         core = yield from self._begin().__await__()
-        return self._wrap(core)
+        return self._wrap(core, connection)
 
     def __enter__(self) -> T:
         self._claim()
-        self._op = self._wrap(self._begin_blocking())
+        connection = None
+        if self._connector._overrides_connection():
+            connection = self._connector._connection_now()
+        self._op = self._wrap(self._begin_blocking(), connection)
         return self._op
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -310,6 +621,69 @@ def _metadata_arg(value: Any) -> RdmaMetadata:
     return value
 
 
+_READ, _WRITE = int(OperationKind.READ), int(OperationKind.WRITE)
+_ACTIVE_NAMES = {_READ: "ReadOperation", _WRITE: "WriteOperation"}
+_PASSIVE_NAMES = {_READ: "ReadableOperation", _WRITE: "WritableOperation"}
+
+
+def _check_pairing(meta: RdmaMetadata, active: int) -> None:
+    """A :class:`WrongPairingError` unless `meta` is of the passive operation
+    that an `active` operation (1 READ, 2 WRITE) pairs with: the core's
+    check and message, with a class that is also the reference's
+    RuntimeError."""
+    found = meta.operation_kind
+    if found != active:
+        found_name = _PASSIVE_NAMES.get(int(found), f"operation of kind {found}")
+        raise WrongPairingError(
+            f"a {_ACTIVE_NAMES[active]} needs the metadata of a {_PASSIVE_NAMES[active]}, "
+            f"but this metadata comes from a {found_name}: "
+            "pair READ with READABLE and WRITE with WRITABLE"
+        )
+
+
+def _read_args(remote_metadata: Any, local_descriptors: Any) -> Tuple[RdmaMetadata, List[Descriptor]]:
+    # The two arguments may come the other way round.
+    if isinstance(local_descriptors, RdmaMetadata) and not isinstance(remote_metadata, RdmaMetadata):
+        remote_metadata, local_descriptors = local_descriptors, remote_metadata
+    meta = _metadata_arg(remote_metadata)
+    descs = _descriptor_list(local_descriptors, "local_descriptors")
+    _check_pairing(meta, _READ)
+    _check_writable(descs, "ReadOperation")
+    return meta, descs
+
+
+def _write_args(local_descriptors: Any, remote_metadata: Any) -> Tuple[List[Descriptor], RdmaMetadata]:
+    # The two arguments may come the other way round.
+    if isinstance(local_descriptors, RdmaMetadata) and not isinstance(remote_metadata, RdmaMetadata):
+        remote_metadata, local_descriptors = local_descriptors, remote_metadata
+    meta = _metadata_arg(remote_metadata)
+    descs = _descriptor_list(local_descriptors, "local_descriptors")
+    _check_pairing(meta, _WRITE)
+    return descs, meta
+
+
+def _connection_of(value: Any) -> Tuple[Optional[Connection], Connector]:
+    """`(connection, connector)` of an operation created directly: from a
+    :class:`Connection`, or from a :class:`Connector` (the reference's
+    older form)."""
+    if isinstance(value, Connection):
+        return value, value.connector
+    if isinstance(value, Connector):
+        return None, value
+    raise TypeError(f"connection must be a ferry.Connection, not {type(value).__name__}")
+
+
+def _connection_result(value: Any) -> Connection:
+    if not isinstance(value, Connection):
+        raise TypeError(
+            f"_create_connection() must return a ferry.Connection, not {type(value).__name__}"
+        )
+    return value
+
+
+_count_lock = threading.Lock()
+
+
 class Connector:
     """One worker's entry point to Ferry: creates the four operations, owns
     the listener, the pooled connections to remote workers and the table of
@@ -319,18 +693,27 @@ class Connector:
     ``"0.0.0.0:0"``: every interface, an ephemeral port) is where remote
     workers connect; the metadata carries this host's addresses.
 
+    A connector belongs to no event loop: it can be created outside any,
+    then used from several loops (asyncio's, uvloop) and threads at once.
+    Connectors compare (and hash) by worker id.
+
     Operations keep their connector alive. When the connector is dropped
     with nothing else holding it, it shuts down.
     """
 
-    __slots__ = ("_core", "__weakref__")
+    __slots__ = ("_core", "_connection_count", "__weakref__")
 
     def __init__(self, worker_id: Optional[str] = None, *, listen: Optional[str] = None) -> None:
         if worker_id is not None and not isinstance(worker_id, str):
             raise TypeError(f"worker_id must be a str or None, not {type(worker_id).__name__}")
+        if worker_id == "":
+            raise InvalidWorkerIdError("worker_id must be a non-empty str or None")
         if listen is not None and not isinstance(listen, str):
             raise TypeError(f"listen must be a str such as '127.0.0.1:0', not {type(listen).__name__}")
         self._core = _ferry.Connector(worker_id, listen)
+        # How many connections `_create_connection` made (the reference's
+        # counter, which numbers them).
+        self._connection_count = 0
 
     @property
     def name(self) -> str:
@@ -353,8 +736,53 @@ class Connector:
         return self._core.local_address
 
     async def initialize(self) -> None:
-        """Nothing to do: a connector is ready when created. Kept for code
-        written against the reference."""
+        """Does nothing and returns None: a connector is ready when created.
+        Deprecated in the reference, which returns None there too (and warns
+        by no more than a debug log); kept for the code that calls it."""
+
+    async def _create_connection(self) -> Connection:
+        """A new :class:`Connection` of this connector, numbered from 1, as
+        the reference's operations each get one (and its descriptor pools
+        register with one). A subclass may override it (e.g. to return one
+        connection always): the operations then ask it for theirs."""
+        conn = self._new_connection()
+        await conn.initialize()
+        return conn
+
+    def _new_connection(self) -> Connection:
+        with _count_lock:
+            self._connection_count += 1
+            number = self._connection_count
+        conn = Connection(self, number)
+        conn._is_initialized = True  # what `initialize()` does
+        return conn
+
+    def _overrides_connection(self) -> bool:
+        return type(self)._create_connection is not Connector._create_connection
+
+    def _connection_now(self) -> Connection:
+        """What `_create_connection()` returns, run here without an event
+        loop (for `with connector.create_readable(...)`): a subclass's
+        override must then finish without waiting for anything."""
+        coro = self._create_connection()
+        try:
+            coro.send(None)
+        except StopIteration as done:
+            return _connection_result(done.value)
+        coro.close()
+        raise RuntimeError(
+            f"{type(self).__name__}._create_connection() waits for something, which an "
+            "operation started with a plain `with` cannot: await the operation "
+            "(`await connector.begin_read(...)`, or `async with`) instead"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Connector):
+            return NotImplemented
+        return self.name == other.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
 
     def create_readable(self, local_descriptors: Descriptors) -> PendingOperation[ReadableOperation]:
         """Exposes `local_descriptors` for one remote worker to read; hand it
@@ -374,17 +802,15 @@ class Connector:
     ) -> PendingOperation[ReadOperation]:
         """Starts reading the remote readable `remote_metadata` describes
         into `local_descriptors` (counts and sizes must match). The two
-        arguments may also come the other way round."""
-        if isinstance(local_descriptors, RdmaMetadata) and not isinstance(remote_metadata, RdmaMetadata):
-            remote_metadata, local_descriptors = local_descriptors, remote_metadata
-        meta = _metadata_arg(remote_metadata)
-        descs = _descriptor_list(local_descriptors, "local_descriptors")
-        _check_writable(descs, "ReadOperation")
+        arguments may also come the other way round. The metadata of a
+        writable is a :class:`WrongPairingError`."""
+        meta, descs = _read_args(remote_metadata, local_descriptors)
         raw = [d._raw for d in descs]
         return PendingOperation(
+            self,
             lambda: self._core.begin_read(meta._core, raw),
             lambda: self._core.begin_read_blocking(meta._core, raw),
-            lambda op: ReadOperation._new(op, descs, self),
+            lambda op, conn: _new_active(ReadOperation, op, descs, self, conn, meta),
         )
 
     def begin_write(
@@ -392,16 +818,15 @@ class Connector:
     ) -> PendingOperation[WriteOperation]:
         """Starts writing `local_descriptors` into the remote writable
         `remote_metadata` describes (counts and sizes must match). The two
-        arguments may also come the other way round."""
-        if isinstance(local_descriptors, RdmaMetadata) and not isinstance(remote_metadata, RdmaMetadata):
-            remote_metadata, local_descriptors = local_descriptors, remote_metadata
-        meta = _metadata_arg(remote_metadata)
-        descs = _descriptor_list(local_descriptors, "local_descriptors")
+        arguments may also come the other way round. The metadata of a
+        readable is a :class:`WrongPairingError`."""
+        descs, meta = _write_args(local_descriptors, remote_metadata)
         raw = [d._raw for d in descs]
         return PendingOperation(
+            self,
             lambda: self._core.begin_write(raw, meta._core),
             lambda: self._core.begin_write_blocking(raw, meta._core),
-            lambda op: WriteOperation._new(op, descs, self),
+            lambda op, conn: _new_active(WriteOperation, op, descs, self, conn, meta),
         )
 
     def _expose(
@@ -411,7 +836,9 @@ class Connector:
         create: Callable[[List[Any]], _ferry.Operation],
     ) -> PendingOperation[_Op]:
         raw = [d._raw for d in descs]
-        return PendingOperation(None, lambda: create(raw), lambda op: cls._new(op, descs, self))
+        return PendingOperation(
+            self, None, lambda: create(raw), lambda op, conn: cls._new(op, descs, self, conn)
+        )
 
     def _stats(self) -> Dict[str, int]:
         """Exposed operations and open connections (for tests)."""

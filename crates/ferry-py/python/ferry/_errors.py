@@ -5,6 +5,19 @@ unsupported device, bad metadata JSON) raises :class:`ValueError` or
 :class:`TypeError`; a deadline raises :class:`TimeoutError`. A transfer that
 failed raises a :class:`FerryError`: the subclass says what happened, the
 message says it in words (it is the Rust core's message).
+
+Where the reference (Dynamo's NIXL Connect) raises another built-in type
+for the same event, Ferry's class derives from both, so that an ``except``
+written for either catches it:
+
+- every :class:`FerryError` is a :class:`RuntimeError`: the reference's
+  ``wait_for_completion`` raises ``RuntimeError`` for a failed transfer, and
+  callers retry on it;
+- :class:`WrongPairingError` (the metadata of a writable given to a read, or
+  of a readable given to a write) is a :class:`ValueError` and a
+  :class:`RuntimeError`, the reference's type for it;
+- :class:`InvalidWorkerIdError` (an empty worker id) is a :class:`ValueError`
+  and a :class:`TypeError`, the reference's type for it.
 """
 
 from __future__ import annotations
@@ -19,12 +32,15 @@ __all__ = [
     "ProtocolError",
     "StaleMetadataError",
     "ShutdownError",
+    "WrongPairingError",
+    "InvalidWorkerIdError",
 ]
 
 
-class FerryError(Exception):
+class FerryError(RuntimeError):
     """A transfer did not happen: the remote failed, refused or cancelled, or
-    this side cancelled or shut down."""
+    this side cancelled or shut down. A :class:`RuntimeError`, as the
+    reference's failed transfers are."""
 
 
 class UnreachableError(FerryError, ConnectionError):
@@ -62,3 +78,14 @@ class StaleMetadataError(FerryError):
 
 class ShutdownError(FerryError):
     """The connector shut down while the operation was pending."""
+
+
+class WrongPairingError(ValueError, RuntimeError):
+    """A read was given the metadata of a writable, or a write the metadata
+    of a readable: pair READ with READABLE and WRITE with WRITABLE. Misuse,
+    so a :class:`ValueError`; also the reference's :class:`RuntimeError`."""
+
+
+class InvalidWorkerIdError(ValueError, TypeError):
+    """An empty worker id. A :class:`ValueError`, and the reference's
+    :class:`TypeError`."""

@@ -206,6 +206,18 @@ _Described = Tuple[int, int, Device, bool, Any]
 """``(ptr, size, device, readonly, ref)``."""
 
 
+# Connection is defined in _api, which imports this module: imported for the
+# type checker only, and at call time by the methods that need it.
+import threading  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
+
+if TYPE_CHECKING:
+    from ._api import Connection
+
+# Guards the check-then-set of register/deregister_with_connector.
+_registration_lock = threading.Lock()
+
+
 class Descriptor:
     """One contiguous buffer that an operation moves data from or into.
 
@@ -245,11 +257,29 @@ class Descriptor:
     or write the memory while an operation that uses it is in progress, and
     do not resize a tensor that a descriptor describes.
 
+    For code written against the reference, a descriptor also has
+    ``register_with_connector`` / ``deregister_with_connector`` /
+    ``is_registered`` (Ferry needs no registration: these only record the
+    :class:`Connection`, as descriptor pools expect), the ``metadata``
+    property and ``from_serialized``, and the private ``_data_size`` (which
+    may be lowered, and raised back, within the memory first described) and
+    ``_data_ref`` (the object described) that pooled receivers use.
+
     ``Descriptor`` cannot be subclassed: a subclass could change the address
     and size an operation uses.
     """
 
-    __slots__ = ("_ptr", "_size", "_device", "_readonly", "_ref", "_core_args")
+    __slots__ = (
+        "_ptr",
+        "_size",
+        "_device",
+        "_readonly",
+        "_ref",
+        "_core_args",
+        "_capacity",
+        "_obj",
+        "_connection",
+    )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         raise TypeError(
@@ -268,13 +298,21 @@ class Descriptor:
                 data._readonly,
                 data._ref,
             )
+            capacity, obj = data._capacity, data._obj
         else:
             ptr, size, device, readonly, ref = _describe(data)
+            capacity, obj = size, _described_object(data)
         self._ptr: int = ptr
         self._size: int = size
         self._device: Device = device
         self._readonly: bool = readonly
         self._ref: Any = ref
+        # How far `_data_size` may go: the memory first described, which
+        # `_ref` keeps alive.
+        self._capacity: int = capacity
+        # What the reference calls `_data_ref`: the object described.
+        self._obj: Any = obj
+        self._connection: Optional[Connection] = None
         # What the compiled core takes.
         self._core_args = (ptr, size, str(device), not readonly, ref)
 
@@ -328,9 +366,126 @@ class Descriptor:
             )
         return serialized.to_descriptor()
 
+    # ---- registration, as the reference's descriptor pools use it ----
+
+    @property
+    def is_registered(self) -> bool:
+        """Whether :meth:`register_with_connector` recorded a connection."""
+        return self._connection is not None
+
+    def register_with_connector(self, connection: Connection) -> None:
+        """Records `connection` (a :class:`Connection`, e.g. from
+        ``await connector._create_connection()``) as the one this descriptor
+        is registered with. Ferry exposes memory per operation and needs no
+        registration; this keeps the reference's rules for code that pools
+        descriptors: registering again with the same connection does
+        nothing, with another one is a ``RuntimeError`` (deregister first),
+        and a null pointer is a ``ValueError``."""
+        _connection_arg(connection)
+        if self._ptr == 0:
+            raise ValueError("cannot register a descriptor with a null pointer")
+        with _registration_lock:
+            current = self._connection
+            if current is None:
+                self._connection = connection
+                return
+        if current is not connection:
+            raise RuntimeError(
+                "a descriptor cannot be registered with more than one connection: it is "
+                f"registered with {current.name!r}, not {connection.name!r} "
+                "(deregister_with_connector it first)"
+            )
+
+    def deregister_with_connector(self, connection: Connection) -> None:
+        """Forgets the registration with `connection`. A ``RuntimeError`` if
+        the descriptor is not registered with that very connection (nor at
+        all), as in the reference."""
+        _connection_arg(connection)
+        with _registration_lock:
+            current = self._connection
+            if current is connection:
+                self._connection = None
+                return
+        raise RuntimeError(
+            "a descriptor can only be deregistered from the connection it was registered "
+            f"with: it is registered with {None if current is None else repr(current.name)}, "
+            f"not {connection.name!r}"
+        )
+
+    # ---- the reference's private fields that callers use ----
+
+    @property
+    def _data_ptr(self) -> int:
+        return self._ptr
+
+    @property
+    def _data_device(self) -> Device:
+        return self._device
+
+    @property
+    def _data_size(self) -> int:
+        """The size; pooled receivers lower it to use the start of a larger
+        buffer, and set it back afterwards. Only values from 0 to the size
+        first described are taken (``ValueError`` otherwise): the memory
+        beyond was never described. Operations take the size when created."""
+        return self._size
+
+    @_data_size.setter
+    def _data_size(self, size: int) -> None:
+        n = _int_arg(size)
+        if n is None:
+            raise TypeError(f"_data_size must be an int, not {type(size).__name__}")
+        if not 0 <= n <= self._capacity:
+            raise ValueError(
+                f"_data_size must be between 0 and {self._capacity}, the size of the memory "
+                f"this descriptor describes (got {n})"
+            )
+        self._size = n
+        self._core_args = (self._ptr, n, str(self._device), not self._readonly, self._ref)
+
+    @property
+    def _data_ref(self) -> Any:
+        """The object described: the tensor, array, bytes or buffer given,
+        or the ``ref`` of a raw ``(ptr, size, device, ref)`` tuple."""
+        return self._obj
+
+    @_data_ref.setter
+    def _data_ref(self, obj: Any) -> None:
+        # Changes what is reported only: neither the memory described nor
+        # what keeps it alive.
+        self._obj = obj
+
+    @_data_ref.deleter
+    def _data_ref(self) -> None:
+        self._obj = None
+
+    def __str__(self) -> str:
+        return f"ptr={hex(self._ptr)}, size={self._size}, device={self._device}"
+
     def __repr__(self) -> str:
         ro = ", readonly" if self._readonly else ""
-        return f"Descriptor(ptr={self._ptr:#x}, size={self._size}, device={self._device}{ro})"
+        return f"Descriptor({self}{ro})"
+
+
+def _described_object(data: Any) -> Any:
+    """What the reference keeps as a descriptor's ``_data_ref``: the array
+    of an ``(array, device)`` tuple, the ``ref`` of a raw tuple (or None),
+    else the object itself."""
+    if type(data) is tuple:
+        if 2 <= len(data) <= 4 and _int_arg(data[0]) is not None and _int_arg(data[1]) is not None:
+            return data[3] if len(data) == 4 else None
+        return data[0]
+    return data
+
+
+def _connection_arg(connection: Any) -> None:
+    from ._api import Connection
+
+    if not isinstance(connection, Connection):
+        raise TypeError(
+            f"connection must be a ferry.Connection (from `await connector._create_connection()` "
+            f"or Connection(connector, number)), not {type(connection).__name__}"
+        )
 
 
 class SerializedDescriptor:
