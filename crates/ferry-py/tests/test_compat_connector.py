@@ -212,7 +212,10 @@ def test_initialize_returns_none_without_warning():
         assert run(c.initialize()) is None  # as often as callers like
 
 
-def test_create_connection_returns_numbered_connections():
+def test_create_connection_returns_the_shared_connection():
+    """As the reference (1.6.1): one connection per connector, made and
+    initialized on the first call, the same object on every call, from any
+    loop or thread."""
     c = Connector("w", listen="127.0.0.1:0")
 
     async def main():
@@ -221,21 +224,26 @@ def test_create_connection_returns_numbered_connections():
         return first, second
 
     first, second = run(main())
-    assert isinstance(first, Connection) and isinstance(second, Connection)
-    assert (first.name, second.name, str(first)) == ("w-1", "w-2", "w-1")
-    assert first.connector is c and first is not second and first != second
+    assert isinstance(first, Connection)
+    assert (first.name, str(first)) == ("w-1", "w-1")
+    assert first.connector is c and first is second
     assert repr(first) == "Connection(is_initialized=True, name='w-1')"
     meta = first.metadata
     assert isinstance(meta, bytes) and b'"worker_id": "w"' in meta
     # The receivers' pattern: asyncio.run in a pool thread while a loop runs
     # here, or asyncio.run with no loop.
-    assert asyncio.run(c._create_connection()).name == "w-3"
+    assert asyncio.run(c._create_connection()) is first
 
     async def inside_a_loop():
         with concurrent.futures.ThreadPoolExecutor() as pool:
             return pool.submit(asyncio.run, c._create_connection()).result(timeout=10)
 
-    assert run(inside_a_loop()).name == "w-4"
+    assert run(inside_a_loop()) is first
+    # Many threads at once, on a new connector: still one connection.
+    d = Connector("v", listen="127.0.0.1:0")
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        got = list(pool.map(lambda _: asyncio.run(d._create_connection()), range(16)))
+    assert all(g is got[0] for g in got) and got[0].name == "v-1"
 
 
 def test_connection_arguments():
@@ -366,9 +374,10 @@ def test_registration_round_trip():
 
 
 def test_operations_leave_registration_alone():
-    """Ferry's operations need no registration and touch none: a pooled,
-    registered descriptor stays registered with its connection (the
-    reference deregisters it when an operation ends)."""
+    """Ferry's operations started by the connector need no registration and
+    touch none: a pooled descriptor, registered with the connector's shared
+    connection, stays registered (the reference deregisters it when an
+    operation ends)."""
     a, b = pair()
     conn = run(b._create_connection())
     dst = Descriptor(bytearray(16))
@@ -378,7 +387,7 @@ def test_operations_leave_registration_alone():
         async with a.create_readable(Descriptor(bytes(16))) as readable:
             async with b.begin_read(readable.metadata(), dst) as read:
                 await read.wait_for_completion()
-            assert read.connection is not conn  # a connection of its own
+            assert read.connection is conn  # the connector's shared one
 
     run(main())
     assert dst.is_registered

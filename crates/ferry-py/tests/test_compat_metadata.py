@@ -362,9 +362,17 @@ def test_serialized_descriptor():
     with pytest.raises(AttributeError):
         d.size = 1  # type: ignore[misc]
 
-    for bad in ({"device": "tpu"}, {"device": "cuda:x"}, {"ptr": 0, "size": 1}, {"ptr": 1, "size": -1}, {"ptr": -1}):
+    for bad in ({"device": "tpu"}, {"device": "cuda:x"}, {"ptr": 1, "size": -1}, {"ptr": -1}):
         with pytest.raises(ValueError):
             SerializedDescriptor(**bad)
+    # A null ptr with a size is accepted (Ferry's metadata carries no
+    # addresses: its descriptors' ptr is 0), but never becomes a Descriptor.
+    null = SerializedDescriptor(device="cpu", ptr=0, size=1)
+    assert (null.device, null.ptr, null.size) == ("cpu", 0, 1)
+    with pytest.raises(ValueError, match="null ptr"):
+        null.to_descriptor()
+    with pytest.raises(ValueError, match="null ptr"):
+        Descriptor.from_serialized(null)
     for bad_type in ({"device": 0}, {"ptr": "1"}, {"size": True}, {"extra": 1}):
         with pytest.raises(TypeError):
             SerializedDescriptor(**bad_type)

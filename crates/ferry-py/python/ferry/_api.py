@@ -113,14 +113,16 @@ Descriptors = Union[Descriptor, Sequence[Descriptor]]
 
 class Connection:
     """A connection of a :class:`Connector`, as the reference's operations
-    hold one: ``await connector._create_connection()`` returns a new one (so
-    does ``Connection(connector, number)``), and every operation has one
-    (its ``connection``).
+    hold one: ``await connector._create_connection()`` returns the
+    connector's one shared connection (``Connection(connector, number)``
+    makes another), and every operation has one (its ``connection``).
 
     Ferry's connector pools its network connections itself, and exposes
     memory per operation: a ``Connection`` holds no resource. It names the
-    connector (``name`` is ``"<worker id>-<number>"``) and is what a pooled
-    :class:`Descriptor` is registered with. Connections compare by identity.
+    connector (``name`` is ``"<worker id>-<number>"``), is what a
+    :class:`Descriptor` is registered with, and counts the references to
+    each :class:`Remote` (``acquire_remote_ref`` / ``release_remote_ref``).
+    Connections compare by identity.
     """
 
     def __init__(self, connector: Connector, number: int) -> None:
@@ -134,6 +136,9 @@ class Connection:
         self._number = int(number)
         self._name = f"{connector.name}-{self._number}"
         self._is_initialized = False
+        # How many Remotes hold each remote worker, by name.
+        self._remote_refs: Dict[str, int] = {}
+        self._remote_refs_lock = threading.Lock()
 
     @property
     def connector(self) -> Connector:
@@ -155,6 +160,25 @@ class Connection:
             {"worker_id": c.name, "hostname": c.hostname, "address": c.address}
         ).encode()
 
+    def acquire_remote_ref(self, name: str) -> None:
+        """Counts one more holder of the remote worker `name` (what a
+        :class:`Remote` does when created)."""
+        with self._remote_refs_lock:
+            self._remote_refs[name] = self._remote_refs.get(name, 0) + 1
+
+    def release_remote_ref(self, name: str) -> bool:
+        """Counts one holder of `name` less; True when that was the last one
+        (False also when `name` has no holder)."""
+        with self._remote_refs_lock:
+            count = self._remote_refs.get(name)
+            if count is None:
+                return False
+            if count <= 1:
+                del self._remote_refs[name]
+                return True
+            self._remote_refs[name] = count - 1
+            return False
+
     async def initialize(self) -> None:
         """Nothing to do: a connection is ready when created (kept for the
         reference's callers)."""
@@ -168,30 +192,28 @@ class Connection:
 
 
 class Remote:
-    """The remote worker of a :class:`ReadOperation` or
-    :class:`WriteOperation` (its ``remote``), as the reference names it:
-    ``name`` is the remote's worker id.
+    """A remote worker, as seen through a local :class:`Connection`, as the
+    reference names it: ``name`` is the remote's worker id. The remote of a
+    :class:`ReadOperation` or :class:`WriteOperation` is its ``remote``.
 
-    `remote` is the :class:`RdmaMetadata` the operation was started with,
-    or the remote worker's id. It holds nothing: leaving its ``with`` block,
-    or ``_release()``, does nothing.
+    `nixl_metadata` is what a remote's :class:`RdmaMetadata` carries there
+    (Ferry's metadata, JSON), that :class:`RdmaMetadata` itself, or the
+    remote worker's id. Each Remote counts as one holder of that worker on
+    the connection (``connection.acquire_remote_ref``) and lets go of it
+    once: leaving its ``with`` block, ``_release()`` or its destruction,
+    whichever comes first (from any thread). Ferry keeps nothing else per
+    remote.
     """
 
-    def __init__(self, connection: Connection, remote: Union[RdmaMetadata, str, bytes]) -> None:
+    def __init__(self, connection: Connection, nixl_metadata: Union[RdmaMetadata, str, bytes]) -> None:
         if not isinstance(connection, Connection):
             raise TypeError(f"connection must be a ferry.Connection, not {type(connection).__name__}")
-        if isinstance(remote, RdmaMetadata):
-            name = remote.worker_id
-        elif isinstance(remote, (str, bytes)):
-            if len(remote) == 0:
-                raise ValueError("the remote's name must not be empty")
-            name = remote if isinstance(remote, str) else remote.decode("utf-8", "replace")
-        else:
-            raise TypeError(
-                f"remote must be a ferry.RdmaMetadata or a worker id, not {type(remote).__name__}"
-            )
         self._connection = connection
-        self._name = name
+        self._name = _remote_name(nixl_metadata)
+        self._release_lock = threading.Lock()
+        self._released = False
+        connection.acquire_remote_ref(self._name)
+        self._acquired = True
 
     @property
     def connection(self) -> Connection:
@@ -204,13 +226,25 @@ class Remote:
         return self._name
 
     def _release(self) -> None:
-        """Nothing to release (the reference forgets the remote's NIXL agent
-        here; callers may replace this method)."""
+        """Lets go of the remote, once (the reference also forgets the
+        remote's NIXL agent when it was the last holder; callers may replace
+        this method)."""
+        if not getattr(self, "_acquired", False):
+            return  # __init__ did not finish
+        with self._release_lock:
+            if self._released:
+                return
+            self._released = True
+        self._connection.release_remote_ref(self._name)
+
+    def __del__(self) -> None:
+        if getattr(self, "_acquired", False):  # __init__ finished
+            self._release()
 
     def __enter__(self) -> Remote:
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         self._release()
 
     def __repr__(self) -> str:
@@ -220,19 +254,39 @@ class Remote:
         return self._name
 
 
+def _remote_name(value: Any) -> str:
+    """The worker id in a Remote's `nixl_metadata`."""
+    if isinstance(value, RdmaMetadata):
+        return value.worker_id
+    if not isinstance(value, (str, bytes)):
+        raise TypeError(
+            "nixl_metadata must be a str or bytes (an RdmaMetadata's nixl_metadata, or a worker "
+            f"id) or a ferry.RdmaMetadata, not {type(value).__name__}"
+        )
+    if len(value) == 0:
+        raise ValueError("nixl_metadata must not be empty")
+    text = value if isinstance(value, str) else value.decode("utf-8", "replace")
+    if text.lstrip().startswith("{"):
+        # Ferry's metadata, as RdmaMetadata.nixl_metadata gives it.
+        return RdmaMetadata(nixl_metadata=text).worker_id
+    return text
+
+
 class AbstractOperation:
     """What every operation is: a :class:`ReadableOperation` or
     :class:`WritableOperation` (both :class:`PassiveOperation`), or a
     :class:`ReadOperation` or :class:`WriteOperation` (both
     :class:`ActiveOperation`). Only these four are created."""
 
-    __slots__ = ("_op", "_descriptors", "_connector", "_connection", "__weakref__")
+    __slots__ = ("_op", "_descriptors", "_connector", "_connection", "_registrations", "__weakref__")
     _kind: ClassVar[OperationKind]
 
     _op: _ferry.Operation
     _descriptors: List[Descriptor]
     _connector: Connector
     _connection: Optional[Connection]
+    # The registrations an operation made from a Connection claimed.
+    _registrations: Optional[List[Tuple[Descriptor, object]]]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError(
@@ -253,6 +307,7 @@ class AbstractOperation:
         self._descriptors = descriptors
         self._connector = connector
         self._connection = connection
+        self._registrations = None
         return self
 
     def _setup(
@@ -261,11 +316,29 @@ class AbstractOperation:
         descriptors: List[Descriptor],
         connector: Connector,
         connection: Optional[Connection],
+        registrations: Optional[List[Tuple[Descriptor, object]]] = None,
     ) -> None:
         self._op = op
         self._descriptors = descriptors
         self._connector = connector
         self._connection = connection
+        self._registrations = registrations
+
+    def _release(self) -> None:
+        """Deregisters the local descriptors that an operation made from a
+        :class:`Connection` registered (or found registered) when created,
+        as the reference does when an operation ends; a registration made
+        since (by hand, or by a newer operation) is left alone. Once."""
+        regs = getattr(self, "_registrations", None)
+        if regs is None:
+            return
+        self._registrations = None
+        conn = self._connection
+        assert conn is not None
+        _release_registrations(conn, regs)
+
+    def __del__(self) -> None:
+        self._release()
 
     @property
     def status(self) -> OperationStatus:
@@ -284,14 +357,14 @@ class AbstractOperation:
 
     @property
     def connection(self) -> Connection:
-        """The operation's :class:`Connection`: what the connector's
-        ``_create_connection()`` returned for it. A subclass's override is
-        asked when the operation starts; :class:`Connector`'s own makes a new
-        connection, numbered on, when this is first read."""
+        """The operation's :class:`Connection`: the one it was made from, or
+        what the connector's ``_create_connection()`` returns: the
+        connector's shared connection (a subclass's override is asked when
+        the operation starts)."""
         conn = self._connection
         if conn is None:
             c = self._connector
-            conn = c._connection_now() if c._overrides_connection() else c._new_connection()
+            conn = c._connection_now() if c._overrides_connection() else c._shared_connection()
             self._connection = conn
         return conn
 
@@ -322,14 +395,16 @@ class AbstractOperation:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         # Cancels the operation if unfinished, withdraws what it exposes and
-        # lets go of its memory.
+        # lets go of its memory (and of its registrations).
         self._op.close()
+        self._release()
 
     async def __aenter__(self: _Op) -> _Op:
         return self
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self._op.close()
+        self._release()
 
     def __repr__(self) -> str:
         sizes = [d.size for d in self._descriptors]
@@ -378,10 +453,17 @@ class ActiveOperation(AbstractOperation):
         connector: Connector,
         connection: Optional[Connection],
         remote_metadata: RdmaMetadata,
+        registrations: Optional[List[Tuple[Descriptor, object]]] = None,
     ) -> None:
-        self._setup(op, descriptors, connector, connection)
+        self._setup(op, descriptors, connector, connection, registrations)
         self._remote_metadata = remote_metadata
         self._remote = None
+
+    def _release(self) -> None:
+        super()._release()
+        remote = getattr(self, "_remote", None)
+        if remote is not None:
+            remote._release()
 
     @property
     def remote(self) -> Remote:
@@ -408,9 +490,51 @@ def _new_active(
     self._descriptors = descriptors
     self._connector = connector
     self._connection = connection
+    self._registrations = None
     self._remote_metadata = remote_metadata
     self._remote = None
     return self
+
+
+def _claim_registrations(
+    connection: Optional[Connection], descs: List[Descriptor]
+) -> Optional[List[Tuple[Descriptor, object]]]:
+    """Registers `descs` with `connection` (an operation made from one), as
+    the reference's operations do; the registrations claimed, for
+    :meth:`AbstractOperation._release`. None for an operation made from a
+    Connector."""
+    if connection is None:
+        return None
+    claimed: List[Tuple[Descriptor, object]] = []
+    try:
+        for d in descs:
+            claimed.append((d, d._claim_registration(connection)))
+    except BaseException:
+        _release_registrations(connection, claimed)
+        raise
+    return claimed
+
+
+def _release_registrations(connection: Connection, regs: List[Tuple[Descriptor, object]]) -> None:
+    for d, token in regs:
+        d._release_registration(connection, token)
+
+
+def _created(
+    connection: Optional[Connection],
+    descs: List[Descriptor],
+    create: Callable[[List[Any]], _ferry.Operation],
+) -> Tuple[_ferry.Operation, Optional[List[Tuple[Descriptor, object]]]]:
+    """The core operation over `descs`, and the registrations claimed (an
+    operation made from a Connection); none are kept if it fails."""
+    raw = [d._raw for d in descs]
+    regs = _claim_registrations(connection, descs)
+    try:
+        return create(raw), regs
+    except BaseException:
+        if regs is not None and connection is not None:
+            _release_registrations(connection, regs)
+        raise
 
 
 
@@ -431,8 +555,8 @@ class ReadableOperation(PassiveOperation):
     def __init__(self, connection: Union[Connection, Connector], local_descriptors: Descriptors) -> None:
         conn, connector = _connection_of(connection)
         descs = _descriptor_list(local_descriptors, "local_descriptors")
-        core = connector._core.create_readable([d._raw for d in descs])
-        self._setup(core, descs, connector, conn)
+        core, regs = _created(conn, descs, connector._core.create_readable)
+        self._setup(core, descs, connector, conn, regs)
 
 
 class WritableOperation(PassiveOperation):
@@ -453,8 +577,8 @@ class WritableOperation(PassiveOperation):
         conn, connector = _connection_of(connection)
         descs = _descriptor_list(local_descriptors, "local_descriptors")
         _check_writable(descs, "WritableOperation")
-        core = connector._core.create_writable([d._raw for d in descs])
-        self._setup(core, descs, connector, conn)
+        core, regs = _created(conn, descs, connector._core.create_writable)
+        self._setup(core, descs, connector, conn, regs)
 
 
 class ReadOperation(ActiveOperation):
@@ -478,8 +602,8 @@ class ReadOperation(ActiveOperation):
     ) -> None:
         conn, connector = _connection_of(connection)
         meta, descs = _read_args(remote_metadata, local_descriptors)
-        core = connector._core.begin_read_blocking(meta._core, [d._raw for d in descs])
-        self._setup_active(core, descs, connector, conn, meta)
+        core, regs = _created(conn, descs, lambda raw: connector._core.begin_read_blocking(meta._core, raw))
+        self._setup_active(core, descs, connector, conn, meta, regs)
 
     def results(self) -> List[Descriptor]:
         """The local descriptors, which hold the data once the read is
@@ -510,8 +634,8 @@ class WriteOperation(ActiveOperation):
     ) -> None:
         conn, connector = _connection_of(connection)
         descs, meta = _write_args(local_descriptors, remote_metadata)
-        core = connector._core.begin_write_blocking([d._raw for d in descs], meta._core)
-        self._setup_active(core, descs, connector, conn, meta)
+        core, regs = _created(conn, descs, lambda raw: connector._core.begin_write_blocking(raw, meta._core))
+        self._setup_active(core, descs, connector, conn, meta, regs)
 
 
 T = TypeVar("T", bound=AbstractOperation)
@@ -701,7 +825,7 @@ class Connector:
     with nothing else holding it, it shuts down.
     """
 
-    __slots__ = ("_core", "_connection_count", "__weakref__")
+    __slots__ = ("_core", "_connection_count", "_connection", "__weakref__")
 
     def __init__(self, worker_id: Optional[str] = None, *, listen: Optional[str] = None) -> None:
         if worker_id is not None and not isinstance(worker_id, str):
@@ -712,8 +836,9 @@ class Connector:
             raise TypeError(f"listen must be a str such as '127.0.0.1:0', not {type(listen).__name__}")
         self._core = _ferry.Connector(worker_id, listen)
         # How many connections `_create_connection` made (the reference's
-        # counter, which numbers them).
+        # counter, which numbers them: one, shared, as in the reference).
         self._connection_count = 0
+        self._connection: Optional[Connection] = None
 
     @property
     def name(self) -> str:
@@ -741,20 +866,26 @@ class Connector:
         by no more than a debug log); kept for the code that calls it."""
 
     async def _create_connection(self) -> Connection:
-        """A new :class:`Connection` of this connector, numbered from 1, as
-        the reference's operations each get one (and its descriptor pools
-        register with one). A subclass may override it (e.g. to return one
-        connection always): the operations then ask it for theirs."""
-        conn = self._new_connection()
-        await conn.initialize()
-        return conn
+        """The connector's one shared :class:`Connection` (``"<worker
+        id>-1"``), made and initialized on the first call, as the
+        reference's operations get theirs (and its descriptor pools register
+        with it): the same object on every call, from any event loop or
+        thread. A subclass may override it: the operations then ask it for
+        theirs."""
+        return self._shared_connection()
 
-    def _new_connection(self) -> Connection:
+    def _shared_connection(self) -> Connection:
+        conn = self._connection
+        if conn is not None:
+            return conn
+        # A threading lock: callers come from several loops and threads.
         with _count_lock:
-            self._connection_count += 1
-            number = self._connection_count
-        conn = Connection(self, number)
-        conn._is_initialized = True  # what `initialize()` does
+            conn = self._connection
+            if conn is None:
+                self._connection_count += 1
+                conn = Connection(self, self._connection_count)
+                conn._is_initialized = True  # what `initialize()` does
+                self._connection = conn
         return conn
 
     def _overrides_connection(self) -> bool:

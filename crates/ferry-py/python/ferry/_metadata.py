@@ -20,10 +20,24 @@ class ForeignMetadataError(ValueError):
 
 
 class DescriptorInfo(NamedTuple):
-    """What metadata says about one remote descriptor."""
+    """What metadata says about one remote descriptor: its device and size.
+
+    Its :attr:`ptr` is always 0: Ferry's metadata carries no addresses (the
+    operation id and token in ``nixl_metadata`` authorize the transfer), and
+    a remote's address is of no use to this process. It is there for the
+    callers that rebuild metadata from its parts, as the reference's users
+    do: ``SerializedDescriptor(ptr=d.ptr, size=d.size, device=d.device)``
+    is accepted, and the rebuilt :class:`RdmaMetadata` ignores the ``ptr``.
+    The tuple is ``(device, size)``.
+    """
 
     device: Device
     size: int
+
+    @property
+    def ptr(self) -> int:
+        """0, always: Ferry does not share addresses (see the class)."""
+        return 0
 
 
 # The reference's fields (its RdmaMetadata is a pydantic model of these).
@@ -130,6 +144,24 @@ class RdmaMetadata:
             cls, schema, handler, {"description": "Ferry's RdmaMetadata (RdmaMetadata.model_dump())"}
         )
 
+    # ---- the reference's validator ----
+
+    @classmethod
+    def validate_operation_kind(cls, v: int) -> int:
+        """``v`` as a plain int if it is an :class:`OperationKind` an
+        operation can have (1 READ, 2 WRITE); else ``TypeError``, as the
+        reference raises. ``RdmaMetadata(operation_kind=...)`` checks it so,
+        then that it matches the metadata in ``nixl_metadata``."""
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise TypeError(f"operation_kind must be an int, not {type(v).__name__}")
+        kind = int.__index__(v)
+        if kind not in (OperationKind.READ, OperationKind.WRITE):
+            raise TypeError(
+                f"operation_kind must be an integer value of OperationKind: "
+                f"{int(OperationKind.READ)} (READ) or {int(OperationKind.WRITE)} (WRITE), not {kind}"
+            )
+        return kind
+
     # ---- what it describes ----
 
     @property
@@ -150,7 +182,7 @@ class RdmaMetadata:
     @property
     def descriptors(self) -> List[DescriptorInfo]:
         """Device and size of each exposed descriptor (no address: Ferry's
-        metadata carries none)."""
+        metadata carries none, so each one's ``ptr`` is 0)."""
         return [DescriptorInfo(Device(d), size) for d, size in self._core.descriptors]
 
     @property
@@ -249,8 +281,7 @@ def _core_from_reference(fields: Dict[str, Any]) -> _ferry.Metadata:
 
     kind = fields.get("operation_kind")
     if kind is not None:
-        if not isinstance(kind, int) or isinstance(kind, bool):
-            raise TypeError(f"operation_kind must be an int, not {type(kind).__name__}")
+        kind = RdmaMetadata.validate_operation_kind(kind)
         if kind != core.operation_kind:
             raise ValueError(
                 f"operation_kind {int(kind)} does not match the metadata in nixl_metadata, which is "

@@ -494,35 +494,67 @@ class SerializedDescriptor:
     class here, usable as a field of a pydantic v2 model all the same).
 
     Fields, keyword only: ``device`` (a string such as ``"cpu"`` or
-    ``"cuda:0"``, kept stripped and lower-cased), ``ptr`` (an address) and
-    ``size`` (bytes). A null ``ptr`` is refused when ``size`` is not 0.
+    ``"cuda:0"``, or a :class:`Device`; kept as a stripped, lower-cased
+    string), ``ptr`` (an address) and ``size`` (bytes). Each is checked by
+    the classmethod the reference names: :meth:`validate_device`,
+    :meth:`validate_ptr` and :meth:`validate_size`.
 
-    Ferry's :class:`RdmaMetadata` carries no addresses (a remote's address
-    is of no use to this process); a ``SerializedDescriptor`` describes
-    local memory, e.g. :attr:`Descriptor.metadata`.
+    A null ``ptr`` is accepted here, whatever the size: Ferry's
+    :class:`RdmaMetadata` carries no addresses (a remote's address is of no
+    use to this process; the capability in ``nixl_metadata`` authorizes the
+    transfer), so its descriptors' ``ptr`` is 0, and callers that rebuild
+    metadata from its parts (``SerializedDescriptor(ptr=d.ptr, size=d.size,
+    device=d.device)``) must be able to. :meth:`to_descriptor` is where the
+    address matters, and it refuses a null ``ptr`` when ``size`` is not 0.
+    A ``SerializedDescriptor`` with an address describes local memory, e.g.
+    :attr:`Descriptor.metadata`.
     """
 
     __slots__ = ("_device", "_ptr", "_size")
 
-    def __init__(self, *, device: str = "cpu", ptr: int = 0, size: int = 0) -> None:
-        if not isinstance(device, str):
-            raise TypeError(f"device must be a str such as 'cpu' or 'cuda:0', not {type(device).__name__}")
-        device = device.strip().lower()
+    def __init__(self, *, device: Union[str, Device] = "cpu", ptr: int = 0, size: int = 0) -> None:
+        self._device: str = type(self).validate_device(device)
+        self._ptr: int = type(self).validate_ptr(ptr)
+        self._size: int = type(self).validate_size(size)
+
+    # ---- the reference's validators ----
+
+    @classmethod
+    def validate_device(cls, v: Union[str, Device]) -> str:
+        """``v`` as a device string, stripped and lower-cased (a
+        :class:`Device` gives its string); ``TypeError`` if it is not a
+        string or a ``Device``, ``ValueError`` if it names no device."""
+        if type(v) is Device:
+            return str(v)
+        if not isinstance(v, str):
+            raise TypeError(f"device must be a str such as 'cpu' or 'cuda:0', not {type(v).__name__}")
+        device = str.lower(str.strip(v))
         _parse_device(device)
-        p, n = _int_arg(ptr), _int_arg(size)
+        return device
+
+    @classmethod
+    def validate_ptr(cls, v: int) -> int:
+        """``v`` as a plain int; ``TypeError`` if it is not an int,
+        ``ValueError`` if it is not a 64-bit address. 0 (null) is accepted:
+        Ferry's metadata carries no addresses (see the class);
+        :meth:`to_descriptor` refuses a null ``ptr`` with a size."""
+        p = _int_arg(v)
         if p is None:
-            raise TypeError(f"ptr must be an int, not {type(ptr).__name__}")
-        if n is None:
-            raise TypeError(f"size must be an int, not {type(size).__name__}")
+            raise TypeError(f"ptr must be an int, not {type(v).__name__}")
         if not 0 <= p < 1 << 64:
             raise ValueError(f"ptr {p} is not an address")
+        return p
+
+    @classmethod
+    def validate_size(cls, v: int) -> int:
+        """``v`` as a plain int; ``TypeError`` if it is not an int,
+        ``ValueError`` if it is negative (or 2**64 or more)."""
+        n = _int_arg(v)
+        if n is None:
+            raise TypeError(f"size must be an int, not {type(v).__name__}")
         if not 0 <= n < 1 << 64:
             raise ValueError(f"size must be >= 0 (got {n})")
-        if p == 0 and n > 0:
-            raise ValueError("ptr cannot be zero (null) for a non-empty descriptor")
-        self._device: str = device
-        self._ptr: int = p
-        self._size: int = n
+        return n
 
     @property
     def device(self) -> str:
@@ -542,7 +574,18 @@ class SerializedDescriptor:
     def to_descriptor(self) -> Descriptor:
         """A :class:`Descriptor` of this memory: the raw
         ``(ptr, size, device, None)`` form, the caller's promise that the
-        memory is this process's and stays valid (nothing keeps it alive)."""
+        memory is this process's and stays valid (nothing keeps it alive).
+
+        ``ValueError`` if ``ptr`` is null and ``size`` is not 0: such a
+        descriptor names no memory (the descriptors of Ferry's
+        :class:`RdmaMetadata` have no address; read or write the remote's
+        memory with an operation on that metadata instead)."""
+        if self._ptr == 0 and self._size > 0:
+            raise ValueError(
+                f"this SerializedDescriptor has a null ptr and size {self._size}: it names no memory "
+                "and cannot become a Descriptor (Ferry's RdmaMetadata carries no addresses; pass the "
+                "metadata to begin_read or begin_write instead)"
+            )
         return Descriptor((self._ptr, self._size, self._device, None))
 
     # ---- pydantic's names ----
