@@ -279,6 +279,7 @@ class Descriptor:
         "_capacity",
         "_obj",
         "_connection",
+        "_registration",
     )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -313,6 +314,9 @@ class Descriptor:
         # What the reference calls `_data_ref`: the object described.
         self._obj: Any = obj
         self._connection: Optional[Connection] = None
+        # Identifies the current registration (a new object for each one),
+        # so an operation releases only the registration it claimed.
+        self._registration: Optional[object] = None
         # What the compiled core takes.
         self._core_args = (ptr, size, str(device), not readonly, ref)
 
@@ -388,6 +392,7 @@ class Descriptor:
             current = self._connection
             if current is None:
                 self._connection = connection
+                self._registration = object()
                 return
         if current is not connection:
             raise RuntimeError(
@@ -405,12 +410,37 @@ class Descriptor:
             current = self._connection
             if current is connection:
                 self._connection = None
+                self._registration = None
                 return
         raise RuntimeError(
             "a descriptor can only be deregistered from the connection it was registered "
             f"with: it is registered with {None if current is None else repr(current.name)}, "
             f"not {connection.name!r}"
         )
+
+    def _claim_registration(self, connection: Connection) -> object:
+        """What an operation made from `connection` does with each of its
+        local descriptors, as the reference's operations register them:
+        registers the descriptor with `connection` unless it already is
+        (the rules of :meth:`register_with_connector`), and returns the
+        registration now in place, for :meth:`_release_registration`."""
+        self.register_with_connector(connection)
+        with _registration_lock:
+            token = self._registration
+            if self._connection is connection and token is not None:
+                return token
+        # Deregistered by another thread in between: register again.
+        return self._claim_registration(connection)
+
+    def _release_registration(self, connection: Connection, token: object) -> None:
+        """Deregisters the descriptor if the registration in place is still
+        `token` (with `connection`): a registration made since (by hand, or
+        by a newer operation) is left alone, and releasing twice does
+        nothing."""
+        with _registration_lock:
+            if self._registration is token and self._connection is connection:
+                self._connection = None
+                self._registration = None
 
     # ---- the reference's private fields that callers use ----
 
