@@ -61,7 +61,7 @@ pub(crate) fn descriptors(
         // SAFETY: `from_raw_parts` needs the memory valid (and writable if
         // `writable`), not freed, and not accessed by others, for as long as
         // the descriptor or an operation holding it exists.
-        // - Validity: the Python layer (`ferry/_types.py`) takes
+        // - Validity: the Python layer (`ferry/_descriptor.py`) takes
         //   `ptr`/`size` only from what the interpreter or the framework
         //   guarantees, never from a method an arbitrary object can define:
         //   a buffer export (address, size and the export itself from one

@@ -44,8 +44,8 @@ from ._errors import (
 )
 from ._ferry import __version__
 from ._metadata import ForeignMetadataError
-from ._types import Descriptor, Device, DeviceKind, OperationKind, OperationStatus
-from ._types import SerializedDescriptor
+from ._descriptor import Descriptor, SerializedDescriptor
+from ._types import Device, DeviceKind, OperationKind, OperationStatus
 
 __all__ = [
     "AbstractOperation",

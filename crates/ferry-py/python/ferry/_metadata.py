@@ -8,7 +8,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Union
 
 from . import _ferry
 from ._pydantic import core_schema_for, json_schema_for
-from ._types import Device, OperationKind, SerializedDescriptor, _check_mode
+from ._descriptor import SerializedDescriptor, _check_mode
+from ._types import Device, OperationKind
 
 __all__ = ["RdmaMetadata", "DescriptorInfo", "ForeignMetadataError"]
 
