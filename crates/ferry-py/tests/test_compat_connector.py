@@ -684,3 +684,32 @@ def test_remote_release_can_be_replaced(monkeypatch):
         Remote(conn, "")
     with pytest.raises(TypeError):
         Remote(c, "peer")  # type: ignore[arg-type]
+
+
+def test_an_active_operation_releases_its_remote_when_it_ends():
+    """A read's remote (``read.remote``) holds a reference through the
+    read's connection, and the read gives it back when it ends: by leaving
+    `with`, or by being dropped."""
+    a, b = pair()
+
+    async def main() -> None:
+        conn = await b._create_connection()
+        src = bytes(range(64))
+        for leave_with in (True, False):
+            dst = bytearray(64)
+            async with a.create_readable(Descriptor(src)) as readable:
+                read = ferry.ReadOperation(conn, readable.metadata(), Descriptor(dst))
+                assert read.connection is conn
+                assert read.remote.name == a.name  # made when first asked for
+                assert conn._remote_refs == {a.name: 1}, "the read holds its remote"
+                await read.wait_for_completion()
+                if leave_with:
+                    with read:
+                        pass
+                else:
+                    del read
+                    gc.collect()
+                assert conn._remote_refs == {}, conn._remote_refs
+            assert dst == src
+
+    run(main())

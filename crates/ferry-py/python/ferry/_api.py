@@ -7,19 +7,13 @@ import threading
 import weakref
 from typing import (
     Any,
-    Awaitable,
     Callable,
-    ClassVar,
     Dict,
-    Generator,
-    Generic,
     List,
-    NamedTuple,
     Optional,
     Sequence,
     Tuple,
     Type,
-    TypeVar,
     Union,
 )
 
@@ -27,7 +21,7 @@ from . import _ferry
 from ._errors import InvalidWorkerIdError, WrongPairingError
 from ._metadata import DescriptorInfo, RdmaMetadata
 from ._descriptor import Descriptor
-from ._types import Device, OperationKind, OperationStatus
+from ._types import OperationStatus
 
 __all__ = [
     "Connector",
@@ -139,7 +133,9 @@ class Connection:
         self._is_initialized = False
         # How many Remotes hold each remote worker, by name.
         self._remote_refs: Dict[str, int] = {}
-        self._remote_refs_lock = threading.Lock()
+        # Reentrant: a Remote's finalizer releases its reference, and the
+        # garbage collector may run one on a thread that holds this lock.
+        self._remote_refs_lock = threading.RLock()
 
     @property
     def connector(self) -> Connector:
@@ -463,7 +459,6 @@ from ._operations import (  # noqa: E402
     ReadOperation,
     WriteOperation,
     PendingOperation,
-    T,
     _descriptor_list,
     _check_writable,
     _read_args,

@@ -37,7 +37,9 @@ if TYPE_CHECKING:
     from ._api import Connection
 
 # Guards the check-then-set of register/deregister_with_connector.
-_registration_lock = threading.Lock()
+# Reentrant: an operation's finalizer releases its registrations, and the
+# garbage collector may run one on a thread that holds this lock.
+_registration_lock = threading.RLock()
 
 
 class Descriptor:

@@ -3,22 +3,16 @@ awaitable that creates one."""
 
 from __future__ import annotations
 
-import json
-import threading
-import weakref
 from typing import (
     TYPE_CHECKING,
     Any,
     Awaitable,
     Callable,
     ClassVar,
-    Dict,
     Generator,
     Generic,
     List,
-    NamedTuple,
     Optional,
-    Sequence,
     Tuple,
     Type,
     TypeVar,
@@ -26,12 +20,12 @@ from typing import (
 )
 
 from . import _ferry
-from ._errors import InvalidWorkerIdError, WrongPairingError
-from ._metadata import DescriptorInfo, RdmaMetadata
+from ._errors import WrongPairingError
+from ._metadata import RdmaMetadata
 from ._descriptor import Descriptor
-from ._types import Device, OperationKind, OperationStatus
+from ._types import OperationKind, OperationStatus
 
-from ._api import _STATUSES, Connection, Descriptors, Remote, _count_lock
+from ._api import _STATUSES, Connection, Descriptors, Remote
 
 if TYPE_CHECKING:
     from ._api import Connector
@@ -177,7 +171,6 @@ class AbstractOperation:
 
 
 _Op = TypeVar("_Op", bound=AbstractOperation)
-_Operation = AbstractOperation  # its former name
 
 
 class PassiveOperation(AbstractOperation):
@@ -198,7 +191,6 @@ class PassiveOperation(AbstractOperation):
             return self._metadata
 
 
-_Passive = PassiveOperation  # its former name
 
 
 class ActiveOperation(AbstractOperation):
