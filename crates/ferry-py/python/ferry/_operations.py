@@ -62,11 +62,7 @@ class AbstractOperation:
         connection: Optional[Connection] = None,
     ) -> _Op:
         self = cls.__new__(cls)
-        self._op = op
-        self._descriptors = descriptors
-        self._connector = connector
-        self._connection = connection
-        self._registrations = None
+        self._setup(op, descriptors, connector, connection)
         return self
 
     def _setup(
@@ -243,13 +239,7 @@ def _new_active(
     remote_metadata: RdmaMetadata,
 ) -> _Act:
     self = cls.__new__(cls)
-    self._op = op
-    self._descriptors = descriptors
-    self._connector = connector
-    self._connection = connection
-    self._registrations = None
-    self._remote_metadata = remote_metadata
-    self._remote = None
+    self._setup_active(op, descriptors, connector, connection, remote_metadata)
     return self
 
 

@@ -59,8 +59,14 @@ impl Conn {
     ) {
         let last = match (last, &target.stripe) {
             (SessionLast::Seal, _) => {
-                let sizes = cursor.sizes().to_vec();
-                return self.spawn_stream(req, target.region, sizes, prefix, opened, target.shared);
+                return self.spawn_stream(
+                    req,
+                    target.region,
+                    cursor,
+                    prefix,
+                    opened,
+                    target.shared,
+                );
             }
             (SessionLast::Part, _) => Last::Part,
             (SessionLast::SealAfterParts, Some(s)) => Last::SealAfter(s.clone()),
@@ -242,12 +248,11 @@ impl Conn {
     pub(super) fn small_frames(
         req: u64,
         region: &Region,
-        sizes: Vec<u64>,
+        mut cursor: Cursor,
         out: &mut Vec<u8>,
     ) -> bool {
-        let total: u64 = sizes.iter().sum();
+        let total: u64 = cursor.sizes().iter().sum();
         out.reserve(total as usize + 64);
-        let mut cursor = Cursor::new(sizes);
         while let Some((d, o, l)) = cursor.next_chunk(u32::MAX) {
             Message::Data(Data {
                 req,
@@ -275,12 +280,12 @@ impl Conn {
         self: &Arc<Self>,
         req: u64,
         region: Arc<Region>,
-        sizes: Vec<u64>,
+        cursor: Cursor,
         prefix: Vec<u8>,
         opened: Option<Arc<watch::Sender<bool>>>,
         shared: Arc<OpShared>,
     ) {
-        if sizes.iter().sum::<u64>() <= SMALL {
+        if cursor.sizes().iter().sum::<u64>() <= SMALL {
             // Cancelled before a byte went out: still send the `Open` (if
             // this is a write) followed by the `Abort`, so that the remote
             // learns of the cancel as it would mid-transfer.
@@ -295,7 +300,7 @@ impl Conn {
             let aborted = move |conn: &Arc<Conn>, opened: &Option<Arc<watch::Sender<bool>>>| {
                 conn.send_soon(cancelled, opened.clone(), false);
             };
-            if !Self::small_frames(req, &region, sizes, &mut frame) {
+            if !Self::small_frames(req, &region, cursor, &mut frame) {
                 return aborted(self, &opened);
             }
             // Fast path: the whole transfer in one system call, now.
@@ -343,15 +348,7 @@ impl Conn {
             });
             return;
         }
-        self.spawn_part(
-            req,
-            region,
-            Cursor::new(sizes),
-            prefix,
-            opened,
-            shared,
-            Last::Seal,
-        );
+        self.spawn_part(req, region, cursor, prefix, opened, shared, Last::Seal);
     }
 
     /// Streams the bytes under `cursor` from a task of its own, ending as
