@@ -15,8 +15,10 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     assert!(data.len() <= MAX_METADATA_JSON);
-    let n = m.descriptors().len();
+    let n = m.descriptor_count();
     assert!((1..=MAX_DESCRIPTORS).contains(&n), "{n} descriptors");
+    assert!(m.descriptors().iter().all(|d| d.count >= 1));
+    assert_eq!(m.sizes().len(), n);
     assert!(m
         .descriptors()
         .iter()

@@ -15,6 +15,7 @@
 mod cursor;
 mod device;
 mod metadata;
+pub mod runs;
 pub mod session;
 mod status;
 pub mod wire;

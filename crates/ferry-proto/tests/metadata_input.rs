@@ -33,14 +33,8 @@ fn sample() -> RdmaMetadata {
             0xcd, 0xef,
         ]),
         vec![
-            DescriptorInfo {
-                device: Device::CPU,
-                size: 10,
-            },
-            DescriptorInfo {
-                device: Device::CPU,
-                size: 0,
-            },
+            DescriptorInfo::new(Device::CPU, 10),
+            DescriptorInfo::new(Device::CPU, 0),
         ],
     )
     .unwrap()
@@ -62,8 +56,10 @@ fn edited(f: impl FnOnce(&mut Value)) -> Result<RdmaMetadata, MetadataError> {
 
 /// Every limit holds for metadata that parsed, and it survives a round trip.
 fn check_accepted(m: &RdmaMetadata) {
-    let n = m.descriptors().len();
+    let n = m.descriptor_count();
     assert!((1..=MAX_DESCRIPTORS).contains(&n), "{n} descriptors");
+    assert!(m.descriptors().iter().all(|d| d.count >= 1));
+    assert_eq!(m.sizes().len(), n);
     assert!(m
         .descriptors()
         .iter()
@@ -300,7 +296,9 @@ fn total_size_is_bounded() {
     let err = err_text(RdmaMetadata::from_json(&over));
     assert!(err.contains("add up to"), "{err}");
     // The most descriptors, each the largest: no overflow, a clean error.
-    let most = with_descriptors(MAX_DESCRIPTORS, MAX_DESCRIPTOR_SIZE);
+    let most = with_list(&format!(
+        "[{{\"device\":\"cpu\",\"size\":{MAX_DESCRIPTOR_SIZE},\"count\":{MAX_DESCRIPTORS}}}]"
+    ));
     let err = err_text(RdmaMetadata::from_json(&most));
     assert!(err.contains("add up to"), "{err}");
 }
@@ -341,38 +339,73 @@ fn other_numbers_out_of_range_are_refused() {
 /// The sample's JSON with `n` descriptors of `size` bytes, built as text
 /// (building a `serde_json::Value` of that size would be the slow part).
 fn with_descriptors(n: usize, size: u64) -> String {
-    let json = sample().to_json();
-    let key = "\"descriptors\":";
-    let start = json.find(key).unwrap() + key.len();
-    let end = start + json[start..].find(']').unwrap() + 1;
-    let one = format!("{{\"device\":\"cpu\",\"size\":{size}}}");
-    let mut list = String::with_capacity(n * (one.len() + 1) + 2);
+    with_entries(n, |_| format!("{{\"device\":\"cpu\",\"size\":{size}}}"))
+}
+
+/// The sample's JSON with `n` descriptor entries made by `entry`.
+fn with_entries(n: usize, entry: impl Fn(usize) -> String) -> String {
+    let mut list = String::with_capacity(n * 32 + 2);
     list.push('[');
     for i in 0..n {
         if i > 0 {
             list.push(',');
         }
-        list.push_str(&one);
+        list.push_str(&entry(i));
     }
     list.push(']');
+    with_list(&list)
+}
+
+/// The sample's JSON with this descriptor list.
+fn with_list(list: &str) -> String {
+    let json = sample().to_json();
+    let key = "\"descriptors\":";
+    let start = json.find(key).unwrap() + key.len();
+    let end = start + json[start..].find(']').unwrap() + 1;
     format!("{}{list}{}", &json[..start], &json[end..])
 }
 
 #[test]
 fn huge_descriptor_counts_are_refused() {
-    let m = RdmaMetadata::from_json(&with_descriptors(MAX_DESCRIPTORS, 1)).unwrap();
-    assert_eq!(m.descriptors().len(), MAX_DESCRIPTORS);
+    // Equal neighbours merge into one entry with a count.
+    let m = RdmaMetadata::from_json(&with_descriptors(5000, 1)).unwrap();
+    assert_eq!(
+        m.descriptors(),
+        &[DescriptorInfo::run(Device::CPU, 1, 5000)]
+    );
+    assert_eq!(m.descriptor_count(), 5000);
     check_accepted(&m);
-    let err = err_text(RdmaMetadata::from_json(&with_descriptors(
-        MAX_DESCRIPTORS + 1,
-        1,
-    )));
+    let run = |count: u64| {
+        with_list(&format!(
+            "[{{\"device\":\"cpu\",\"size\":1,\"count\":{count}}}]"
+        ))
+    };
+    let m = RdmaMetadata::from_json(&run(MAX_DESCRIPTORS as u64)).unwrap();
+    assert_eq!(m.descriptor_count(), MAX_DESCRIPTORS);
+    assert!(m.to_json().len() < 1024, "a uniform list is one entry");
+    check_accepted(&m);
+    let err = err_text(RdmaMetadata::from_json(&run(MAX_DESCRIPTORS as u64 + 1)));
     assert!(err.contains(&format!("{}", MAX_DESCRIPTORS + 1)), "{err}");
-    // As many as fit under the size limit: a clean count error.
-    let json = with_descriptors(120_000, 1);
+    for count in [0, u64::from(u32::MAX) + 1, u64::MAX] {
+        assert!(
+            RdmaMetadata::from_json(&run(count)).is_err(),
+            "count {count}"
+        );
+    }
+    // Counts that overflow when added: a clean count error.
+    let two = with_list(&format!(
+        "[{{\"device\":\"cpu\",\"size\":1,\"count\":{m}}},{{\"device\":\"cpu\",\"size\":2,\"count\":{m}}}]",
+        m = u32::MAX
+    ));
+    let err = err_text(RdmaMetadata::from_json(&two));
+    assert!(err.contains("descriptors or more"), "{err}");
+    // Entries that cannot merge: at most MAX_RUNS of them.
+    let json = with_entries(120_000, |i| {
+        format!("{{\"device\":\"cpu\",\"size\":{}}}", 1 + (i & 1))
+    });
     assert!(json.len() < MAX_METADATA_JSON);
     let err = err_text(RdmaMetadata::from_json(&json));
-    assert!(err.contains("120000 descriptors"), "{err}");
+    assert!(err.contains("120000 descriptor entries"), "{err}");
     // More than fit: refused by size before parsing.
     let json = with_descriptors(200_000, 1);
     assert!(matches!(

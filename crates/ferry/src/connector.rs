@@ -187,8 +187,9 @@ fn check_descriptors(descs: &[Descriptor<'_>], written: Option<&'static str>) ->
     if descs.is_empty() {
         return Err(Error::NoDescriptors);
     }
-    if descs.len() > MAX_DESCRIPTORS {
-        return Err(Error::TooManyDescriptors(descs.len()));
+    let blocks: usize = descs.iter().map(|d| d.block_count()).sum();
+    if blocks > MAX_DESCRIPTORS {
+        return Err(Error::TooManyDescriptors(blocks));
     }
     for (index, d) in descs.iter().enumerate() {
         if !d.device().is_cpu() {
@@ -200,6 +201,54 @@ fn check_descriptors(descs: &[Descriptor<'_>], written: Option<&'static str>) ->
         if let Some(op) = written {
             if !d.is_writable() {
                 return Err(Error::ReadOnlyDescriptor { index, op });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What metadata says of one descriptor: one entry, with the block count
+/// of a paged one.
+fn info(d: &Descriptor<'_>) -> DescriptorInfo {
+    let n = d.block_count();
+    DescriptorInfo::run(d.device(), (d.size() / n) as u64, n as u32)
+}
+
+/// Checks that local descriptors match the remote's block for block (a
+/// paged descriptor counts as its blocks), comparing runs of equal sizes.
+fn check_pairing(descs: &[Descriptor<'_>], remote: &RdmaMetadata) -> Result<()> {
+    let local = descs.iter().map(|d| d.block_count()).sum::<usize>();
+    let theirs = remote.descriptor_count();
+    if local != theirs {
+        return Err(Error::CountMismatch {
+            local,
+            remote: theirs,
+        });
+    }
+    let mut mine = descs.iter().map(info).peekable();
+    let (mut at, mut left) = (0usize, mine.peek().map_or(0, |m| m.count));
+    for r in remote.descriptors() {
+        if !r.device.is_cpu() {
+            return Err(Error::UnsupportedDevice {
+                index: at,
+                device: r.device,
+            });
+        }
+        let mut need = r.count;
+        while need > 0 {
+            let Some(m) = mine.peek() else { break };
+            if m.size != r.size {
+                return Err(Error::SizeMismatch {
+                    index: at,
+                    local: m.size,
+                    remote: r.size,
+                });
+            }
+            let n = need.min(left);
+            (at, need, left) = (at + n as usize, need - n, left - n);
+            if left == 0 {
+                mine.next();
+                left = mine.peek().map_or(0, |m| m.count);
             }
         }
     }
@@ -398,7 +447,6 @@ impl Connector {
             &descs,
             (kind == OperationKind::Write).then_some("WritableOperation"),
         )?;
-        let sizes: Vec<u64> = descs.iter().map(|d| d.size() as u64).collect();
         // SAFETY: the region's memory is `descs`, which the returned operation
         // owns (or borrows for 'a) and keeps untouched; the operation closes
         // the region in `Drop` and before giving the descriptors back, and a
@@ -408,6 +456,7 @@ impl Connector {
         // closes the region before the descriptors are dropped. The exposure
         // table only holds the region, never the memory.
         let region = Arc::new(unsafe { Region::new(&descs, kind == OperationKind::Write) });
+        let sizes: Vec<u64> = region.sizes().collect();
         let shared = OpShared::new(OperationStatus::Initialized);
         let (exposure, token) =
             self.inner
@@ -421,13 +470,7 @@ impl Connector {
             self.inner.advertised.clone(),
             exposure.op_id,
             token,
-            descs
-                .iter()
-                .map(|d| DescriptorInfo {
-                    device: d.device(),
-                    size: d.size() as u64,
-                })
-                .collect(),
+            descs.iter().map(info).collect(),
         )
         .and_then(|m| m.with_process_id(host::process_id().to_string()));
         let core = Arc::new(OpCore {
@@ -460,39 +503,18 @@ impl Connector {
         if remote.kind() != kind {
             return Err(Error::wrong_pairing(kind, remote.kind()));
         }
-        let theirs = remote.descriptors();
-        if theirs.len() != descs.len() {
-            return Err(Error::CountMismatch {
-                local: descs.len(),
-                remote: theirs.len(),
-            });
-        }
-        for (index, (mine, theirs)) in descs.iter().zip(theirs).enumerate() {
-            if mine.size() as u64 != theirs.size {
-                return Err(Error::SizeMismatch {
-                    index,
-                    local: mine.size() as u64,
-                    remote: theirs.size,
-                });
-            }
-            if !theirs.device.is_cpu() {
-                return Err(Error::UnsupportedDevice {
-                    index,
-                    device: theirs.device,
-                });
-            }
-        }
+        check_pairing(&descs, remote)?;
         let transport = self
             .inner
             .transports
             .for_remote(remote)
             .ok_or_else(|| Error::Config("no enabled transport reaches this remote".into()))?;
         tracing::trace!(transport = %transport.kind(), op = remote.operation_id(), "starting {kind}");
-        let sizes: Vec<u64> = descs.iter().map(|d| d.size() as u64).collect();
         // SAFETY: as in `expose`. In addition, `Pending` closes the region if
         // this future is dropped before the operation exists, before the
         // descriptors it holds are released.
         let region = Arc::new(unsafe { Region::new(&descs, kind == OperationKind::Read) });
+        let sizes: Vec<u64> = region.sizes().collect();
         let mut pending = Pending {
             region: region.clone(),
             descs,

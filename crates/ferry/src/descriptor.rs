@@ -32,7 +32,20 @@ pub struct Descriptor<'a> {
     device: Device,
     writable: bool,
     owner: Option<Box<dyn Any + Send>>,
+    /// Blocks of a [`Pool`](crate::Pool) (then `ptr` is the pool's start
+    /// and `len` the bytes of all blocks).
+    blocks: Option<Blocks>,
     _borrow: PhantomData<&'a mut [u8]>,
+}
+
+/// Which bytes of a pool a paged descriptor covers: `len` bytes at
+/// `id * stride + offset` for each id, in order.
+#[derive(Clone)]
+pub(crate) struct Blocks {
+    pub(crate) stride: usize,
+    pub(crate) offset: usize,
+    pub(crate) len: usize,
+    pub(crate) ids: std::sync::Arc<[u32]>,
 }
 
 // SAFETY: a descriptor is a pointer plus the thing that keeps the memory
@@ -58,6 +71,28 @@ impl Descriptor<'static> {
             device: Device::CPU,
             writable,
             owner: Some(Box::new(owner)),
+            blocks: None,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// Blocks of a pool starting at `base` (see `Pool::blocks_with`, which
+    /// checked every block against the pool and took it for this
+    /// descriptor, until `taken` is dropped).
+    pub(crate) fn paged(
+        base: NonNull<u8>,
+        device: Device,
+        writable: bool,
+        blocks: Blocks,
+        taken: Box<dyn Any + Send>,
+    ) -> Self {
+        Descriptor {
+            ptr: base,
+            len: blocks.ids.len() * blocks.len,
+            device,
+            writable,
+            owner: Some(taken),
+            blocks: Some(blocks),
             _borrow: PhantomData,
         }
     }
@@ -115,6 +150,7 @@ impl Descriptor<'static> {
             device,
             writable,
             owner: None,
+            blocks: None,
             _borrow: PhantomData,
         }
     }
@@ -156,6 +192,7 @@ impl<'a> Descriptor<'a> {
             device: Device::CPU,
             writable: true,
             owner: None,
+            blocks: None,
             _borrow: PhantomData,
         }
     }
@@ -168,6 +205,7 @@ impl<'a> Descriptor<'a> {
             device: Device::CPU,
             writable: false,
             owner: None,
+            blocks: None,
             _borrow: PhantomData,
         }
     }
@@ -177,9 +215,20 @@ impl<'a> Descriptor<'a> {
         self.device
     }
 
-    /// Its length in bytes.
+    /// Its length in bytes (for a paged descriptor: of all its blocks).
     pub fn size(&self) -> usize {
         self.len
+    }
+
+    /// How many descriptors the remote sees this one as: the blocks of a
+    /// paged descriptor (see [`Pool`](crate::Pool)), else 1.
+    pub fn block_count(&self) -> usize {
+        self.blocks.as_ref().map_or(1, |b| b.ids.len())
+    }
+
+    /// Whether it names blocks of a [`Pool`](crate::Pool).
+    pub fn is_paged(&self) -> bool {
+        self.blocks.is_some()
     }
 
     /// Whether bytes may be written into it.
@@ -187,9 +236,10 @@ impl<'a> Descriptor<'a> {
         self.writable
     }
 
-    /// The bytes, for host memory; `None` for device memory.
+    /// The bytes, for host memory; `None` for device memory and for a
+    /// paged descriptor (its blocks are not contiguous).
     pub fn as_slice(&self) -> Option<&[u8]> {
-        if !self.device.is_cpu() {
+        if !self.device.is_cpu() || self.blocks.is_some() {
             return None;
         }
         // SAFETY: host memory valid for `len` bytes for as long as `self`
@@ -201,7 +251,7 @@ impl<'a> Descriptor<'a> {
 
     /// The bytes, mutably, for writable host memory.
     pub fn as_mut_slice(&mut self) -> Option<&mut [u8]> {
-        if !self.device.is_cpu() || !self.writable {
+        if !self.device.is_cpu() || !self.writable || self.blocks.is_some() {
             return None;
         }
         // SAFETY: as in `as_slice`, and `&mut self` makes this the only access;
@@ -232,8 +282,17 @@ impl<'a> Descriptor<'a> {
         self.owner.take()
     }
 
-    pub(crate) fn raw(&self) -> (*mut u8, usize) {
-        (self.ptr.as_ptr(), self.len)
+    /// `(pointer, length)` of each block (one for a plain descriptor).
+    pub(crate) fn raw_segments(&self, out: &mut Vec<(*mut u8, usize)>) {
+        match &self.blocks {
+            None => out.push((self.ptr.as_ptr(), self.len)),
+            Some(b) => out.extend(b.ids.iter().map(|&id| {
+                // In bounds: `Pool::blocks_with` checked that every block
+                // id, and `offset + len` within a block, lie in the pool.
+                let at = id as usize * b.stride + b.offset;
+                (self.ptr.as_ptr().wrapping_add(at), b.len)
+            })),
+        }
     }
 }
 
@@ -267,6 +326,7 @@ impl fmt::Debug for Descriptor<'_> {
             .field("device", &self.device)
             .field("size", &self.len)
             .field("writable", &self.writable)
+            .field("blocks", &self.block_count())
             .finish()
     }
 }

@@ -43,6 +43,7 @@ mod kind;
 mod op;
 mod operation;
 mod outcome;
+mod pool;
 mod region;
 mod transport;
 
@@ -63,6 +64,7 @@ pub use ferry_proto::{
 pub use kind::TransportKind;
 pub use op::{ReadOperation, ReadableOperation, WritableOperation, WriteOperation};
 pub use operation::Operation;
+pub use pool::{BlockView, Pool, PoolError};
 
 /// Cross-memory attach, the primitive under [`TransportKind::Cma`].
 pub mod cross_memory {

@@ -84,7 +84,8 @@ pub(crate) enum Denied {
 }
 
 impl Region {
-    /// A region over `descs`.
+    /// A region over `descs`: one segment per descriptor, or per block of
+    /// a paged one.
     ///
     /// # Safety
     ///
@@ -102,13 +103,13 @@ impl Region {
             open: Mutex::new(true),
             copying: AtomicUsize::new(0),
             closing: AtomicBool::new(false),
-            segs: descs
-                .iter()
-                .map(|d| {
-                    let (ptr, len) = d.raw();
-                    Seg { ptr, len }
-                })
-                .collect(),
+            segs: {
+                let mut raw = Vec::with_capacity(descs.iter().map(|d| d.block_count()).sum());
+                for d in descs {
+                    d.raw_segments(&mut raw);
+                }
+                raw.into_iter().map(|(ptr, len)| Seg { ptr, len }).collect()
+            },
             writable,
             lent: Mutex::new(Lent::default()),
             returned: Condvar::new(),

@@ -92,7 +92,7 @@ fn drain(mut out: BufReader<ChildStdout>) {
 }
 
 fn sizes_of(m: &RdmaMetadata) -> Vec<u64> {
-    m.descriptors().iter().map(|d| d.size).collect()
+    m.sizes()
 }
 
 fn attach(pid: u32, addr: u64, cookie: [u8; 16], verdict: Verdict) -> Message {

@@ -30,9 +30,24 @@ pub enum MetadataError {
     /// The descriptor list is empty.
     #[error("metadata lists no descriptors")]
     NoDescriptors,
-    /// More than [`MAX_DESCRIPTORS`] descriptors.
-    #[error("metadata lists {0} descriptors, more than the limit of {MAX_DESCRIPTORS}")]
+    /// More than [`MAX_DESCRIPTORS`] descriptors (counting each entry's
+    /// `count`).
+    #[error("metadata lists {0} descriptors or more, more than the limit of {MAX_DESCRIPTORS}")]
     TooManyDescriptors(usize),
+    /// More than [`MAX_RUNS`](crate::runs::MAX_RUNS) entries in the
+    /// descriptor list (neighbours of one device and size belong in one
+    /// entry with a `count`).
+    #[error(
+        "metadata lists {0} descriptor entries, more than the limit of {max}",
+        max = crate::runs::MAX_RUNS
+    )]
+    TooManyEntries(usize),
+    /// A descriptor entry with `count` 0.
+    #[error("the descriptor entry at descriptor {index} has count 0; a count is at least 1")]
+    EmptyEntry {
+        /// The index of the first descriptor the entry would describe.
+        index: usize,
+    },
     /// One descriptor is larger than 1 TiB.
     #[error(
         "descriptor {index} has size {size}, more than the limit of {MAX_DESCRIPTOR_SIZE} bytes"

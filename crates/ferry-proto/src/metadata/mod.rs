@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::runs::MAX_RUNS;
 use crate::{Device, OperationKind};
 
 mod error;
@@ -18,8 +19,10 @@ use transports::{
 
 /// The metadata format this build writes and reads.
 pub const METADATA_VERSION: u32 = 1;
-/// The most descriptors one operation may have.
-pub const MAX_DESCRIPTORS: usize = 16_384;
+/// The most descriptors one operation may have, counting each block of a
+/// paged descriptor as one (262,144 pieces of 2 KiB are an SGLang transfer
+/// with one token per page).
+pub const MAX_DESCRIPTORS: usize = 1 << 20;
 /// The most addresses metadata may list.
 pub const MAX_ADDRESSES: usize = 16;
 /// The longest metadata JSON that is parsed at all.
@@ -36,14 +39,60 @@ const MAX_TRANSPORT_NAME: usize = 32;
 /// The largest transport blob, in bytes ([`RdmaMetadata::MAX_TRANSPORT_BLOB`]).
 const MAX_TRANSPORT_BLOB: usize = 4096;
 
-/// What metadata says about one remote descriptor.
+/// What metadata says about `count` consecutive remote descriptors (or
+/// blocks of a paged descriptor) of one device and size.
+///
+/// Metadata lists descriptors as such runs, so that a KV-cache transfer of
+/// 16,384 blocks of 32 KiB is one entry: `{"device":"cpu","size":32768,
+/// "count":16384}`. `count` is left out of the JSON when it is 1 (so
+/// metadata of distinct descriptors reads as it always did), and metadata
+/// merges neighbouring entries of the same device and size.
+///
+/// ```
+/// use ferry_proto::{DescriptorInfo, Device};
+/// let one = DescriptorInfo::new(Device::CPU, 4096);
+/// assert_eq!(one.count, 1);
+/// assert_eq!(DescriptorInfo::run(Device::CPU, 4096, 8).total(), 32768);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DescriptorInfo {
     /// Where the memory lives.
     pub device: Device,
-    /// Its length in bytes.
+    /// The length of each, in bytes.
     pub size: u64,
+    /// How many descriptors in a row have this device and size (at least 1).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub count: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
+impl DescriptorInfo {
+    /// One descriptor.
+    pub fn new(device: Device, size: u64) -> Self {
+        Self::run(device, size, 1)
+    }
+
+    /// `count` descriptors of one device and size.
+    pub fn run(device: Device, size: u64, count: u32) -> Self {
+        DescriptorInfo {
+            device,
+            size,
+            count,
+        }
+    }
+
+    /// The bytes of all `count` descriptors (saturating).
+    pub fn total(&self) -> u64 {
+        self.size.saturating_mul(u64::from(self.count))
+    }
 }
 
 /// What a passive operation hands to its remote, through any side channel, so
@@ -213,21 +262,30 @@ impl RdmaMetadata {
         if descriptors.is_empty() {
             return Err(MetadataError::NoDescriptors);
         }
-        if descriptors.len() > MAX_DESCRIPTORS {
-            return Err(MetadataError::TooManyDescriptors(descriptors.len()));
-        }
-        let mut total = 0u64;
-        for (index, d) in descriptors.iter().enumerate() {
+        let (mut count, mut total) = (0usize, 0u64);
+        for d in &descriptors {
+            if d.count == 0 {
+                return Err(MetadataError::EmptyEntry { index: count });
+            }
             if d.size > MAX_DESCRIPTOR_SIZE {
                 return Err(MetadataError::DescriptorTooLarge {
-                    index,
+                    index: count,
                     size: d.size,
                 });
             }
-            total += d.size; // cannot overflow: at most 2^14 terms of at most 2^40
+            count = count.saturating_add(d.count as usize);
+            if count > MAX_DESCRIPTORS {
+                return Err(MetadataError::TooManyDescriptors(count));
+            }
+            // Cannot overflow: at most 2^20 descriptors of at most 2^40 bytes.
+            total += d.total();
         }
         if total > MAX_TOTAL_SIZE {
             return Err(MetadataError::TotalTooLarge);
+        }
+        let descriptors = merge(descriptors);
+        if descriptors.len() > MAX_RUNS {
+            return Err(MetadataError::TooManyEntries(descriptors.len()));
         }
         Ok(RdmaMetadata {
             kind,
@@ -280,7 +338,7 @@ impl RdmaMetadata {
     /// # use ferry_proto::{DescriptorInfo, Device, OperationKind, RdmaMetadata, Token};
     /// # let m = RdmaMetadata::new(OperationKind::Read, "w".into(), "h".into(), "b".into(),
     /// #     vec!["127.0.0.1:1".parse().unwrap()], 1, Token::from_bytes([7; 16]),
-    /// #     vec![DescriptorInfo { device: Device::CPU, size: 8 }]).unwrap();
+    /// #     vec![DescriptorInfo::new(Device::CPU, 8)]).unwrap();
     /// let m = m.with_transport_blob("rdma", vec![1, 2, 3])?;
     /// assert!(m.to_json().contains(r#""transports":{"rdma":"010203"}"#));
     /// let back = RdmaMetadata::from_json(&m.to_json())?;
@@ -367,13 +425,26 @@ impl RdmaMetadata {
     pub fn token(&self) -> &Token {
         &self.token
     }
-    /// The exposed descriptors.
+    /// The exposed descriptors, as runs of one device and size (neighbours
+    /// of the same device and size are merged).
     pub fn descriptors(&self) -> &[DescriptorInfo] {
         &self.descriptors
     }
+    /// How many descriptors (blocks) are exposed: the sum of the counts.
+    pub fn descriptor_count(&self) -> usize {
+        self.descriptors.iter().map(|d| d.count as usize).sum()
+    }
+    /// The size of every exposed descriptor (block), in order.
+    pub fn sizes(&self) -> Vec<u64> {
+        let mut out = Vec::with_capacity(self.descriptor_count());
+        for d in &self.descriptors {
+            out.extend(std::iter::repeat(d.size).take(d.count as usize));
+        }
+        out
+    }
     /// The total number of exposed bytes.
     pub fn total_size(&self) -> u64 {
-        self.descriptors.iter().map(|d| d.size).sum()
+        self.descriptors.iter().map(|d| d.total()).sum()
     }
 
     /// Replaces the addresses (e.g. after a NAT or port forward). Checked as on parse.
@@ -398,12 +469,25 @@ impl fmt::Debug for RdmaMetadata {
             .field("addresses", &self.addresses)
             .field("operation_id", &self.operation_id)
             .field("token", &self.token)
-            .field("descriptors", &self.descriptors.len())
+            .field("descriptors", &self.descriptor_count())
             .field("total_size", &self.total_size())
             // Names only: a blob may hold keys.
             .field("transports", &self.transports.keys().collect::<Vec<_>>())
             .finish()
     }
+}
+
+/// Merges neighbouring entries of the same device and size (counts are
+/// checked: their sum fits in `MAX_DESCRIPTORS`).
+fn merge(entries: Vec<DescriptorInfo>) -> Vec<DescriptorInfo> {
+    let mut out: Vec<DescriptorInfo> = Vec::with_capacity(entries.len());
+    for d in entries {
+        match out.last_mut() {
+            Some(l) if l.device == d.device && l.size == d.size => l.count += d.count,
+            _ => out.push(d),
+        }
+    }
+    out
 }
 
 #[cfg(test)]

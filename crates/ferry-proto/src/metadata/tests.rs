@@ -13,14 +13,8 @@ fn sample() -> RdmaMetadata {
         7,
         Token::from_bytes([0xab; 16]),
         vec![
-            DescriptorInfo {
-                device: Device::CPU,
-                size: 10,
-            },
-            DescriptorInfo {
-                device: Device::CPU,
-                size: 0,
-            },
+            DescriptorInfo::new(Device::CPU, 10),
+            DescriptorInfo::new(Device::CPU, 0),
         ],
     )
     .unwrap()
@@ -333,7 +327,7 @@ proptest! {
         let m = RdmaMetadata::new(
             OperationKind::Read, "w".into(), "h".into(), "b".into(),
             vec![SocketAddr::from(([127, 0, 0, 1], port))], op, Token::from_bytes(tok),
-            sizes.iter().map(|&size| DescriptorInfo { device: Device::CPU, size }).collect(),
+            sizes.iter().map(|&size| DescriptorInfo::new(Device::CPU, size)).collect(),
         ).unwrap();
         prop_assert_eq!(RdmaMetadata::from_json(&m.to_json()).unwrap(), m);
     }

@@ -3,6 +3,7 @@
 //! serves it ([`can_lend`]).
 
 use super::Caps;
+use crate::runs::{run_count, MAX_RUNS};
 use crate::wire::{MAX_LEASE_SEGMENTS, MAX_PARTS};
 use crate::OperationKind;
 
@@ -46,7 +47,7 @@ pub fn plan(kind: OperationKind, sizes: &[u64], caps: Caps, thresholds: &Thresho
         // The peer copies from this side.
         OperationKind::Write => caps.peer_pulls,
     };
-    if caps.attach && lends && total >= thresholds.pull_from && sizes.len() <= MAX_LEASE_SEGMENTS {
+    if caps.attach && lends && total >= thresholds.pull_from && fits_lease(sizes) {
         return Plan::Pull;
     }
     if thresholds.streams <= 1 || total < thresholds.stripe_from {
@@ -61,7 +62,21 @@ pub fn plan(kind: OperationKind, sizes: &[u64], caps: Caps, thresholds: &Thresho
 /// Whether the passive side lends its memory for a READ that asked for a
 /// lease (else it streams the bytes: the fallback).
 pub fn can_lend(sizes: &[u64], caps: Caps) -> bool {
-    caps.attach && caps.peer_pulls && sizes.len() <= MAX_LEASE_SEGMENTS
+    caps.attach && caps.peer_pulls && fits_lease(sizes)
+}
+
+/// Whether one `Lease` can describe memory of these sizes: at most
+/// [`MAX_LEASE_SEGMENTS`] segments whose lengths form at most
+/// [`MAX_RUNS`] runs.
+fn fits_lease(sizes: &[u64]) -> bool {
+    sizes.len() <= MAX_LEASE_SEGMENTS && run_count(sizes) <= MAX_RUNS
+}
+
+/// Sizes that no lease can describe: more runs of lengths than one lease
+/// carries (for tests).
+#[cfg(test)]
+pub(crate) fn unlendable() -> Vec<u64> {
+    (0..=MAX_RUNS as u64).map(|i| 1 + (i & 1)).collect()
 }
 
 #[cfg(test)]
@@ -96,8 +111,8 @@ mod tests {
             ..caps(true, true)
         };
         assert_eq!(plan(Read, &[4096], off, &T), Plan::Stream);
-        // Too many segments for one lease.
-        let many = vec![1u64; MAX_LEASE_SEGMENTS + 1];
+        // Too many runs of lengths for one lease.
+        let many = unlendable();
         assert_eq!(plan(Read, &many, caps(true, true), &T), Plan::Stream);
         // Large, not lent: striped, never more parts than bytes or MAX_PARTS.
         let none = caps(false, false);
@@ -120,9 +135,7 @@ mod tests {
     fn the_passive_side_lends_only_to_a_peer_that_pulls() {
         assert!(can_lend(&[1], caps(false, true)));
         assert!(!can_lend(&[1], caps(true, false)));
-        assert!(!can_lend(
-            &vec![1; MAX_LEASE_SEGMENTS + 1],
-            caps(true, true)
-        ));
+        assert!(!can_lend(&unlendable(), caps(true, true)));
+        assert!(can_lend(&vec![1; MAX_LEASE_SEGMENTS], caps(true, true)));
     }
 }

@@ -229,7 +229,7 @@ pub fn untouched(size: usize) -> Descriptor<'static> {
 }
 
 pub fn sizes_of(m: &RdmaMetadata) -> Vec<u64> {
-    m.descriptors().iter().map(|d| d.size).collect()
+    m.sizes()
 }
 
 pub fn open_frame(req: u64, m: &RdmaMetadata, kind: OperationKind) -> Message {
@@ -572,10 +572,7 @@ pub async fn fake_passive(
         Token::from_bytes([7; 16]),
         sizes
             .iter()
-            .map(|&size| ferry_proto::DescriptorInfo {
-                device: ferry::Device::CPU,
-                size,
-            })
+            .map(|&size| ferry_proto::DescriptorInfo::new(ferry::Device::CPU, size))
             .collect(),
     )
     .unwrap();

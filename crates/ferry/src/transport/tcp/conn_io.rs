@@ -27,8 +27,8 @@ const INITIAL: usize = 2 * 1024;
 /// What the buffer grows to as bytes stream in (a read that fills it), and
 /// returns to after a larger frame.
 const DEFAULT: usize = 64 * 1024;
-/// A header and the largest body.
-const MAX_FRAME: usize = wire::HEADER_LEN + wire::MAX_BODY as usize;
+/// A header and the largest body (a `Lease`'s).
+const MAX_FRAME: usize = wire::HEADER_LEN + wire::MAX_LEASE_BODY as usize;
 /// Payloads from this size on switch the reader to bulk mode.
 const BULK_PAYLOAD: u32 = 32 * 1024;
 /// How far a bulk-mode reader reads past the bytes it needs.
@@ -516,7 +516,8 @@ mod tests {
             op_id: 1,
             token: Token::from_bytes([0; 16]),
             kind: OperationKind::Read,
-            sizes: vec![1; 16_384],
+            // As many runs as an Open may carry: the largest Open.
+            sizes: (0..16_384).map(|i| 1 + (i & 1)).collect(),
             pull: false,
             part: 0,
             parts: 1,

@@ -20,18 +20,33 @@
 //! plaintext stream they carry, cut at arbitrary points.
 //!
 //! Decoding never panics and never allocates more than the body length it
-//! has already checked against [`MAX_BODY`].
+//! has already checked against [`MAX_BODY`] (a `Lease`: [`MAX_LEASE_BODY`]),
+//! or, for lists sent as runs, than [`MAX_DESCRIPTORS`] sizes.
 
+use crate::runs::{self, MAX_RUNS};
 use crate::{OperationKind, Token, MAX_DESCRIPTORS};
 
 /// The protocol version carried in `Hello`.
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 /// The bytes that open every `Hello` body.
 pub const MAGIC: [u8; 6] = *b"FERRY\0";
 /// The length of a frame header.
 pub const HEADER_LEN: usize = 8;
-/// The largest body of any frame.
+/// The largest body of any frame but a [`Lease`].
 pub const MAX_BODY: u32 = 256 * 1024;
+/// The largest body of a [`Lease`]: eight bytes for each of up to
+/// [`MAX_LEASE_SEGMENTS`] addresses, their lengths as up to
+/// [`MAX_RUNS`] runs, and the fixed fields.
+pub const MAX_LEASE_BODY: u32 = (MAX_LEASE_SEGMENTS * 8 + MAX_RUNS * 12 + 16) as u32;
+
+/// The largest body a frame of type `ty` may have.
+fn max_body(ty: u8) -> u32 {
+    if ty == T_LEASE {
+        MAX_LEASE_BODY
+    } else {
+        MAX_BODY
+    }
+}
 /// The largest payload of one `Data` frame.
 pub const MAX_CHUNK: u32 = 16 * 1024 * 1024;
 /// The longest detail text of an `Abort`.
@@ -168,7 +183,9 @@ pub struct Open {
     pub token: Token,
     /// READ or WRITE.
     pub kind: OperationKind,
-    /// The active side's descriptor sizes; must equal the exposed ones.
+    /// The active side's descriptor (block) sizes; must equal the exposed
+    /// ones. On the wire: runs of equal sizes (see [`runs`](crate::runs)),
+    /// at most [`MAX_RUNS`] runs and [`MAX_DESCRIPTORS`] sizes in all.
     pub sizes: Vec<u64>,
     /// The bytes should move by cross-memory attach: for a READ the active
     /// side asks for a [`Lease`] instead of `Data`; for a WRITE a `Lease`
@@ -205,8 +222,9 @@ pub fn part_range(total: u64, part: u16, parts: u16) -> (u64, u64) {
     (at(part), at((part + 1).min(parts)))
 }
 
-/// The most segments one [`Lease`] may carry.
-pub const MAX_LEASE_SEGMENTS: usize = 8192;
+/// The most segments one [`Lease`] may carry: one per descriptor (block)
+/// of the largest operation.
+pub const MAX_LEASE_SEGMENTS: usize = MAX_DESCRIPTORS;
 
 /// The source side of request `req` lets the destination copy its bytes by
 /// cross-memory attach: segment `i` (address in the source process, length)
@@ -217,6 +235,8 @@ pub struct Lease {
     /// The request.
     pub req: u64,
     /// `(address, length)` per descriptor, at most [`MAX_LEASE_SEGMENTS`].
+    /// On the wire: the lengths as runs (at most [`MAX_RUNS`]), then the
+    /// addresses.
     pub segments: Vec<(u64, u64)>,
 }
 
@@ -332,6 +352,16 @@ fn put_header(out: &mut Vec<u8>, ty: u8, body_len: usize) {
     out.extend_from_slice(&(body_len as u32).to_le_bytes());
 }
 
+/// Sizes as a run count (u32) and `(size u64, count u32)` per run.
+fn put_runs(out: &mut Vec<u8>, sizes: &[u64]) {
+    let runs = runs::runs(sizes);
+    out.extend_from_slice(&(runs.len() as u32).to_le_bytes());
+    for (size, count) in runs {
+        out.extend_from_slice(&size.to_le_bytes());
+        out.extend_from_slice(&count.to_le_bytes());
+    }
+}
+
 fn truncate_utf8(s: &str, max: usize) -> &str {
     if s.len() <= max {
         return s;
@@ -365,10 +395,7 @@ impl Message {
                 out.push(u8::from(o.pull));
                 out.extend_from_slice(&o.part.to_le_bytes());
                 out.extend_from_slice(&o.parts.to_le_bytes());
-                out.extend_from_slice(&(o.sizes.len() as u32).to_le_bytes());
-                for s in &o.sizes {
-                    out.extend_from_slice(&s.to_le_bytes());
-                }
+                put_runs(out, &o.sizes);
                 T_OPEN
             }
             Message::Data(d) => {
@@ -398,10 +425,10 @@ impl Message {
             }
             Message::Lease(l) => {
                 out.extend_from_slice(&l.req.to_le_bytes());
-                out.extend_from_slice(&(l.segments.len() as u32).to_le_bytes());
-                for (addr, len) in &l.segments {
+                let lens: Vec<u64> = l.segments.iter().map(|s| s.1).collect();
+                put_runs(out, &lens);
+                for (addr, _) in &l.segments {
                     out.extend_from_slice(&addr.to_le_bytes());
-                    out.extend_from_slice(&len.to_le_bytes());
                 }
                 T_LEASE
             }
@@ -452,7 +479,7 @@ pub fn decode_header(h: &[u8; HEADER_LEN]) -> Result<Header, WireError> {
         return Err(WireError::Reserved);
     }
     let body_len = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
-    if body_len > MAX_BODY {
+    if body_len > max_body(ty) {
         return Err(WireError::BodyTooLarge(body_len));
     }
     Ok(Header { ty, body_len })
@@ -488,6 +515,20 @@ impl<'a> Reader<'a> {
         }
         let b = self.take(n)?;
         String::from_utf8(b.to_vec()).map_err(|_| WireError::InvalidField(field))
+    }
+    /// Sizes written by `put_runs`: at least one, at most `max` in all.
+    fn runs(&mut self, max: usize, field: &'static str) -> Result<Vec<u64>, WireError> {
+        let n = self.u32()? as usize;
+        if n == 0 || n > MAX_RUNS {
+            return Err(WireError::InvalidField(field));
+        }
+        if self.0.len() < n * 12 {
+            return Err(WireError::Truncated);
+        }
+        let runs = (0..n)
+            .map(|_| Ok((self.u64()?, self.u32()?)))
+            .collect::<Result<Vec<_>, WireError>>()?;
+        runs::expand(&runs, max).map_err(|_| WireError::InvalidField(field))
     }
     fn end(self) -> Result<(), WireError> {
         if self.0.is_empty() {
@@ -527,18 +568,7 @@ pub fn decode_body(h: Header, body: &[u8]) -> Result<Message, WireError> {
             if parts == 0 || parts > MAX_PARTS || part >= parts || (pull && parts > 1) {
                 return Err(WireError::InvalidField("part"));
             }
-            let n = r.u32()? as usize;
-            if n == 0 || n > MAX_DESCRIPTORS {
-                return Err(WireError::InvalidField("descriptor count"));
-            }
-            if r.0.len() != n * 8 {
-                return Err(if r.0.len() < n * 8 {
-                    WireError::Truncated
-                } else {
-                    WireError::Trailing(r.0.len() - n * 8)
-                });
-            }
-            let sizes = (0..n).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
+            let sizes = r.runs(MAX_DESCRIPTORS, "descriptor count")?;
             Message::Open(Open {
                 req,
                 op_id,
@@ -584,19 +614,18 @@ pub fn decode_body(h: Header, body: &[u8]) -> Result<Message, WireError> {
         }
         T_LEASE => {
             let req = r.u64()?;
-            let n = r.u32()? as usize;
-            if n == 0 || n > MAX_LEASE_SEGMENTS {
-                return Err(WireError::InvalidField("segment count"));
-            }
-            if r.0.len() != n * 16 {
-                return Err(if r.0.len() < n * 16 {
+            let lens = r.runs(MAX_LEASE_SEGMENTS, "segment count")?;
+            let n = lens.len();
+            if r.0.len() != n * 8 {
+                return Err(if r.0.len() < n * 8 {
                     WireError::Truncated
                 } else {
-                    WireError::Trailing(r.0.len() - n * 16)
+                    WireError::Trailing(r.0.len() - n * 8)
                 });
             }
-            let segments = (0..n)
-                .map(|_| Ok((r.u64()?, r.u64()?)))
+            let segments = lens
+                .into_iter()
+                .map(|len| Ok((r.u64()?, len)))
                 .collect::<Result<Vec<_>, WireError>>()?;
             Message::Lease(Lease { req, segments })
         }
@@ -634,164 +663,4 @@ pub fn decode_frame(buf: &[u8]) -> Result<Option<(Message, usize)>, WireError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    fn samples() -> Vec<Message> {
-        vec![
-            Message::Hello(Hello {
-                version: PROTOCOL_VERSION,
-                worker_id: "w-1".into(),
-            }),
-            Message::Open(Open {
-                req: 1,
-                op_id: 2,
-                token: Token::from_bytes([9; 16]),
-                kind: OperationKind::Write,
-                sizes: vec![1, 2, 3],
-                pull: true,
-                part: 0,
-                parts: 1,
-            }),
-            Message::Open(Open {
-                req: 5,
-                op_id: 6,
-                token: Token::from_bytes([8; 16]),
-                kind: OperationKind::Read,
-                sizes: vec![1 << 30],
-                pull: false,
-                part: 15,
-                parts: 16,
-            }),
-            Message::Lease(Lease {
-                req: 4,
-                segments: vec![(0x7f00_0000_1000, 4096), (1, u64::MAX)],
-            }),
-            Message::Attach(Attach {
-                pid: 1234,
-                addr: 0x5555_0000,
-                cookie: [7; 16],
-                verdict: Verdict::CanPull,
-            }),
-            Message::Data(Data {
-                req: 5,
-                desc: 1,
-                offset: 1 << 33,
-                len: 4096,
-            }),
-            Message::Finish { req: 77 },
-            Message::Release { req: 78 },
-            Message::Auth(Auth {
-                handshake: vec![1; 48],
-            }),
-            Message::Abort(Abort {
-                req: 3,
-                reason: AbortReason::SizeMismatch,
-                detail: "descriptor 0: 4 != 5".into(),
-            }),
-        ]
-    }
-
-    #[test]
-    fn round_trip() {
-        for m in samples() {
-            let v = m.to_vec();
-            let (back, used) = decode_frame(&v).unwrap().unwrap();
-            assert_eq!(back, m);
-            assert_eq!(used, v.len());
-            for cut in 0..v.len() {
-                assert_eq!(decode_frame(&v[..cut]).unwrap(), None, "{m:?} cut at {cut}");
-            }
-        }
-    }
-
-    #[test]
-    fn the_longest_hello_is_max_hello_body() {
-        let longest = Message::Hello(Hello {
-            version: PROTOCOL_VERSION,
-            worker_id: "é".repeat(200),
-        })
-        .to_vec();
-        assert_eq!(longest.len(), HEADER_LEN + MAX_HELLO_BODY as usize);
-        let (back, _) = decode_frame(&longest).unwrap().unwrap();
-        assert!(matches!(back, Message::Hello(h) if h.worker_id.len() == MAX_WORKER_ID));
-        let mut v = header_for(T_AUTH, 2 + MAX_HANDSHAKE + 1);
-        v.extend_from_slice(&((MAX_HANDSHAKE + 1) as u16).to_le_bytes());
-        v.resize(v.len() + MAX_HANDSHAKE + 1, 0);
-        assert_eq!(decode_frame(&v), Err(WireError::InvalidField("handshake")));
-    }
-
-    fn header_for(ty: u8, body_len: usize) -> Vec<u8> {
-        let mut v = vec![ty, 0, 0, 0];
-        v.extend_from_slice(&(body_len as u32).to_le_bytes());
-        v
-    }
-
-    #[test]
-    fn absurd_length_and_garbage_are_errors() {
-        let mut h = [T_OPEN, 0, 0, 0, 0, 0, 0, 0];
-        h[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert_eq!(decode_header(&h), Err(WireError::BodyTooLarge(u32::MAX)));
-        assert_eq!(
-            decode_header(b"GET / HT"),
-            Err(WireError::UnknownType(b'G'))
-        );
-        let mut hello = samples()[0].to_vec();
-        hello[HEADER_LEN] = b'X';
-        assert_eq!(decode_frame(&hello), Err(WireError::BadMagic));
-    }
-
-    #[test]
-    fn impossible_parts_are_refused() {
-        let open = |part, parts, pull| {
-            Message::Open(Open {
-                req: 1,
-                op_id: 1,
-                token: Token::from_bytes([0; 16]),
-                kind: OperationKind::Read,
-                sizes: vec![8],
-                pull,
-                part,
-                parts,
-            })
-            .to_vec()
-        };
-        assert!(decode_frame(&open(3, 4, false)).is_ok());
-        for (part, parts, pull) in [(0, 0, false), (4, 4, false), (0, 17, false), (1, 2, true)] {
-            assert_eq!(
-                decode_frame(&open(part, parts, pull)),
-                Err(WireError::InvalidField("part")),
-                "part {part} of {parts}, pull {pull}"
-            );
-        }
-    }
-
-    proptest! {
-        #[test]
-        fn parts_cover_every_byte_once_in_order(total in any::<u64>(), parts in 1u16..=MAX_PARTS) {
-            let mut at = 0;
-            for p in 0..parts {
-                let (start, end) = part_range(total, p, parts);
-                prop_assert_eq!(start, at);
-                prop_assert!(end >= start);
-                prop_assert!(end - start <= total / u64::from(parts) + 1);
-                at = end;
-            }
-            prop_assert_eq!(at, total);
-        }
-
-        #[test]
-        fn decoder_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
-            let _ = decode_frame(&bytes);
-        }
-
-        #[test]
-        fn decoder_never_panics_on_valid_headers(ty in 1u8..=9, body in proptest::collection::vec(any::<u8>(), 0..300)) {
-            let mut v = vec![ty, 0, 0, 0];
-            v.extend_from_slice(&(body.len() as u32).to_le_bytes());
-            v.extend_from_slice(&body);
-            let _ = decode_frame(&v);
-        }
-    }
-}
+mod tests;
