@@ -282,6 +282,18 @@ impl<'a> Descriptor<'a> {
         self.owner.take()
     }
 
+    /// `(pointer, length)` of block `i` of a paged descriptor (the whole
+    /// memory of a plain one).
+    pub(crate) fn block_ptr(&self, i: usize) -> (*mut u8, usize) {
+        match &self.blocks {
+            None => (self.ptr.as_ptr(), self.len),
+            Some(b) => {
+                let at = b.ids[i] as usize * b.stride + b.offset;
+                (self.ptr.as_ptr().wrapping_add(at), b.len)
+            }
+        }
+    }
+
     /// `(pointer, length)` of each block (one for a plain descriptor).
     pub(crate) fn raw_segments(&self, out: &mut Vec<(*mut u8, usize)>) {
         match &self.blocks {

@@ -39,6 +39,7 @@ mod descriptor;
 mod error;
 mod exposure;
 mod host;
+mod hugemem;
 mod kind;
 mod op;
 mod operation;

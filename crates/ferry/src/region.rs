@@ -129,6 +129,15 @@ impl Region {
             .collect()
     }
 
+    /// Whether segment `i + 1` starts where segment `i` ends (two blocks
+    /// that one copy can fill). Addresses only: touches no memory.
+    pub(crate) fn adjoins(&self, i: usize) -> bool {
+        match (self.segs.get(i), self.segs.get(i + 1)) {
+            (Some(a), Some(b)) => a.ptr.wrapping_add(a.len) == b.ptr,
+            _ => false,
+        }
+    }
+
     fn lent(&self) -> std::sync::MutexGuard<'_, Lent> {
         self.lent.lock().unwrap_or_else(|e| e.into_inner())
     }

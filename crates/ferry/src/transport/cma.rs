@@ -243,17 +243,18 @@ pub(crate) fn pull(pid: u32, local: &mut [u8], remote: u64) -> io::Result<()> {
     unsafe { pull_many(pid, &[(local.as_mut_ptr(), len)], &[(remote, len as u64)]) }
 }
 
-/// Copies `remote[i]` (address, length) of process `pid` into `local[i]`
-/// for every `i`, in one `process_vm_readv`. Fails unless every byte was
-/// copied.
+/// Copies the ranges `remote` (address, length) of process `pid`, in
+/// order, into the ranges `local`, in order, in one `process_vm_readv`.
+/// Fails unless every byte was copied.
 ///
 /// # Safety
 ///
 /// Every `local[i]` must be valid for writes of its length, and nothing
 /// else may read or write that memory during the call (the kernel writes
 /// it; overlapping ranges are merely written twice). `local` and `remote`
-/// must have the same length, at most `IOV_MAX` (1024), with equal lengths
-/// pairwise.
+/// must each have at most `IOV_MAX` (1024) ranges, with equal totals (the
+/// call copies the remote ranges, in order, into the local ones, in
+/// order).
 #[cfg(target_os = "linux")]
 pub(crate) unsafe fn pull_many(
     pid: u32,
@@ -495,7 +496,10 @@ impl Peer {
     /// # Safety
     ///
     /// As for [`pull_many`] (any number of ranges: calls take at most
-    /// `IOV_MAX - 1` each).
+    /// `IOV_MAX - 1` each), except that the lengths need not be equal
+    /// pairwise when both lists have at most `IOV_MAX - 1` ranges: then
+    /// their totals must be equal (one call copies the remote ranges, in
+    /// order, into the local ones, in order).
     pub(crate) unsafe fn pull_many(
         &self,
         local: &[(*mut u8, usize)],
@@ -512,7 +516,8 @@ impl Peer {
             // SAFETY: `seen` lives in this frame, valid for writes of 16
             // bytes and touched by nothing else during the call; the other
             // ranges are the caller's, under this function's contract; at
-            // most IOV_MAX ranges, equal lengths pairwise.
+            // most IOV_MAX ranges, equal lengths pairwise or (one call)
+            // equal totals.
             let copied = unsafe { pull_many(self.pid, &li, &ri) };
             match copied {
                 Ok(()) if seen == self.random => {}

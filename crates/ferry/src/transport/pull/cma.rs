@@ -59,27 +59,26 @@ impl Puller for CmaPuller {
         }
         let mut i = 0;
         while i < segs.len() {
-            // Small segments in a row: one vectored call for up to a chunk.
-            let mut count = 0;
-            let mut bytes = 0u64;
-            while i + count < segs.len()
-                && count < MAX_IOV
-                && segs[i + count].1 <= PULL_CHUNK - bytes
-            {
-                bytes += segs[i + count].1;
-                count += 1;
-            }
-            if count > 1 {
-                let batch = &segs[i..i + count];
+            // Small segments in a row: one vectored call for up to a chunk,
+            // blocks that follow each other in memory (on either side)
+            // merged into one range of that side.
+            let count = batch(segs, i, region);
+            if count > 0 {
+                let lent = &segs[i..i + count];
                 let r = region.copy_into(i, count, None, |local| {
-                    if local.iter().zip(batch).any(|(l, r)| l.1 as u64 != r.1) {
+                    if local.iter().zip(lent).any(|(l, r)| l.1 as u64 != r.1) {
                         return Err(io::Error::other("lease larger than the destination"));
                     }
-                    // SAFETY: `copy_into` hands out whole segments of the region,
-                    // counted as in flight until we return: valid for writes and
-                    // touched by nothing else meanwhile; the lengths match the
-                    // lease pairwise (checked above) and `count` <= IOV_MAX.
-                    unsafe { peer.pull_many(local, batch) }
+                    let local = merged_local(local);
+                    let remote = merged(lent.iter().copied());
+                    // SAFETY: `copy_into` hands out whole segments of the
+                    // region, counted as in flight until we return: valid for
+                    // writes and touched by nothing else meanwhile (merging
+                    // ranges that follow each other changes nothing of
+                    // that); the lengths match the lease pairwise (checked
+                    // above), so the merged totals are equal; `batch` kept
+                    // both merged lists to at most MAX_IOV ranges.
+                    unsafe { peer.pull_many(&local, &remote) }
                 });
                 match r {
                     Ok(Ok(())) => {}
@@ -126,6 +125,68 @@ impl Puller for CmaPuller {
             PullEnd::Closed
         }
     }
+}
+
+/// How many segments from `i` on one call copies: at most [`PULL_CHUNK`]
+/// bytes, and at most [`MAX_IOV`] ranges on each side once neighbours that
+/// follow each other in memory are merged. 0 when segment `i` alone is
+/// larger than a chunk.
+fn batch(segs: &[(u64, u64)], i: usize, region: &Region) -> usize {
+    let (mut count, mut bytes) = (0usize, 0u64);
+    let (mut remote, mut local) = (0usize, 0usize);
+    while let Some(&(addr, len)) = segs.get(i + count) {
+        if len > PULL_CHUNK - bytes {
+            break;
+        }
+        let j = i + count;
+        let joins_remote = count > 0 && {
+            let (a, n) = segs[j - 1];
+            a.checked_add(n) == Some(addr)
+        };
+        let joins_local = count > 0 && region.adjoins(j - 1);
+        let (r, l) = (
+            remote + usize::from(!joins_remote),
+            local + usize::from(!joins_local),
+        );
+        if r > MAX_IOV || l > MAX_IOV {
+            break;
+        }
+        (remote, local) = (r, l);
+        bytes += len;
+        count += 1;
+    }
+    count
+}
+
+/// [`merged`] for local pointers.
+fn merged_local(ranges: &[(*mut u8, usize)]) -> Vec<(*mut u8, usize)> {
+    let mut out: Vec<(*mut u8, usize)> = Vec::with_capacity(ranges.len());
+    for &(p, n) in ranges {
+        if n == 0 {
+            continue;
+        }
+        match out.last_mut() {
+            Some((q, m)) if q.wrapping_add(*m) == p => *m += n,
+            _ => out.push((p, n)),
+        }
+    }
+    out
+}
+
+/// `ranges` with every range that starts where the previous one ends
+/// merged into it (empty ranges dropped).
+fn merged(ranges: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (a, n) in ranges {
+        if n == 0 {
+            continue;
+        }
+        match out.last_mut() {
+            Some((b, m)) if b.checked_add(*m) == Some(a) => *m += n,
+            _ => out.push((a, n)),
+        }
+    }
+    out
 }
 
 #[cfg(all(test, target_os = "linux"))]
