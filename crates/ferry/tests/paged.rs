@@ -53,9 +53,9 @@ fn fill(pool: &Pool) {
 fn check(pool: &Pool, dst: &[u32], src: &[u32], offset: usize, len: usize) {
     for (k, (&d, &s)) in dst.iter().zip(src).enumerate() {
         pool.with_block(d, |b| {
-            for i in 0..len {
+            for (i, &x) in b[..len].iter().enumerate() {
                 assert_eq!(
-                    b[i],
+                    x,
                     byte(s, offset + i),
                     "entry {k}: block {d} from {s}, byte {i}"
                 );
