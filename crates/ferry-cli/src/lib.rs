@@ -8,5 +8,6 @@
 pub mod bench;
 pub mod clock;
 pub mod demo;
+pub mod kv;
 pub mod pattern;
 pub mod peer;

@@ -52,7 +52,17 @@ enum Cmd {
         /// same one.
         #[arg(long)]
         secret: Option<String>,
+        /// `sweep` (block sizes and batches, the default) or `kv` (KV-cache
+        /// shapes: paged descriptors, see `ferry_cli::kv`).
+        #[arg(long, default_value = "sweep")]
+        workload: String,
+        /// For `--workload kv`: requests in flight, e.g. 1,8,32.
+        #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 8, 32])]
+        inflight: Vec<usize>,
     },
+    /// The target of `ferry bench --workload kv` (JSON lines on stdin).
+    #[command(hide = true)]
+    KvTarget,
     /// Run a worker driven by JSON lines on stdin (used by demo, bench and tests).
     Peer {
         /// Where to listen.
@@ -101,6 +111,10 @@ async fn main() -> anyhow::Result<()> {
         size: 64 << 20,
         descriptors: 1,
     }) {
+        Cmd::KvTarget => {
+            let c = ferry::Connector::builder().build().await?;
+            ferry_cli::kv::target(c).await
+        }
         Cmd::Demo { size, descriptors } => {
             let exe = std::env::current_exe()?;
             ferry_cli::demo::run(&exe, size, descriptors).await
@@ -114,7 +128,23 @@ async fn main() -> anyhow::Result<()> {
             batches,
             json,
             secret,
+            workload,
+            inflight,
         } => {
+            if workload == "kv" {
+                let exe = std::env::current_exe()?;
+                let out: Option<Box<dyn std::io::Write>> = match &json {
+                    None => None,
+                    Some(p) if p.as_os_str() == "-" => Some(Box::new(std::io::stdout())),
+                    Some(p) => Some(Box::new(std::fs::File::create(p)?)),
+                };
+                return ferry_cli::kv::run(&exe, quick, &inflight, out)
+                    .await
+                    .map(drop);
+            }
+            if workload != "sweep" {
+                anyhow::bail!("unknown workload {workload:?}: sweep or kv");
+            }
             let mut opts = if quick {
                 ferry_cli::bench::Options::quick()
             } else {
