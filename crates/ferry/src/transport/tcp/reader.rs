@@ -11,6 +11,7 @@ use tokio::sync::watch;
 
 use crate::exposure::{PassiveLink, Refusal};
 use crate::host;
+use crate::metrics::ConnMeter;
 use crate::transport::api::Host;
 use crate::transport::cma;
 use crate::transport::probe::verify_peer;
@@ -38,6 +39,7 @@ pub(super) async fn run_connection(
     mut shutdown: watch::Receiver<bool>,
     inner: Option<Arc<Served>>,
     idle_timeout: Duration,
+    meter: ConnMeter,
 ) {
     let mut dead = conn.dead.subscribe();
     let err = loop {
@@ -89,6 +91,7 @@ pub(super) async fn run_connection(
         let _ = conn.writer.lock().await.shutdown().await;
     })
     .await;
+    drop(meter);
 }
 
 /// Ends every operation on the connection with `err` and gives back what
