@@ -16,7 +16,7 @@ use crate::builder::{
 };
 use crate::exposure::Exposures;
 use crate::kind::TransportKind;
-use crate::metrics::{Metrics, MetricsSnapshot, OpKind, OpMeter, Side};
+use crate::metrics::{Listing, Metrics, MetricsSnapshot, OpKind, OpMeter, Side};
 use crate::op::{Link, OpCore};
 use crate::outcome::OpShared;
 use crate::region::Region;
@@ -151,7 +151,10 @@ impl ConnectorBuilder {
 
 /// Starts (or joins) the scrape endpoint: at `set`, else at
 /// `FERRY_METRICS_ADDR`'s address; `None` without either.
-fn start_metrics(metrics: &Arc<Metrics>, set: Option<SocketAddr>) -> Result<Option<SocketAddr>> {
+fn start_metrics(
+    metrics: &Arc<Metrics>,
+    set: Option<SocketAddr>,
+) -> Result<Option<(SocketAddr, Arc<Listing>)>> {
     let addr = match set {
         Some(a) => a,
         None => match std::env::var(METRICS_ADDR_ENV) {
@@ -164,7 +167,7 @@ fn start_metrics(metrics: &Arc<Metrics>, set: Option<SocketAddr>) -> Result<Opti
         },
     };
     match crate::metrics::serve(metrics, addr) {
-        Ok(bound) => Ok(Some(bound)),
+        Ok(served) => Ok(Some(served)),
         Err(e) if set.is_some() => Err(Error::Config(e.to_string())),
         Err(e) => {
             tracing::warn!("{e}; metrics are not served");
@@ -200,7 +203,8 @@ struct Inner {
     transports: Transports,
     shutdown: watch::Sender<bool>,
     metrics: Arc<Metrics>,
-    metrics_addr: Option<SocketAddr>,
+    /// Where the metrics are served, and this connector's place there.
+    metrics_addr: Option<(SocketAddr, Arc<Listing>)>,
     /// What the transports see of this connector (they hold it weakly or
     /// through their tasks).
     _host: Arc<Host>,
@@ -334,7 +338,7 @@ impl Connector {
     /// Where this connector's metrics are served for Prometheus, if they
     /// are ([`ConnectorBuilder::metrics_addr`], `FERRY_METRICS_ADDR`).
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
-        self.inner.metrics_addr
+        self.inner.metrics_addr.as_ref().map(|(a, _)| *a)
     }
 
     /// Exposes local memory for one remote worker to read.

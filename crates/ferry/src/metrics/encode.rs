@@ -141,10 +141,16 @@ impl Collector for Snapshots {
                         ("side", h.side.name()),
                         ("transport", transport_name(h.transport)),
                     ];
+                    // The encoder makes them cumulative itself.
+                    let mut below = 0;
                     let buckets: Vec<(f64, u64)> = h
                         .buckets
                         .iter()
-                        .map(|&(b, n)| (if b == u64::MAX { f64::INFINITY } else { b as f64 }, n))
+                        .map(|&(b, n)| {
+                            let here = n.saturating_sub(below);
+                            below = n;
+                            (if b == u64::MAX { f64::INFINITY } else { b as f64 }, here)
+                        })
                         .collect();
                     m.encode_family(&labels)?.encode_histogram::<NoLabelSet>(
                         h.sum_us as f64,

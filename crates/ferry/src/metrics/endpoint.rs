@@ -30,7 +30,11 @@ pub(crate) enum ServeError {
     Start(std::io::Error),
 }
 
-type Served = Arc<Mutex<Vec<Weak<Metrics>>>>;
+/// A connector's place at an endpoint: it is served while the connector
+/// holds this (its operations may hold the metrics a little longer).
+pub(crate) struct Listing(Arc<Metrics>);
+
+type Served = Arc<Mutex<Vec<Weak<Listing>>>>;
 
 struct Endpoint {
     requested: SocketAddr,
@@ -54,22 +58,26 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Serves `metrics` at `addr` (a port of 0 picks one), starting the
 /// endpoint unless this process already serves that address. Returns the
 /// bound address.
-pub(crate) fn serve(metrics: &Arc<Metrics>, addr: SocketAddr) -> Result<SocketAddr, ServeError> {
+pub(crate) fn serve(
+    metrics: &Arc<Metrics>,
+    addr: SocketAddr,
+) -> Result<(SocketAddr, Arc<Listing>), ServeError> {
+    let listing = Arc::new(Listing(metrics.clone()));
     let mut endpoints = lock(&ENDPOINTS);
     if addr.port() != 0 {
         if let Some(e) = endpoints
             .iter()
             .find(|e| e.requested == addr || e.bound == addr)
         {
-            lock(&e.served).push(Arc::downgrade(metrics));
-            return Ok(e.bound);
+            lock(&e.served).push(Arc::downgrade(&listing));
+            return Ok((e.bound, listing));
         }
     }
     let bind = |source| ServeError::Bind { addr, source };
     let listener = std::net::TcpListener::bind(addr).map_err(bind)?;
     listener.set_nonblocking(true).map_err(bind)?;
     let bound = listener.local_addr().map_err(bind)?;
-    let served: Served = Arc::new(Mutex::new(vec![Arc::downgrade(metrics)]));
+    let served: Served = Arc::new(Mutex::new(vec![Arc::downgrade(&listing)]));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
@@ -86,7 +94,7 @@ pub(crate) fn serve(metrics: &Arc<Metrics>, addr: SocketAddr) -> Result<SocketAd
         bound,
         served,
     });
-    Ok(bound)
+    Ok((bound, listing))
 }
 
 async fn run(listener: std::net::TcpListener, served: Served) {
@@ -154,7 +162,7 @@ fn respond(req: &Request<Incoming>, served: &Served) -> Response<Full<Bytes>> {
         served
             .iter()
             .filter_map(Weak::upgrade)
-            .map(|m| m.snapshot())
+            .map(|l| l.0.snapshot())
             .collect()
     };
     reply(
