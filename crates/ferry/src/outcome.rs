@@ -66,6 +66,13 @@ impl OpShared {
         }
     }
 
+    /// The destination has every byte and commits (traced as the seal).
+    pub(crate) fn committed(&self) {
+        if let Some(m) = &self.meter {
+            m.sealed();
+        }
+    }
+
     /// The request was opened: sent (active) or granted to `peer` (passive).
     pub(crate) fn opened(&self, peer: Option<&str>) {
         if let Some(m) = &self.meter {

@@ -212,6 +212,10 @@ impl Conn {
                 if !ok {
                     return;
                 }
+                if !lent {
+                    // Every byte landed here: the outcome is decided.
+                    target.shared.committed();
+                }
                 if target.end(OperationStatus::Complete, None) {
                     self.send_soon(Message::Finish { req }.to_vec(), None, true);
                 } else {

@@ -123,7 +123,12 @@ pub(super) async fn step(
             desc,
             offset,
             len,
-        } => rd.payload(len, Some((&target.region, desc, offset))).await,
+        } => {
+            if desc == 0 && offset == 0 {
+                target.shared.first_byte();
+            }
+            rd.payload(len, Some((&target.region, desc, offset))).await
+        }
         Step::Discard { len } => rd.payload(len, None).await,
         // Only a passive session asks for these.
         Step::CheckGrant(o) => match inner {
