@@ -44,28 +44,55 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
             name: attrs.metadata().name().to_string(),
             ..Captured::default()
         };
-        attrs.record(&mut Fields(&mut c.fields, &mut self.text.lock().unwrap()));
-        self.spans.lock().unwrap().insert(id.into_u64(), c);
+        attrs.record(&mut Fields(
+            &mut c.fields,
+            &mut self.text.lock().unwrap_or_else(|e| e.into_inner()),
+        ));
+        self.spans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.into_u64(), c);
     }
 
     fn on_record(&self, id: &Id, values: &Record<'_>, _: Context<'_, S>) {
-        if let Some(c) = self.spans.lock().unwrap().get_mut(&id.into_u64()) {
-            values.record(&mut Fields(&mut c.fields, &mut self.text.lock().unwrap()));
+        if let Some(c) = self
+            .spans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(&id.into_u64())
+        {
+            values.record(&mut Fields(
+                &mut c.fields,
+                &mut self.text.lock().unwrap_or_else(|e| e.into_inner()),
+            ));
         }
     }
 
     fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
         let mut fields = BTreeMap::new();
-        event.record(&mut Fields(&mut fields, &mut self.text.lock().unwrap()));
+        event.record(&mut Fields(
+            &mut fields,
+            &mut self.text.lock().unwrap_or_else(|e| e.into_inner()),
+        ));
         if let Some(span) = ctx.event_span(event) {
-            if let Some(c) = self.spans.lock().unwrap().get_mut(&span.id().into_u64()) {
+            if let Some(c) = self
+                .spans
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_mut(&span.id().into_u64())
+            {
                 c.events.push(fields.remove("message").unwrap_or_default());
             }
         }
     }
 
     fn on_close(&self, id: Id, _: Context<'_, S>) {
-        if let Some(c) = self.spans.lock().unwrap().get_mut(&id.into_u64()) {
+        if let Some(c) = self
+            .spans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(&id.into_u64())
+        {
             c.closed = true;
         }
     }
@@ -117,7 +144,21 @@ async fn one_span_per_operation_without_the_token() {
         .to_string();
     cancelled.cancel();
 
-    let spans = capture.spans.lock().unwrap();
+    // A waiter wakes as the operation ends; its span closes right after.
+    for _ in 0..500 {
+        let closed = capture
+            .spans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|c| c.closed)
+            .count();
+        if closed == 3 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let spans = capture.spans.lock().unwrap_or_else(|e| e.into_inner());
     let ops: Vec<&Captured> = spans.values().filter(|c| c.name == "ferry.op").collect();
     assert_eq!(ops.len(), 3, "one span per operation: {ops:#?}");
     let by_kind = |k: &str| *ops.iter().find(|c| c.fields["kind"] == k).unwrap();
@@ -153,7 +194,7 @@ async fn one_span_per_operation_without_the_token() {
     assert!(!w.fields.contains_key("peer"));
     assert!(w.closed);
 
-    let text = capture.text.lock().unwrap();
+    let text = capture.text.lock().unwrap_or_else(|e| e.into_inner());
     assert!(text.contains("kind=read"), "the capture works");
     for t in [&token, &wtoken] {
         assert!(!text.contains(t.as_str()), "a token leaked into a trace");
