@@ -25,21 +25,26 @@ def test_metrics_count_what_happened():
                     await asyncio.gather(read.wait_for_completion(), readable.wait_for_completion())
                     transport = read.transport
 
-        # A wrong pairing, refused before anything starts.
+        # A writable cancelled by leaving its block, then a read of a
+        # readable its owner cancelled: refused by the remote.
         with a.create_writable([Descriptor(bytearray(3))]) as writable:
             assert a.metrics()["in_flight"]["writable"] == 1
             assert a.metrics()["exposed_bytes"] == 3
-            with pytest.raises(ferry.WrongPairingError):
-                await b.begin_read(writable.metadata(), Descriptor(bytearray(3)))
-        # Leaving the block cancelled the writable.
+        with await a.create_readable(Descriptor(bytearray(7))) as gone:
+            meta = gone.metadata()
+        async with b.begin_read(meta, Descriptor(bytearray(7))) as read:
+            with pytest.raises(ferry.RejectedError):
+                await read.wait_for_completion()
 
         mb = b.metrics()
-        reads = [o for o in mb["operations"] if o["kind"] == "read"]
+        reads = [o for o in mb["operations"] if o["outcome"] == "complete"]
         assert reads == [
             {"kind": "read", "transport": transport, "outcome": "complete", "count": 2, "bytes": 10000}
         ]
+        errored = [o for o in mb["operations"] if o["outcome"] == "errored"]
+        assert [(o["kind"], o["count"], o["bytes"]) for o in errored] == [("read", 1, 7)]
         assert mb["rx_bytes"] == 10000 and mb["tx_bytes"] == 0
-        assert mb["errors"] == {"wrong_pairing": 1}
+        assert mb["errors"] == {"rejected": 1}
         (d,) = [h for h in mb["durations"] if h["side"] == "active"]
         assert d["count"] == 2 and d["transport"] == transport
         assert d["buckets"][-1] == (None, 2)
@@ -47,7 +52,11 @@ def test_metrics_count_what_happened():
 
         ma = a.metrics()
         counts = {(o["kind"], o["outcome"]): (o["count"], o["bytes"]) for o in ma["operations"]}
-        assert counts == {("readable", "complete"): (2, 10000), ("writable", "cancelled"): (1, 3)}
+        assert counts == {
+            ("readable", "complete"): (2, 10000),
+            ("readable", "cancelled"): (1, 7),
+            ("writable", "cancelled"): (1, 3),
+        }
         assert ma["tx_bytes"] == 10000
         assert ma["exposed_bytes"] == 0
         assert sum(ma["in_flight"].values()) == 0
