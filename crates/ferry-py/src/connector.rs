@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use crate::bridge::{block_on, run_future, Outcome};
 use crate::errors::error_to_py;
@@ -73,6 +74,11 @@ impl Connector {
     /// How many pooled connections to remote workers are open.
     fn connection_count(&self) -> usize {
         self.inner.connection_count()
+    }
+
+    /// This connector's metrics now, as a dict (see docs/metrics.md).
+    fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        metrics_dict(py, &self.inner.metrics())
     }
 
     /// Exposes memory for one remote worker to read.
@@ -191,4 +197,66 @@ impl Connector {
             op.map(|op| Box::new(Operation::new(op, owners)))
         })
     }
+}
+
+fn transport_name(t: Option<ferry::TransportKind>) -> &'static str {
+    t.map_or("none", ferry::TransportKind::name)
+}
+
+/// A metrics snapshot as plain Python values.
+fn metrics_dict<'py>(
+    py: Python<'py>,
+    m: &ferry::metrics::MetricsSnapshot,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("worker_id", &m.worker_id)?;
+    let mut ops = Vec::with_capacity(m.operations.len());
+    for c in &m.operations {
+        let o = PyDict::new(py);
+        o.set_item("kind", c.kind.name())?;
+        o.set_item("transport", transport_name(c.transport))?;
+        o.set_item("outcome", c.outcome.name())?;
+        o.set_item("count", c.count)?;
+        o.set_item("bytes", c.bytes)?;
+        ops.push(o);
+    }
+    d.set_item("operations", ops)?;
+    let mut durations = Vec::with_capacity(m.durations.len());
+    for h in &m.durations {
+        let o = PyDict::new(py);
+        o.set_item("side", h.side.name())?;
+        o.set_item("transport", transport_name(h.transport))?;
+        o.set_item("count", h.count)?;
+        o.set_item("sum_us", h.sum_us)?;
+        let buckets: Vec<(Option<u64>, u64)> = h
+            .buckets
+            .iter()
+            .map(|&(b, n)| ((b != u64::MAX).then_some(b), n))
+            .collect();
+        o.set_item("buckets", buckets)?;
+        durations.push(o);
+    }
+    d.set_item("durations", durations)?;
+    let errors = PyDict::new(py);
+    for e in &m.errors {
+        errors.set_item(e.cause, e.count)?;
+    }
+    d.set_item("errors", errors)?;
+    let in_flight = PyDict::new(py);
+    for (k, n) in m.in_flight {
+        in_flight.set_item(k.name(), n)?;
+    }
+    d.set_item("in_flight", in_flight)?;
+    d.set_item("exposed_bytes", m.exposed_bytes)?;
+    d.set_item("tx_bytes", m.tx_bytes())?;
+    d.set_item("rx_bytes", m.rx_bytes())?;
+    let c = m.connections;
+    let conns = PyDict::new(py);
+    conns.set_item("inbound_opened", c.inbound_opened)?;
+    conns.set_item("inbound_closed", c.inbound_closed)?;
+    conns.set_item("outbound_opened", c.outbound_opened)?;
+    conns.set_item("outbound_closed", c.outbound_closed)?;
+    conns.set_item("open", c.open())?;
+    d.set_item("connections", conns)?;
+    Ok(d)
 }

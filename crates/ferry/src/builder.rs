@@ -23,6 +23,9 @@ pub const STRIPE_THRESHOLD_ENV: &str = "FERRY_STRIPE_THRESHOLD";
 pub const IDLE_TIMEOUT_ENV: &str = "FERRY_IDLE_TIMEOUT";
 /// The environment variable that sets [`ConnectorBuilder::max_connections`].
 pub const MAX_CONNECTIONS_ENV: &str = "FERRY_MAX_CONNECTIONS";
+/// The environment variable that sets [`ConnectorBuilder::metrics_addr`],
+/// e.g. `FERRY_METRICS_ADDR=0.0.0.0:9464`.
+pub const METRICS_ADDR_ENV: &str = "FERRY_METRICS_ADDR";
 /// Connections with no operation in progress for this long are closed, by default.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub use crate::transport::admission::{DEFAULT_MAX_CONNECTIONS, UNPROVEN_PER_ADDRESS};
@@ -53,6 +56,7 @@ pub struct ConnectorBuilder {
     pub(crate) stripe_threshold: Option<u64>,
     pub(crate) idle_timeout: Option<Duration>,
     pub(crate) max_connections: Option<usize>,
+    pub(crate) metrics_addr: Option<SocketAddr>,
 }
 
 /// TCP streams per transfer to another host, by default.
@@ -77,6 +81,7 @@ impl Default for ConnectorBuilder {
             stripe_threshold: None,
             idle_timeout: None,
             max_connections: None,
+            metrics_addr: None,
         }
     }
 }
@@ -180,6 +185,21 @@ impl ConnectorBuilder {
     /// never closed to make room.
     pub fn max_connections(mut self, n: usize) -> Self {
         self.max_connections = Some(n);
+        self
+    }
+
+    /// Serves this connector's metrics for Prometheus at
+    /// `http://ADDR/metrics` (OpenMetrics text; see `docs/metrics.md`).
+    /// Without this call `FERRY_METRICS_ADDR` is read; without either, no
+    /// endpoint runs ([`Connector::metrics`](crate::Connector::metrics)
+    /// works all the same). Connectors of one process that name the same
+    /// address share one endpoint, told apart by their `worker` label; a
+    /// port of 0 picks a free one
+    /// ([`Connector::metrics_addr`](crate::Connector::metrics_addr) tells
+    /// which). An address that cannot be bound fails `build` when set here,
+    /// and is only logged when it comes from the environment.
+    pub fn metrics_addr(mut self, addr: SocketAddr) -> Self {
+        self.metrics_addr = Some(addr);
         self
     }
 

@@ -11,11 +11,12 @@ use crate::auth::Secret;
 use crate::builder::{
     number_or_env, ConnectorBuilder, CMA_THRESHOLD_ENV, DEFAULT_CMA_THRESHOLD,
     DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_STRIPE_THRESHOLD, DEFAULT_TCP_STREAMS,
-    IDLE_TIMEOUT_ENV, MAX_CONNECTIONS_ENV, MIN_SECRET, SECRET_ENV, STRIPE_THRESHOLD_ENV,
-    TCP_STREAMS_ENV, TRANSPORTS_ENV,
+    IDLE_TIMEOUT_ENV, MAX_CONNECTIONS_ENV, METRICS_ADDR_ENV, MIN_SECRET, SECRET_ENV,
+    STRIPE_THRESHOLD_ENV, TCP_STREAMS_ENV, TRANSPORTS_ENV,
 };
 use crate::exposure::Exposures;
 use crate::kind::TransportKind;
+use crate::metrics::{Listing, Metrics, MetricsSnapshot, OpKind, OpMeter, Side};
 use crate::op::{Link, OpCore};
 use crate::outcome::OpShared;
 use crate::region::Region;
@@ -93,6 +94,8 @@ impl ConnectorBuilder {
         if max_connections == 0 {
             return Err(Error::Config("max connections must be at least 1".into()));
         }
+        let metrics = Arc::new(Metrics::new(worker_id.clone()));
+        let metrics_addr = start_metrics(&metrics, self.metrics_addr)?;
         let listener = Listener::bind(self.listen).await?;
         let local_addr = listener.local_addr()?;
         let advertised = match self.advertise {
@@ -118,6 +121,7 @@ impl ConnectorBuilder {
             max_connections,
             shutdown: shutdown_rx.clone(),
             handle: handle.clone(),
+            metrics: metrics.clone(),
         };
         let host = Arc::new(Host {
             worker_id: worker_id.clone(),
@@ -136,10 +140,39 @@ impl ConnectorBuilder {
             exposures: host.exposures.clone(),
             transports,
             shutdown,
+            metrics,
+            metrics_addr,
             _host: host,
         });
         tracing::debug!(worker = inner.worker_id, addr = %local_addr, "connector started");
         Ok(Connector { inner })
+    }
+}
+
+/// Starts (or joins) the scrape endpoint: at `set`, else at
+/// `FERRY_METRICS_ADDR`'s address; `None` without either.
+fn start_metrics(
+    metrics: &Arc<Metrics>,
+    set: Option<SocketAddr>,
+) -> Result<Option<(SocketAddr, Arc<Listing>)>> {
+    let addr = match set {
+        Some(a) => a,
+        None => match std::env::var(METRICS_ADDR_ENV) {
+            Ok(v) if !v.trim().is_empty() => v.trim().parse().map_err(|_| {
+                Error::Config(format!(
+                    "{METRICS_ADDR_ENV}={v:?} is not an address (IP:PORT)"
+                ))
+            })?,
+            _ => return Ok(None),
+        },
+    };
+    match crate::metrics::serve(metrics, addr) {
+        Ok(served) => Ok(Some(served)),
+        Err(e) if set.is_some() => Err(Error::Config(e.to_string())),
+        Err(e) => {
+            tracing::warn!("{e}; metrics are not served");
+            Ok(None)
+        }
     }
 }
 
@@ -169,6 +202,9 @@ struct Inner {
     exposures: Arc<Exposures>,
     transports: Transports,
     shutdown: watch::Sender<bool>,
+    metrics: Arc<Metrics>,
+    /// Where the metrics are served, and this connector's place there.
+    metrics_addr: Option<(SocketAddr, Arc<Listing>)>,
     /// What the transports see of this connector (they hold it weakly or
     /// through their tasks).
     _host: Arc<Host>,
@@ -340,6 +376,20 @@ impl Connector {
         self.inner.transports.connection_count()
     }
 
+    /// This connector's metrics now: operations by kind, transport and
+    /// outcome, bytes sent and received, durations, errors by cause,
+    /// operations in flight, memory exposed, connections (see
+    /// [`metrics`](crate::metrics) for an example, and `docs/metrics.md`).
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.inner.metrics.snapshot()
+    }
+
+    /// Where this connector's metrics are served for Prometheus, if they
+    /// are ([`ConnectorBuilder::metrics_addr`], `FERRY_METRICS_ADDR`).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.inner.metrics_addr.as_ref().map(|(a, _)| *a)
+    }
+
     /// Exposes local memory for one remote worker to read.
     pub async fn create_readable(
         &self,
@@ -446,7 +496,8 @@ impl Connector {
         check_descriptors(
             &descs,
             (kind == OperationKind::Write).then_some("WritableOperation"),
-        )?;
+        )
+        .inspect_err(|e| self.inner.metrics.error(e))?;
         // SAFETY: the region's memory is `descs`, which the returned operation
         // owns (or borrows for 'a) and keeps untouched; the operation closes
         // the region in `Drop` and before giving the descriptors back, and a
@@ -457,11 +508,18 @@ impl Connector {
         // table only holds the region, never the memory.
         let region = Arc::new(unsafe { Region::new(&descs, kind == OperationKind::Write) });
         let sizes: Vec<u64> = region.sizes().collect();
-        let shared = OpShared::new(OperationStatus::Initialized);
         let (exposure, token) =
             self.inner
                 .exposures
-                .insert(kind, sizes.clone(), region.clone(), shared.clone());
+                .insert(kind, sizes, region.clone(), |op_id, sizes| {
+                    OpShared::metered(OpMeter::new(
+                        &self.inner.metrics,
+                        OpKind::of(kind, Side::Passive),
+                        sizes,
+                        op_id,
+                        None,
+                    ))
+                });
         let meta = RdmaMetadata::new(
             kind,
             self.inner.worker_id.clone(),
@@ -474,7 +532,7 @@ impl Connector {
         )
         .and_then(|m| m.with_process_id(host::process_id().to_string()));
         let core = Arc::new(OpCore {
-            shared,
+            shared: exposure.shared.clone(),
             region,
             link: Link::Passive {
                 exposures: self.inner.exposures.clone(),
@@ -485,7 +543,9 @@ impl Connector {
             Ok(m) => Ok((core, descs, m)),
             Err(e) => {
                 core.cancel();
-                Err(e.into())
+                let e = e.into();
+                self.inner.metrics.error(&e);
+                Err(e)
             }
         }
     }
@@ -496,19 +556,10 @@ impl Connector {
         remote: &RdmaMetadata,
         descs: Vec<Descriptor<'a>>,
     ) -> Result<(Arc<OpCore>, Vec<Descriptor<'a>>)> {
-        check_descriptors(
-            &descs,
-            (kind == OperationKind::Read).then_some("ReadOperation"),
-        )?;
-        if remote.kind() != kind {
-            return Err(Error::wrong_pairing(kind, remote.kind()));
-        }
-        check_pairing(&descs, remote)?;
+        let metrics = &self.inner.metrics;
         let transport = self
-            .inner
-            .transports
-            .for_remote(remote)
-            .ok_or_else(|| Error::Config("no enabled transport reaches this remote".into()))?;
+            .check_active(kind, remote, &descs)
+            .inspect_err(|e| metrics.error(e))?;
         tracing::trace!(transport = %transport.kind(), op = remote.operation_id(), "starting {kind}");
         // SAFETY: as in `expose`. In addition, `Pending` closes the region if
         // this future is dropped before the operation exists, before the
@@ -520,7 +571,13 @@ impl Connector {
             descs,
             armed: true,
         };
-        let shared = OpShared::new(OperationStatus::Initialized);
+        let shared = OpShared::metered(OpMeter::new(
+            metrics,
+            OpKind::of(kind, Side::Active),
+            &sizes,
+            remote.operation_id(),
+            Some(remote.worker_id()),
+        ));
         let link = transport
             .start(ActiveJob {
                 kind,
@@ -529,7 +586,11 @@ impl Connector {
                 shared: shared.clone(),
                 sizes,
             })
-            .await?;
+            .await
+            // Counted once, as the operation's end.
+            .inspect_err(|e| {
+                shared.end(OperationStatus::Errored, Some(e.clone()));
+            })?;
         let descs = std::mem::take(&mut pending.descs);
         pending.armed = false;
         let core = Arc::new(OpCore {
@@ -538,6 +599,27 @@ impl Connector {
             link: Link::Active(link),
         });
         Ok((core, descs))
+    }
+
+    /// Checks an active operation before anything starts; picks its transport.
+    fn check_active(
+        &self,
+        kind: OperationKind,
+        remote: &RdmaMetadata,
+        descs: &[Descriptor<'_>],
+    ) -> Result<&Arc<dyn crate::transport::Transport>> {
+        check_descriptors(
+            descs,
+            (kind == OperationKind::Read).then_some("ReadOperation"),
+        )?;
+        if remote.kind() != kind {
+            return Err(Error::wrong_pairing(kind, remote.kind()));
+        }
+        check_pairing(descs, remote)?;
+        self.inner
+            .transports
+            .for_remote(remote)
+            .ok_or_else(|| Error::Config("no enabled transport reaches this remote".into()))
     }
 }
 

@@ -105,15 +105,17 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Exposures {
+    /// Lists an operation; `shared` makes its outcome, given its id.
     pub(crate) fn insert(
         &self,
         kind: OperationKind,
         sizes: Vec<u64>,
         region: Arc<Region>,
-        shared: Arc<OpShared>,
+        shared: impl FnOnce(u64, &[u64]) -> Arc<OpShared>,
     ) -> (Arc<Exposure>, Token) {
         let op_id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let token = host::random_token();
+        let shared = shared(op_id, &sizes);
         let e = Arc::new(Exposure {
             op_id,
             token,
@@ -191,6 +193,7 @@ impl Exposures {
                 if !e.shared.start() {
                     return Err(ended());
                 }
+                e.shared.opened(peer);
                 let link = bind(None)?;
                 *binding = Some(link.clone());
                 link

@@ -41,6 +41,7 @@ mod exposure;
 mod host;
 mod hugemem;
 mod kind;
+pub mod metrics;
 mod op;
 mod operation;
 mod outcome;
@@ -51,8 +52,8 @@ mod transport;
 pub use builder::{
     ConnectorBuilder, CMA_THRESHOLD_ENV, DEFAULT_CMA_THRESHOLD, DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS, DEFAULT_STRIPE_THRESHOLD, DEFAULT_TCP_STREAMS, IDLE_TIMEOUT_ENV,
-    MAX_CONNECTIONS_ENV, MIN_SECRET, SECRET_ENV, STRIPE_THRESHOLD_ENV, TCP_STREAMS_ENV,
-    TRANSPORTS_ENV, UNPROVEN_PER_ADDRESS,
+    MAX_CONNECTIONS_ENV, METRICS_ADDR_ENV, MIN_SECRET, SECRET_ENV, STRIPE_THRESHOLD_ENV,
+    TCP_STREAMS_ENV, TRANSPORTS_ENV, UNPROVEN_PER_ADDRESS,
 };
 pub use connector::{Connector, Scope};
 pub use descriptor::Descriptor;

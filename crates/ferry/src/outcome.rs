@@ -11,6 +11,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::kind::TransportKind;
+use crate::metrics::OpMeter;
 use crate::{Error, Result};
 
 #[derive(Clone)]
@@ -27,10 +28,22 @@ pub(crate) struct OpShared {
     /// Every byte and the final `Finish` are on their way: the outcome is
     /// now the remote's to decide, and a cancel no longer changes it.
     sealed: AtomicBool,
+    /// Metrics and the trace span (`None` in unit tests of transports).
+    meter: Option<OpMeter>,
 }
 
 impl OpShared {
+    #[cfg(test)]
     pub(crate) fn new(status: OperationStatus) -> Arc<Self> {
+        Self::with_meter(status, None)
+    }
+
+    /// An operation counted in its connector's metrics and traced.
+    pub(crate) fn metered(meter: OpMeter) -> Arc<Self> {
+        Self::with_meter(OperationStatus::Initialized, Some(meter))
+    }
+
+    fn with_meter(status: OperationStatus, meter: Option<OpMeter>) -> Arc<Self> {
         Arc::new(OpShared {
             tx: watch::Sender::new(OpState {
                 status,
@@ -38,6 +51,7 @@ impl OpShared {
             }),
             transport: OnceLock::new(),
             sealed: AtomicBool::new(false),
+            meter,
         })
     }
 
@@ -47,6 +61,30 @@ impl OpShared {
 
     pub(crate) fn seal(&self) {
         self.sealed.store(true, Ordering::Release);
+        if let Some(m) = &self.meter {
+            m.sealed();
+        }
+    }
+
+    /// The destination has every byte and commits (traced as the seal).
+    pub(crate) fn committed(&self) {
+        if let Some(m) = &self.meter {
+            m.sealed();
+        }
+    }
+
+    /// The request was opened: sent (active) or granted to `peer` (passive).
+    pub(crate) fn opened(&self, peer: Option<&str>) {
+        if let Some(m) = &self.meter {
+            m.opened(peer);
+        }
+    }
+
+    /// The first byte moves (traced once).
+    pub(crate) fn first_byte(&self) {
+        if let Some(m) = &self.meter {
+            m.first_byte();
+        }
     }
 
     /// Undoes a `seal` whose frame did not leave after all (only under the
@@ -82,15 +120,25 @@ impl OpShared {
     /// Moves to a terminal state unless already in one; true if this call did.
     pub(crate) fn end(&self, status: OperationStatus, error: Option<Error>) -> bool {
         debug_assert!(status.is_terminal());
-        self.tx.send_if_modified(|s| {
+        let won = self.tx.send_if_modified(|s| {
             if s.status.is_terminal() {
                 false
             } else {
+                // Counted before anyone wakes: a waiter reads them at once.
+                if let Some(m) = &self.meter {
+                    m.count_end(status, error.as_ref(), self.transport());
+                }
                 s.status = status;
                 s.error = error;
                 true
             }
-        })
+        });
+        if let (true, Some(m)) = (won, &self.meter) {
+            // Terminal: nobody changes the state any more.
+            let state = self.tx.borrow();
+            m.trace_end(status, state.error.as_ref(), self.transport());
+        }
+        won
     }
 
     pub(crate) fn fail(&self, error: Error) -> bool {
@@ -128,7 +176,13 @@ impl OpShared {
     pub(crate) async fn wait_until(&self, deadline: Instant, budget: Duration) -> Result<()> {
         match tokio::time::timeout_at(deadline, self.wait()).await {
             Ok(r) => r,
-            Err(_) => Err(Error::Timeout(budget)),
+            Err(_) => {
+                let e = Error::Timeout(budget);
+                if let Some(m) = &self.meter {
+                    m.timed_out(&e);
+                }
+                Err(e)
+            }
         }
     }
 }

@@ -435,6 +435,15 @@ class Connector:
             self, None, lambda: create(raw), lambda op, conn: cls._new(op, descs, self, conn)
         )
 
+    def metrics(self) -> Dict[str, Any]:
+        """This connector's metrics now: operations by kind, transport and
+        outcome (with their bytes), durations of completed operations,
+        errors by cause, operations in flight, bytes exposed, bytes sent
+        and received, connections opened and closed (see docs/metrics.md).
+        The same counters are served to Prometheus when FERRY_METRICS_ADDR
+        is set."""
+        return self._core.metrics()
+
     def _stats(self) -> Dict[str, int]:
         """Exposed operations and open connections (for tests)."""
         return {

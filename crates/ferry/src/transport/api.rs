@@ -14,6 +14,7 @@ use tokio::sync::watch;
 use crate::auth::Secret;
 use crate::exposure::Exposures;
 use crate::kind::TransportKind;
+use crate::metrics::Metrics;
 use crate::outcome::OpShared;
 use crate::region::Region;
 use crate::Result;
@@ -65,6 +66,8 @@ pub(crate) struct Config {
     pub(crate) max_connections: usize,
     pub(crate) shutdown: watch::Receiver<bool>,
     pub(crate) handle: Handle,
+    /// The connector's metrics (connections opened and closed).
+    pub(crate) metrics: Arc<Metrics>,
 }
 
 /// What a transport may ask of the connector it serves: who it is, the

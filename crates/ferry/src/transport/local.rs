@@ -106,6 +106,7 @@ impl Transport for LocalTransport {
             })?;
             job.shared.set_transport(TransportKind::Local);
             job.shared.start();
+            job.shared.opened(None);
             let open = Open {
                 req: 0,
                 op_id: job.remote.operation_id(),
@@ -163,6 +164,8 @@ fn copy(
         OperationKind::Read => (&*exposure.region, active),
         OperationKind::Write => (active, &*exposure.region),
     };
+    shared.first_byte();
+    exposure.shared.first_byte();
     let mut stopped = false;
     'outer: for (i, &size) in sizes.iter().enumerate() {
         let mut off = 0usize;

@@ -171,7 +171,10 @@ impl Conn {
                 target,
                 cursor,
                 last,
-            } => self.stream_from(req, target, cursor, Vec::new(), None, last),
+            } => {
+                target.shared.first_byte();
+                self.stream_from(req, target, cursor, Vec::new(), None, last)
+            }
             Action::Via { target, lent } => target.shared.set_transport(if lent {
                 CmaPuller.kind()
             } else {
@@ -190,7 +193,10 @@ impl Conn {
                 req,
                 target,
                 segments,
-            } => self.spawn_pull(req, target.region, target.shared, segments),
+            } => {
+                target.shared.first_byte();
+                self.spawn_pull(req, target.region, target.shared, segments)
+            }
             Action::PartDone { target } => {
                 if let Some(s) = &target.stripe {
                     s.part_done();
@@ -205,6 +211,10 @@ impl Conn {
                 };
                 if !ok {
                     return;
+                }
+                if !lent {
+                    // Every byte landed here: the outcome is decided.
+                    target.shared.committed();
                 }
                 if target.end(OperationStatus::Complete, None) {
                     self.send_soon(Message::Finish { req }.to_vec(), None, true);

@@ -10,6 +10,7 @@ use ferry_proto::RdmaMetadata;
 use tokio::net::TcpStream;
 
 use crate::host;
+use crate::metrics::ConnMeter;
 use crate::transport::api::Config;
 use crate::transport::cma;
 use crate::transport::probe::verify_peer;
@@ -247,6 +248,7 @@ pub(super) async fn handshake(
         cfg.shutdown.clone(),
         None,
         cfg.idle_timeout,
+        ConnMeter::new(&cfg.metrics, false),
     ));
     Ok(conn)
 }

@@ -8,6 +8,7 @@ use ferry_proto::wire::{self, Abort, AbortReason, Auth, Hello, Message};
 use tokio::net::TcpListener;
 
 use crate::auth::Secret;
+use crate::metrics::ConnMeter;
 use crate::transport::admission::Admission;
 use crate::transport::api::{Config, Host};
 use crate::Result;
@@ -146,7 +147,8 @@ pub(super) async fn listen(
             }
             accepted.track(&conn);
             let idle = cfg.idle_timeout;
-            run_connection(conn, rd, shutdown, Some(inner), idle).await;
+            let meter = ConnMeter::new(&cfg.metrics, true);
+            run_connection(conn, rd, shutdown, Some(inner), idle, meter).await;
         });
     }
 }

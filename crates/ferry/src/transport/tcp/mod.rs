@@ -211,6 +211,7 @@ impl Transport for TcpTransport {
             };
             let (req, start) = conn.with_session(|s| s.open(params, target.clone()));
             job.shared.start();
+            job.shared.opened(None);
             // The reader drains the session after marking the connection
             // dead; check after opening so that no request is left behind.
             if !conn.is_alive() {
@@ -274,6 +275,7 @@ impl TcpTransport {
             reqs.push((req, opened, target, start));
         }
         job.shared.start();
+        job.shared.opened(None);
         // A reader drains its session after marking its connection dead;
         // check after opening so that no request is left behind.
         if let Some(dead) = conns.iter().find(|c| !c.is_alive()) {

@@ -11,6 +11,7 @@ use tokio::sync::watch;
 
 use crate::exposure::{PassiveLink, Refusal};
 use crate::host;
+use crate::metrics::ConnMeter;
 use crate::transport::api::Host;
 use crate::transport::cma;
 use crate::transport::probe::verify_peer;
@@ -38,6 +39,7 @@ pub(super) async fn run_connection(
     mut shutdown: watch::Receiver<bool>,
     inner: Option<Arc<Served>>,
     idle_timeout: Duration,
+    meter: ConnMeter,
 ) {
     let mut dead = conn.dead.subscribe();
     let err = loop {
@@ -89,6 +91,7 @@ pub(super) async fn run_connection(
         let _ = conn.writer.lock().await.shutdown().await;
     })
     .await;
+    drop(meter);
 }
 
 /// Ends every operation on the connection with `err` and gives back what
@@ -120,7 +123,12 @@ pub(super) async fn step(
             desc,
             offset,
             len,
-        } => rd.payload(len, Some((&target.region, desc, offset))).await,
+        } => {
+            if desc == 0 && offset == 0 {
+                target.shared.first_byte();
+            }
+            rd.payload(len, Some((&target.region, desc, offset))).await
+        }
         Step::Discard { len } => rd.payload(len, None).await,
         // Only a passive session asks for these.
         Step::CheckGrant(o) => match inner {

@@ -1,0 +1,173 @@
+//! The scrape endpoint: `GET /metrics` over HTTP/1.1 on an address of the
+//! process's choosing, serving every live connector that asked for that
+//! address. It runs on a thread of its own (a small Tokio runtime), so that
+//! it outlives the runtime of the connector that started it and costs the
+//! connectors nothing between scrapes.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+
+use super::store::Metrics;
+
+/// The endpoint could not start.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ServeError {
+    /// The address could not be bound.
+    #[error("cannot listen for metrics scrapes on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    /// The endpoint's thread or runtime could not start.
+    #[error("cannot start the metrics endpoint: {0}")]
+    Start(std::io::Error),
+}
+
+/// A connector's place at an endpoint: it is served while the connector
+/// holds this (its operations may hold the metrics a little longer).
+pub(crate) struct Listing(Arc<Metrics>);
+
+type Served = Arc<Mutex<Vec<Weak<Listing>>>>;
+
+struct Endpoint {
+    requested: SocketAddr,
+    bound: SocketAddr,
+    served: Served,
+}
+
+static ENDPOINTS: Mutex<Vec<Endpoint>> = Mutex::new(Vec::new());
+
+/// At most this many scrapes at once; more wait for the kernel's backlog.
+const MAX_SCRAPES: usize = 16;
+/// A scrape that has not sent its request head by then is dropped.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+/// Nor may a connection live longer than this.
+const CONN_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Serves `metrics` at `addr` (a port of 0 picks one), starting the
+/// endpoint unless this process already serves that address. Returns the
+/// bound address.
+pub(crate) fn serve(
+    metrics: &Arc<Metrics>,
+    addr: SocketAddr,
+) -> Result<(SocketAddr, Arc<Listing>), ServeError> {
+    let listing = Arc::new(Listing(metrics.clone()));
+    let mut endpoints = lock(&ENDPOINTS);
+    if addr.port() != 0 {
+        if let Some(e) = endpoints
+            .iter()
+            .find(|e| e.requested == addr || e.bound == addr)
+        {
+            lock(&e.served).push(Arc::downgrade(&listing));
+            return Ok((e.bound, listing));
+        }
+    }
+    let bind = |source| ServeError::Bind { addr, source };
+    let listener = std::net::TcpListener::bind(addr).map_err(bind)?;
+    listener.set_nonblocking(true).map_err(bind)?;
+    let bound = listener.local_addr().map_err(bind)?;
+    let served: Served = Arc::new(Mutex::new(vec![Arc::downgrade(&listing)]));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(ServeError::Start)?;
+    let s = served.clone();
+    std::thread::Builder::new()
+        .name("ferry-metrics".into())
+        .spawn(move || rt.block_on(run(listener, s)))
+        .map_err(ServeError::Start)?;
+    tracing::debug!(addr = %bound, "metrics endpoint started");
+    endpoints.push(Endpoint {
+        requested: addr,
+        bound,
+        served,
+    });
+    Ok((bound, listing))
+}
+
+async fn run(listener: std::net::TcpListener, served: Served) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!("metrics endpoint stopped: {e}");
+            return;
+        }
+    };
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES));
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let (stream, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                // Out of file descriptors, say: wait, then go on.
+                tracing::debug!("metrics endpoint: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let served = served.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let served = served.clone();
+                async move { Ok::<_, Infallible>(respond(&req, &served)) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEAD_TIMEOUT)
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(CONN_TIMEOUT, conn).await;
+            drop(permit);
+        });
+    }
+}
+
+fn respond(req: &Request<Incoming>, served: &Served) -> Response<Full<Bytes>> {
+    let reply = |status: StatusCode, ty: &'static str, body: String| {
+        let mut r = Response::new(Full::new(Bytes::from(body)));
+        *r.status_mut() = status;
+        r.headers_mut().insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_static(ty),
+        );
+        r
+    };
+    if req.uri().path() != "/metrics" {
+        return reply(StatusCode::NOT_FOUND, "text/plain", "try /metrics\n".into());
+    }
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "GET only\n".into(),
+        );
+    }
+    let snaps = {
+        let mut served = lock(served);
+        served.retain(|w| w.strong_count() > 0);
+        served
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|l| l.0.snapshot())
+            .collect()
+    };
+    reply(
+        StatusCode::OK,
+        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        super::encode::render(snaps),
+    )
+}
