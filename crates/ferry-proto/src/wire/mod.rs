@@ -184,7 +184,7 @@ pub struct Open {
     /// READ or WRITE.
     pub kind: OperationKind,
     /// The active side's descriptor (block) sizes; must equal the exposed
-    /// ones. On the wire: runs of equal sizes (see [`runs`](crate::runs)),
+    /// ones. On the wire: runs of equal sizes (see [`runs`]),
     /// at most [`MAX_RUNS`] runs and [`MAX_DESCRIPTORS`] sizes in all.
     pub sizes: Vec<u64>,
     /// The bytes should move by cross-memory attach: for a READ the active
