@@ -14,13 +14,13 @@ pub const MAX_RUNS: usize = 16_384;
 ///
 /// ```
 /// use ferry_proto::runs::{expand, runs};
-/// let r = runs(&[4, 4, 4, 8, 4]);
+/// let r = runs([4, 4, 4, 8, 4]);
 /// assert_eq!(r, vec![(4, 3), (8, 1), (4, 1)]);
 /// assert_eq!(expand(&r, 16).unwrap(), vec![4, 4, 4, 8, 4]);
 /// ```
-pub fn runs(sizes: &[u64]) -> Vec<(u64, u32)> {
+pub fn runs(sizes: impl IntoIterator<Item = u64>) -> Vec<(u64, u32)> {
     let mut out: Vec<(u64, u32)> = Vec::new();
-    for &s in sizes {
+    for s in sizes {
         match out.last_mut() {
             Some((size, count)) if *size == s && *count < u32::MAX => *count += 1,
             _ => out.push((s, 1)),
@@ -87,7 +87,7 @@ mod tests {
     proptest! {
         #[test]
         fn runs_round_trip(sizes in proptest::collection::vec(0u64..4, 0..200)) {
-            let r = runs(&sizes);
+            let r = runs(sizes.iter().copied());
             prop_assert_eq!(r.len(), run_count(&sizes));
             prop_assert!(r.windows(2).all(|w| w[0].0 != w[1].0));
             prop_assert_eq!(expand(&r, sizes.len()).unwrap(), sizes);

@@ -288,6 +288,8 @@ impl<'a> Descriptor<'a> {
         match &self.blocks {
             None => (self.ptr.as_ptr(), self.len),
             Some(b) => {
+                // In bounds: `Pool::blocks_with` checked that every block
+                // id, and `offset + len` within a block, lie in the pool.
                 let at = b.ids[i] as usize * b.stride + b.offset;
                 (self.ptr.as_ptr().wrapping_add(at), b.len)
             }
@@ -296,15 +298,7 @@ impl<'a> Descriptor<'a> {
 
     /// `(pointer, length)` of each block (one for a plain descriptor).
     pub(crate) fn raw_segments(&self, out: &mut Vec<(*mut u8, usize)>) {
-        match &self.blocks {
-            None => out.push((self.ptr.as_ptr(), self.len)),
-            Some(b) => out.extend(b.ids.iter().map(|&id| {
-                // In bounds: `Pool::blocks_with` checked that every block
-                // id, and `offset + len` within a block, lie in the pool.
-                let at = id as usize * b.stride + b.offset;
-                (self.ptr.as_ptr().wrapping_add(at), b.len)
-            })),
-        }
+        out.extend((0..self.block_count()).map(|i| self.block_ptr(i)));
     }
 }
 

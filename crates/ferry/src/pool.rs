@@ -127,11 +127,7 @@ pub(crate) struct Taken {
 
 impl Drop for Taken {
     fn drop(&mut self) {
-        let mut t = self.pool.table();
-        for &id in self.ids.iter() {
-            let v = &mut t[id as usize];
-            *v = if self.shared { *v - 1 } else { 0 };
-        }
+        undo(&mut self.pool.table(), &self.ids, self.shared);
     }
 }
 
@@ -311,6 +307,9 @@ impl Pool {
                 block: p.block,
             });
         }
+        if ids.len().checked_mul(len).is_none() {
+            return Err(PoolError::BadCount(ids.len()));
+        }
         let count = self.block_count();
         {
             let mut t = p.table();
@@ -362,7 +361,8 @@ impl Pool {
     }
 }
 
-/// Gives back what a refused request had taken so far.
+/// Gives back blocks `ids` (a refused request's so far, or a dropped
+/// descriptor's).
 fn undo(t: &mut [i32], ids: &[u32], shared: bool) {
     for &id in ids {
         let v = &mut t[id as usize];

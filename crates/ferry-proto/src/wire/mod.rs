@@ -353,7 +353,7 @@ fn put_header(out: &mut Vec<u8>, ty: u8, body_len: usize) {
 }
 
 /// Sizes as a run count (u32) and `(size u64, count u32)` per run.
-fn put_runs(out: &mut Vec<u8>, sizes: &[u64]) {
+fn put_runs(out: &mut Vec<u8>, sizes: impl IntoIterator<Item = u64>) {
     let runs = runs::runs(sizes);
     out.extend_from_slice(&(runs.len() as u32).to_le_bytes());
     for (size, count) in runs {
@@ -395,7 +395,7 @@ impl Message {
                 out.push(u8::from(o.pull));
                 out.extend_from_slice(&o.part.to_le_bytes());
                 out.extend_from_slice(&o.parts.to_le_bytes());
-                put_runs(out, &o.sizes);
+                put_runs(out, o.sizes.iter().copied());
                 T_OPEN
             }
             Message::Data(d) => {
@@ -425,8 +425,7 @@ impl Message {
             }
             Message::Lease(l) => {
                 out.extend_from_slice(&l.req.to_le_bytes());
-                let lens: Vec<u64> = l.segments.iter().map(|s| s.1).collect();
-                put_runs(out, &lens);
+                put_runs(out, l.segments.iter().map(|s| s.1));
                 for (addr, _) in &l.segments {
                     out.extend_from_slice(&addr.to_le_bytes());
                 }
