@@ -240,6 +240,13 @@ impl HttpClient {
             }
         })?;
         let status = resp.status();
+        let announced = hyper::body::Body::size_hint(resp.body()).lower();
+        if announced > MAX_METADATA_JSON as u64 {
+            return Err(Error::BadReply {
+                endpoint: endpoint(),
+                detail: format!("a body of {announced} bytes, more than {MAX_METADATA_JSON}"),
+            });
+        }
         let body = Limited::new(resp.into_body(), MAX_METADATA_JSON)
             .collect()
             .await

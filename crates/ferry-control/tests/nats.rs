@@ -133,7 +133,7 @@ async fn child_nats_prefill() {
     let ch = NatsChannel::connect(&url, 5 * SECOND).await.unwrap();
     let op = readable(&prefill, 7, 3 << 20).await;
     let _p = ch.publish("req-xp", op.metadata()).await.unwrap();
-    println!("READY");
+    println!("\nREADY");
     op.wait_for_completion_timeout(30 * SECOND).await.unwrap();
 }
 
