@@ -73,6 +73,8 @@ impl Drop for Publication {
 impl std::fmt::Debug for Publication {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the metadata: it is a capability.
-        f.debug_struct("Publication").field("key", &self.key).finish()
+        f.debug_struct("Publication")
+            .field("key", &self.key)
+            .finish()
     }
 }

@@ -10,7 +10,9 @@ use ferry_proto::MetadataError;
 pub enum Error {
     /// The key cannot name metadata: use 1 to 128 characters from
     /// `A-Z a-z 0-9 _ -` (it becomes a NATS subject token and a URL segment).
-    #[error("invalid metadata key {key:?}: {reason}; use 1 to 128 characters from A-Z a-z 0-9 _ -")]
+    #[error(
+        "invalid metadata key {key:?}: {reason}; use 1 to 128 characters from A-Z a-z 0-9 _ -"
+    )]
     InvalidKey {
         /// The key, cut to 64 characters.
         key: String,
@@ -18,7 +20,9 @@ pub enum Error {
         reason: &'static str,
     },
     /// The NATS subject prefix is not dot-separated tokens of `A-Z a-z 0-9 _ -`.
-    #[error("invalid NATS subject prefix {prefix:?}: use tokens of A-Z a-z 0-9 _ - separated by dots")]
+    #[error(
+        "invalid NATS subject prefix {prefix:?}: use tokens of A-Z a-z 0-9 _ - separated by dots"
+    )]
     InvalidPrefix {
         /// The prefix.
         prefix: String,

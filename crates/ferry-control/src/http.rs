@@ -140,7 +140,10 @@ fn answer(catalog: &Catalog, req: &Request<Incoming>) -> Response<Full<Bytes>> {
         return reply(StatusCode::METHOD_NOT_ALLOWED, "only GET\n".into());
     }
     let Some(key) = req.uri().path().strip_prefix(HTTP_PATH) else {
-        return reply(StatusCode::NOT_FOUND, format!("use GET {HTTP_PATH}{{key}}\n"));
+        return reply(
+            StatusCode::NOT_FOUND,
+            format!("use GET {HTTP_PATH}{{key}}\n"),
+        );
     };
     if let Err(e) = validate_key(key) {
         return reply(StatusCode::BAD_REQUEST, format!("{e}\n"));

@@ -94,7 +94,10 @@ mod tests {
             validate_key(ok).unwrap();
         }
         for bad in ["", "a.b", "a b", "*", ">", "a/b", "é", &"k".repeat(129)] {
-            assert!(matches!(validate_key(bad), Err(Error::InvalidKey { .. })), "{bad}");
+            assert!(
+                matches!(validate_key(bad), Err(Error::InvalidKey { .. })),
+                "{bad}"
+            );
         }
     }
 }

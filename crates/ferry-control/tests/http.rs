@@ -36,8 +36,14 @@ async fn unknown_withdrawn_duplicate_and_invalid_keys() {
     let server = HttpServer::bind("127.0.0.1:0").await.unwrap();
     let client = HttpClient::new(server.local_addr().to_string());
     let t = Instant::now();
-    let e = client.fetch("nobody", Duration::from_millis(300)).await.unwrap_err();
-    assert!(matches!(e, Error::NotFound { ref key, .. } if key == "nobody"), "{e}");
+    let e = client
+        .fetch("nobody", Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::NotFound { ref key, .. } if key == "nobody"),
+        "{e}"
+    );
     assert!(t.elapsed() < 2 * SECOND, "{:?}", t.elapsed());
 
     let op = readable(&prefill, 2, 64).await;
@@ -52,7 +58,10 @@ async fn unknown_withdrawn_duplicate_and_invalid_keys() {
     for bad in ["", "a/b", "a b", &"k".repeat(129)] {
         let e = client.fetch(bad, SECOND).await.unwrap_err();
         assert!(matches!(e, Error::InvalidKey { .. }), "{e}");
-        assert!(matches!(server.publish(bad, op.metadata()), Err(Error::InvalidKey { .. })));
+        assert!(matches!(
+            server.publish(bad, op.metadata()),
+            Err(Error::InvalidKey { .. })
+        ));
     }
 }
 
@@ -61,7 +70,10 @@ async fn no_server_then_a_late_one() {
     let port = support::free_port();
     let client = HttpClient::new(format!("127.0.0.1:{port}"));
     let t = Instant::now();
-    let e = client.fetch("k", Duration::from_millis(300)).await.unwrap_err();
+    let e = client
+        .fetch("k", Duration::from_millis(300))
+        .await
+        .unwrap_err();
     assert!(matches!(e, Error::NoServer { .. }), "{e}");
     assert!(t.elapsed() < 2 * SECOND, "{:?}", t.elapsed());
 
@@ -70,7 +82,9 @@ async fn no_server_then_a_late_one() {
     let op = readable(&prefill, 3, 64).await;
     let fetch = tokio::spawn(async move { client.fetch("k", 10 * SECOND).await });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let server = HttpServer::bind(&format!("127.0.0.1:{port}")).await.unwrap();
+    let server = HttpServer::bind(&format!("127.0.0.1:{port}"))
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     let _p = server.publish("k", op.metadata()).unwrap();
     let got = fetch.await.unwrap().unwrap();
@@ -79,7 +93,10 @@ async fn no_server_then_a_late_one() {
     // Dropping the server stops it.
     drop(server);
     let client = HttpClient::new(format!("127.0.0.1:{port}"));
-    let e = client.fetch("k", Duration::from_millis(300)).await.unwrap_err();
+    let e = client
+        .fetch("k", Duration::from_millis(300))
+        .await
+        .unwrap_err();
     assert!(matches!(e, Error::NoServer { .. }), "{e}");
     let e = HttpServer::bind("256.0.0.1:1").await.unwrap_err();
     assert!(matches!(e, Error::Bind { .. }), "{e}");
@@ -106,7 +123,10 @@ async fn broken_servers_give_typed_errors() {
     let deadline = Duration::from_millis(400);
     let check = |addr: String, what: &'static str| async move {
         let t = Instant::now();
-        let e = HttpClient::new(addr).fetch("k", deadline).await.unwrap_err();
+        let e = HttpClient::new(addr)
+            .fetch("k", deadline)
+            .await
+            .unwrap_err();
         assert!(t.elapsed() < deadline + SECOND, "{what}: {:?}", t.elapsed());
         e
     };
@@ -120,7 +140,10 @@ async fn broken_servers_give_typed_errors() {
         "500",
     )
     .await;
-    assert!(matches!(e, Error::Refused { status: 500, ref reason, .. } if reason == "oops"), "{e}");
+    assert!(
+        matches!(e, Error::Refused { status: 500, ref reason, .. } if reason == "oops"),
+        "{e}"
+    );
     let e = check(
         fake_server(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n{\"v\": 99}").await,
         "not metadata",
@@ -169,17 +192,26 @@ async fn hostile_clients_do_not_stall_the_server() {
         String::from_utf8_lossy(&out).into_owned()
     };
     let close = "connection: close\r\n\r\n";
-    let r = raw(format!("GET {HTTP_PATH}a..b HTTP/1.1\r\nhost: x\r\n{close}")).await;
+    let r = raw(format!(
+        "GET {HTTP_PATH}a..b HTTP/1.1\r\nhost: x\r\n{close}"
+    ))
+    .await;
     assert!(r.starts_with("HTTP/1.1 400"), "{r}");
     let r = raw(format!("POST {HTTP_PATH}k HTTP/1.1\r\nhost: x\r\n{close}")).await;
     assert!(r.starts_with("HTTP/1.1 405"), "{r}");
     let r = raw(format!("GET /other HTTP/1.1\r\nhost: x\r\n{close}")).await;
     assert!(r.starts_with("HTTP/1.1 404"), "{r}");
     let r = raw(format!("GET {HTTP_PATH}k HTTP/1.1\r\nhost: x\r\n{close}")).await;
-    assert!(r.starts_with("HTTP/1.1 200") && r.contains("no-store"), "{r}");
+    assert!(
+        r.starts_with("HTTP/1.1 200") && r.contains("no-store"),
+        "{r}"
+    );
     // And the real client still gets its answer at once.
     let t = Instant::now();
-    HttpClient::new(addr.to_string()).fetch("k", 2 * SECOND).await.unwrap();
+    HttpClient::new(addr.to_string())
+        .fetch("k", 2 * SECOND)
+        .await
+        .unwrap();
     assert!(t.elapsed() < SECOND, "{:?}", t.elapsed());
 }
 
@@ -199,7 +231,10 @@ async fn child_http_prefill() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cross_process_prefill_decode() {
-    let mut child = spawn_self("child_http_prefill", &[("FERRY_CTL_CHILD_HTTP", "1".into())]);
+    let mut child = spawn_self(
+        "child_http_prefill",
+        &[("FERRY_CTL_CHILD_HTTP", "1".into())],
+    );
     let (ready_tx, ready) = std::sync::mpsc::channel();
     let out = BufReader::new(child.stdout.take().unwrap());
     std::thread::spawn(move || {
@@ -209,10 +244,18 @@ async fn cross_process_prefill_decode() {
             }
         }
     });
-    let addr = ready.recv_timeout(30 * SECOND).expect("the prefill process never got ready");
+    let addr = ready
+        .recv_timeout(30 * SECOND)
+        .expect("the prefill process never got ready");
     let decode = connector().await;
-    let got = HttpClient::new(addr).fetch("req-xp", 10 * SECOND).await.unwrap();
+    let got = HttpClient::new(addr)
+        .fetch("req-xp", 10 * SECOND)
+        .await
+        .unwrap();
     read_and_check(&decode, &got, 7, 3 << 20).await;
-    let status = tokio::task::spawn_blocking(move || child.wait()).await.unwrap().unwrap();
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(status.success(), "the prefill process failed: {status}");
 }

@@ -13,12 +13,16 @@ use support::{connector, read_and_check, readable, spawn_self, NatsServer};
 const SECOND: Duration = Duration::from_secs(1);
 
 async fn channel(s: &NatsServer) -> NatsChannel {
-    NatsChannel::connect(&s.url(), 5 * SECOND).await.expect("connect")
+    NatsChannel::connect(&s.url(), 5 * SECOND)
+        .await
+        .expect("connect")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publish_fetch_and_read() {
-    let Some(server) = NatsServer::start() else { return };
+    let Some(server) = NatsServer::start() else {
+        return;
+    };
     let (prefill, decode) = (connector().await, connector().await);
     let (pub_side, fetch_side) = (channel(&server).await, channel(&server).await);
     let op = readable(&prefill, 1, 1 << 20).await;
@@ -31,12 +35,20 @@ async fn publish_fetch_and_read() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_withdrawn_and_duplicate_keys() {
-    let Some(server) = NatsServer::start() else { return };
+    let Some(server) = NatsServer::start() else {
+        return;
+    };
     let prefill = connector().await;
     let ch = channel(&server).await;
     let t = Instant::now();
-    let e = ch.fetch("nobody", Duration::from_millis(300)).await.unwrap_err();
-    assert!(matches!(e, Error::NotFound { ref key, .. } if key == "nobody"), "{e}");
+    let e = ch
+        .fetch("nobody", Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::NotFound { ref key, .. } if key == "nobody"),
+        "{e}"
+    );
     assert!(t.elapsed() < 2 * SECOND, "{:?}", t.elapsed());
 
     let op = readable(&prefill, 2, 64).await;
@@ -61,7 +73,9 @@ async fn unknown_withdrawn_and_duplicate_keys() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prefixes_keep_apart() {
-    let Some(server) = NatsServer::start() else { return };
+    let Some(server) = NatsServer::start() else {
+        return;
+    };
     let prefill = connector().await;
     let a = channel(&server).await.with_prefix("tenant-a.kv").unwrap();
     let b = channel(&server).await.with_prefix("tenant-b.kv").unwrap();
@@ -85,7 +99,9 @@ async fn no_server_fails_within_the_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_restart_between_hand_overs() {
-    let Some(mut server) = NatsServer::start() else { return };
+    let Some(mut server) = NatsServer::start() else {
+        return;
+    };
     let (prefill, decode) = (connector().await, connector().await);
     let (pub_side, fetch_side) = (channel(&server).await, channel(&server).await);
     let first = readable(&prefill, 4, 4096).await;
@@ -108,7 +124,9 @@ async fn server_restart_between_hand_overs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_gone_fails_clearly_within_the_deadline() {
-    let Some(mut server) = NatsServer::start() else { return };
+    let Some(mut server) = NatsServer::start() else {
+        return;
+    };
     let prefill = connector().await;
     let (pub_side, fetch_side) = (channel(&server).await, channel(&server).await);
     let op = readable(&prefill, 6, 64).await;
@@ -128,7 +146,9 @@ async fn server_gone_fails_clearly_within_the_deadline() {
 /// Child process: the prefill worker of `cross_process_prefill_decode`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn child_nats_prefill() {
-    let Ok(url) = std::env::var("FERRY_CTL_CHILD_NATS") else { return };
+    let Ok(url) = std::env::var("FERRY_CTL_CHILD_NATS") else {
+        return;
+    };
     let prefill = connector().await;
     let ch = NatsChannel::connect(&url, 5 * SECOND).await.unwrap();
     let op = readable(&prefill, 7, 3 << 20).await;
@@ -139,8 +159,13 @@ async fn child_nats_prefill() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cross_process_prefill_decode() {
-    let Some(server) = NatsServer::start() else { return };
-    let mut child = spawn_self("child_nats_prefill", &[("FERRY_CTL_CHILD_NATS", server.url())]);
+    let Some(server) = NatsServer::start() else {
+        return;
+    };
+    let mut child = spawn_self(
+        "child_nats_prefill",
+        &[("FERRY_CTL_CHILD_NATS", server.url())],
+    );
     let (ready_tx, ready) = std::sync::mpsc::channel();
     let out = BufReader::new(child.stdout.take().unwrap());
     // Reads every line, so that the child never writes to a closed pipe.
@@ -151,12 +176,16 @@ async fn cross_process_prefill_decode() {
             }
         }
     });
-    ready.recv_timeout(30 * SECOND).expect("the prefill process never got ready");
+    ready
+        .recv_timeout(30 * SECOND)
+        .expect("the prefill process never got ready");
     let decode = connector().await;
     let ch = channel(&server).await;
     let got = ch.fetch("req-xp", 10 * SECOND).await.unwrap();
     read_and_check(&decode, &got, 7, 3 << 20).await;
-    let status = tokio::task::spawn_blocking(move || child.wait()).await.unwrap().unwrap();
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(status.success(), "the prefill process failed: {status}");
 }
-

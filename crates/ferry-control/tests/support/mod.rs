@@ -6,7 +6,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ferry::{Connector, Descriptor, ReadableOperation, RdmaMetadata};
+use ferry::{Connector, Descriptor, RdmaMetadata, ReadableOperation};
 
 /// A free loopback port (bound, then released).
 pub fn free_port() -> u16 {
@@ -26,7 +26,11 @@ impl NatsServer {
     /// Starts one on a free port, or returns `None` (having said why) when
     /// `nats-server` is not installed.
     pub fn start() -> Option<NatsServer> {
-        if Command::new("nats-server").arg("--version").output().is_err() {
+        if Command::new("nats-server")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
             eprintln!(
                 "SKIPPED: nats-server is not installed (Debian: apt-get install nats-server; \
                  .ci/test installs it when it can)"
@@ -56,7 +60,10 @@ impl NatsServer {
         let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
         let t = Instant::now();
         while TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_err() {
-            assert!(t.elapsed() < Duration::from_secs(10), "nats-server did not start");
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "nats-server did not start"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -93,7 +100,9 @@ pub async fn connector() -> Connector {
 
 /// `len` bytes of a pattern that depends on `seed`.
 pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
 }
 
 /// A readable of `len` patterned bytes on `c`.
@@ -113,7 +122,10 @@ pub async fn read_and_check(c: &Connector, remote: &RdmaMetadata, seed: u8, len:
         .await
         .expect("read");
     let got = read.into_descriptors();
-    assert!(got[0].as_slice().unwrap() == pattern(seed, len), "bytes differ");
+    assert!(
+        got[0].as_slice().unwrap() == pattern(seed, len),
+        "bytes differ"
+    );
 }
 
 /// Starts this test binary again, running only the test `name`, with the
