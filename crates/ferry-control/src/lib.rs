@@ -80,6 +80,22 @@ pub fn validate_key(key: &str) -> Result<()> {
     })
 }
 
+/// Checks that `prefix` can start NATS subjects: tokens of `A-Z a-z 0-9 _ -`
+/// separated by dots.
+pub fn validate_prefix(prefix: &str) -> Result<()> {
+    let valid = !prefix.is_empty()
+        && prefix
+            .split('.')
+            .all(|t| !t.is_empty() && t.bytes().all(token_byte));
+    if valid {
+        Ok(())
+    } else {
+        Err(Error::InvalidPrefix {
+            prefix: prefix.chars().take(64).collect(),
+        })
+    }
+}
+
 fn token_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_' || b == b'-'
 }

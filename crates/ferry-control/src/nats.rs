@@ -20,7 +20,7 @@ fn lock(slot: &Slot) -> MutexGuard<'_, Option<async_nats::Subscriber>> {
 
 use crate::catalog::{Catalog, Publication};
 use crate::retry::until_deadline;
-use crate::{token_byte, validate_key, Error, Result, DEFAULT_PREFIX};
+use crate::{validate_key, Error, Result, DEFAULT_PREFIX};
 
 /// The longest one request waits before it is sent again (a request written
 /// to a connection that then broke is lost; the next goes to the new one).
@@ -89,15 +89,7 @@ impl NatsChannel {
     /// Uses the subject prefix `prefix` instead of [`DEFAULT_PREFIX`]: both
     /// sides must use the same.
     pub fn with_prefix(mut self, prefix: &str) -> Result<NatsChannel> {
-        let valid = !prefix.is_empty()
-            && prefix
-                .split('.')
-                .all(|t| !t.is_empty() && t.bytes().all(token_byte));
-        if !valid {
-            return Err(Error::InvalidPrefix {
-                prefix: prefix.chars().take(64).collect(),
-            });
-        }
+        crate::validate_prefix(prefix)?;
         self.prefix = prefix.into();
         Ok(self)
     }
@@ -153,7 +145,11 @@ impl NatsChannel {
         });
         let catalog = self.catalog.clone();
         let owned = key.to_owned();
+        // The subscriber's drop spawns its unsubscription: give it the
+        // runtime, wherever the guard is dropped (a Python finalizer, say).
+        let runtime = tokio::runtime::Handle::current();
         Ok(Publication::new(key, move || {
+            let _entered = runtime.enter();
             drop(lock(&slot).take());
             catalog.remove(&owned);
         }))
