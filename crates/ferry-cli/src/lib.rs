@@ -10,3 +10,4 @@ pub mod clock;
 pub mod demo;
 pub mod pattern;
 pub mod peer;
+pub mod plot;
