@@ -26,20 +26,41 @@
 //! [`Error::Timeout`]). Replies are bounded by
 //! [`MAX_METADATA_JSON`](ferry_proto::MAX_METADATA_JSON) and validated.
 //!
-//! ```no_run
-//! # async fn demo(md: ferry_proto::RdmaMetadata) -> ferry_control::Result<()> {
+//! A prefill worker exposes its KV cache and publishes the metadata; a
+//! decode worker (normally another process, that knows the server's address
+//! and the request id) fetches it and reads:
+//!
+//! ```
 //! use std::time::Duration;
+//! use ferry::{Connector, Descriptor};
 //! use ferry_control::{HttpClient, HttpServer};
 //!
-//! // Prefill: publish the readable's metadata under the request id.
+//! # #[tokio::main]
+//! # async fn main() -> anyhow::Result<()> {
+//! // Prefill: expose, then publish under the request id.
+//! let prefill = Connector::new().await?;
+//! let kv = vec![7u8; 1 << 20];
+//! let readable = prefill.create_readable(vec![Descriptor::from_vec(kv)]).await?;
 //! let server = HttpServer::bind("127.0.0.1:0").await?;
-//! let _published = server.publish("req-42", &md)?;
+//! let published = server.publish("req-42", readable.metadata())?;
 //!
-//! // Decode (another process): fetch it within 5 seconds.
+//! // Decode: fetch within 5 s (asking again while the key or the server is
+//! // not there yet), then read.
+//! let decode = Connector::new().await?;
 //! let client = HttpClient::new(server.local_addr().to_string());
 //! let remote = client.fetch("req-42", Duration::from_secs(5)).await?;
+//! let dst = vec![Descriptor::from_vec(vec![0u8; 1 << 20])];
+//! let read = decode.begin_read(&remote, dst).await?;
+//! read.wait_for_completion().await?;
+//! readable.wait_for_completion().await?;
+//! drop(published); // withdrawn: later fetches get Error::NotFound
 //! # Ok(()) }
 //! ```
+//!
+//! Over NATS the two sides share a server instead:
+//! `NatsChannel::connect("nats://host:4222", deadline)`, then
+//! `channel.publish(key, metadata).await?` on one side and
+//! `channel.fetch(key, deadline).await?` on the other.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
