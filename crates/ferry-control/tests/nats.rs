@@ -143,6 +143,37 @@ async fn server_gone_fails_clearly_within_the_deadline() {
     eprintln!("with the server gone: {e}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rogue_responder_gives_a_typed_error_at_once() {
+    let Some(server) = NatsServer::start() else {
+        return;
+    };
+    let ch = channel(&server).await;
+    // Something else answers on the subject: garbage, then valid JSON of
+    // the wrong shape.
+    let rogue = ch.client().subscribe("ferry.metadata.rogue").await.unwrap();
+    let client = ch.client().clone();
+    let answering = tokio::spawn(async move {
+        use futures_util::StreamExt;
+        let mut rogue = rogue;
+        let replies = [&b"\x00\xffnot json"[..], b"{\"v\": 99}"];
+        let mut i = 0;
+        while let Some(m) = rogue.next().await {
+            let reply = replies[i % replies.len()];
+            i += 1;
+            let _ = client.publish(m.reply.unwrap(), reply.into()).await;
+        }
+    });
+    ch.client().flush().await.unwrap();
+    for _ in 0..2 {
+        let t = Instant::now();
+        let e = ch.fetch("rogue", 5 * SECOND).await.unwrap_err();
+        assert!(matches!(e, Error::InvalidMetadata(_)), "{e}");
+        assert!(t.elapsed() < SECOND, "not retried: {:?}", t.elapsed());
+    }
+    answering.abort();
+}
+
 /// Child process: the prefill worker of `cross_process_prefill_decode`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn child_nats_prefill() {
