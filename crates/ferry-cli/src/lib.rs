@@ -11,3 +11,4 @@ pub mod demo;
 pub mod kv;
 pub mod pattern;
 pub mod peer;
+pub mod plot;

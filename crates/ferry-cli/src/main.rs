@@ -47,6 +47,10 @@ enum Cmd {
         /// Also write one JSON object per measured row to this file (`-`: stdout).
         #[arg(long)]
         json: Option<std::path::PathBuf>,
+        /// Also draw the run as an SVG picture here: GB/s and latency
+        /// (p50, p99) against block size, per transport, with the baselines.
+        #[arg(long)]
+        plot: Option<std::path::PathBuf>,
         /// A shared secret for both processes (authenticated, encrypted
         /// connections); default: FERRY_SECRET, if set. Give the target the
         /// same one.
@@ -127,6 +131,7 @@ async fn main() -> anyhow::Result<()> {
             blocks,
             batches,
             json,
+            plot,
             secret,
             workload,
             inflight,
@@ -162,9 +167,12 @@ async fn main() -> anyhow::Result<()> {
             match role.as_str() {
                 "initiator" => {
                     let exe = std::env::current_exe()?;
-                    ferry_cli::bench::initiator(&exe, control.as_deref(), opts)
-                        .await
-                        .map(drop)
+                    let rows = ferry_cli::bench::initiator(&exe, control.as_deref(), opts).await?;
+                    if let Some(path) = plot {
+                        ferry_cli::plot::write(&rows, &path)?;
+                        eprintln!("plot written to {}", path.display());
+                    }
+                    Ok(())
                 }
                 "target" => {
                     let control = control.as_deref().unwrap_or("0.0.0.0:7000");

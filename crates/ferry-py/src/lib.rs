@@ -13,6 +13,9 @@
 //!   descriptors, and the claims that keep two operations off the same
 //!   bytes).
 //! - `Metadata` (`metadata.rs`) wraps a [`ferry::RdmaMetadata`].
+//! - `HttpServer`, `NatsChannel`, `Publication` and `http_fetch`
+//!   (`control.rs`): the control plane of `ferry-control`, blocking without
+//!   the GIL; `ferry.control` wraps them in coroutines.
 //!
 //! One multi-thread Tokio runtime per process runs every connector. A future
 //! that is ready at once (most are: creating a readable, starting a read on a
@@ -26,6 +29,7 @@
 
 mod bridge;
 mod connector;
+mod control;
 mod errors;
 mod memory;
 mod metadata;
@@ -81,5 +85,6 @@ fn _ferry(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Bridge>()?;
     m.add_function(wrap_pyfunction!(parse_device, m)?)?;
     m.add_function(wrap_pyfunction!(bytes_address, m)?)?;
+    control::register(m)?;
     Ok(())
 }

@@ -46,8 +46,10 @@ from ._ferry import __version__
 from ._metadata import ForeignMetadataError
 from ._descriptor import Descriptor, SerializedDescriptor
 from ._types import Device, DeviceKind, OperationKind, OperationStatus
+from . import control
 
 __all__ = [
+    "control",
     "AbstractOperation",
     "ActiveOperation",
     "Connection",

@@ -34,6 +34,13 @@ __all__ = [
     "ShutdownError",
     "WrongPairingError",
     "InvalidWorkerIdError",
+    "ControlError",
+    "MetadataNotFoundError",
+    "NoServerError",
+    "ServerGoneError",
+    "BadReplyError",
+    "MetadataRefusedError",
+    "AlreadyPublishedError",
 ]
 
 
@@ -89,3 +96,40 @@ class WrongPairingError(ValueError, RuntimeError):
 class InvalidWorkerIdError(ValueError, TypeError):
     """An empty worker id. A :class:`ValueError`, and the reference's
     :class:`TypeError`."""
+
+
+class ControlError(RuntimeError):
+    """The control plane (:mod:`ferry.control`) could not hand metadata
+    over. A bad key or prefix raises :class:`ValueError` instead, the
+    deadline :class:`TimeoutError`, a server that cannot listen
+    :class:`OSError`."""
+
+
+class MetadataNotFoundError(ControlError, LookupError):
+    """Nobody published metadata under this key before the deadline: it is
+    not published yet, was withdrawn, or the key, server or prefix differ."""
+
+
+class NoServerError(ControlError, ConnectionError):
+    """No control-plane server answered at this address before the
+    deadline: start it, or check the address."""
+
+
+class ServerGoneError(ControlError, ConnectionError):
+    """The server closed the connection (or restarted) before answering and
+    did not come back before the deadline."""
+
+
+class BadReplyError(ControlError):
+    """The server's reply is not a metadata reply (not HTTP, oversized):
+    not a Ferry control-plane server, or a broken one."""
+
+
+class MetadataRefusedError(ControlError):
+    """The server refused the request (an HTTP status other than 200 and
+    404)."""
+
+
+class AlreadyPublishedError(ControlError, ValueError):
+    """Metadata is already published under this key here: withdraw it
+    first, or use another key."""

@@ -1,0 +1,127 @@
+//! The control plane's errors.
+
+use std::time::Duration;
+
+use ferry_proto::MetadataError;
+
+/// What went wrong while handing metadata over. Each variant says what to do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The key cannot name metadata: use 1 to 128 characters from
+    /// `A-Z a-z 0-9 _ -` (it becomes a NATS subject token and a URL segment).
+    #[error(
+        "invalid metadata key {key:?}: {reason}; use 1 to 128 characters from A-Z a-z 0-9 _ -"
+    )]
+    InvalidKey {
+        /// The key, cut to 64 characters.
+        key: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The NATS subject prefix is not dot-separated tokens of `A-Z a-z 0-9 _ -`.
+    #[error(
+        "invalid NATS subject prefix {prefix:?}: use tokens of A-Z a-z 0-9 _ - separated by dots"
+    )]
+    InvalidPrefix {
+        /// The prefix.
+        prefix: String,
+    },
+    /// This publisher already publishes metadata under this key: withdraw the
+    /// first (drop its [`Publication`](crate::Publication)) or use another key.
+    #[error("metadata is already published under key {key:?} here")]
+    AlreadyPublished {
+        /// The key.
+        key: String,
+    },
+    /// Nobody publishes metadata under this key (until the deadline, for a
+    /// fetch): the exposing worker has not published it yet, has withdrawn
+    /// it, or uses another key, server or subject prefix.
+    #[error("no metadata is published under key {key:?} (waited {waited:?})")]
+    NotFound {
+        /// The key.
+        key: String,
+        /// How long the fetch kept asking.
+        waited: Duration,
+    },
+    /// No server answered at this address: start it, or check the address.
+    #[error("no control-plane server at {endpoint}: {detail}")]
+    NoServer {
+        /// The address or URL.
+        endpoint: String,
+        /// The system's reason (connection refused, ...).
+        detail: String,
+    },
+    /// The server closed the connection (or restarted) before it answered,
+    /// and did not come back before the deadline: retry with a later deadline,
+    /// or check that the server runs.
+    #[error("the control-plane server at {endpoint} went away before answering: {detail}")]
+    ServerGone {
+        /// The address or URL.
+        endpoint: String,
+        /// What happened.
+        detail: String,
+    },
+    /// The deadline passed with no answer (nor any more precise cause).
+    #[error("no answer within {waited:?} while {during}")]
+    Timeout {
+        /// How long it waited.
+        waited: Duration,
+        /// What it was doing.
+        during: &'static str,
+    },
+    /// The server answered with something that is not a metadata reply (not
+    /// HTTP, an oversized body, ...): it is not a Ferry control-plane server,
+    /// or it is broken.
+    #[error("bad reply from {endpoint}: {detail}")]
+    BadReply {
+        /// The address or URL.
+        endpoint: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// The reply was not valid metadata (malformed, from another Ferry
+    /// version, or too large): nothing was granted; check both sides' versions.
+    #[error("the reply is not valid metadata: {0}")]
+    InvalidMetadata(#[from] MetadataError),
+    /// The server refused the request (an HTTP status other than 200 and 404).
+    #[error("the control-plane server at {endpoint} refused the request: {status} {reason}")]
+    Refused {
+        /// The address or URL.
+        endpoint: String,
+        /// The HTTP status.
+        status: u16,
+        /// The server's reason (its body, cut to 200 bytes).
+        reason: String,
+    },
+    /// The HTTP server could not listen on this address: pick another
+    /// address or port (0 picks a free one).
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// The system's reason.
+        source: std::io::Error,
+    },
+    /// The NATS client failed in a way not listed above (subscribing, say):
+    /// the message is the client's.
+    #[error("NATS: {0}")]
+    Nats(String),
+}
+
+impl Error {
+    /// Whether asking again before the deadline may succeed: the key was not
+    /// published yet, or the server was away.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Error::NotFound { .. }
+                | Error::NoServer { .. }
+                | Error::ServerGone { .. }
+                | Error::Timeout { .. }
+        )
+    }
+}
+
+/// The control plane's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

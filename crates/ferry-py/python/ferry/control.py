@@ -1,0 +1,196 @@
+"""The control plane: hand :class:`~ferry.RdmaMetadata` from the worker that
+exposes memory to the worker that moves it, over NATS or HTTP.
+
+The reference leaves this "secondary channel" to the application. Here the
+exposing worker **publishes** its operation's metadata under a key both
+workers know (the request id), and the other worker **fetches** it with a
+deadline::
+
+    # prefill
+    server = await ferry.control.HttpServer.bind("0.0.0.0:8700")
+    with server.publish(request_id, readable.metadata()):
+        await readable.wait_for_completion()
+
+    # decode
+    md = await ferry.control.fetch_http("prefill-host:8700", request_id, timeout=5)
+    async with connector.begin_read(md, ferry.Descriptor(dst)) as read:
+        await read.wait_for_completion()
+
+Over NATS, both sides use a :class:`NatsChannel` (request/reply on
+``ferry.metadata.<key>``); the client reconnects by itself when the server
+restarts. A fetch asks again until its deadline while the key is not
+published or the server is away, then raises the last cause:
+:class:`MetadataNotFoundError`, :class:`NoServerError`,
+:class:`ServerGoneError`, or :class:`TimeoutError`. Each call runs in the
+event loop's default executor, without the GIL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from types import TracebackType
+from typing import Callable, Optional, Type, TypeVar
+
+from . import _ferry
+from ._errors import (
+    AlreadyPublishedError,
+    BadReplyError,
+    ControlError,
+    MetadataNotFoundError,
+    MetadataRefusedError,
+    NoServerError,
+    ServerGoneError,
+)
+from ._metadata import RdmaMetadata
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "Publication",
+    "HttpServer",
+    "NatsChannel",
+    "fetch_http",
+    "ControlError",
+    "MetadataNotFoundError",
+    "NoServerError",
+    "ServerGoneError",
+    "BadReplyError",
+    "MetadataRefusedError",
+    "AlreadyPublishedError",
+]
+
+DEFAULT_PREFIX: str = _ferry.DEFAULT_PREFIX
+"""The NATS subject prefix unless told otherwise: key ``k`` is requested on
+``ferry.metadata.k``."""
+
+_T = TypeVar("_T")
+
+
+async def _off_loop(fn: Callable[..., _T], *args: object) -> _T:
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(None, functools.partial(fn, *args))
+
+
+def _core(metadata: RdmaMetadata) -> _ferry.Metadata:
+    if not isinstance(metadata, RdmaMetadata):
+        raise TypeError(f"metadata must be ferry.RdmaMetadata, not {type(metadata).__name__}")
+    return metadata._core
+
+
+class Publication:
+    """Metadata published under a key, until :meth:`withdraw` (or the end of
+    its ``with`` block, or garbage collection)."""
+
+    __slots__ = ("_core",)
+
+    def __init__(self, core: _ferry.Publication) -> None:
+        self._core = core
+
+    @property
+    def key(self) -> str:
+        return self._core.key
+
+    @property
+    def active(self) -> bool:
+        """Whether it is still published."""
+        return self._core.active
+
+    def withdraw(self) -> None:
+        """Withdraws the metadata; later fetches do not find it."""
+        self._core.withdraw()
+
+    def __enter__(self) -> Publication:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        self.withdraw()
+
+    def __repr__(self) -> str:
+        return f"Publication(key={self.key!r}, active={self.active})"
+
+
+class HttpServer:
+    """The exposing worker's HTTP server: ``GET /ferry/v1/metadata/<key>``
+    answers the metadata published under ``key`` (JSON), or 404. Plain
+    HTTP/1.1: the metadata is a capability, so keep it on a trusted network.
+    It stops when :meth:`close` is called or it is garbage collected."""
+
+    __slots__ = ("_core",)
+
+    def __init__(self, core: _ferry.HttpServer) -> None:
+        self._core: Optional[_ferry.HttpServer] = core
+
+    @classmethod
+    async def bind(cls, addr: str = "127.0.0.1:0") -> HttpServer:
+        """Listens on ``addr`` (port 0: a free one)."""
+        return cls(await _off_loop(_ferry.HttpServer.bind, addr))
+
+    def _server(self) -> _ferry.HttpServer:
+        if self._core is None:
+            raise ControlError("this HttpServer is closed")
+        return self._core
+
+    @property
+    def local_addr(self) -> str:
+        """``host:port`` it listens on: what the other worker fetches from."""
+        return self._server().local_addr
+
+    def published(self) -> int:
+        """How many keys are published now."""
+        return self._server().published()
+
+    def publish(self, key: str, metadata: RdmaMetadata) -> Publication:
+        """Publishes ``metadata`` under ``key``. Raises
+        :class:`AlreadyPublishedError` if the key is taken here."""
+        return Publication(self._server().publish(key, _core(metadata)))
+
+    def close(self) -> None:
+        """Stops serving (publications are no longer reachable)."""
+        self._core = None
+
+    def __repr__(self) -> str:
+        where = self._core.local_addr if self._core is not None else "closed"
+        return f"HttpServer({where})"
+
+
+async def fetch_http(endpoint: str, key: str, timeout: float = 10.0) -> RdmaMetadata:
+    """The metadata published under ``key`` on the :class:`HttpServer` at
+    ``endpoint`` (``host:port`` or ``http://host:port``), waiting up to
+    ``timeout`` seconds for the server and the key."""
+    core = await _off_loop(_ferry.http_fetch, endpoint, key, float(timeout))
+    return RdmaMetadata._wrap(core)
+
+
+class NatsChannel:
+    """One worker's connection to a NATS server, to publish metadata, fetch
+    it, or both."""
+
+    __slots__ = ("_core",)
+
+    def __init__(self, core: _ferry.NatsChannel) -> None:
+        self._core = core
+
+    @classmethod
+    async def connect(
+        cls, url: str, timeout: float = 10.0, prefix: str = DEFAULT_PREFIX
+    ) -> NatsChannel:
+        """Connects to ``url`` (``nats://host:4222``), waiting up to
+        ``timeout`` seconds for the server. Both sides must use the same
+        ``prefix``."""
+        return cls(await _off_loop(_ferry.NatsChannel.connect, url, float(timeout), prefix))
+
+    async def publish(self, key: str, metadata: RdmaMetadata) -> Publication:
+        """Answers requests for ``key`` with ``metadata`` until the
+        publication is withdrawn."""
+        return Publication(await _off_loop(self._core.publish, key, _core(metadata)))
+
+    async def fetch(self, key: str, timeout: float = 10.0) -> RdmaMetadata:
+        """The metadata published under ``key``, waiting up to ``timeout``
+        seconds for a publisher (and for the server, if it is away)."""
+        core = await _off_loop(self._core.fetch, key, float(timeout))
+        return RdmaMetadata._wrap(core)

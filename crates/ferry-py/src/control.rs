@@ -1,0 +1,176 @@
+//! The control plane (`ferry.control`): hands metadata over NATS or HTTP.
+//!
+//! Every call here blocks without the GIL; `ferry/control.py` runs them in
+//! the event loop's executor and offers them as coroutines.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use ferry_control::Error as E;
+use pyo3::exceptions::{PyOSError, PyTimeoutError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyModule, PyType};
+
+use crate::bridge::block_on;
+use crate::lock;
+use crate::metadata::Metadata;
+
+/// The Python exception for a control-plane error: `ValueError` for a bad
+/// key, prefix or metadata, `TimeoutError` for the deadline, `OSError` for a
+/// server that cannot listen, otherwise a `ControlError` subclass of
+/// `ferry._errors`.
+fn to_py(py: Python<'_>, e: E) -> PyErr {
+    let message = e.to_string();
+    let class = match e {
+        E::InvalidKey { .. } | E::InvalidPrefix { .. } | E::InvalidMetadata(_) => {
+            return PyValueError::new_err(message)
+        }
+        E::Timeout { .. } => return PyTimeoutError::new_err(message),
+        E::Bind { .. } => return PyOSError::new_err(message),
+        E::AlreadyPublished { .. } => "AlreadyPublishedError",
+        E::NotFound { .. } => "MetadataNotFoundError",
+        E::NoServer { .. } => "NoServerError",
+        E::ServerGone { .. } => "ServerGoneError",
+        E::BadReply { .. } => "BadReplyError",
+        E::Refused { .. } => "MetadataRefusedError",
+        _ => "ControlError",
+    };
+    let class = py
+        .import("ferry._errors")
+        .and_then(|m| m.getattr(class))
+        .and_then(|c| Ok(c.cast_into::<PyType>()?));
+    match class {
+        Ok(t) => PyErr::from_type(t, message),
+        Err(err) => err,
+    }
+}
+
+fn seconds(timeout: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(timeout)
+        .map_err(|_| PyValueError::new_err(format!("timeout must be >= 0 seconds, not {timeout}")))
+}
+
+/// Metadata published under a key, until `withdraw()` (or garbage
+/// collection).
+#[pyclass(frozen, module = "ferry._ferry")]
+pub(crate) struct Publication {
+    key: String,
+    inner: Mutex<Option<ferry_control::Publication>>,
+}
+
+impl Publication {
+    fn new(p: ferry_control::Publication) -> Publication {
+        Publication {
+            key: p.key().to_owned(),
+            inner: Mutex::new(Some(p)),
+        }
+    }
+}
+
+#[pymethods]
+impl Publication {
+    #[getter]
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Whether it is still published.
+    #[getter]
+    fn active(&self) -> bool {
+        lock(&self.inner).is_some()
+    }
+
+    /// Withdraws the metadata (idempotent).
+    fn withdraw(&self) {
+        let p = lock(&self.inner).take();
+        drop(p);
+    }
+}
+
+/// The HTTP server of the exposing side.
+#[pyclass(frozen, module = "ferry._ferry")]
+pub(crate) struct HttpServer {
+    inner: ferry_control::HttpServer,
+}
+
+#[pymethods]
+impl HttpServer {
+    /// Listens on `addr` (`"127.0.0.1:0"`: a free port).
+    #[staticmethod]
+    fn bind(py: Python<'_>, addr: &str) -> PyResult<HttpServer> {
+        let inner =
+            block_on(py, ferry_control::HttpServer::bind(addr))?.map_err(|e| to_py(py, e))?;
+        Ok(HttpServer { inner })
+    }
+
+    /// `host:port` it listens on.
+    #[getter]
+    fn local_addr(&self) -> String {
+        self.inner.local_addr().to_string()
+    }
+
+    fn published(&self) -> usize {
+        self.inner.published()
+    }
+
+    fn publish(&self, py: Python<'_>, key: &str, metadata: &Metadata) -> PyResult<Publication> {
+        self.inner
+            .publish(key, &metadata.0)
+            .map(Publication::new)
+            .map_err(|e| to_py(py, e))
+    }
+}
+
+/// Fetches the metadata under `key` from the HTTP server at `endpoint`,
+/// waiting up to `timeout` seconds; blocks without the GIL.
+#[pyfunction]
+fn http_fetch(py: Python<'_>, endpoint: &str, key: &str, timeout: f64) -> PyResult<Metadata> {
+    let deadline = seconds(timeout)?;
+    let client = ferry_control::HttpClient::new(endpoint);
+    block_on(py, client.fetch(key, deadline))?
+        .map(Metadata)
+        .map_err(|e| to_py(py, e))
+}
+
+/// One worker's NATS connection.
+#[pyclass(frozen, module = "ferry._ferry")]
+pub(crate) struct NatsChannel {
+    inner: ferry_control::NatsChannel,
+}
+
+#[pymethods]
+impl NatsChannel {
+    /// Connects to `url`, waiting up to `timeout` seconds for the server.
+    #[staticmethod]
+    fn connect(py: Python<'_>, url: &str, timeout: f64, prefix: &str) -> PyResult<NatsChannel> {
+        let deadline = seconds(timeout)?;
+        ferry_control::validate_prefix(prefix).map_err(|e| to_py(py, e))?;
+        let inner = block_on(py, ferry_control::NatsChannel::connect(url, deadline))?
+            .and_then(|c| c.with_prefix(prefix))
+            .map_err(|e| to_py(py, e))?;
+        Ok(NatsChannel { inner })
+    }
+
+    fn publish(&self, py: Python<'_>, key: &str, metadata: &Metadata) -> PyResult<Publication> {
+        block_on(py, self.inner.publish(key, &metadata.0))?
+            .map(Publication::new)
+            .map_err(|e| to_py(py, e))
+    }
+
+    fn fetch(&self, py: Python<'_>, key: &str, timeout: f64) -> PyResult<Metadata> {
+        let deadline = seconds(timeout)?;
+        block_on(py, self.inner.fetch(key, deadline))?
+            .map(Metadata)
+            .map_err(|e| to_py(py, e))
+    }
+}
+
+/// Adds the control plane's classes and functions to `_ferry`.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Publication>()?;
+    m.add_class::<HttpServer>()?;
+    m.add_class::<NatsChannel>()?;
+    m.add_function(wrap_pyfunction!(http_fetch, m)?)?;
+    m.add("DEFAULT_PREFIX", ferry_control::DEFAULT_PREFIX)?;
+    Ok(())
+}
