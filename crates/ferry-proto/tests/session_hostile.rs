@@ -163,7 +163,14 @@ fn hostile_writer_leases_memory_of_another_shape() {
         let (dst, meta) = w.expose(OperationKind::Write, untouched(&SIZES));
         w.inject(x, open_frame(1, OperationKind::Write, &meta, true, (0, 1)));
         let segments = lens.iter().map(|&l| (0x1000, l)).collect();
-        w.inject(x, Message::Lease(Lease { req: 1, segments }));
+        w.inject(
+            x,
+            Message::Lease(Lease {
+                req: 1,
+                segments,
+                key: vec![],
+            }),
+        );
         w.run();
         let v = w.violation(x).expect("a violation");
         assert_eq!(v, Violation::LeaseShapeMismatch { req: 1 });
@@ -189,6 +196,7 @@ fn hostile_passive_lends_memory_of_another_shape() {
         Message::Lease(Lease {
             req,
             segments: vec![(0x1000, 16)],
+            key: vec![],
         }),
     );
     w.run();

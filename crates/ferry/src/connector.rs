@@ -38,14 +38,16 @@ impl ConnectorBuilder {
                 "worker id must be 1 to 256 bytes long".into(),
             ));
         }
-        let transports = match self.transports {
-            Some(t) => t,
+        let (transports, named) = match self.transports {
+            Some(t) => (t, true),
             None => match std::env::var(TRANSPORTS_ENV) {
-                Ok(v) if !v.trim().is_empty() => v
-                    .split(',')
-                    .map(str::parse)
-                    .collect::<Result<Vec<TransportKind>>>()?,
-                _ => TransportKind::ALL.to_vec(),
+                Ok(v) if !v.trim().is_empty() => (
+                    v.split(',')
+                        .map(str::parse)
+                        .collect::<Result<Vec<TransportKind>>>()?,
+                    true,
+                ),
+                _ => (TransportKind::ALL.to_vec(), false),
             },
         };
         if !transports.contains(&TransportKind::Tcp) {
@@ -107,12 +109,15 @@ impl ConnectorBuilder {
         let host_id = host::host_id();
         let (shutdown, shutdown_rx) = watch::channel(false);
         let handle = Handle::current();
+        let (ucx, ucx_everywhere) = start_ucx(&transports, named, &handle, &shutdown_rx)?;
         let config = Config {
             worker_id: worker_id.clone(),
             host_id: host_id.clone(),
             connect_timeout: self.connect_timeout,
             secret: secret.clone(),
             cma: transports.contains(&TransportKind::Cma),
+            ucx,
+            ucx_everywhere,
             cma_threshold,
             tcp_streams,
             streams_to_other_hosts: DEFAULT_TCP_STREAMS,
@@ -151,6 +156,8 @@ impl ConnectorBuilder {
 
 /// Starts (or joins) the scrape endpoint: at `set`, else at
 /// `FERRY_METRICS_ADDR`'s address; `None` without either.
+use crate::transport::ucx::start_for as start_ucx;
+
 fn start_metrics(
     metrics: &Arc<Metrics>,
     set: Option<SocketAddr>,

@@ -17,6 +17,14 @@ pub enum TransportKind {
     /// of at least [`ConnectorBuilder::cma_threshold`](crate::ConnectorBuilder::cma_threshold)
     /// bytes; otherwise the bytes go over TCP.
     Cma,
+    /// UCX (RDMA, or CUDA transports), loaded at run time: the destination's
+    /// owner gets what the source lent with `ucp_get_nbx`, set up and fenced
+    /// over the TCP connection. By default used only where UCX has an RDMA
+    /// or CUDA transport (faster than Ferry's own paths); named explicitly
+    /// (`FERRY_TRANSPORTS=ucx,tcp`, or the builder), used wherever both
+    /// workers have it, and required: without a loadable `libucp` the
+    /// connector does not start. See `docs/transports.md`.
+    Ucx,
     /// A TCP connection between the two connectors: works between any two
     /// workers that can reach each other.
     Tcp,
@@ -24,14 +32,19 @@ pub enum TransportKind {
 
 impl TransportKind {
     /// Every transport this build has, best first.
-    pub const ALL: &'static [TransportKind] =
-        &[TransportKind::Local, TransportKind::Cma, TransportKind::Tcp];
+    pub const ALL: &'static [TransportKind] = &[
+        TransportKind::Local,
+        TransportKind::Cma,
+        TransportKind::Ucx,
+        TransportKind::Tcp,
+    ];
 
     /// The name used in `FERRY_TRANSPORTS` and reports.
     pub fn name(self) -> &'static str {
         match self {
             TransportKind::Local => "local",
             TransportKind::Cma => "cma",
+            TransportKind::Ucx => "ucx",
             TransportKind::Tcp => "tcp",
         }
     }

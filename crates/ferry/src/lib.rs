@@ -73,6 +73,29 @@ pub mod cross_memory {
     pub use crate::transport::cma::{copy_from_process, CHUNK};
 }
 
+/// UCX, the backend under [`TransportKind::Ucx`], loaded at run time.
+pub mod ucx {
+    /// The UCX this process loaded (library, version, the transports it
+    /// found), or why there is none (no `libucp`, too old, failed to start).
+    /// Finds the library as `docs/transports.md` says (`FERRY_UCX_LIB`,
+    /// the system's, the PyPI `libucx-cu12`/`-cu13` packages).
+    ///
+    /// ```
+    /// match ferry::ucx::status() {
+    ///     Ok(found) => println!("{found}"),
+    ///     Err(why) => println!("no UCX: {why}"),
+    /// }
+    /// ```
+    pub fn status() -> Result<String, String> {
+        crate::transport::ucx::ucx()
+            .map(|u| u.describe())
+            .map_err(str::to_string)
+    }
+
+    /// The environment variable that names the `libucp` to load.
+    pub const LIB_ENV: &str = crate::transport::ucx::LIB_ENV;
+}
+
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]

@@ -58,6 +58,9 @@ struct Lent {
     /// attach.
     count: usize,
     kept: Vec<Box<dyn Any + Send>>,
+    /// What a backend keeps while the memory is lent (UCX: its
+    /// registrations), dropped when the last lease ends.
+    lease_state: Option<Box<dyn Any + Send + Sync>>,
 }
 
 // SAFETY: the raw pointers are only dereferenced inside `read_at`/`write_at`,
@@ -116,6 +119,11 @@ impl Region {
         }
     }
 
+    /// Whether this is a destination (bytes may be written into it).
+    pub(crate) fn is_writable(&self) -> bool {
+        self.writable
+    }
+
     /// The sizes of the segments.
     pub(crate) fn sizes(&self) -> impl Iterator<Item = u64> + '_ {
         self.segs.iter().map(|s| s.len as u64)
@@ -149,18 +157,36 @@ impl Region {
     }
 
     /// The peer stopped reading (it said so, or the connection ended):
-    /// storage kept for it is released.
+    /// storage kept for it is released, and what a backend kept for the
+    /// leases (after which no remote key of this region works).
     pub(crate) fn give_back(&self) {
-        let kept = {
+        let (kept, state) = {
             let mut l = self.lent();
             l.count = l.count.saturating_sub(1);
+            let state = if l.count == 0 {
+                l.lease_state.take()
+            } else {
+                None
+            };
             if self.in_use(&l) {
+                drop(l);
+                drop(state);
                 return;
             }
-            std::mem::take(&mut l.kept)
+            (std::mem::take(&mut l.kept), state)
         };
         self.returned.notify_all();
+        drop(state);
         drop(kept);
+    }
+
+    /// Runs `f` on the state a backend keeps while this memory is lent
+    /// (see [`give_back`](Self::give_back)).
+    pub(crate) fn lease_state<R>(
+        &self,
+        f: impl FnOnce(&mut Option<Box<dyn Any + Send + Sync>>) -> R,
+    ) -> R {
+        f(&mut self.lent().lease_state)
     }
 
     /// Whether no unlocked copy into this region is in flight.

@@ -54,6 +54,13 @@ pub enum Step<T> {
         /// The active side's nonce.
         nonce: [u8; 16],
     },
+    /// Reach the peer's RDMA worker at `address` (if RDMA is enabled here),
+    /// then call [`Session::rdma_answered`](super::Session::rdma_answered)
+    /// and send its answer.
+    RdmaOffer {
+        /// The active side's worker address.
+        address: Vec<u8>,
+    },
     /// Probe the peer's cookie, then call [`Session::attach_verified`](super::Session::attach_verified).
     AttachVerify {
         /// Both nonces (`None`: this side declined; nothing to probe).
@@ -122,6 +129,8 @@ pub enum Action<T> {
         target: T,
         /// The lease's segments, one per descriptor.
         segments: Vec<(u64, u64)>,
+        /// The lease's backend key (empty for cross-memory attach).
+        key: Vec<u8>,
     },
     /// A part other than 0 is done: count it in its stripe.
     PartDone {

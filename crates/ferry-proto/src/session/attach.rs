@@ -7,6 +7,21 @@
 /// Two nonces: the active side's, then this side's.
 pub type Nonces = ([u8; 16], [u8; 16]);
 
+/// Where the passive side stands in the RDMA set-up (see
+/// [`Rdma`](crate::wire::Rdma)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RdmaState {
+    /// Nothing received yet.
+    #[default]
+    Idle,
+    /// The active side's address arrived; the driver is answering.
+    Answering,
+    /// The answer is on its way (`true`: this side reached the peer).
+    Answered(bool),
+    /// Set up, or declined.
+    Done,
+}
+
 /// Where the passive side stands in the exchange.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AttachState {

@@ -27,12 +27,12 @@ mod violation;
 use std::collections::{BTreeMap, VecDeque};
 
 pub use action::{Action, Last, OpenParams, Start, Step};
-pub use attach::{AttachState, Nonces};
+pub use attach::{AttachState, Nonces, RdmaState};
 pub use plan::{can_lend, plan, Plan, Thresholds};
 pub use stripe::{part_range, BindError, StripeState};
 pub use violation::Violation;
 
-use crate::wire::{Abort, AbortReason, Attach, Lease, Message, Open, Verdict};
+use crate::wire::{Abort, AbortReason, Attach, Lease, Message, Open, Rdma, Verdict};
 // The session tests use it through `super::*`.
 #[cfg(test)]
 use crate::wire::MAX_LEASE_SEGMENTS;
@@ -99,7 +99,8 @@ pub trait Fence: Clone {
 /// What this side can do on the connection, known from the handshake.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Caps {
-    /// Cross-memory attach is enabled here.
+    /// Lending memory is enabled here: cross-memory attach, or an RDMA
+    /// backend set up on this connection.
     pub attach: bool,
     /// This side proved it can copy from the peer (its lease may be taken).
     pub can_pull: bool,
@@ -143,6 +144,7 @@ pub struct Session<T> {
     lent: BTreeMap<u64, (T, bool)>,
     next_req: u64,
     attach: AttachState,
+    rdma: RdmaState,
     actions: VecDeque<Action<T>>,
 }
 
@@ -157,6 +159,7 @@ impl<T: Fence> Session<T> {
             lent: BTreeMap::new(),
             next_req: 1,
             attach: AttachState::default(),
+            rdma: RdmaState::default(),
             actions: VecDeque::new(),
         }
     }
@@ -212,6 +215,7 @@ impl<T: Fence> Session<T> {
                 Err(v)
             }
             Message::Attach(a) => self.on_attach(a),
+            Message::Rdma(r) => self.on_rdma(r),
             Message::Open(o) => self.on_open(o),
             Message::Data(d) => {
                 let Some(r) = self.requests.get_mut(&d.req) else {
@@ -254,9 +258,60 @@ impl<T: Fence> Session<T> {
         }
     }
 
+    fn on_rdma(&mut self, r: Rdma) -> Result<Step<T>, Violation> {
+        if self.role == Role::Active {
+            return Err(Violation::RdmaToActiveSide);
+        }
+        // Either cross-memory attach or RDMA lends on one connection.
+        let attached =
+            self.attach != AttachState::Idle && (self.caps.can_pull || self.caps.peer_pulls);
+        if attached
+            || self.attach == AttachState::Offering
+            || matches!(self.attach, AttachState::Offered(_))
+        {
+            return Err(Violation::RdmaOutOfTurn);
+        }
+        match (self.rdma, r.verdict) {
+            (RdmaState::Idle, Verdict::Unknown) if !r.address.is_empty() => {
+                self.rdma = RdmaState::Answering;
+                Ok(Step::RdmaOffer { address: r.address })
+            }
+            (RdmaState::Answered(reached), v) if v != Verdict::Unknown && r.address.is_empty() => {
+                self.rdma = RdmaState::Done;
+                self.caps.peer_pulls = reached && v == Verdict::CanPull;
+                Ok(Step::Done)
+            }
+            _ => Err(Violation::RdmaOutOfTurn),
+        }
+    }
+
+    /// The driver tried to reach the active side's RDMA worker (`reached`):
+    /// the answer to send, with this side's worker `address` (ignored
+    /// unless `reached`).
+    pub fn rdma_answered(&mut self, reached: bool, address: Vec<u8>) -> Message {
+        if self.rdma == RdmaState::Answering {
+            self.rdma = RdmaState::Answered(reached);
+            if reached {
+                self.caps.attach = true;
+                self.caps.can_pull = true;
+            }
+        }
+        Message::Rdma(Rdma {
+            address: if reached { address } else { Vec::new() },
+            verdict: if reached {
+                Verdict::CanPull
+            } else {
+                Verdict::Refused
+            },
+        })
+    }
+
     fn on_attach(&mut self, a: Attach) -> Result<Step<T>, Violation> {
         if self.role == Role::Active {
             return Err(Violation::AttachToActiveSide);
+        }
+        if self.rdma != RdmaState::Idle {
+            return Err(Violation::AttachOutOfTurn);
         }
         match (self.attach, a.verdict) {
             (AttachState::Idle, Verdict::Unknown) => {
@@ -581,6 +636,7 @@ impl<T: Fence> Session<T> {
             req: l.req,
             target,
             segments: l.segments,
+            key: l.key,
         });
         Ok(Step::Done)
     }

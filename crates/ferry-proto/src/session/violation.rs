@@ -24,6 +24,13 @@ pub enum Violation {
     /// An `Attach` out of the order of the four-frame exchange.
     #[error("an attach frame out of turn")]
     AttachOutOfTurn,
+    /// An `Rdma` frame sent to the side that opened the connection.
+    #[error("unexpected rdma set-up frame")]
+    RdmaToActiveSide,
+    /// An `Rdma` frame out of the order of its three-frame exchange, or on
+    /// a connection that set up cross-memory attach.
+    #[error("an rdma set-up frame out of turn")]
+    RdmaOutOfTurn,
     /// An `Open` sent to the side that opened the connection.
     #[error("open sent to the active side")]
     OpenToActiveSide,
@@ -103,6 +110,8 @@ impl Violation {
             Violation::UnexpectedHello
             | Violation::AttachToActiveSide
             | Violation::AttachOutOfTurn
+            | Violation::RdmaToActiveSide
+            | Violation::RdmaOutOfTurn
             | Violation::OpenToActiveSide
             | Violation::RequestNumberInUse(_)
             | Violation::UnexpectedData { .. }

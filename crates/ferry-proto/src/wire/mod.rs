@@ -27,7 +27,7 @@ use crate::runs::{self, MAX_RUNS};
 use crate::{OperationKind, Token, MAX_DESCRIPTORS};
 
 /// The protocol version carried in `Hello`.
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;
 /// The bytes that open every `Hello` body.
 pub const MAGIC: [u8; 6] = *b"FERRY\0";
 /// The length of a frame header.
@@ -36,8 +36,14 @@ pub const HEADER_LEN: usize = 8;
 pub const MAX_BODY: u32 = 256 * 1024;
 /// The largest body of a [`Lease`]: eight bytes for each of up to
 /// [`MAX_LEASE_SEGMENTS`] addresses, their lengths as up to
-/// [`MAX_RUNS`] runs, and the fixed fields.
-pub const MAX_LEASE_BODY: u32 = (MAX_LEASE_SEGMENTS * 8 + MAX_RUNS * 12 + 16) as u32;
+/// [`MAX_RUNS`] runs, a key of up to [`MAX_LEASE_KEY`] bytes, and the
+/// fixed fields.
+pub const MAX_LEASE_BODY: u32 =
+    (MAX_LEASE_SEGMENTS * 8 + MAX_RUNS * 12 + MAX_LEASE_KEY + 20) as u32;
+/// The longest backend key a [`Lease`] carries (UCX: packed remote keys).
+pub const MAX_LEASE_KEY: usize = 1024 * 1024;
+/// The longest RDMA worker address an [`Rdma`] frame carries.
+pub const MAX_RDMA_ADDRESS: usize = 64 * 1024;
 
 /// The largest body a frame of type `ty` may have.
 fn max_body(ty: u8) -> u32 {
@@ -238,6 +244,26 @@ pub struct Lease {
     /// On the wire: the lengths as runs (at most [`MAX_RUNS`]), then the
     /// addresses.
     pub segments: Vec<(u64, u64)>,
+    /// What the lending backend needs besides addresses, at most
+    /// [`MAX_LEASE_KEY`] bytes: empty for cross-memory attach, the remote
+    /// keys of the lent memory for RDMA (see [`Rdma`]).
+    pub key: Vec<u8>,
+}
+
+/// Set-up of an RDMA backend (UCX) on a connection, right after the
+/// handshake, in three frames: the active side sends its worker's
+/// `address` (verdict `Unknown`); the passive side answers with its own
+/// address and whether it reached the active side's worker (`CanPull`:
+/// it may copy from the active side), or an empty address and `Refused`;
+/// the active side answers with its verdict on the passive side's worker
+/// (and no address). A connection sets up either this or [`Attach`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rdma {
+    /// The sender's worker address (at most [`MAX_RDMA_ADDRESS`] bytes;
+    /// empty in the third frame, or when declining).
+    pub address: Vec<u8>,
+    /// Whether the sender reached the receiver's worker.
+    pub verdict: Verdict,
 }
 
 /// What one side found when it tried to read the other's probe bytes.
@@ -328,6 +354,8 @@ pub enum Message {
     Lease(Lease),
     /// See [`Attach`].
     Attach(Attach),
+    /// See [`Rdma`].
+    Rdma(Rdma),
     /// The destination of request `req` no longer copies from the source's
     /// lent memory (it stopped after the source's `Abort`, or the request
     /// had ended here). Ends the lease only, never an operation.
@@ -346,6 +374,24 @@ const T_AUTH: u8 = 6;
 const T_LEASE: u8 = 7;
 const T_ATTACH: u8 = 8;
 const T_RELEASE: u8 = 9;
+const T_RDMA: u8 = 10;
+
+fn verdict_code(v: Verdict) -> u8 {
+    match v {
+        Verdict::Unknown => 0,
+        Verdict::CanPull => 1,
+        Verdict::Refused => 2,
+    }
+}
+
+fn verdict_of(code: u8) -> Result<Verdict, WireError> {
+    match code {
+        0 => Ok(Verdict::Unknown),
+        1 => Ok(Verdict::CanPull),
+        2 => Ok(Verdict::Refused),
+        _ => Err(WireError::InvalidField("verdict")),
+    }
+}
 
 fn put_header(out: &mut Vec<u8>, ty: u8, body_len: usize) {
     out.extend_from_slice(&[ty, 0, 0, 0]);
@@ -425,6 +471,9 @@ impl Message {
             }
             Message::Lease(l) => {
                 out.extend_from_slice(&l.req.to_le_bytes());
+                let key = &l.key[..l.key.len().min(MAX_LEASE_KEY)];
+                out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+                out.extend_from_slice(key);
                 put_runs(out, l.segments.iter().map(|s| s.1));
                 for (addr, _) in &l.segments {
                     out.extend_from_slice(&addr.to_le_bytes());
@@ -435,12 +484,15 @@ impl Message {
                 out.extend_from_slice(&a.pid.to_le_bytes());
                 out.extend_from_slice(&a.addr.to_le_bytes());
                 out.extend_from_slice(&a.cookie);
-                out.push(match a.verdict {
-                    Verdict::Unknown => 0,
-                    Verdict::CanPull => 1,
-                    Verdict::Refused => 2,
-                });
+                out.push(verdict_code(a.verdict));
                 T_ATTACH
+            }
+            Message::Rdma(r) => {
+                let a = &r.address[..r.address.len().min(MAX_RDMA_ADDRESS)];
+                out.extend_from_slice(&(a.len() as u32).to_le_bytes());
+                out.extend_from_slice(a);
+                out.push(verdict_code(r.verdict));
+                T_RDMA
             }
             Message::Release { req } => {
                 out.extend_from_slice(&req.to_le_bytes());
@@ -471,7 +523,7 @@ pub struct Header {
 /// Checks a frame header.
 pub fn decode_header(h: &[u8; HEADER_LEN]) -> Result<Header, WireError> {
     let ty = h[0];
-    if !(T_HELLO..=T_RELEASE).contains(&ty) {
+    if !(T_HELLO..=T_RDMA).contains(&ty) {
         return Err(WireError::UnknownType(ty));
     }
     if h[1..4] != [0, 0, 0] {
@@ -613,6 +665,11 @@ pub fn decode_body(h: Header, body: &[u8]) -> Result<Message, WireError> {
         }
         T_LEASE => {
             let req = r.u64()?;
+            let n = r.u32()? as usize;
+            if n > MAX_LEASE_KEY {
+                return Err(WireError::InvalidField("lease key"));
+            }
+            let key = r.take(n)?.to_vec();
             let lens = r.runs(MAX_LEASE_SEGMENTS, "segment count")?;
             let n = lens.len();
             if r.0.len() != n * 8 {
@@ -626,19 +683,25 @@ pub fn decode_body(h: Header, body: &[u8]) -> Result<Message, WireError> {
                 .into_iter()
                 .map(|len| Ok((r.u64()?, len)))
                 .collect::<Result<Vec<_>, WireError>>()?;
-            Message::Lease(Lease { req, segments })
+            Message::Lease(Lease { req, segments, key })
         }
         T_ATTACH => Message::Attach(Attach {
             pid: r.u32()?,
             addr: r.u64()?,
             cookie: r.take(16)?.try_into().unwrap(),
-            verdict: match r.u8()? {
-                0 => Verdict::Unknown,
-                1 => Verdict::CanPull,
-                2 => Verdict::Refused,
-                _ => return Err(WireError::InvalidField("verdict")),
-            },
+            verdict: verdict_of(r.u8()?)?,
         }),
+        T_RDMA => {
+            let n = r.u32()? as usize;
+            if n > MAX_RDMA_ADDRESS {
+                return Err(WireError::InvalidField("rdma address"));
+            }
+            let address = r.take(n)?.to_vec();
+            Message::Rdma(Rdma {
+                address,
+                verdict: verdict_of(r.u8()?)?,
+            })
+        }
         T_RELEASE => Message::Release { req: r.u64()? },
         other => return Err(WireError::UnknownType(other)),
     };

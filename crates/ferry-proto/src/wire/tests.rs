@@ -30,6 +30,15 @@ fn samples() -> Vec<Message> {
         Message::Lease(Lease {
             req: 4,
             segments: vec![(0x7f00_0000_1000, 4096), (1, u64::MAX)],
+            key: vec![1, 2, 3],
+        }),
+        Message::Rdma(Rdma {
+            address: vec![9; 215],
+            verdict: Verdict::Unknown,
+        }),
+        Message::Rdma(Rdma {
+            address: Vec::new(),
+            verdict: Verdict::Refused,
         }),
         Message::Attach(Attach {
             pid: 1234,

@@ -300,7 +300,15 @@ impl World {
             Start::OpenAndLease(m) => {
                 self.send(c, m, vec![]);
                 let segments = target.segments();
-                self.send(c, Message::Lease(Lease { req, segments }), vec![]);
+                self.send(
+                    c,
+                    Message::Lease(Lease {
+                        req,
+                        segments,
+                        key: vec![],
+                    }),
+                    vec![],
+                );
             }
             Start::Stream { open, cursor, last } => {
                 self.send(c, open, vec![]);
@@ -346,13 +354,22 @@ impl World {
             }
             Action::SendLease { req, target } => {
                 let segments = target.segments();
-                self.send(c, Message::Lease(Lease { req, segments }), vec![]);
+                self.send(
+                    c,
+                    Message::Lease(Lease {
+                        req,
+                        segments,
+                        key: vec![],
+                    }),
+                    vec![],
+                );
             }
             Action::GiveBack { target } => self.give_back(&target),
             Action::Pull {
                 req,
                 target,
                 segments,
+                ..
             } => self.jobs.push_back(Job::Pull {
                 c,
                 req,
@@ -525,6 +542,10 @@ impl World {
                 }
             }
             Ok(Step::AttachOffer { .. }) => self.conns[c].s.attach_offered(None),
+            Ok(Step::RdmaOffer { .. }) => {
+                let m = self.conns[c].s.rdma_answered(false, Vec::new());
+                self.send(c, m, vec![]);
+            }
             Ok(Step::AttachVerify { .. }) => {
                 let m = self.conns[c].s.attach_verified(false);
                 self.send(c, m, vec![]);

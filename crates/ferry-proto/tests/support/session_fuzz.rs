@@ -414,7 +414,14 @@ impl<'a> Harness<'a> {
                 open(&m);
                 self.send(ACTIVE, m);
                 let segments = lease_of(&sizes);
-                self.send(ACTIVE, Message::Lease(Lease { req, segments }));
+                self.send(
+                    ACTIVE,
+                    Message::Lease(Lease {
+                        req,
+                        segments,
+                        key: vec![],
+                    }),
+                );
             }
             Start::Stream {
                 open: m,
@@ -732,6 +739,7 @@ impl<'a> Harness<'a> {
                 Message::Lease(Lease {
                     req,
                     segments: lease_of(&sizes),
+                    key: vec![],
                 })
             }
             _ => Message::Release { req: inp.req() },

@@ -145,6 +145,14 @@ impl Harness<'_> {
                 assert_eq!(Some(&o), open.as_ref());
                 self.grant(o);
             }
+            Ok(Step::RdmaOffer { address }) => {
+                assert_eq!(i, PASSIVE);
+                assert!(!address.is_empty());
+                let reached = self.input.bit();
+                let m = self.ends[i].s.rdma_answered(reached, vec![7; 4]);
+                assert_eq!(self.ends[i].s.caps().can_pull, reached);
+                drop(m);
+            }
             Ok(Step::AttachOffer { nonce }) => {
                 assert_eq!(i, PASSIVE);
                 let offer = self.input.bit().then_some((nonce, [0x55; 16]));
@@ -230,7 +238,14 @@ impl Harness<'_> {
                 let g = e.grant(req, &target, "SendLease");
                 assert!(e.lent.contains(&target.id()), "a lease of memory not lent");
                 let segments = lease_of(&g.sizes);
-                self.send(i, Message::Lease(Lease { req, segments }));
+                self.send(
+                    i,
+                    Message::Lease(Lease {
+                        req,
+                        segments,
+                        key: vec![],
+                    }),
+                );
             }
             Action::GiveBack { target } => {
                 assert!(e.lent.remove(&target.id()), "gives back memory not lent");
@@ -239,6 +254,7 @@ impl Harness<'_> {
                 req,
                 target,
                 segments,
+                ..
             } => {
                 let g = e.grant(req, &target, "Pull");
                 assert!(g.dest, "pulls into a request that sends");

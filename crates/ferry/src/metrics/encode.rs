@@ -51,7 +51,7 @@ impl Snapshots {
         bytes: bool,
     ) -> fmt::Result {
         self.family(enc, name, help, MetricType::Counter, |m, s| {
-            for t in &TRANSPORTS[..3] {
+            for t in &TRANSPORTS[..4] {
                 let v: u64 = s
                     .operations
                     .iter()

@@ -23,10 +23,11 @@ pub const XFER_TIME_BUCKETS_US: [u64; 19] = [
 
 /// Transport label values, by index: a transport, or `none` for an
 /// operation that ended before any transport carried it.
-pub(crate) const TRANSPORTS: [Option<TransportKind>; 4] = [
+pub(crate) const TRANSPORTS: [Option<TransportKind>; 5] = [
     Some(TransportKind::Local),
     Some(TransportKind::Cma),
     Some(TransportKind::Tcp),
+    Some(TransportKind::Ucx),
     None,
 ];
 
@@ -35,7 +36,8 @@ pub(crate) fn transport_index(t: Option<TransportKind>) -> usize {
         Some(TransportKind::Local) => 0,
         Some(TransportKind::Cma) => 1,
         Some(TransportKind::Tcp) => 2,
-        None => 3,
+        Some(TransportKind::Ucx) => 3,
+        None => 4,
     }
 }
 

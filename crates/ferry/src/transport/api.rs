@@ -17,6 +17,7 @@ use crate::kind::TransportKind;
 use crate::metrics::Metrics;
 use crate::outcome::OpShared;
 use crate::region::Region;
+use crate::transport::ucx::Worker;
 use crate::Result;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -53,6 +54,12 @@ pub(crate) struct Config {
     pub(crate) connect_timeout: Duration,
     pub(crate) secret: Option<Secret>,
     pub(crate) cma: bool,
+    /// This connector's UCX worker, if UCX is enabled and loaded.
+    pub(crate) ucx: Option<Arc<Worker>>,
+    /// Set up UCX on every connection where both sides have it (it was
+    /// named explicitly, or UCX has an RDMA or CUDA transport here); else
+    /// never.
+    pub(crate) ucx_everywhere: bool,
     pub(crate) cma_threshold: u64,
     /// Streams per large transfer; `None`: by host (see `ConnectorBuilder::tcp_streams`).
     pub(crate) tcp_streams: Option<usize>,

@@ -23,6 +23,7 @@ pub(crate) mod probe;
 pub(crate) mod pull;
 pub(crate) mod stall;
 pub(crate) mod tcp;
+pub(crate) mod ucx;
 
 /// The socket a connector accepts its peers' connections on, bound before
 /// the transports start (its address goes into the metadata).

@@ -145,6 +145,7 @@ fn lease(req: u64, lens: &[u64]) -> Message {
     Message::Lease(Lease {
         req,
         segments: segments(lens),
+        key: Vec::new(),
     })
 }
 

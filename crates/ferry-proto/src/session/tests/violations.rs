@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::cursor::CursorError;
-use crate::wire::Auth;
+use crate::wire::{Auth, Rdma};
 
 // ---------------------------------------------------------------------------
 // Every violation, each provoked by the frames that break its rule. Each
@@ -89,6 +89,56 @@ fn attach_out_of_turn() -> Violation {
     assert_eq!(v, Violation::AttachOutOfTurn);
     assert!(acts(&mut s).is_empty());
     v
+}
+
+fn rdma(address: &[u8], verdict: Verdict) -> Message {
+    Message::Rdma(Rdma {
+        address: address.to_vec(),
+        verdict,
+    })
+}
+
+fn rdma_to_active_side() -> Violation {
+    let mut s = active(NO_CAPS);
+    let v = s.handle_frame(rdma(&[1; 8], Verdict::Unknown)).unwrap_err();
+    assert_eq!(v, Violation::RdmaToActiveSide);
+    assert!(acts(&mut s).is_empty());
+    v
+}
+
+fn rdma_out_of_turn() -> Violation {
+    // A verdict before any address.
+    let mut s = passive(NO_CAPS);
+    let v = s.handle_frame(rdma(&[], Verdict::CanPull)).unwrap_err();
+    assert_eq!(v, Violation::RdmaOutOfTurn);
+    // An empty offer.
+    let mut s = passive(NO_CAPS);
+    assert_eq!(
+        s.handle_frame(rdma(&[], Verdict::Unknown)).unwrap_err(),
+        Violation::RdmaOutOfTurn
+    );
+    // A second offer while the first is being answered.
+    let mut s = passive(NO_CAPS);
+    assert!(matches!(
+        s.handle_frame(rdma(&[1; 8], Verdict::Unknown)),
+        Ok(Step::RdmaOffer { .. })
+    ));
+    assert_eq!(
+        s.handle_frame(rdma(&[1; 8], Verdict::Unknown)).unwrap_err(),
+        Violation::RdmaOutOfTurn
+    );
+    // RDMA set up, then an attach: one way of lending per connection.
+    let _ = s.rdma_answered(true, vec![2; 8]);
+    assert!(matches!(
+        s.handle_frame(rdma(&[], Verdict::CanPull)),
+        Ok(Step::Done)
+    ));
+    assert!(s.caps().attach && s.caps().can_pull && s.caps().peer_pulls);
+    assert_eq!(
+        s.handle_frame(attach(Verdict::Unknown)).unwrap_err(),
+        Violation::AttachOutOfTurn
+    );
+    Violation::RdmaOutOfTurn
 }
 
 fn open_to_active_side() -> Violation {
@@ -271,9 +321,11 @@ fn variant(v: &Violation) -> usize {
         Violation::LeaseWithoutAttach => 14,
         Violation::UnaskedLease { .. } => 15,
         Violation::LeaseShapeMismatch { .. } => 16,
+        Violation::RdmaToActiveSide => 17,
+        Violation::RdmaOutOfTurn => 18,
     }
 }
-const VARIANTS: usize = 17;
+const VARIANTS: usize = 19;
 
 type Provoker = fn() -> Violation;
 
@@ -295,6 +347,8 @@ const PROVOKERS: [(&str, Provoker); VARIANTS] = [
     ("lease_without_attach", lease_without_attach),
     ("unasked_lease", unasked_lease),
     ("lease_shape_mismatch", lease_shape_mismatch),
+    ("rdma_to_active_side", rdma_to_active_side),
+    ("rdma_out_of_turn", rdma_out_of_turn),
 ];
 
 /// The documented mapping: only the authentication violations are told
@@ -343,6 +397,8 @@ violation_tests!(
     lease_without_attach,
     unasked_lease,
     lease_shape_mismatch,
+    rdma_to_active_side,
+    rdma_out_of_turn,
 );
 
 #[test]

@@ -33,6 +33,7 @@ pub(crate) mod cma;
 mod conformance;
 #[cfg(test)]
 mod testing;
+pub(crate) mod ucx;
 
 /// How a pull ended.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -21,13 +21,14 @@ use crate::transport::admission::Ticket;
 use crate::transport::api::ActiveLink;
 use crate::transport::cma;
 use crate::transport::stall::{self, CopySlot, CopySlots};
+use crate::transport::ucx::Endpoint;
 use crate::Error;
 
 use super::conn_io::*;
 use super::error::*;
 use super::request::*;
 use super::util::*;
-use crate::transport::pull::{cma::CmaPuller, LeaseBlob, PullEnd, Puller};
+use crate::transport::pull::{cma::CmaPuller, ucx::UcxPuller, LeaseBlob, PullEnd, Puller};
 
 /// The `Open` behind `opened` is on the wire (or never will be): an
 /// `Abort` waiting for it may follow.
@@ -63,6 +64,28 @@ pub(super) fn try_write_sealed(
     r
 }
 
+/// Whom a pull copies from.
+enum PullPeer {
+    Cma(Arc<cma::Peer>),
+    Ucx(Arc<Endpoint>),
+}
+
+/// Registers the destination with `puller`, pulls, deregisters.
+fn pull_with<P: Puller>(
+    puller: &P,
+    peer: &P::Peer,
+    lease: &LeaseBlob,
+    region: &Region,
+    shared: &OpShared,
+) -> PullEnd {
+    if let Err(e) = puller.register(region) {
+        return PullEnd::Failed(format!("cannot register the destination: {e}"));
+    }
+    let end = puller.pull(peer, lease, region, shared);
+    let _ = puller.deregister(region);
+    end
+}
+
 /// One connection to a remote connector, in either direction.
 pub(crate) struct Conn {
     /// This connection, for the stripes that hold it as a `PartConn`.
@@ -79,6 +102,10 @@ pub(crate) struct Conn {
     /// The peer's process (its pid, and the program it runs), once this
     /// process has proven it can copy from it.
     pub(super) peer_pid: OnceLock<Arc<cma::Peer>>,
+    /// An endpoint to the peer's UCX worker, once this side reached it.
+    pub(super) ucx_ep: OnceLock<Arc<Endpoint>>,
+    /// Lending on this connection goes through UCX (see `lending.rs`).
+    pub(super) via_ucx: AtomicBool,
     /// `(active, passive)` socket addresses of this connection.
     pub(super) tuple: OnceLock<(SocketAddr, SocketAddr)>,
     /// This side's cookie, kept at a fixed address for the peer to read
@@ -116,6 +143,8 @@ impl Conn {
             queued: AtomicUsize::new(0),
             handle,
             peer_pid: OnceLock::new(),
+            ucx_ep: OnceLock::new(),
+            via_ucx: AtomicBool::new(false),
             tuple: OnceLock::new(),
             cookie: Mutex::new(None),
             copy_slots: Arc::new(CopySlots::new()),
@@ -156,7 +185,7 @@ impl Conn {
     /// Lends the target's memory to the peer (registered first, if the
     /// backend needs it).
     fn lend(&self, target: &Target) {
-        if let Err(e) = CmaPuller.register(&target.region) {
+        if let Err(e) = self.register_lent(&target.region) {
             return self.kill(format!("cannot lend this memory: {e}"));
         }
         target.region.lend();
@@ -176,15 +205,17 @@ impl Conn {
                 self.stream_from(req, target, cursor, Vec::new(), None, last)
             }
             Action::Via { target, lent } => target.shared.set_transport(if lent {
-                CmaPuller.kind()
+                self.lending_kind()
             } else {
                 TransportKind::Tcp
             }),
             Action::Lend { target } => self.lend(&target),
             Action::SendLease { req, target } => {
+                let blob = self.lease_of(&target.region);
                 let lease = Message::Lease(Lease {
                     req,
-                    segments: CmaPuller.lend(&target.region).segments().to_vec(),
+                    segments: blob.segments().to_vec(),
+                    key: blob.opaque().to_vec(),
                 });
                 self.send_soon(lease.to_vec(), None, true);
             }
@@ -193,9 +224,11 @@ impl Conn {
                 req,
                 target,
                 segments,
+                key,
             } => {
                 target.shared.first_byte();
-                self.spawn_pull(req, target.region, target.shared, segments)
+                let lease = LeaseBlob::new(segments, key);
+                self.spawn_pull(req, target.region, target.shared, lease)
             }
             Action::PartDone { target } => {
                 if let Some(s) = &target.stripe {
@@ -254,10 +287,25 @@ impl Conn {
         req: u64,
         region: Arc<Region>,
         shared: Arc<OpShared>,
-        segs: Vec<(u64, u64)>,
+        lease: LeaseBlob,
     ) {
-        let Some(peer) = self.peer_pid.get().cloned() else {
-            return self.kill("the peer lent memory to a process that cannot attach to it".into());
+        let peer = if self.by_ucx() {
+            match self.ucx_ep.get().cloned() {
+                Some(ep) => PullPeer::Ucx(ep),
+                None => {
+                    return self.kill(
+                        "the peer lent memory over UCX to a worker that cannot reach it".into(),
+                    )
+                }
+            }
+        } else {
+            match self.peer_pid.get().cloned() {
+                Some(p) => PullPeer::Cma(p),
+                None => {
+                    return self
+                        .kill("the peer lent memory to a process that cannot attach to it".into())
+                }
+            }
         };
         let shared_ended = shared.clone();
         // The copy thread answers the peer itself (no hop back to the
@@ -265,16 +313,14 @@ impl Conn {
         // peer stalls must not keep its socket alive.
         let conn = Arc::downgrade(self);
         let copy = move |slot: CopySlot| {
-            let lease = LeaseBlob::addresses(segs);
             // The session checked the lease's shape; the copy checks again.
             let end = if !lease.fits(&region) {
                 PullEnd::Failed("the lease does not match the descriptors".into())
-            } else if let Err(e) = CmaPuller.register(&region) {
-                PullEnd::Failed(format!("cannot register the destination: {e}"))
             } else {
-                let end = CmaPuller.pull(&peer, &lease, &region, &shared);
-                let _ = CmaPuller.deregister(&region);
-                end
+                match &peer {
+                    PullPeer::Cma(p) => pull_with(&CmaPuller, p, &lease, &region, &shared),
+                    PullPeer::Ucx(ep) => pull_with(&UcxPuller, ep, &lease, &region, &shared),
+                }
             };
             drop(slot);
             let Some(conn) = conn.upgrade() else {

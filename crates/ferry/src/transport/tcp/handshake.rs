@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use ferry_proto::session::{Caps, Role, Session};
-use ferry_proto::wire::{self, AbortReason, Attach, Auth, Hello, Message, Verdict};
+use ferry_proto::wire::{self, AbortReason, Attach, Auth, Hello, Message, Rdma, Verdict};
 use ferry_proto::RdmaMetadata;
 use tokio::net::TcpStream;
 
@@ -14,6 +14,7 @@ use crate::metrics::ConnMeter;
 use crate::transport::api::Config;
 use crate::transport::cma;
 use crate::transport::probe::verify_peer;
+use crate::transport::ucx::{Endpoint, Worker};
 use crate::{Error, Result};
 
 use super::conn::*;
@@ -227,14 +228,30 @@ pub(super) async fn handshake(
             "cross-memory attach probed"
         );
     }
+    let mut can_pull = peer_pid.is_some();
+    let mut ucx_ep = None;
+    if let Some(worker) = cfg.ucx.as_ref().filter(|_| cfg.ucx_everywhere && attach) {
+        if !can_pull && !peer_pulls {
+            let (mine, theirs) = set_up_ucx(worker, &mut w, &mut rd, &peer, addr).await?;
+            can_pull = mine.is_some();
+            peer_pulls = theirs;
+            ucx_ep = mine;
+        }
+    }
+    let via_ucx = ucx_ep.is_some() || (peer_pulls && peer_pid.is_none());
     let caps = Caps {
-        attach: cfg.cma,
-        can_pull: peer_pid.is_some(),
+        attach: cfg.cma || via_ucx,
+        can_pull,
         peer_pulls,
         secret: cfg.secret.is_some(),
     };
     let session = Session::new(Role::Active, caps);
     let conn = Conn::new(peer, w, cfg.handle.clone(), session);
+    if let Some(ep) = ucx_ep {
+        let _ = conn.ucx_ep.set(Arc::new(ep));
+    }
+    conn.via_ucx
+        .store(via_ucx, std::sync::atomic::Ordering::Release);
     if let Some(p) = peer_pid {
         let _ = conn.peer_pid.set(p);
     }
@@ -251,4 +268,75 @@ pub(super) async fn handshake(
         ConnMeter::new(&cfg.metrics, false),
     ));
     Ok(conn)
+}
+
+/// The active side of the `Rdma` exchange: sends this worker's address,
+/// reads the passive side's answer, reaches its worker, sends the verdict.
+/// `(endpoint to the peer, whether the peer reached this worker)`.
+async fn set_up_ucx(
+    worker: &Arc<Worker>,
+    w: &mut ConnWriter,
+    rd: &mut FrameReader,
+    peer: &str,
+    addr: SocketAddr,
+) -> Result<(Option<Endpoint>, bool)> {
+    let offer = Message::Rdma(Rdma {
+        address: worker.address().to_vec(),
+        verdict: Verdict::Unknown,
+    });
+    let lost = |cause: String| Error::Unreachable {
+        worker: peer.to_string(),
+        addresses: addr.to_string(),
+        cause,
+    };
+    w.write_all(&offer.to_vec())
+        .await
+        .map_err(|e| lost(e.to_string()))?;
+    let answer = match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
+        Ok(Ok(Message::Rdma(a))) => a,
+        Ok(Ok(Message::Abort(a))) if a.reason == AbortReason::Unauthenticated => {
+            return Err(Error::Unauthenticated {
+                peer: peer.to_string(),
+                detail: a.detail,
+            })
+        }
+        Ok(Ok(_)) => {
+            return Err(Error::Protocol {
+                peer: addr.to_string(),
+                detail: "expected an rdma set-up frame".into(),
+            })
+        }
+        Ok(Err(e)) => return Err(e.into_error(&addr.to_string())),
+        Err(_) => return Err(lost("no answer to the rdma set-up".into())),
+    };
+    let theirs = answer.verdict == Verdict::CanPull && !answer.address.is_empty();
+    let mine = if theirs {
+        match worker.connect(&answer.address) {
+            Ok(ep) => Some(ep),
+            Err(e) => {
+                tracing::debug!(peer, "UCX: cannot reach the peer's worker: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let verdict = Message::Rdma(Rdma {
+        address: Vec::new(),
+        verdict: if mine.is_some() {
+            Verdict::CanPull
+        } else {
+            Verdict::Refused
+        },
+    });
+    w.write_all(&verdict.to_vec())
+        .await
+        .map_err(|e| lost(e.to_string()))?;
+    tracing::debug!(
+        peer,
+        pull_from_peer = mine.is_some(),
+        peer_pulls = theirs,
+        "UCX set up"
+    );
+    Ok((mine, theirs))
 }

@@ -59,7 +59,11 @@ pub(super) async fn listen(
     listener: TcpListener,
 ) {
     let mut shutdown = host.shutdown.clone();
-    let inner = Arc::new(Served { host, cma: cfg.cma });
+    let inner = Arc::new(Served {
+        host,
+        cma: cfg.cma,
+        ucx: cfg.ucx.clone(),
+    });
     loop {
         let (s, addr) = tokio::select! {
             r = listener.accept() => match r {

@@ -34,6 +34,7 @@ mod conn;
 mod conn_io;
 mod error;
 mod handshake;
+mod lending;
 mod listen;
 mod reader;
 mod request;

@@ -15,6 +15,7 @@ use crate::metrics::ConnMeter;
 use crate::transport::api::Host;
 use crate::transport::cma;
 use crate::transport::probe::verify_peer;
+use crate::transport::ucx::Worker;
 use crate::{Error, Result};
 
 use super::conn::*;
@@ -29,6 +30,8 @@ pub(crate) struct Served {
     pub(super) host: Arc<Host>,
     /// Cross-memory attach is enabled here.
     pub(super) cma: bool,
+    /// This connector's UCX worker, if UCX is enabled and loaded.
+    pub(super) ucx: Option<Arc<Worker>>,
 }
 
 /// The reader loop of a connection. `inner` is set for connections accepted
@@ -146,6 +149,10 @@ pub(super) async fn step(
             verify_attach(conn, nonces, pid, addr);
             Ok(())
         }
+        Step::RdmaOffer { address } => {
+            answer_rdma(conn, inner.and_then(|i| i.ucx.as_ref()), &address);
+            Ok(())
+        }
     }
 }
 
@@ -183,6 +190,27 @@ fn offer_attach(conn: &Arc<Conn>, enabled: bool, theirs: [u8; 16]) {
     };
     lock(&conn.session).attach_offered(nonces);
     conn.send_detached(Message::Attach(answer));
+}
+
+/// Reaches the active side's UCX worker at `address` (if UCX runs here),
+/// then answers with this side's worker address and verdict.
+fn answer_rdma(conn: &Arc<Conn>, worker: Option<&Arc<Worker>>, address: &[u8]) {
+    let reached = worker.and_then(|w| match w.connect(address) {
+        Ok(ep) => Some((w, ep)),
+        Err(e) => {
+            tracing::debug!(peer = conn.peer, "UCX: cannot reach the peer's worker: {e}");
+            None
+        }
+    });
+    let answer = match reached {
+        Some((w, ep)) => {
+            let _ = conn.ucx_ep.set(Arc::new(ep));
+            conn.via_ucx.store(true, Ordering::Release);
+            lock(&conn.session).rdma_answered(true, w.address().to_vec())
+        }
+        None => lock(&conn.session).rdma_answered(false, Vec::new()),
+    };
+    conn.send_detached(answer);
 }
 
 /// Probes the active side's cookie, then answers with this side's verdict.

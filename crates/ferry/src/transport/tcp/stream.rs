@@ -16,7 +16,6 @@ use crate::region::Region;
 use super::conn_io::*;
 use super::request::*;
 use super::util::*;
-use crate::transport::pull::{cma::CmaPuller, Puller};
 
 use super::conn::*;
 
@@ -33,9 +32,11 @@ impl Conn {
             Start::Open(open) => self.send_soon(open.to_vec(), opened, false),
             Start::OpenAndLease(open) => {
                 let mut frames = open.to_vec();
+                let blob = self.lease_of(&target.region);
                 Message::Lease(Lease {
                     req,
-                    segments: CmaPuller.lend(&target.region).segments().to_vec(),
+                    segments: blob.segments().to_vec(),
+                    key: blob.opaque().to_vec(),
                 })
                 .encode(&mut frames);
                 self.send_soon(frames, opened, false);

@@ -1,0 +1,260 @@
+//! UCX as a [`Puller`]: the destination gets (`ucp_get_nbx`) what the
+//! source lent, chunk by chunk, into its own region; the source lends
+//! memory it registered, with remote keys for exactly that memory.
+//!
+//! The keys stay registered while the memory is lent and are unregistered
+//! when the last lease of the region ends (`Region::give_back`): a key kept
+//! by a peer past the end of its operation grants nothing on transports
+//! that check keys (RDMA). See `docs/transports.md` for what transports
+//! without key checks (shared memory) allow.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use ferry_proto::DeviceKind;
+
+use super::{LeaseBlob, PullEnd, Puller};
+use crate::kind::TransportKind;
+use crate::outcome::OpShared;
+use crate::region::{Denied, Region};
+use crate::transport::ucx::{
+    self, decode_keys, encode_keys, ffi, on_get_done, Batch, Endpoint, MemReg, RemoteKeys,
+};
+
+/// How many bytes one copy moves at most (and so how long a cancel waits
+/// for one): a chunk of a large segment, or a run of small ones.
+const PULL_CHUNK: u64 = 8 << 20;
+
+/// The most requests posted for one copy (a run of small segments).
+const MAX_BATCH: usize = 4096;
+
+/// The UCX backend's puller. A peer is an endpoint to the peer's worker.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct UcxPuller;
+
+/// The registrations of a lent region, kept in its lease state.
+struct Registrations(Vec<Arc<MemReg>>);
+
+impl Puller for UcxPuller {
+    type Peer = Endpoint;
+
+    fn kind(&self) -> TransportKind {
+        TransportKind::Ucx
+    }
+
+    fn memory_kinds(&self) -> &'static [DeviceKind] {
+        &[DeviceKind::Cpu]
+    }
+
+    /// Registers a source region's memory (its segments, neighbours
+    /// merged) for as long as it is lent; a destination needs nothing (UCX
+    /// registers it itself, in its own cache).
+    fn register(&self, region: &Region) -> std::io::Result<()> {
+        if region.is_writable() {
+            return Ok(());
+        }
+        let ucx = ucx::ucx().map_err(std::io::Error::other)?;
+        region.lease_state(|state| {
+            if state.as_ref().is_some_and(|s| s.is::<Registrations>()) {
+                return Ok(());
+            }
+            let mut regs = Vec::new();
+            for (base, len) in ranges(&region.segments()) {
+                regs.push(MemReg::register(ucx, base, len).map_err(std::io::Error::other)?);
+            }
+            *state = Some(Box::new(Registrations(regs)));
+            Ok(())
+        })
+    }
+
+    fn lend(&self, region: &Region) -> LeaseBlob {
+        let keys = region.lease_state(|state| {
+            match state
+                .as_ref()
+                .and_then(|s| s.downcast_ref::<Registrations>())
+            {
+                Some(r) => encode_keys(&r.0),
+                None => encode_keys(&[]),
+            }
+        });
+        LeaseBlob::new(region.segments(), keys)
+    }
+
+    fn pull(
+        &self,
+        peer: &Endpoint,
+        lease: &LeaseBlob,
+        region: &Region,
+        shared: &OpShared,
+    ) -> PullEnd {
+        let keys = match decode_keys(lease.opaque()) {
+            Ok(k) => k,
+            Err(e) => return PullEnd::Failed(format!("a lease with bad keys: {e}")),
+        };
+        let keys = match RemoteKeys::unpack(peer, &keys) {
+            Ok(k) => k,
+            Err(e) => return PullEnd::Failed(format!("cannot use the peer's keys: {e}")),
+        };
+        let segs = lease.segments();
+        let mut i = 0;
+        while i < segs.len() {
+            let count = batch(segs, i);
+            let r = if count > 0 {
+                let lent = &segs[i..i + count];
+                let r = region.copy_into(i, count, None, |local| get_all(&keys, local, lent));
+                i += count;
+                r
+            } else {
+                // One large segment, a chunk at a time.
+                let (addr, len) = segs[i];
+                let mut off = 0u64;
+                let mut r = Ok(Ok(()));
+                while off < len {
+                    let n = (len - off).min(PULL_CHUNK);
+                    let at = addr.saturating_add(off);
+                    r = region.copy_into(i, 1, Some((off, n as usize)), |local| {
+                        get_all(&keys, local, &[(at, n)])
+                    });
+                    if !matches!(r, Ok(Ok(()))) {
+                        break;
+                    }
+                    off += n;
+                }
+                i += 1;
+                r
+            };
+            match r {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return PullEnd::Failed(e),
+                Err(Denied::Closed) => return PullEnd::Closed,
+                Err(Denied::OutOfBounds) => {
+                    return PullEnd::Failed("lease larger than the destination".into())
+                }
+            }
+        }
+        if let Some(why) = peer.failure() {
+            return PullEnd::Failed(format!("the peer's UCX endpoint failed: {why}"));
+        }
+        if region.seal_if_open(|| shared.seal()) {
+            PullEnd::Done
+        } else {
+            PullEnd::Closed
+        }
+    }
+}
+
+/// Gets every lent range into the local one of the same index (equal
+/// lengths pairwise, neighbours on both sides merged), waiting for all.
+fn get_all(
+    keys: &RemoteKeys<'_>,
+    local: &[(*mut u8, usize)],
+    lent: &[(u64, u64)],
+) -> Result<(), String> {
+    if local.len() != lent.len() || local.iter().zip(lent).any(|(l, r)| l.1 as u64 != r.1) {
+        return Err("lease larger than the destination".into());
+    }
+    // Pairs whose both sides continue the previous pair become one get.
+    let mut pairs: Vec<(*mut u8, u64, u64)> = Vec::with_capacity(local.len());
+    for (&(p, n), &(a, _)) in local.iter().zip(lent) {
+        if n == 0 {
+            continue;
+        }
+        match pairs.last_mut() {
+            Some((q, r, m)) if q.wrapping_add(*m as usize) == p && r.checked_add(*m) == Some(a) => {
+                *m += n as u64
+            }
+            _ => pairs.push((p, a, n as u64)),
+        }
+    }
+    let ep = keys.endpoint();
+    let api = &ep.worker.ucx.api;
+    let batch = Batch::new();
+    let mut failed = None;
+    for (p, a, n) in pairs {
+        let Some(rkey) = keys.find(a, n) else {
+            failed = Some(format!(
+                "the peer lent {n} bytes at {a:#x} that no key of its lease covers"
+            ));
+            break;
+        };
+        let mut param = ffi::RequestParam::empty();
+        param.op_attr_mask = ffi::UCP_OP_ATTR_FIELD_CALLBACK | ffi::UCP_OP_ATTR_FIELD_USER_DATA;
+        param.cb = Some(on_get_done);
+        let user = Arc::into_raw(batch.clone());
+        param.user_data = user as *mut c_void;
+        batch.add();
+        // SAFETY: `p` points to `n` bytes of the destination that
+        // `copy_into` handed out and counts as in flight until this
+        // function returns, which is after every get ended (`wait` below);
+        // the key stays unpacked until after that too; `user` is one count
+        // of `batch`, given to the callback if the get is in flight.
+        let r = unsafe { (api.get_nbx)(ep.raw(), p.cast(), n as usize, a, rkey, &param) };
+        match ffi::ptr_status(r) {
+            Ok(Some(_)) => {}
+            done => {
+                // Done or failed at once: no callback; the count is ours.
+                // SAFETY: the `Arc::into_raw` above, not given away.
+                drop(unsafe { Arc::from_raw(user) });
+                batch.end(done.err().unwrap_or(ffi::UCS_OK));
+                if let Err(s) = done {
+                    failed = Some(format!("ucp_get_nbx: {}", api.describe(s)));
+                    break;
+                }
+            }
+        }
+    }
+    let status = batch.wait(&ep.worker);
+    if let Some(f) = failed {
+        return Err(f);
+    }
+    match status {
+        None => Ok(()),
+        Some(s) => Err(format!("a UCX get failed: {}", api.describe(s))),
+    }
+}
+
+/// How many segments from `i` on one copy moves: at most [`PULL_CHUNK`]
+/// bytes and [`MAX_BATCH`] segments; 0 when segment `i` alone is larger
+/// than a chunk.
+fn batch(segs: &[(u64, u64)], i: usize) -> usize {
+    let (mut count, mut bytes) = (0usize, 0u64);
+    while let Some(&(_, len)) = segs.get(i + count) {
+        if len > PULL_CHUNK - bytes || count == MAX_BATCH {
+            break;
+        }
+        bytes += len;
+        count += 1;
+    }
+    count
+}
+
+/// The ranges a region's segments cover, sorted, overlapping or touching
+/// ones merged (what gets registered: exactly the lent bytes).
+fn ranges(segs: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut s: Vec<(u64, u64)> = segs.iter().copied().filter(|s| s.1 > 0).collect();
+    s.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (a, n) in s {
+        match out.last_mut() {
+            Some((b, m)) if a <= b.saturating_add(*m) => {
+                let end = a.saturating_add(n).max(b.saturating_add(*m));
+                *m = end - *b;
+            }
+            _ => out.push((a, n)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registered_ranges_are_exactly_the_lent_bytes() {
+        let segs = [(100, 10), (0, 50), (110, 5), (40, 20), (500, 0), (200, 1)];
+        assert_eq!(ranges(&segs), vec![(0, 60), (100, 15), (200, 1)]);
+        assert_eq!(batch(&[(0, 1), (1, 1), (5, PULL_CHUNK)], 0), 2);
+        assert_eq!(batch(&[(0, PULL_CHUNK + 1)], 0), 0);
+    }
+}

@@ -1,0 +1,565 @@
+//! UCX (UCP) as a backend: one context per process, one worker per
+//! connector whose event descriptor the connector's runtime watches,
+//! endpoints per connection with peer error handling, memory registration
+//! and remote keys. The pulls themselves are in `transport::pull::ucx`.
+//!
+//! `libucp` is loaded at run time ([`ffi::candidates`] says from where).
+//! Without it, or where it fails to start, the backend is simply absent:
+//! [`ucx`] says why, once, in a debug log line.
+//!
+//! Trust: the worker address a peer sends and the remote keys in its
+//! leases are parsed by UCX, which does not defend against crafted input.
+//! They are only exchanged on a connection that passed Ferry's handshake
+//! (and its authentication, where a secret is set): see `docs/transports.md`.
+
+use std::ffi::{c_void, CString};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::io::unix::AsyncFd;
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+
+pub(crate) mod ffi;
+mod mem;
+
+pub(crate) use mem::{decode_keys, encode_keys, MemReg, RemoteKeys};
+
+use ffi::{Api, Status, UCS_ERR_BUSY, UCS_INPROGRESS, UCS_OK};
+
+/// The environment variable that names the `libucp` to load (a file, or the
+/// directory holding it).
+pub(crate) const LIB_ENV: &str = "FERRY_UCX_LIB";
+
+/// The longest worker address a peer may send (UCX's are a few hundred
+/// bytes; one with many devices a few kilobytes).
+pub(crate) const MAX_ADDRESS: usize = 64 * 1024;
+
+/// The UCX worker of a connector over `transports` (`named`: chosen by
+/// the caller rather than by default), and whether to set UCX up on every
+/// connection: `(None, false)` when UCX is not among the transports, or is
+/// absent and was not named (one debug line says why).
+pub(crate) fn start_for(
+    transports: &[crate::TransportKind],
+    named: bool,
+    handle: &Handle,
+    shutdown: &watch::Receiver<bool>,
+) -> crate::Result<(Option<Arc<Worker>>, bool)> {
+    if !transports.contains(&crate::TransportKind::Ucx) {
+        return Ok((None, false));
+    }
+    match Worker::start(handle, shutdown.clone()) {
+        Ok(w) => {
+            let everywhere = named || w.ucx.has_fast_transport();
+            tracing::debug!(everywhere, "{}", w.ucx.describe());
+            Ok((Some(w), everywhere))
+        }
+        Err(why) if named => Err(crate::Error::Config(format!(
+            "the ucx transport was asked for but cannot start: {why} (set {LIB_ENV} to a libucp.so, or install libucx0)"
+        ))),
+        Err(why) => {
+            tracing::debug!("UCX backend absent: {why}");
+            Ok((None, false))
+        }
+    }
+}
+
+/// One UCP context for the process.
+pub(crate) struct Ucx {
+    pub(crate) api: Api,
+    context: ffi::Context,
+    /// `major.minor.release` of the loaded library.
+    pub(crate) version: String,
+    /// The transports the context found (`tl/device`, from its resources).
+    pub(crate) transports: Vec<String>,
+}
+
+// SAFETY: the context is created with `mt_workers_shared`, so its workers
+// may run on different threads; UCP's context calls used here (memory
+// mapping, worker creation) are thread safe in a library built with
+// multi-threading support (`--enable-mt`, as Debian's and the PyPI builds
+// are; a library without it fails `worker_create` in `MULTI` mode, and the
+// backend is then absent). The function pointers are plain code.
+unsafe impl Send for Ucx {}
+// SAFETY: see `Send`.
+unsafe impl Sync for Ucx {}
+
+/// The process's UCX, or why there is none.
+pub(crate) fn ucx() -> Result<&'static Ucx, &'static str> {
+    static UCX: OnceLock<Result<Ucx, String>> = OnceLock::new();
+    UCX.get_or_init(|| {
+        let r = Ucx::start();
+        if let Err(why) = &r {
+            tracing::debug!("UCX backend absent: {why}");
+        }
+        r
+    })
+    .as_ref()
+    .map_err(|s| s.as_str())
+}
+
+impl Ucx {
+    fn start() -> Result<Ucx, String> {
+        let mut tried = Vec::new();
+        let mut api = None;
+        for path in ffi::candidates() {
+            match Api::load(&path) {
+                Ok(a) => {
+                    api = Some(a);
+                    break;
+                }
+                Err(e) => tried.push(e),
+            }
+        }
+        let Some(api) = api else {
+            return Err(format!("no libucp found ({})", tried.join("; ")));
+        };
+        let (mut major, mut minor, mut release) = (0, 0, 0);
+        // SAFETY: three valid out-pointers.
+        unsafe { (api.get_version)(&mut major, &mut minor, &mut release) };
+        let version = format!("{major}.{minor}.{release}");
+        if major != 1 || minor < 10 {
+            return Err(format!(
+                "{} is UCX {version}; Ferry needs 1.10 or newer",
+                api.path.display()
+            ));
+        }
+        let mut config: ffi::Config = std::ptr::null_mut();
+        // SAFETY: null prefix and file read the `UCX_` environment; the
+        // out-pointer is valid.
+        let s = unsafe { (api.config_read)(std::ptr::null(), std::ptr::null(), &mut config) };
+        check(&api, s, "ucp_config_read")?;
+        let name = CString::new("ferry").unwrap_or_default();
+        let params = ffi::Params {
+            field_mask: ffi::UCP_PARAM_FIELD_FEATURES
+                | ffi::UCP_PARAM_FIELD_MT_WORKERS_SHARED
+                | ffi::UCP_PARAM_FIELD_NAME,
+            features: ffi::UCP_FEATURE_RMA | ffi::UCP_FEATURE_WAKEUP,
+            request_size: 0,
+            request_init: None,
+            request_cleanup: None,
+            tag_sender_mask: 0,
+            mt_workers_shared: 1,
+            estimated_num_eps: 0,
+            estimated_num_ppn: 0,
+            name: name.as_ptr(),
+        };
+        let mut context: ffi::Context = std::ptr::null_mut();
+        // SAFETY: `params` is a valid `ucp_params_t` for the fields its mask
+        // names (the name string outlives the call), `config` came from
+        // `config_read`, the out-pointer is valid. API 1.10: the oldest
+        // this backend supports, accepted by every newer 1.x.
+        let s = unsafe { (api.init_version)(1, 10, &params, config, &mut context) };
+        // SAFETY: `config` came from `config_read` and is released once.
+        unsafe { (api.config_release)(config) };
+        check(&api, s, "ucp_init")?;
+        let transports = resources(&api, context);
+        Ok(Ucx {
+            api,
+            context,
+            version,
+            transports,
+        })
+    }
+
+    /// Whether UCX has a transport here that beats Ferry's own paths: an
+    /// RDMA one (InfiniBand or RoCE: `rc`, `dc`, `ud`) or a CUDA one.
+    pub(crate) fn has_fast_transport(&self) -> bool {
+        self.transports.iter().any(|t| {
+            let tl = t.split('/').next().unwrap_or("");
+            ["rc", "dc", "ud", "cuda_ipc", "gdr_copy"]
+                .iter()
+                .any(|p| tl.starts_with(p))
+        })
+    }
+
+    /// A description for logs: the library, its version, its transports.
+    pub(crate) fn describe(&self) -> String {
+        format!(
+            "UCX {} ({}): {}",
+            self.version,
+            self.api.path.display(),
+            self.transports.join(", ")
+        )
+    }
+}
+
+/// `Ok` if `s` is `UCS_OK`, else what failed and UCX's words for it.
+pub(crate) fn check(api: &Api, s: Status, what: &str) -> Result<(), String> {
+    if s == UCS_OK {
+        Ok(())
+    } else {
+        Err(format!("{what}: {}", api.describe(s)))
+    }
+}
+
+/// The `tl/device` names of the context's resources, from
+/// `ucp_context_print_info` (UCP has no query for them before 1.14).
+fn resources(api: &Api, context: ffi::Context) -> Vec<String> {
+    let mut buf: *mut libc::c_char = std::ptr::null_mut();
+    let mut len: libc::size_t = 0;
+    // SAFETY: `open_memstream` with two valid out-pointers.
+    let f = unsafe { libc::open_memstream(&mut buf, &mut len) };
+    if f.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: a live context and an open stream.
+    unsafe { (api.context_print_info)(context, f) };
+    // SAFETY: closing the stream sets `buf`/`len` to the text written.
+    unsafe { libc::fclose(f) };
+    if buf.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: `buf` holds `len` bytes written by the stream.
+    let text = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) };
+    let text = String::from_utf8_lossy(text).into_owned();
+    // SAFETY: `open_memstream`'s buffer is the caller's to free, once.
+    unsafe { libc::free(buf.cast()) };
+    text.lines()
+        .filter(|l| l.contains("resource"))
+        .filter_map(|l| l.split_whitespace().last().map(str::to_string))
+        .filter(|t| t.contains('/'))
+        .collect()
+}
+
+/// One connector's UCP worker: its address for peers, endpoints to them,
+/// and the task that progresses it whenever its event descriptor fires.
+pub(crate) struct Worker {
+    pub(crate) ucx: &'static Ucx,
+    raw: ffi::Worker,
+    address: Vec<u8>,
+    efd: RawFd,
+    /// Endpoints being closed, with what their error handler points at,
+    /// freed by the progress task once their close completes.
+    closing: Mutex<Vec<(usize, Arc<EpState>)>>,
+}
+
+// SAFETY: the worker is created in `UCS_THREAD_MODE_MULTI`: UCP serializes
+// concurrent calls on it (progress, posting, endpoint creation and close).
+unsafe impl Send for Worker {}
+// SAFETY: see `Send`.
+unsafe impl Sync for Worker {}
+
+impl Worker {
+    /// A worker of the process's UCX context, progressed by a task on
+    /// `handle` that waits on its event descriptor and ends at `shutdown`.
+    pub(crate) fn start(
+        handle: &Handle,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<Arc<Self>, String> {
+        let ucx = ucx().map_err(str::to_string)?;
+        let api = &ucx.api;
+        let params = ffi::WorkerParams {
+            field_mask: ffi::UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+            thread_mode: ffi::UCS_THREAD_MODE_MULTI,
+            rest: [0; 188],
+        };
+        let mut raw: ffi::Worker = std::ptr::null_mut();
+        // SAFETY: a live context, valid params for the masked field, a
+        // valid out-pointer.
+        check(
+            api,
+            unsafe { (api.worker_create)(ucx.context, &params, &mut raw) },
+            "ucp_worker_create",
+        )?;
+        let mut addr: *mut ffi::Address = std::ptr::null_mut();
+        let mut len = 0usize;
+        // SAFETY: a live worker and valid out-pointers.
+        let s = unsafe { (api.worker_get_address)(raw, &mut addr, &mut len) };
+        let address = if s == UCS_OK && !addr.is_null() {
+            // SAFETY: UCX wrote `len` bytes at `addr`; copied, then released once.
+            let v = unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), len) }.to_vec();
+            unsafe { (api.worker_release_address)(raw, addr) };
+            v
+        } else {
+            // SAFETY: the worker was created above and is destroyed once.
+            unsafe { (api.worker_destroy)(raw) };
+            return Err(format!("ucp_worker_get_address: {}", api.describe(s)));
+        };
+        let mut efd: libc::c_int = -1;
+        // SAFETY: a live worker, a valid out-pointer.
+        let s = unsafe { (api.worker_get_efd)(raw, &mut efd) };
+        if s != UCS_OK {
+            // SAFETY: as above.
+            unsafe { (api.worker_destroy)(raw) };
+            return Err(format!("ucp_worker_get_efd: {}", api.describe(s)));
+        }
+        let w = Arc::new(Worker {
+            ucx,
+            raw,
+            address,
+            efd,
+            closing: Mutex::new(Vec::new()),
+        });
+        let _enter = handle.enter();
+        // SAFETY: the descriptor belongs to the worker, which `Efd` holds:
+        // it stays open, the same descriptor, until the `AsyncFd` (and with
+        // it the `Efd`) is dropped.
+        let fd = unsafe {
+            AsyncFd::register_with_interest(Efd(w.clone()), tokio::io::Interest::READABLE)
+        }
+        .map_err(|e| {
+            format!(
+                "cannot watch the UCX worker's event descriptor: {}",
+                e.into_parts().1
+            )
+        })?;
+        handle.spawn(progress(fd, shutdown));
+        Ok(w)
+    }
+
+    /// What a peer needs to reach this worker.
+    pub(crate) fn address(&self) -> &[u8] {
+        &self.address
+    }
+
+    /// Makes the progress task run a pass now (after posting requests
+    /// from another thread).
+    pub(crate) fn wake(&self) {
+        // SAFETY: a live worker; signalling is thread safe.
+        unsafe { (self.ucx.api.worker_signal)(self.raw) };
+    }
+
+    /// Progresses until nothing more happens, then frees finished closes.
+    fn progress_all(&self) {
+        let api = &self.ucx.api;
+        // SAFETY: a live worker (MULTI mode).
+        while unsafe { (api.worker_progress)(self.raw) } != 0 {}
+        let mut closing = lock(&self.closing);
+        closing.retain(|(req, _)| {
+            let req = *req as *mut c_void;
+            // SAFETY: a request `ep_close_nbx` returned and that nobody
+            // freed: checked, and freed once when done.
+            let s = unsafe { (api.request_check_status)(req) };
+            if s == UCS_INPROGRESS {
+                return true;
+            }
+            unsafe { (api.request_free)(req) };
+            false
+        });
+    }
+
+    /// An endpoint to the worker at `address` (a peer's, from the
+    /// handshake), with peer error handling: a peer that dies fails the
+    /// requests in flight to it.
+    pub(crate) fn connect(self: &Arc<Self>, address: &[u8]) -> Result<Endpoint, String> {
+        if address.is_empty() || address.len() > MAX_ADDRESS {
+            return Err(format!("a worker address of {} bytes", address.len()));
+        }
+        let api = &self.ucx.api;
+        let state = Arc::new(EpState::default());
+        let params = ffi::EpParams {
+            field_mask: ffi::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
+                | ffi::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
+                | ffi::UCP_EP_PARAM_FIELD_ERR_HANDLER,
+            address: address.as_ptr().cast(),
+            err_mode: ffi::UCP_ERR_HANDLING_MODE_PEER,
+            err_handler: ffi::ErrHandler {
+                cb: Some(on_ep_error),
+                arg: Arc::as_ptr(&state) as *mut c_void,
+            },
+            rest: [0; 64],
+        };
+        let mut ep: ffi::Ep = std::ptr::null_mut();
+        // SAFETY: a live worker; `params` valid for its mask (the address
+        // outlives the call: UCX copies what it keeps); the handler's
+        // argument is `state`, kept alive by the endpoint until its close
+        // completes (see `Endpoint::drop`).
+        let s = unsafe { (api.ep_create)(self.raw, &params, &mut ep) };
+        check(api, s, "ucp_ep_create")?;
+        self.wake();
+        Ok(Endpoint {
+            worker: self.clone(),
+            raw: ep,
+            state,
+        })
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // Every endpoint holds the worker, and the progress task (which
+        // held it too) has dropped its watch of the descriptor.
+        self.progress_all();
+        // SAFETY: the last reference: no endpoint, no request, no watcher.
+        unsafe { (self.ucx.api.worker_destroy)(self.raw) };
+    }
+}
+
+/// The worker's event descriptor (owned by UCX, never closed here), with
+/// the worker that keeps it open.
+struct Efd(Arc<Worker>);
+
+impl AsRawFd for Efd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.efd
+    }
+}
+
+/// Progresses `w` whenever its event descriptor fires, until the connector
+/// shuts down or nothing else holds the worker. No thread spins: between
+/// events the task sleeps on the descriptor (armed with `ucp_worker_arm`).
+async fn progress(fd: AsyncFd<Efd>, mut shutdown: watch::Receiver<bool>) {
+    let w = &fd.get_ref().0;
+    let api = &w.ucx.api;
+    loop {
+        w.progress_all();
+        // SAFETY: a live worker.
+        let s = unsafe { (api.worker_arm)(w.raw) };
+        if s == UCS_ERR_BUSY {
+            tokio::task::yield_now().await;
+            continue;
+        }
+        if s != UCS_OK {
+            tracing::warn!("UCX: ucp_worker_arm: {}", api.describe(s));
+        }
+        tokio::select! {
+            r = fd.readable() => match r {
+                Ok(mut g) => g.clear_ready(),
+                Err(e) => {
+                    tracing::warn!("UCX: the worker's event descriptor failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            },
+            _ = shutdown.changed() => {
+                if *shutdown.borrow() { break; }
+            }
+            // A guard, not a poll: a wake lost between an arm and a post
+            // from another thread costs at most this long.
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {
+                if Arc::strong_count(w) == 1 { break; }
+            }
+        }
+    }
+    w.progress_all();
+}
+
+/// What an endpoint's error handler records.
+#[derive(Default)]
+pub(crate) struct EpState {
+    failed: Mutex<Option<String>>,
+    down: AtomicBool,
+}
+
+/// `ucp_err_handler_cb_t`: the peer of an endpoint failed.
+unsafe extern "C" fn on_ep_error(arg: *mut c_void, _ep: ffi::Ep, status: Status) {
+    // SAFETY: `arg` is the `EpState` the endpoint keeps alive until its
+    // close completed, after which UCX calls no handler.
+    let state = unsafe { &*(arg as *const EpState) };
+    let why = ucx().map(|u| u.api.describe(status)).unwrap_or_default();
+    *lock(&state.failed) = Some(why);
+    state.down.store(true, Ordering::Release);
+}
+
+/// A UCP endpoint to one peer's worker, closed (forcibly: requests still in
+/// flight fail) when dropped.
+pub(crate) struct Endpoint {
+    pub(crate) worker: Arc<Worker>,
+    raw: ffi::Ep,
+    state: Arc<EpState>,
+}
+
+// SAFETY: the endpoint belongs to a worker in MULTI mode (see `Worker`).
+unsafe impl Send for Endpoint {}
+// SAFETY: see `Send`.
+unsafe impl Sync for Endpoint {}
+
+impl Endpoint {
+    pub(crate) fn raw(&self) -> ffi::Ep {
+        self.raw
+    }
+
+    /// Why the peer failed, if its error handler ran.
+    pub(crate) fn failure(&self) -> Option<String> {
+        if !self.state.down.load(Ordering::Acquire) {
+            return None;
+        }
+        lock(&self.state.failed).clone()
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        let api = &self.worker.ucx.api;
+        let mut p = ffi::RequestParam::empty();
+        p.op_attr_mask = ffi::UCP_OP_ATTR_FIELD_FLAGS;
+        p.flags = ffi::UCP_EP_CLOSE_FLAG_FORCE;
+        // SAFETY: a live endpoint, closed once; valid params.
+        let r = unsafe { (api.ep_close_nbx)(self.raw, &p) };
+        if let Ok(Some(req)) = ffi::ptr_status(r) {
+            // Finished (and freed) by the progress task; the handler's
+            // state lives until then.
+            lock(&self.worker.closing).push((req as usize, self.state.clone()));
+            self.worker.wake();
+        }
+    }
+}
+
+/// Requests of one batch of gets: how many are still in flight and the
+/// first failure.
+pub(crate) struct Batch {
+    state: Mutex<(usize, Option<Status>)>,
+    done: Condvar,
+}
+
+impl Batch {
+    pub(crate) fn new() -> Arc<Batch> {
+        Arc::new(Batch {
+            state: Mutex::new((0, None)),
+            done: Condvar::new(),
+        })
+    }
+
+    /// One more request posted.
+    pub(crate) fn add(&self) {
+        lock(&self.state).0 += 1;
+    }
+
+    /// One request ended with `status`.
+    pub(crate) fn end(&self, status: Status) {
+        let mut s = lock(&self.state);
+        s.0 = s.0.saturating_sub(1);
+        if status != UCS_OK && s.1.is_none() {
+            s.1 = Some(status);
+        }
+        if s.0 == 0 {
+            self.done.notify_all();
+        }
+    }
+
+    /// Waits until every request ended (waking `worker` now and then, in
+    /// case a wake-up was lost): the first failure, if any.
+    pub(crate) fn wait(&self, worker: &Worker) -> Option<Status> {
+        worker.wake();
+        let mut s = lock(&self.state);
+        while s.0 > 0 {
+            let (g, t) = self
+                .done
+                .wait_timeout(s, Duration::from_millis(50))
+                .unwrap_or_else(|e| e.into_inner());
+            s = g;
+            if t.timed_out() {
+                worker.wake();
+            }
+        }
+        s.1
+    }
+}
+
+/// The completion callback of one get: `user` is a `Batch` counted for it.
+pub(crate) unsafe extern "C" fn on_get_done(req: *mut c_void, status: Status, user: *mut c_void) {
+    // SAFETY: `user` is a reference count of a `Batch` that `post_get`
+    // gave up for exactly this callback, which UCX calls once.
+    let batch = unsafe { Arc::from_raw(user as *const Batch) };
+    batch.end(status);
+    if let Ok(u) = ucx() {
+        // SAFETY: the request is done and ours; freed once, here.
+        unsafe { (u.api.request_free)(req) };
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
