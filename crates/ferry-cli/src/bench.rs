@@ -201,6 +201,8 @@ struct Bench {
     striped: Connector,
     /// The target runs on this host: both processes read one monotonic clock.
     same_clock: bool,
+    /// The host id of the target's metadata, once one arrived.
+    target_host: Option<String>,
     pool: Pool,
     rows: Vec<Row>,
     json: Option<Box<dyn std::io::Write>>,
@@ -243,6 +245,9 @@ impl Bench {
         let mut a = self.peer.request(r).await?;
         let m = a.expect("metadata").await?;
         let meta = RdmaMetadata::from_json(m.metadata.as_deref().unwrap_or_default())?;
+        if self.target_host.is_none() {
+            self.target_host = Some(meta.host_id().to_string());
+        }
         let created = m.created_ns;
         let descs = self.pool.take(block, batch);
         let local = match via {
@@ -467,6 +472,12 @@ impl Bench {
     }
 }
 
+/// The host id `c` writes into its metadata.
+async fn own_host_id(c: &Connector) -> anyhow::Result<String> {
+    let probe = c.create_readable(vec![vec![0u8; 1].into()]).await?;
+    Ok(probe.metadata().host_id().to_string())
+}
+
 /// A connector builder with the run's secret, if it has one.
 fn builder(opts: &Options) -> ConnectorBuilder {
     match &opts.secret {
@@ -574,6 +585,7 @@ pub async fn initiator(
         cma,
         striped,
         same_clock: control.is_none(),
+        target_host: None,
         pool: Pool::default(),
         rows: Vec::new(),
         json,
@@ -603,9 +615,11 @@ pub async fn initiator(
     if !attach {
         eprintln!("cross-memory attach is not possible with this target (other host, or refused by the kernel): TCP only");
     }
-    // Same host: the library keeps one stream, so striping gets rows of its
-    // own (between hosts the `tcp` rows are striped already).
-    let striped_rows = control.is_none();
+    // Same host (same kernel, such as another network namespace): the
+    // library keeps one stream, so striping gets rows of its own (between
+    // hosts the `tcp` rows are striped already).
+    let own = own_host_id(&b.tcp).await?;
+    let striped_rows = b.target_host.as_deref() == Some(own.as_str());
     let per_op = if attach { 4 } else { 2 };
     let striped_shapes = shapes
         .iter()
@@ -690,6 +704,8 @@ pub async fn initiator(
 
 /// Runs the target: serves the peer protocol to one initiator on `control`,
 /// with a shared secret if `secret` is set (else `FERRY_SECRET`, if set).
+/// Its connector listens on `listen`; on all interfaces (`0.0.0.0`), it
+/// listens instead on the address the initiator connected to.
 pub async fn target(control: &str, listen: &str, secret: Option<&str>) -> anyhow::Result<()> {
     let l = tokio::net::TcpListener::bind(control)
         .await
@@ -698,8 +714,16 @@ pub async fn target(control: &str, listen: &str, secret: Option<&str>) -> anyhow
     let (s, from) = l.accept().await?;
     eprintln!("target: initiator {from} connected");
     s.set_nodelay(true)?;
+    let mut listen: std::net::SocketAddr = listen.parse()?;
+    if listen.ip().is_unspecified() {
+        // Listen where the initiator reached this host: an address it can
+        // reach by construction, and the one the metadata then advertises
+        // (the host name's addresses may lie elsewhere, such as in another
+        // network namespace of the same machine).
+        listen.set_ip(s.local_addr()?.ip());
+    }
     let (r, w) = s.into_split();
-    let mut b = Connector::builder().listen(listen.parse()?);
+    let mut b = Connector::builder().listen(listen);
     if let Some(s) = secret {
         b = b.secret(s);
     }

@@ -35,7 +35,8 @@ enum Cmd {
         /// The target's control address (initiator: where to connect; target: where to listen).
         #[arg(long)]
         control: Option<String>,
-        /// This process's connector listen address (use 0.0.0.0:0 between hosts).
+        /// This process's connector listen address (use 0.0.0.0:0 between
+        /// hosts: a target then listens on the address the initiator reached).
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: String,
         /// Block sizes, e.g. 4KiB,1MiB,64MiB.

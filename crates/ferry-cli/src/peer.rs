@@ -635,7 +635,26 @@ impl Answers {
 impl PeerProcess {
     /// Starts `exe peer` with these extra arguments and environment.
     pub async fn spawn(exe: &Path, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Self> {
-        let mut cmd = Command::new(exe);
+        Self::spawn_in(&[], exe, args, env).await
+    }
+
+    /// As [`spawn`](Self::spawn), through `wrapper`: a command that runs the
+    /// rest of its arguments as it is, such as `ip netns exec NAME` (which
+    /// replaces itself with the peer, so that [`kill`](Self::kill) reaches it).
+    pub async fn spawn_in(
+        wrapper: &[&str],
+        exe: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
+        let mut cmd = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(exe);
+                c
+            }
+            None => Command::new(exe),
+        };
         cmd.arg("peer")
             .args(args)
             .stdin(Stdio::piped())
@@ -645,9 +664,11 @@ impl PeerProcess {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let mut child = cmd
-            .spawn()
-            .with_context(|| format!("starting {}", exe.display()))?;
+        let mut child = cmd.spawn().with_context(|| {
+            let mut what = wrapper.join(" ");
+            what.push_str(if wrapper.is_empty() { "" } else { " " });
+            format!("starting {what}{}", exe.display())
+        })?;
         let stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
         Self::start(Some(child), Box::new(stdin), stdout).await

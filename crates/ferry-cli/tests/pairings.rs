@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use ferry::{OperationStatus, TransportKind};
+use ferry::TransportKind;
 use ferry_cli::peer::{self, Cmd};
 
 /// Runs the four directed pairings for one set of sizes over each transport.
@@ -38,82 +38,6 @@ async fn pairings_over(sizes: &[u64], t: TransportKind, streams: usize) {
         )
     };
     pairings_between(&local, &p, sizes, t, streams).await;
-}
-
-/// The four directed pairings between `local` and the peer `p`, over `t`.
-async fn pairings_between(
-    local: &ferry::Connector,
-    p: &peer::PeerProcess,
-    sizes: &[u64],
-    t: TransportKind,
-    streams: usize,
-) {
-    let name = Some(t.name());
-
-    // 1. The peer exposes a readable; this process reads it.
-    let (mut a, meta) = expose(p, Cmd::Readable, sizes, 11).await;
-    let read = local.begin_read(&meta, zeroed(sizes)).await.unwrap();
-    read.wait_for_completion().await.unwrap();
-    assert_eq!(read.status(), OperationStatus::Complete);
-    assert_eq!(read.transport(), Some(t));
-    let ev = done(&mut a).await;
-    assert_eq!(ev.status.as_deref(), Some("COMPLETE"), "{ev:?}");
-    assert_eq!(ev.transport.as_deref(), name, "{ev:?}");
-    assert!(
-        peer::verify(&read.into_descriptors(), 11),
-        "bytes read differ"
-    );
-
-    // 2. This process exposes a readable; the peer reads it.
-    let readable = local.create_readable(filled(sizes, 12)).await.unwrap();
-    let mut a = p
-        .request(with_meta(req(Cmd::Read, sizes, 12), readable.metadata()))
-        .await
-        .unwrap();
-    readable.wait_for_completion().await.unwrap();
-    assert_eq!(readable.transport(), Some(t));
-    let ev = done(&mut a).await;
-    assert_eq!(ev.status.as_deref(), Some("COMPLETE"), "{ev:?}");
-    assert_eq!(ev.transport.as_deref(), name, "{ev:?}");
-    assert_eq!(ev.verified, Some(true), "the peer read other bytes: {ev:?}");
-
-    // 3. The peer exposes a writable; this process writes it.
-    let (mut a, meta) = expose(p, Cmd::Writable, sizes, 13).await;
-    let write = local.begin_write(filled(sizes, 13), &meta).await.unwrap();
-    write.wait_for_completion().await.unwrap();
-    assert_eq!(write.transport(), Some(t));
-    let ev = done(&mut a).await;
-    assert_eq!(ev.status.as_deref(), Some("COMPLETE"), "{ev:?}");
-    assert_eq!(ev.transport.as_deref(), name, "{ev:?}");
-    assert_eq!(
-        ev.verified,
-        Some(true),
-        "the peer received other bytes: {ev:?}"
-    );
-
-    // 4. This process exposes a writable; the peer writes it.
-    let writable = local.create_writable(zeroed(sizes)).await.unwrap();
-    let mut a = p
-        .request(with_meta(req(Cmd::Write, sizes, 14), writable.metadata()))
-        .await
-        .unwrap();
-    writable.wait_for_completion().await.unwrap();
-    assert_eq!(writable.transport(), Some(t));
-    let ev = done(&mut a).await;
-    assert_eq!(ev.status.as_deref(), Some("COMPLETE"), "{ev:?}");
-    assert_eq!(ev.transport.as_deref(), name, "{ev:?}");
-    assert!(
-        peer::verify(&writable.into_descriptors(), 14),
-        "bytes written differ"
-    );
-
-    // Nothing stays exposed or lent once every operation has ended.
-    assert_eq!(local.exposed_count(), 0);
-    assert_eq!(local.pending_count(), 0);
-    if sizes.iter().sum::<u64>() >= 4 {
-        // This side's own transfers went over one connection per stream.
-        assert_eq!(local.connection_count(), streams);
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
