@@ -26,6 +26,9 @@ pub const MAX_CONNECTIONS_ENV: &str = "FERRY_MAX_CONNECTIONS";
 /// The environment variable that sets [`ConnectorBuilder::metrics_addr`],
 /// e.g. `FERRY_METRICS_ADDR=0.0.0.0:9464`.
 pub const METRICS_ADDR_ENV: &str = "FERRY_METRICS_ADDR";
+/// The environment variable that, set to `1`, sets UCX up on connections
+/// that are not authenticated (see [`ConnectorBuilder::ucx_trusted_network`]).
+pub const UCX_TRUSTED_NETWORK_ENV: &str = "FERRY_UCX_TRUSTED_NETWORK";
 /// Connections with no operation in progress for this long are closed, by default.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub use crate::transport::admission::{DEFAULT_MAX_CONNECTIONS, UNPROVEN_PER_ADDRESS};
@@ -57,6 +60,7 @@ pub struct ConnectorBuilder {
     pub(crate) idle_timeout: Option<Duration>,
     pub(crate) max_connections: Option<usize>,
     pub(crate) metrics_addr: Option<SocketAddr>,
+    pub(crate) ucx_trusted_network: Option<bool>,
 }
 
 /// TCP streams per transfer to another host, by default.
@@ -82,6 +86,7 @@ impl Default for ConnectorBuilder {
             idle_timeout: None,
             max_connections: None,
             metrics_addr: None,
+            ucx_trusted_network: None,
         }
     }
 }
@@ -185,6 +190,22 @@ impl ConnectorBuilder {
     /// never closed to make room.
     pub fn max_connections(mut self, n: usize) -> Self {
         self.max_connections = Some(n);
+        self
+    }
+
+    /// Whether UCX may be set up on a connection that did not authenticate
+    /// with a [`secret`](Self::secret) (default: `FERRY_UCX_TRUSTED_NETWORK=1`,
+    /// else no).
+    ///
+    /// UCX parses the worker address and the remote keys a peer sends
+    /// without defending against crafted bytes: a peer that can reach this
+    /// worker's port could crash its process with one bad address. So by
+    /// default UCX is only set up between workers that proved they hold the
+    /// deployment's secret; elsewhere the bytes go by cross-memory attach
+    /// or TCP. Say `true` only where every host that can reach the port is
+    /// trusted (an isolated cluster network).
+    pub fn ucx_trusted_network(mut self, trusted: bool) -> Self {
+        self.ucx_trusted_network = Some(trusted);
         self
     }
 

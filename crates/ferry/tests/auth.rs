@@ -9,7 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod support;
 
-use support::{Via, TRANSPORTS};
+use support::{transports, Via};
 
 /// A connector over `t` (see `support::Via`), with `secret` if any.
 async fn with_secret(secret: Option<&str>, t: Via) -> Connector {
@@ -55,7 +55,7 @@ async fn write(from: &Connector, to: &Connector) -> Result<(), Error> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_secret_on_both_sides_works() {
-    for t in TRANSPORTS {
+    for t in transports() {
         let a = with_secret(Some("s3cret-of-the-deployment"), t).await;
         let b = with_secret(Some("s3cret-of-the-deployment"), t).await;
         write(&a, &b).await.unwrap();
@@ -65,7 +65,7 @@ async fn the_same_secret_on_both_sides_works() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_or_different_secret_is_refused_in_both_directions() {
-    for t in TRANSPORTS {
+    for t in transports() {
         for (active, passive) in [
             (None, Some("x-secret-of-16-bytes")),
             (Some("x-secret-of-16-bytes"), None),

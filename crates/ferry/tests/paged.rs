@@ -9,7 +9,7 @@ use ferry::{BlockView, Descriptor, Error, Pool, PoolError};
 
 mod support;
 
-use support::{pair, TRANSPORTS};
+use support::{pair, transports, TRANSPORTS};
 
 /// A small deterministic generator (xorshift), so that failures repeat.
 struct Rng(u64);
@@ -68,7 +68,7 @@ fn check(pool: &Pool, dst: &[u32], src: &[u32], offset: usize, len: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_block_lists_move_byte_for_byte_on_every_transport() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    for t in TRANSPORTS {
+    for t in transports() {
         let (a, b) = pair(t).await;
         for (block, blocks, n) in [
             (4096usize, 600u32, 517usize),
@@ -122,7 +122,7 @@ async fn random_block_lists_move_byte_for_byte_on_every_transport() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slices_runs_and_mixed_descriptors_on_every_transport() {
     let block = 256usize;
-    for t in TRANSPORTS {
+    for t in transports() {
         let (a, b) = pair(t).await;
         let src_pool = Pool::allocate(block * 64, block).unwrap();
         fill(&src_pool);

@@ -60,6 +60,10 @@ pub(crate) struct Config {
     /// named explicitly, or UCX has an RDMA or CUDA transport here); else
     /// never.
     pub(crate) ucx_everywhere: bool,
+    /// UCX may be set up on this connector's connections: they
+    /// authenticate with a secret, or the network is trusted (UCX does not
+    /// defend against crafted addresses and keys).
+    pub(crate) ucx_trusted: bool,
     pub(crate) cma_threshold: u64,
     /// Streams per large transfer; `None`: by host (see `ConnectorBuilder::tcp_streams`).
     pub(crate) tcp_streams: Option<usize>,

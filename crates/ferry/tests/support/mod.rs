@@ -1,7 +1,7 @@
 //! Helpers shared by the test binaries of this directory, each of which
 //! includes this module with `mod support;` and uses only some of it:
 //!
-//! - the one table of transports that the suites run over ([`TRANSPORTS`],
+//! - the one table of transports that the suites run over ([`transports`],
 //!   [`Via`]), with the builder configuration of each row;
 //! - transfer helpers: [`pattern`], [`descs`], [`check`];
 //! - the bad-input tests' hostile peer: a panic watch, a hand-driven
@@ -55,6 +55,11 @@ impl Via {
         kind: TransportKind::Tcp,
         streams: 1,
     };
+    /// UCX (over shared memory here; `UCX_TLS` picks its transports).
+    pub const UCX: Via = Via {
+        kind: TransportKind::Ucx,
+        streams: 1,
+    };
     /// TCP striped over four streams.
     pub const TCP_X4: Via = Via {
         kind: TransportKind::Tcp,
@@ -76,6 +81,7 @@ impl Via {
             .listen("127.0.0.1:0".parse().unwrap())
             .transports(&only)
             .cma_threshold(0)
+            .ucx_trusted_network(true)
             .tcp_streams(self.streams)
             .stripe_threshold(1)
     }
@@ -86,9 +92,28 @@ impl Via {
     }
 }
 
-/// Every transport the suites run over: a plain copy, cross-memory attach,
-/// TCP, and TCP striped over four streams.
+/// The transports of this build that need nothing at run time: a plain
+/// copy, cross-memory attach, TCP, and TCP striped over four streams.
 pub const TRANSPORTS: [Via; 4] = [Via::LOCAL, Via::CMA, Via::TCP, Via::TCP_X4];
+
+/// The environment variable that makes a missing UCX fail the suites
+/// instead of skipping their UCX rows (CI sets it).
+pub const REQUIRE_UCX_ENV: &str = "FERRY_REQUIRE_UCX";
+
+/// Every transport the suites run over: [`TRANSPORTS`], and UCX when this
+/// process can load it (else one line says why its rows are skipped, or,
+/// with `FERRY_REQUIRE_UCX=1`, the test fails).
+pub fn transports() -> Vec<Via> {
+    let mut v = TRANSPORTS.to_vec();
+    match ferry::ucx::status() {
+        Ok(_) => v.push(Via::UCX),
+        Err(why) if std::env::var_os(REQUIRE_UCX_ENV).is_some() => {
+            panic!("{REQUIRE_UCX_ENV} is set but UCX cannot start: {why}")
+        }
+        Err(why) => eprintln!("skipped: the ucx rows (no UCX here: {why})"),
+    }
+    v
+}
 
 impl std::fmt::Display for Via {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -62,7 +62,8 @@ pub(super) async fn listen(
     let inner = Arc::new(Served {
         host,
         cma: cfg.cma,
-        ucx: cfg.ucx.clone(),
+        // Declined on connections that cannot be trusted with UCX.
+        ucx: cfg.ucx.clone().filter(|_| cfg.ucx_trusted),
     });
     loop {
         let (s, addr) = tokio::select! {

@@ -1,0 +1,176 @@
+//! The UCX backend as a whole: present or absent, and facing peers that
+//! send it garbage. (The shared suites run over UCX too, through
+//! `support::transports`.)
+
+use std::time::Duration;
+
+use ferry::{Connector, Error, TransportKind};
+use ferry_proto::wire::{Message, Rdma, Verdict};
+
+mod support;
+
+use support::{legit_transfers_still_work, noise, within, Raw, Via};
+
+/// The environment variable that marks the child process of
+/// [`without_ucx_operations_go_by_another_transport`].
+const CHILD: &str = "FERRY_TEST_UCX_CHILD";
+
+/// With no loadable libucp, UCX is absent: the default connector still
+/// starts and moves bytes by another transport, and a connector that asks
+/// for UCX by name fails with a configuration error that says why. Runs
+/// in a child process (UCX is loaded once per process), with
+/// `FERRY_UCX_LIB` naming a file that does not exist.
+#[test]
+fn without_ucx_operations_go_by_another_transport() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_without_ucx",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, "1")
+        .env(ferry::ucx::LIB_ENV, "/nonexistent/libucp.so.0")
+        .env_remove(ferry::TRANSPORTS_ENV)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("1 passed"),
+        "the child test did not run: {text}"
+    );
+    assert!(text.contains("carried by"), "{text}");
+}
+
+/// The child of [`without_ucx_operations_go_by_another_transport`]
+/// (passes at once anywhere else).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_without_ucx() {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    let why = ferry::ucx::status().unwrap_err();
+    assert!(why.contains("/nonexistent/libucp.so.0"), "{why}");
+    let build = || Connector::builder().listen("127.0.0.1:0".parse().unwrap());
+    let (a, b) = (
+        build().build().await.unwrap(),
+        build().build().await.unwrap(),
+    );
+    let size = 1 << 20;
+    let r = a
+        .create_readable(vec![vec![5u8; size].into()])
+        .await
+        .unwrap();
+    let op = b
+        .begin_read(r.metadata(), vec![vec![0u8; size].into()])
+        .await
+        .unwrap();
+    within(op.wait_for_completion()).await.unwrap();
+    let via = op.transport().unwrap();
+    assert_ne!(via, TransportKind::Ucx);
+    println!("carried by {via}");
+    assert!(op.into_descriptors()[0]
+        .as_slice()
+        .unwrap()
+        .iter()
+        .all(|&x| x == 5));
+    let named = build()
+        .transports(&[TransportKind::Ucx, TransportKind::Tcp])
+        .build()
+        .await;
+    match named {
+        Err(Error::Config(m)) => assert!(m.contains("ucx") && m.contains("nonexistent"), "{m}"),
+        Err(e) => panic!("expected a configuration error, got {e}"),
+        Ok(_) => panic!("a connector that requires UCX started without it"),
+    }
+}
+
+/// Garbage where a worker address belongs, from a peer that did not
+/// authenticate: the connector declines UCX on that connection without
+/// handing the bytes to UCX (which would abort the process on some), and
+/// goes on serving everyone else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_worker_addresses_are_declined() {
+    if ferry::ucx::status().is_err() {
+        eprintln!("skipped: no UCX here");
+        return;
+    }
+    let target = Via::UCX
+        .builder()
+        .ucx_trusted_network(false)
+        .build()
+        .await
+        .unwrap();
+    for (i, address) in [noise(8, 1), noise(215, 2), vec![0u8; 215], vec![0xff; 4096]]
+        .into_iter()
+        .enumerate()
+    {
+        let mut r = Raw::connect(&target).await;
+        r.send(&Message::Rdma(Rdma {
+            address,
+            verdict: Verdict::Unknown,
+        }))
+        .await;
+        match tokio::time::timeout(Duration::from_secs(10), r.next()).await {
+            Ok(Some((Message::Rdma(a), _))) => {
+                assert_eq!(a.verdict, Verdict::Refused, "case {i}: {a:?}");
+                assert!(a.address.is_empty(), "case {i}");
+            }
+            Ok(None) => {}
+            other => panic!("case {i}: {other:?}"),
+        }
+    }
+    // An offer, then a second offer: out of turn, the connection closes.
+    let mut r = Raw::connect(&target).await;
+    for _ in 0..2 {
+        r.send(&Message::Rdma(Rdma {
+            address: noise(100, 3),
+            verdict: Verdict::Unknown,
+        }))
+        .await;
+    }
+    r.closed().await;
+    legit_transfers_still_work(&target).await;
+}
+
+/// UCX is set up between workers that authenticated with the shared
+/// secret; without the secret (and without `ucx_trusted_network`) the
+/// same operation goes by TCP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ucx_needs_an_authenticated_connection_or_a_trusted_network() {
+    if ferry::ucx::status().is_err() {
+        eprintln!("skipped: no UCX here");
+        return;
+    }
+    for (secret, want) in [(true, TransportKind::Ucx), (false, TransportKind::Tcp)] {
+        let build = || {
+            let b = Via::UCX.builder().ucx_trusted_network(false);
+            if secret {
+                b.secret("0123456789abcdef0123456789abcdef")
+            } else {
+                b
+            }
+        };
+        let (a, b) = (
+            build().build().await.unwrap(),
+            build().build().await.unwrap(),
+        );
+        let r = a
+            .create_readable(vec![vec![3u8; 70_000].into()])
+            .await
+            .unwrap();
+        let op = b
+            .begin_read(r.metadata(), vec![vec![0u8; 70_000].into()])
+            .await
+            .unwrap();
+        within(op.wait_for_completion()).await.unwrap();
+        assert_eq!(op.transport(), Some(want), "secret: {secret}");
+        assert!(op.into_descriptors()[0]
+            .as_slice()
+            .unwrap()
+            .iter()
+            .all(|&x| x == 3));
+    }
+}
