@@ -289,17 +289,24 @@ async fn wait_status(
 
 const BIG: u64 = 1 << 30;
 
-/// The transports of a run over `t` (cross-memory attach for every size).
+/// The transports of a run over `t` (cross-memory attach, or UCX, for
+/// every size).
 fn over(t: TransportKind) -> Vec<TransportKind> {
-    match t {
-        TransportKind::Cma => vec![TransportKind::Cma, TransportKind::Tcp],
-        other => vec![other],
-    }
+    lane_transports(t)
+}
+
+/// What the fault tests run over: cross-memory attach, TCP, and UCX where
+/// it loads.
+fn lanes() -> Vec<TransportKind> {
+    with_ucx(vec![(TransportKind::Cma, 1), (TransportKind::Tcp, 1)])
+        .into_iter()
+        .map(|(t, _)| t)
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remote_killed_mid_read_of_this_process_memory() {
-    for t in [TransportKind::Cma, TransportKind::Tcp] {
+    for t in lanes() {
         remote_killed_mid_read_of_this_process_memory_over(t).await;
     }
 }
@@ -341,7 +348,7 @@ async fn remote_killed_mid_read_of_this_process_memory_over(t: TransportKind) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remote_killed_mid_write_into_its_memory() {
-    for t in [TransportKind::Cma, TransportKind::Tcp] {
+    for t in lanes() {
         remote_killed_mid_write_into_its_memory_over(t).await;
     }
 }
@@ -368,7 +375,7 @@ async fn remote_killed_mid_write_into_its_memory_over(t: TransportKind) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remote_killed_mid_write_into_this_process_memory() {
-    for t in [TransportKind::Cma, TransportKind::Tcp] {
+    for t in lanes() {
         remote_killed_mid_write_into_this_process_memory_over(t).await;
     }
 }
@@ -407,7 +414,7 @@ async fn remote_killed_mid_write_into_this_process_memory_over(t: TransportKind)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remote_killed_while_this_process_reads_it() {
-    for t in [TransportKind::Cma, TransportKind::Tcp] {
+    for t in lanes() {
         remote_killed_while_this_process_reads_it_over(t).await;
     }
 }
@@ -430,7 +437,7 @@ async fn remote_killed_while_this_process_reads_it_over(t: TransportKind) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_of_a_writable_during_a_transfer_stops_every_later_byte() {
-    for t in [TransportKind::Cma, TransportKind::Tcp] {
+    for t in lanes() {
         cancel_of_a_writable_during_a_transfer_stops_every_later_byte_over(t).await;
     }
 }
@@ -481,7 +488,7 @@ async fn cancel_of_a_writable_during_a_transfer_stops_every_later_byte_over(t: T
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_of_a_write_during_a_transfer_reaches_the_remote() {
-    for t in [TransportKind::Cma, TransportKind::Tcp] {
+    for t in lanes() {
         cancel_of_a_write_during_a_transfer_reaches_the_remote_over(t).await;
     }
 }

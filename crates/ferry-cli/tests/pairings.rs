@@ -12,20 +12,18 @@ use ferry_cli::peer::{self, Cmd};
 
 /// Runs the four directed pairings for one set of sizes over each transport.
 async fn all_pairings(sizes: &[u64]) {
-    for (t, streams) in [
+    let lanes = with_ucx(vec![
         (TransportKind::Tcp, 1),
         (TransportKind::Cma, 1),
         (TransportKind::Tcp, 4),
-    ] {
+    ]);
+    for (t, streams) in lanes {
         pairings_over(sizes, t, streams).await;
     }
 }
 
 async fn pairings_over(sizes: &[u64], t: TransportKind, streams: usize) {
-    let transports = match t {
-        TransportKind::Cma => vec![TransportKind::Cma, TransportKind::Tcp],
-        other => vec![other],
-    };
+    let transports = lane_transports(t);
     let (local, p) = if streams > 1 {
         (
             connector_striped(streams).await,

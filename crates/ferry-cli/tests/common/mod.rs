@@ -47,9 +47,31 @@ pub async fn connector_over(transports: &[TransportKind]) -> Connector {
         .listen("127.0.0.1:0".parse().unwrap())
         .transports(transports)
         .cma_threshold(0)
+        .ucx_trusted_network(true)
         .build()
         .await
         .expect("connector starts")
+}
+
+/// `lanes`, and a UCX lane (`[Ucx, Tcp]`, one stream) when this process
+/// can load UCX (else one line says why it is skipped).
+pub fn with_ucx(mut lanes: Vec<(TransportKind, usize)>) -> Vec<(TransportKind, usize)> {
+    match ferry::ucx::status() {
+        Ok(_) => lanes.push((TransportKind::Ucx, 1)),
+        Err(why) if std::env::var_os("FERRY_REQUIRE_UCX").is_some() => {
+            panic!("FERRY_REQUIRE_UCX is set but UCX cannot start: {why}")
+        }
+        Err(why) => eprintln!("skipped: the ucx lane (no UCX here: {why})"),
+    }
+    lanes
+}
+
+/// The transports a connector of a lane enables: the lane's own, and TCP.
+pub fn lane_transports(t: TransportKind) -> Vec<TransportKind> {
+    match t {
+        TransportKind::Tcp => vec![TransportKind::Tcp],
+        other => vec![other, TransportKind::Tcp],
+    }
 }
 
 /// A peer process over exactly `transports` (see [`connector_over`]), with
@@ -66,6 +88,7 @@ pub async fn connector_striped(streams: usize) -> Connector {
         .transports(&[TransportKind::Tcp])
         .tcp_streams(streams)
         .stripe_threshold(4)
+        .ucx_trusted_network(true)
         .build()
         .await
         .expect("connector starts")
@@ -138,6 +161,7 @@ pub async fn peer_on(
         (ferry::CMA_THRESHOLD_ENV, "0"),
         (ferry::TCP_STREAMS_ENV, streams.as_str()),
         (ferry::STRIPE_THRESHOLD_ENV, "4"),
+        (ferry::UCX_TRUSTED_NETWORK_ENV, "1"),
     ];
     env.extend_from_slice(extra);
     PeerProcess::spawn_in(&host.wrapper, exe(), &all, &env)
@@ -155,6 +179,7 @@ pub async fn connector_on(ip: IpAddr, transports: &[TransportKind], streams: usi
         .cma_threshold(0)
         .tcp_streams(streams)
         .stripe_threshold(4)
+        .ucx_trusted_network(true)
         .build()
         .await
         .expect("connector starts")

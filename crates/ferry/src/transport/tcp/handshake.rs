@@ -230,6 +230,7 @@ pub(super) async fn handshake(
     }
     let mut can_pull = peer_pid.is_some();
     let mut ucx_ep = None;
+    let mut via_ucx = false;
     if let Some(worker) = cfg
         .ucx
         .as_ref()
@@ -239,10 +240,10 @@ pub(super) async fn handshake(
             let (mine, theirs) = set_up_ucx(worker, &mut w, &mut rd, &peer, addr).await?;
             can_pull = mine.is_some();
             peer_pulls = theirs;
+            via_ucx = can_pull || peer_pulls;
             ucx_ep = mine;
         }
     }
-    let via_ucx = ucx_ep.is_some() || (peer_pulls && peer_pid.is_none());
     let caps = Caps {
         attach: cfg.cma || via_ucx,
         can_pull,
