@@ -92,6 +92,18 @@ pub mod ucx {
             .map_err(str::to_string)
     }
 
+    /// How many memory ranges this process has registered with UCX and not
+    /// yet unregistered (a remote key works only while its range is
+    /// registered). For tests and diagnostics.
+    pub fn registrations() -> usize {
+        crate::transport::ucx::mem::live()
+    }
+
+    /// How many memory ranges this process has registered with UCX in all.
+    pub fn registrations_made() -> usize {
+        crate::transport::ucx::mem::made()
+    }
+
     /// The environment variable that names the `libucp` to load.
     pub const LIB_ENV: &str = crate::transport::ucx::LIB_ENV;
 }

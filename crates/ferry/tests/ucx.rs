@@ -144,6 +144,7 @@ async fn ucx_needs_an_authenticated_connection_or_a_trusted_network() {
         eprintln!("skipped: no UCX here");
         return;
     }
+    let _one = REGISTRATIONS.lock().await;
     for (secret, want) in [(true, TransportKind::Ucx), (false, TransportKind::Tcp)] {
         let build = || {
             let b = Via::UCX.builder().ucx_trusted_network(false);
@@ -173,4 +174,60 @@ async fn ucx_needs_an_authenticated_connection_or_a_trusted_network() {
             .iter()
             .all(|&x| x == 3));
     }
+}
+
+/// Serializes the tests of this file that count registrations.
+static REGISTRATIONS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The source's memory is registered while it is lent and unregistered
+/// when the lease ends, before the operation hands the memory back: after
+/// the operation, no remote key of it works on a transport that checks
+/// keys. (Shared-memory transports check none: see docs/transports.md.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registrations_end_with_the_lease() {
+    if ferry::ucx::status().is_err() {
+        eprintln!("skipped: no UCX here");
+        return;
+    }
+    let _one = REGISTRATIONS.lock().await;
+    let (a, b) = support::pair(Via::UCX).await;
+    let before = ferry::ucx::registrations();
+    let made = ferry::ucx::registrations_made();
+    // Two descriptors far apart, and one block run: three ranges lent.
+    let r = a
+        .create_readable(vec![
+            vec![1u8; 100_000].into(),
+            vec![2u8; 3].into(),
+            vec![3u8; 1 << 20].into(),
+        ])
+        .await
+        .unwrap();
+    let op = b
+        .begin_read(
+            r.metadata(),
+            vec![
+                vec![0u8; 100_000].into(),
+                vec![0u8; 3].into(),
+                vec![0u8; 1 << 20].into(),
+            ],
+        )
+        .await
+        .unwrap();
+    within(op.wait_for_completion()).await.unwrap();
+    within(r.wait_for_completion()).await.unwrap();
+    assert_eq!(op.transport(), Some(TransportKind::Ucx));
+    // The lease ends with the destination's Finish, which the source may
+    // read a moment after its completion.
+    within(async {
+        while ferry::ucx::registrations() != before {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    // The source registered what it lent (three ranges, or fewer if two
+    // allocations happen to touch), and nothing is registered any more.
+    let new = ferry::ucx::registrations_made() - made;
+    assert!((1..=3).contains(&new), "{new} ranges registered");
+    let got = op.into_descriptors();
+    assert!(got[2].as_slice().unwrap().iter().all(|&x| x == 3));
 }

@@ -13,9 +13,26 @@
 //! range holds it.
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::{check, ffi, Endpoint, Ucx};
+
+/// Registrations alive in this process (see [`live`]), and made in all.
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static MADE: AtomicUsize = AtomicUsize::new(0);
+
+/// How many ranges this process has registered with UCX in all.
+pub(crate) fn made() -> usize {
+    MADE.load(Ordering::Acquire)
+}
+
+/// How many ranges this process has registered with UCX and not yet
+/// unregistered: each remote key a peer may hold works (on transports that
+/// check keys) only while its range is counted here.
+pub(crate) fn live() -> usize {
+    LIVE.load(Ordering::Acquire)
+}
 
 /// The most keys one lease carries.
 pub(crate) const MAX_KEYS: usize = 1 << 16;
@@ -60,6 +77,8 @@ impl MemReg {
             unsafe { (api.mem_map)(ucx.context, &params, &mut memh) },
             "ucp_mem_map",
         )?;
+        LIVE.fetch_add(1, Ordering::AcqRel);
+        MADE.fetch_add(1, Ordering::AcqRel);
         // From here on dropping `reg` unregisters the memory (on failure).
         let mut reg = MemReg {
             ucx,
@@ -85,6 +104,7 @@ impl Drop for MemReg {
     fn drop(&mut self) {
         // SAFETY: a handle `mem_map` returned, unmapped once.
         unsafe { (self.ucx.api.mem_unmap)(self.ucx.context, self.memh) };
+        LIVE.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -23,7 +23,7 @@ use tokio::runtime::Handle;
 use tokio::sync::watch;
 
 pub(crate) mod ffi;
-mod mem;
+pub(crate) mod mem;
 
 pub(crate) use mem::{decode_keys, encode_keys, MemReg, RemoteKeys};
 
