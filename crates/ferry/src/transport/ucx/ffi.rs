@@ -213,12 +213,14 @@ impl Api {
         // touched, and the library stays loaded for the process's life (the
         // `Api` lives in a static).
         let lib = unsafe { Library::new(path) }.map_err(|e| format!("{}: {e}", path.display()))?;
-        let ucs_path = path.with_file_name("libucs.so.0");
-        // SAFETY: as above; `libucp` already loaded its own `libucs`, so
-        // this finds the same one (or the soname through the loader).
-        let ucs = unsafe { Library::new(&ucs_path) }
-            .or_else(|_| unsafe { Library::new(path.with_file_name("libucs.so")) })
-            .or_else(|_| unsafe { Library::new("libucs.so.0") })
+        let open = |p: &Path| {
+            // SAFETY: as above; `libucp` already loaded its own `libucs`,
+            // so this finds the same one (or the soname through the loader).
+            unsafe { Library::new(p) }
+        };
+        let ucs = open(&path.with_file_name("libucs.so.0"))
+            .or_else(|_| open(&path.with_file_name("libucs.so")))
+            .or_else(|_| open(Path::new("libucs.so.0")))
             .map_err(|e| format!("libucs: {e}"))?;
         macro_rules! sym {
             ($l:expr, $name:literal) => {

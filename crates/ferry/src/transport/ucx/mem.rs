@@ -121,9 +121,12 @@ pub(crate) fn encode_keys(regs: &[Arc<MemReg>]) -> Vec<u8> {
     out
 }
 
+/// One key of a lease: `(base, length, packed remote key)`.
+pub(crate) type LentKey<'a> = (u64, u64, &'a [u8]);
+
 /// `(base, length, packed key)` per key of a lease, sorted by base, or why
 /// the bytes are not a list of keys.
-pub(crate) fn decode_keys(mut b: &[u8]) -> Result<Vec<(u64, u64, &[u8])>, String> {
+pub(crate) fn decode_keys(mut b: &[u8]) -> Result<Vec<LentKey<'_>>, String> {
     fn take<'a>(b: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
         if b.len() < n {
             return Err("the lease's keys end early".into());
@@ -176,7 +179,7 @@ pub(crate) struct RemoteKeys<'e> {
 
 impl<'e> RemoteKeys<'e> {
     /// Unpacks the keys of a lease (from [`decode_keys`]) on `ep`.
-    pub(crate) fn unpack(ep: &'e Endpoint, keys: &[(u64, u64, &[u8])]) -> Result<Self, String> {
+    pub(crate) fn unpack(ep: &'e Endpoint, keys: &[LentKey<'_>]) -> Result<Self, String> {
         let api = &ep.worker.ucx.api;
         let mut out = RemoteKeys {
             ep,

@@ -271,6 +271,7 @@ impl Worker {
         let address = if s == UCS_OK && !addr.is_null() {
             // SAFETY: UCX wrote `len` bytes at `addr`; copied, then released once.
             let v = unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), len) }.to_vec();
+            // SAFETY: the address `worker_get_address` returned, released once.
             unsafe { (api.worker_release_address)(raw, addr) };
             v
         } else {
