@@ -109,7 +109,7 @@ impl ConnectorBuilder {
         let host_id = host::host_id();
         let (shutdown, shutdown_rx) = watch::channel(false);
         let handle = Handle::current();
-        let (ucx, ucx_everywhere) = start_ucx(&transports, named, &handle, &shutdown_rx)?;
+        let ucx = start_ucx(&transports, named, &handle, &shutdown_rx)?;
         let ucx_trusted_network = match self.ucx_trusted_network {
             Some(t) => t,
             None => std::env::var(UCX_TRUSTED_NETWORK_ENV).is_ok_and(|v| v.trim() == "1"),
@@ -121,7 +121,6 @@ impl ConnectorBuilder {
             secret: secret.clone(),
             cma: transports.contains(&TransportKind::Cma),
             ucx,
-            ucx_everywhere,
             ucx_trusted: secret.is_some() || ucx_trusted_network,
             cma_threshold,
             tcp_streams,

@@ -125,7 +125,7 @@ class AbstractOperation:
 
     @property
     def transport(self) -> Optional[str]:
-        """The transport carrying the bytes (``"local"``, ``"cma"`` or ``"tcp"``), once known."""
+        """The transport carrying the bytes (``"local"``, ``"cma"``, ``"ucx"`` or ``"tcp"``), once known."""
         return self._op.transport()
 
     async def wait_for_completion(self, timeout: Optional[float] = None) -> None:

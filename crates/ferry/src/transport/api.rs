@@ -54,12 +54,10 @@ pub(crate) struct Config {
     pub(crate) connect_timeout: Duration,
     pub(crate) secret: Option<Secret>,
     pub(crate) cma: bool,
-    /// This connector's UCX worker, if UCX is enabled and loaded.
+    /// This connector's UCX worker: UCX is set up on every connection
+    /// where both sides have one (it was named, or UCX has an RDMA or CUDA
+    /// transport here: see `ucx::start_for`).
     pub(crate) ucx: Option<Arc<Worker>>,
-    /// Set up UCX on every connection where both sides have it (it was
-    /// named explicitly, or UCX has an RDMA or CUDA transport here); else
-    /// never.
-    pub(crate) ucx_everywhere: bool,
     /// UCX may be set up on this connector's connections: they
     /// authenticate with a secret, or the network is trusted (UCX does not
     /// defend against crafted addresses and keys).

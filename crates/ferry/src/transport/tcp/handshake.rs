@@ -231,11 +231,7 @@ pub(super) async fn handshake(
     let mut can_pull = peer_pid.is_some();
     let mut ucx_ep = None;
     let mut via_ucx = false;
-    if let Some(worker) = cfg
-        .ucx
-        .as_ref()
-        .filter(|_| cfg.ucx_everywhere && cfg.ucx_trusted && attach)
-    {
+    if let Some(worker) = cfg.ucx.as_ref().filter(|_| cfg.ucx_trusted && attach) {
         if !can_pull && !peer_pulls {
             let (mine, theirs) = set_up_ucx(worker, &mut w, &mut rd, &peer, addr).await?;
             can_pull = mine.is_some();

@@ -38,30 +38,41 @@ pub(crate) const LIB_ENV: &str = "FERRY_UCX_LIB";
 pub(crate) const MAX_ADDRESS: usize = 64 * 1024;
 
 /// The UCX worker of a connector over `transports` (`named`: chosen by
-/// the caller rather than by default), and whether to set UCX up on every
-/// connection: `(None, false)` when UCX is not among the transports, or is
-/// absent and was not named (one debug line says why).
+/// the caller rather than by default), with which UCX is set up on every
+/// connection that allows it: `None` when UCX is not among the
+/// transports, or was not named and has no RDMA or CUDA transport here, or
+/// is absent and was not named (one debug line says why).
 pub(crate) fn start_for(
     transports: &[crate::TransportKind],
     named: bool,
     handle: &Handle,
     shutdown: &watch::Receiver<bool>,
-) -> crate::Result<(Option<Arc<Worker>>, bool)> {
+) -> crate::Result<Option<Arc<Worker>>> {
     if !transports.contains(&crate::TransportKind::Ucx) {
-        return Ok((None, false));
+        return Ok(None);
+    }
+    // Not named, and no transport that would beat Ferry's own: no worker
+    // (nothing would use it; a peer's offer is declined).
+    if let Ok(u) = ucx() {
+        if !named && !u.has_fast_transport() {
+            tracing::debug!(
+                "UCX not used by default here (no RDMA or CUDA transport): {}",
+                u.describe()
+            );
+            return Ok(None);
+        }
     }
     match Worker::start(handle, shutdown.clone()) {
         Ok(w) => {
-            let everywhere = named || w.ucx.has_fast_transport();
-            tracing::debug!(everywhere, "{}", w.ucx.describe());
-            Ok((Some(w), everywhere))
+            tracing::debug!("{}", w.ucx.describe());
+            Ok(Some(w))
         }
         Err(why) if named => Err(crate::Error::Config(format!(
             "the ucx transport was asked for but cannot start: {why} (set {LIB_ENV} to a libucp.so, or install libucx0)"
         ))),
         Err(why) => {
             tracing::debug!("UCX backend absent: {why}");
-            Ok((None, false))
+            Ok(None)
         }
     }
 }
