@@ -57,10 +57,12 @@ struct Lent {
     /// Leases of a source region to peers that copy from it by cross-memory
     /// attach.
     count: usize,
-    kept: Vec<Box<dyn Any + Send>>,
     /// What a backend keeps while the memory is lent (UCX: its
-    /// registrations), dropped when the last lease ends.
+    /// registrations), dropped when the last lease ends. Declared before
+    /// `kept` so that, dropped with the region, it ends before the storage
+    /// it describes is freed.
     lease_state: Option<Box<dyn Any + Send + Sync>>,
+    kept: Vec<Box<dyn Any + Send>>,
 }
 
 // SAFETY: the raw pointers are only dereferenced inside `read_at`/`write_at`,

@@ -33,6 +33,9 @@ use ffi::{Api, Status, UCS_ERR_BUSY, UCS_INPROGRESS, UCS_OK};
 /// directory holding it).
 pub(crate) const LIB_ENV: &str = "FERRY_UCX_LIB";
 
+/// Error-handler states a worker keeps before pruning closed endpoints'.
+const MAX_KEPT_STATES: usize = 4096;
+
 /// The longest worker address a peer may send (UCX's are a few hundred
 /// bytes; one with many devices a few kilobytes).
 pub(crate) const MAX_ADDRESS: usize = 64 * 1024;
@@ -245,6 +248,11 @@ pub(crate) struct Worker {
     /// Endpoints being closed, with what their error handler points at,
     /// freed by the progress task once their close completes.
     closing: Mutex<Vec<(usize, Arc<EpState>)>>,
+    /// What the error handler of every endpoint of this worker points at,
+    /// kept for as long as the worker lives: UCX gives no guarantee that
+    /// an endpoint's handler is never called after its close, and the
+    /// state is a few bytes (pruned of closed endpoints' past a bound).
+    states: Mutex<Vec<Arc<EpState>>>,
 }
 
 // SAFETY: the worker is created in `UCS_THREAD_MODE_MULTI`: UCP serializes
@@ -304,6 +312,7 @@ impl Worker {
             address,
             efd,
             closing: Mutex::new(Vec::new()),
+            states: Mutex::new(Vec::new()),
         });
         let _enter = handle.enter();
         // SAFETY: the descriptor belongs to the worker, which `Efd` holds:
@@ -362,6 +371,21 @@ impl Worker {
         }
         let api = &self.ucx.api;
         let state = Arc::new(EpState::default());
+        {
+            let mut states = lock(&self.states);
+            if states.len() >= MAX_KEPT_STATES {
+                // The oldest half of the closed endpoints' states go: an
+                // endpoint closed that long ago has long stopped calling.
+                let closed: Vec<usize> = (0..states.len())
+                    .filter(|&i| states[i].closed.load(Ordering::Acquire))
+                    .take(MAX_KEPT_STATES / 2)
+                    .collect();
+                for i in closed.into_iter().rev() {
+                    states.remove(i);
+                }
+            }
+            states.push(state.clone());
+        }
         let params = ffi::EpParams {
             field_mask: ffi::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
                 | ffi::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
@@ -451,14 +475,17 @@ async fn progress(fd: AsyncFd<Efd>, mut shutdown: watch::Receiver<bool>) {
 /// What an endpoint's error handler records.
 #[derive(Default)]
 pub(crate) struct EpState {
+    /// The endpoint was closed.
+    closed: AtomicBool,
     failed: Mutex<Option<String>>,
     down: AtomicBool,
 }
 
 /// `ucp_err_handler_cb_t`: the peer of an endpoint failed.
 unsafe extern "C" fn on_ep_error(arg: *mut c_void, _ep: ffi::Ep, status: Status) {
-    // SAFETY: `arg` is the `EpState` the endpoint keeps alive until its
-    // close completed, after which UCX calls no handler.
+    // SAFETY: `arg` is an `EpState` that the worker keeps alive for as
+    // long as it lives (see `Worker::states`; pruned only long after its
+    // endpoint closed), and UCX calls handlers only on a live worker.
     let state = unsafe { &*(arg as *const EpState) };
     let why = ucx().map(|u| u.api.describe(status)).unwrap_or_default();
     *lock(&state.failed) = Some(why);
@@ -500,6 +527,7 @@ impl Drop for Endpoint {
         p.flags = ffi::UCP_EP_CLOSE_FLAG_FORCE;
         // SAFETY: a live endpoint, closed once; valid params.
         let r = unsafe { (api.ep_close_nbx)(self.raw, &p) };
+        self.state.closed.store(true, Ordering::Release);
         if let Ok(Some(req)) = ffi::ptr_status(r) {
             // Finished (and freed) by the progress task; the handler's
             // state lives until then.
