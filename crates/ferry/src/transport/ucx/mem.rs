@@ -101,9 +101,12 @@ pub(crate) fn encode_keys(regs: &[Arc<MemReg>]) -> Vec<u8> {
     out
 }
 
-/// `(base, length, packed key)` per key of a lease, sorted by base, or why
-/// the bytes are not a list of keys.
-pub(crate) fn decode_keys(mut b: &[u8]) -> Result<Vec<(u64, u64, &[u8])>, String> {
+/// One key of a lease: `(base, length, packed key)`.
+pub(crate) type KeyBytes<'a> = (u64, u64, &'a [u8]);
+
+/// The keys of a lease, sorted by base, or why the bytes are not a list of
+/// keys.
+pub(crate) fn decode_keys(mut b: &[u8]) -> Result<Vec<KeyBytes<'_>>, String> {
     fn take<'a>(b: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
         if b.len() < n {
             return Err("the lease's keys end early".into());
@@ -156,7 +159,7 @@ pub(crate) struct RemoteKeys<'e> {
 
 impl<'e> RemoteKeys<'e> {
     /// Unpacks the keys of a lease (from [`decode_keys`]) on `ep`.
-    pub(crate) fn unpack(ep: &'e Endpoint, keys: &[(u64, u64, &[u8])]) -> Result<Self, String> {
+    pub(crate) fn unpack(ep: &'e Endpoint, keys: &[KeyBytes<'_>]) -> Result<Self, String> {
         let api = &ep.worker.ucx.api;
         let mut out = RemoteKeys {
             ep,
