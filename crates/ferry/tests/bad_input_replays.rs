@@ -431,6 +431,7 @@ async fn a_replayed_attach_cookie_is_refused_and_its_lease_copies_nothing() {
         .send(&Message::Lease(Lease {
             req: 7,
             segments: vec![(secret.as_ptr() as u64, 64)],
+            key: Vec::new(),
         }))
         .await;
     let got = second.closed().await;
@@ -461,6 +462,7 @@ async fn unasked_leases_and_attach_out_of_turn_close_the_connection() {
         Message::Lease(Lease {
             req,
             segments: vec![(4096, 16)],
+            key: Vec::new(),
         })
         .encode(&mut flood);
     }

@@ -217,6 +217,7 @@ impl Wire {
         self.send(&Message::Lease(Lease {
             req,
             segments: vec![(addr, sizes[0])],
+            key: Vec::new(),
         }));
     }
 }
