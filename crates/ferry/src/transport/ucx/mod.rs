@@ -24,6 +24,7 @@ use tokio::sync::watch;
 
 pub(crate) mod ffi;
 mod mem;
+pub(crate) mod raw;
 
 pub(crate) use mem::{decode_keys, encode_keys, MemReg, RemoteKeys};
 
@@ -529,6 +530,13 @@ impl Batch {
         }
     }
 
+    /// `None` while requests are in flight; once all ended, the first
+    /// failure, if any.
+    pub(crate) fn poll(&self) -> Option<Option<Status>> {
+        let s = lock(&self.state);
+        (s.0 == 0).then_some(s.1)
+    }
+
     /// Waits until every request ended (waking `worker` now and then, in
     /// case a wake-up was lost): the first failure, if any.
     pub(crate) fn wait(&self, worker: &Worker) -> Option<Status> {
@@ -545,6 +553,47 @@ impl Batch {
             }
         }
         s.1
+    }
+}
+
+/// Posts one `ucp_get_nbx` of `n` bytes at the peer's `addr` (covered by
+/// `rkey`) into `dst`, counted in `batch` until it ends; `Err` if UCX
+/// refused it at once (then nothing is in flight).
+///
+/// # Safety
+///
+/// `dst` must be valid for writes of `n` bytes, and `rkey` a key unpacked
+/// on `ep` and not destroyed, until `batch` has no request in flight
+/// (`Batch::wait` or `Batch::poll` says so): UCX writes into `dst` and
+/// reads the key until the get ends.
+pub(crate) unsafe fn post_get(
+    ep: &Endpoint,
+    batch: &Arc<Batch>,
+    dst: *mut u8,
+    n: usize,
+    addr: u64,
+    rkey: ffi::RKey,
+) -> Result<(), Status> {
+    let api = &ep.worker.ucx.api;
+    let mut param = ffi::RequestParam::empty();
+    param.op_attr_mask = ffi::UCP_OP_ATTR_FIELD_CALLBACK | ffi::UCP_OP_ATTR_FIELD_USER_DATA;
+    param.cb = Some(on_get_done);
+    let user = Arc::into_raw(batch.clone());
+    param.user_data = user as *mut c_void;
+    batch.add();
+    // SAFETY: a live endpoint; `dst` and `rkey` stay valid until the get
+    // ends (this function's contract); `user` is one count of `batch`,
+    // given to the callback if the get is in flight.
+    let r = unsafe { (api.get_nbx)(ep.raw(), dst.cast(), n, addr, rkey, &param) };
+    match ffi::ptr_status(r) {
+        Ok(Some(_)) => Ok(()),
+        done => {
+            // Done or failed at once: no callback; the count is ours.
+            // SAFETY: the `Arc::into_raw` above, not given away.
+            drop(unsafe { Arc::from_raw(user) });
+            batch.end(done.err().unwrap_or(UCS_OK));
+            done.map(drop)
+        }
     }
 }
 
