@@ -727,5 +727,9 @@ pub async fn target(control: &str, listen: &str, secret: Option<&str>) -> anyhow
     if let Some(s) = secret {
         b = b.secret(s);
     }
-    peer::run_on(b.build().await?, r, w).await
+    // The UCX lane's connector listens on the same address, another port.
+    let mut other = listen;
+    other.set_port(0);
+    let ucx = b.clone().listen(other);
+    peer::run_on(b.build().await?, Some(ucx), r, w).await
 }
