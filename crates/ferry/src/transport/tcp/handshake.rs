@@ -229,16 +229,19 @@ pub(super) async fn handshake(
         );
     }
     let mut can_pull = peer_pid.is_some();
-    let mut ucx_ep = None;
+    let (mut ucx_ep, mut peer_pulls_by_ucx) = (None, false);
     if let Some(worker) = cfg.ucx.as_ref().filter(|_| cfg.ucx_everywhere && attach) {
         if !can_pull && !peer_pulls {
             let (mine, theirs) = set_up_ucx(worker, &mut w, &mut rd, &peer, addr).await?;
             can_pull = mine.is_some();
             peer_pulls = theirs;
+            peer_pulls_by_ucx = theirs;
             ucx_ep = mine;
         }
     }
-    let via_ucx = ucx_ep.is_some() || (peer_pulls && peer_pid.is_none());
+    // By UCX only where the exchange above set it up: a peer that pulls by
+    // attach from a process that cannot attach back lends by attach.
+    let via_ucx = ucx_ep.is_some() || peer_pulls_by_ucx;
     let caps = Caps {
         attach: cfg.cma || via_ucx,
         can_pull,
