@@ -1,8 +1,9 @@
 //! The shared suite: READ and WRITE pairings between this process and a
 //! `ferry peer` process, in both directions, checked byte for byte, once
 //! over each transport between two processes (TCP, cross-memory attach for
-//! every size, and TCP striped over four streams for every transfer of 4
-//! bytes or more); each side must report the transport that carried it.
+//! every size, TCP striped over four streams for every transfer of 4 bytes
+//! or more, and UCX for every size where UCX runs); each side must report
+//! the transport that carried it.
 
 mod common;
 
@@ -10,20 +11,26 @@ use common::*;
 use ferry::TransportKind;
 use ferry_cli::peer::{self, Cmd};
 
-/// Runs the four directed pairings for one set of sizes over each transport.
+/// Runs the four directed pairings for one set of sizes over each transport
+/// (UCX for every size too, where it runs).
 async fn all_pairings(sizes: &[u64]) {
-    for (t, streams) in [
+    let mut lanes = vec![
         (TransportKind::Tcp, 1),
         (TransportKind::Cma, 1),
         (TransportKind::Tcp, 4),
-    ] {
+    ];
+    match ferry::ucx::status() {
+        Ok(_) => lanes.push((TransportKind::Ucx, 1)),
+        Err(why) => eprintln!("ucx pairings skipped: {why}"),
+    }
+    for (t, streams) in lanes {
         pairings_over(sizes, t, streams).await;
     }
 }
 
 async fn pairings_over(sizes: &[u64], t: TransportKind, streams: usize) {
     let transports = match t {
-        TransportKind::Cma => vec![TransportKind::Cma, TransportKind::Tcp],
+        TransportKind::Cma | TransportKind::Ucx => vec![t, TransportKind::Tcp],
         other => vec![other],
     };
     let (local, p) = if streams > 1 {
