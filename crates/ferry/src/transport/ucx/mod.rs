@@ -16,11 +16,11 @@ use std::ffi::{c_void, CString};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
 use tokio::runtime::Handle;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 pub(crate) mod ffi;
 mod mem;
@@ -235,6 +235,10 @@ pub(crate) struct Worker {
     /// Endpoints being closed, with what their error handler points at,
     /// freed by the progress task once their close completes.
     closing: Mutex<Vec<(usize, Arc<EpState>)>>,
+    /// A thread progresses the worker itself ([`Worker::poll`]): the
+    /// progress task stands aside until `resume`.
+    polling: AtomicBool,
+    resume: Notify,
 }
 
 // SAFETY: the worker is created in `UCS_THREAD_MODE_MULTI`: UCP serializes
@@ -293,6 +297,8 @@ impl Worker {
             address,
             efd,
             closing: Mutex::new(Vec::new()),
+            polling: AtomicBool::new(false),
+            resume: Notify::new(),
         });
         let _enter = handle.enter();
         // SAFETY: the descriptor belongs to the worker, which `Efd` holds:
@@ -321,6 +327,41 @@ impl Worker {
     pub(crate) fn wake(&self) {
         // SAFETY: a live worker; signalling is thread safe.
         unsafe { (self.ucx.api.worker_signal)(self.raw) };
+    }
+
+    /// Progresses the worker on this thread until `batch` has no request
+    /// in flight (then its first failure, if any), for at most `budget`;
+    /// `None` if the budget ran out first, or at once if another thread
+    /// polls already. Meanwhile the progress task stands aside (one
+    /// thread progresses the worker: the one waiting for it).
+    fn poll(&self, batch: &Batch, budget: Duration) -> Option<Option<Status>> {
+        if self
+            .polling
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return batch.poll();
+        }
+        // Gives the worker back to the progress task, whatever happens.
+        struct Resume<'a>(&'a Worker);
+        impl Drop for Resume<'_> {
+            fn drop(&mut self) {
+                self.0.polling.store(false, Ordering::Release);
+                self.0.resume.notify_one();
+            }
+        }
+        let _resume = Resume(self);
+        let start = Instant::now();
+        loop {
+            if let Some(s) = batch.poll() {
+                return Some(s);
+            }
+            if start.elapsed() > budget {
+                return None;
+            }
+            // SAFETY: a live worker (MULTI mode).
+            unsafe { (self.ucx.api.worker_progress)(self.raw) };
+        }
     }
 
     /// Progresses until nothing more happens, then frees finished closes.
@@ -406,6 +447,17 @@ async fn progress(fd: AsyncFd<Efd>, mut shutdown: watch::Receiver<bool>) {
     let w = &fd.get_ref().0;
     let api = &w.ucx.api;
     loop {
+        if w.polling.load(Ordering::Acquire) {
+            // A waiting thread progresses the worker (`Worker::poll`).
+            tokio::select! {
+                _ = w.resume.notified() => {}
+                _ = shutdown.changed() => {
+                    if *shutdown.borrow() { break; }
+                }
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+            continue;
+        }
         w.progress_all();
         // SAFETY: a live worker.
         let s = unsafe { (api.worker_arm)(w.raw) };
@@ -498,6 +550,10 @@ impl Drop for Endpoint {
     }
 }
 
+/// How long a waiter progresses the worker itself before it sleeps (see
+/// [`Batch::wait`]).
+const POLL: Duration = Duration::from_micros(200);
+
 /// Requests of one batch of gets: how many are still in flight and the
 /// first failure.
 pub(crate) struct Batch {
@@ -537,22 +593,47 @@ impl Batch {
         (s.0 == 0).then_some(s.1)
     }
 
-    /// Waits until every request ended (waking `worker` now and then, in
-    /// case a wake-up was lost): the first failure, if any.
+    /// Waits until every request ended: the first failure, if any.
     pub(crate) fn wait(&self, worker: &Worker) -> Option<Status> {
+        self.wait_until(worker, None).unwrap_or_default()
+    }
+
+    /// Waits until every request ended (`Some` of the first failure, if
+    /// any), or until `deadline` (`None`). For up to [`POLL`] this thread
+    /// progresses the worker itself, which sees a get that ends within
+    /// microseconds (a small one, or one that UCX completes inline) at
+    /// once; then it sleeps until the progress task, woken by the worker's
+    /// events, reports the end (waking the worker now and then, in case a
+    /// wake-up was lost): a long transfer leaves the CPU to whoever moves
+    /// its bytes.
+    pub(crate) fn wait_until(
+        &self,
+        worker: &Worker,
+        deadline: Option<Instant>,
+    ) -> Option<Option<Status>> {
+        if let Some(s) = worker.poll(self, POLL) {
+            return Some(s);
+        }
         worker.wake();
         let mut s = lock(&self.state);
         while s.0 > 0 {
+            let mut wait = Duration::from_millis(50);
+            if let Some(d) = deadline {
+                wait = wait.min(d.saturating_duration_since(Instant::now()));
+                if wait.is_zero() {
+                    return None;
+                }
+            }
             let (g, t) = self
                 .done
-                .wait_timeout(s, Duration::from_millis(50))
+                .wait_timeout(s, wait)
                 .unwrap_or_else(|e| e.into_inner());
             s = g;
             if t.timed_out() {
                 worker.wake();
             }
         }
-        s.1
+        Some(s.1)
     }
 }
 

@@ -2,9 +2,9 @@
 //! process lends a registered buffer, the other times `ucp_get_nbx` of it,
 //! with no Ferry protocol around them. The same context (one `libucp`
 //! loaded per process), the same worker set-up, endpoints, keys and get
-//! completion as the UCX backend's; only the wait differs: the getter
-//! polls its worker on its own thread (`ucp_worker_progress` until the get
-//! ended), as a UCX program that owns its worker does.
+//! completion as the UCX backend's, and the same wait (`Batch::wait`: the
+//! waiting thread polls the worker for a while, then sleeps until the
+//! worker's progress task sees the end).
 //!
 //! The offer a lender sends is, little endian:
 //!
@@ -162,8 +162,8 @@ impl Getter {
     }
 
     /// `n` gets of the whole lent buffer, one at a time: each is posted
-    /// (`ucp_get_nbx`), then this thread progresses the worker until it
-    /// ended. The time of each, from the post to its end.
+    /// (`ucp_get_nbx`), then waited for as the UCX backend waits for its
+    /// gets. The time of each, from the post to its end.
     pub fn run(&mut self, n: usize) -> Result<Vec<Duration>, String> {
         if self.dst.is_empty() {
             return Err("an earlier get never ended".into());
@@ -196,20 +196,12 @@ impl Getter {
             if let Err(s) = posted {
                 return Err(format!("ucp_get_nbx: {}", api.describe(s)));
             }
-            let status = loop {
-                // SAFETY: a live worker (MULTI mode: its progress task may
-                // progress it at the same time).
-                unsafe { (api.worker_progress)(worker.raw) };
-                if let Some(s) = batch.poll() {
-                    break s;
-                }
-                if t.elapsed() > GET_TIMEOUT {
-                    // UCX may still write into the buffer and read the key:
-                    // both are leaked, never freed.
-                    std::mem::forget(keys);
-                    std::mem::forget(std::mem::take(&mut self.dst));
-                    return Err(format!("a UCX get did not end within {GET_TIMEOUT:?}"));
-                }
+            let Some(status) = batch.wait_until(worker, Some(t + GET_TIMEOUT)) else {
+                // UCX may still write into the buffer and read the key: both
+                // are leaked, never freed.
+                std::mem::forget(keys);
+                std::mem::forget(std::mem::take(&mut self.dst));
+                return Err(format!("a UCX get did not end within {GET_TIMEOUT:?}"));
             };
             lat.push(t.elapsed());
             if let Some(s) = status {
