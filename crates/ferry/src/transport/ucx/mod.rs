@@ -196,28 +196,39 @@ pub(crate) fn check(api: &Api, s: Status, what: &str) -> Result<(), String> {
     }
 }
 
-/// The `tl/device` names of the context's resources, from
-/// `ucp_context_print_info` (UCP has no query for them before 1.14).
-fn resources(api: &Api, context: ffi::Context) -> Vec<String> {
+/// What `print` writes to a C stream, as text (empty if no stream).
+///
+/// # Safety
+///
+/// `print` must only write to the stream it is given (and not close it).
+unsafe fn printed(print: impl FnOnce(*mut libc::FILE)) -> String {
     let mut buf: *mut libc::c_char = std::ptr::null_mut();
     let mut len: libc::size_t = 0;
     // SAFETY: `open_memstream` with two valid out-pointers.
     let f = unsafe { libc::open_memstream(&mut buf, &mut len) };
     if f.is_null() {
-        return Vec::new();
+        return String::new();
     }
-    // SAFETY: a live context and an open stream.
-    unsafe { (api.context_print_info)(context, f) };
-    // SAFETY: closing the stream sets `buf`/`len` to the text written.
+    print(f);
+    // SAFETY: an open stream, closed once; closing sets `buf`/`len` to
+    // the text written.
     unsafe { libc::fclose(f) };
     if buf.is_null() {
-        return Vec::new();
+        return String::new();
     }
     // SAFETY: `buf` holds `len` bytes written by the stream.
     let text = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) };
     let text = String::from_utf8_lossy(text).into_owned();
     // SAFETY: `open_memstream`'s buffer is the caller's to free, once.
     unsafe { libc::free(buf.cast()) };
+    text
+}
+
+/// The `tl/device` names of the context's resources, from
+/// `ucp_context_print_info` (UCP has no query for them before 1.14).
+fn resources(api: &Api, context: ffi::Context) -> Vec<String> {
+    // SAFETY: a live context; UCX only writes to the stream.
+    let text = unsafe { printed(|f| (api.context_print_info)(context, f)) };
     text.lines()
         .filter(|l| l.contains("resource"))
         .filter_map(|l| l.split_whitespace().last().map(str::to_string))
@@ -522,6 +533,26 @@ unsafe impl Sync for Endpoint {}
 impl Endpoint {
     pub(crate) fn raw(&self) -> ffi::Ep {
         self.raw
+    }
+
+    /// The endpoint's lanes as `ucp_ep_print_info` shows them: per lane,
+    /// its transport and device and what UCP uses it for, such as
+    /// `tcp/lo.0 (am am_bw#0 keepalive wireup)`; `rma` among the uses is a
+    /// lane that moves gets itself, without one gets are active messages.
+    pub(crate) fn lanes(&self) -> Vec<String> {
+        let api = &self.worker.ucx.api;
+        // SAFETY: a live endpoint; UCX only writes to the stream.
+        let text = unsafe { printed(|f| (api.ep_print_info)(self.raw, f)) };
+        text.lines()
+            .filter(|l| l.contains("lane["))
+            .filter_map(|l| {
+                let (_, rest) = l.split_once("]:")?;
+                let mut words = rest.split_whitespace();
+                let tl = words.next()?.split_once(':').map_or("?", |t| t.1);
+                let uses: Vec<&str> = words.skip_while(|w| *w != "->").skip(2).collect();
+                Some(format!("{tl} ({})", uses.join(" ")))
+            })
+            .collect()
     }
 
     /// Why the peer failed, if its error handler ran.

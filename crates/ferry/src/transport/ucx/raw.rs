@@ -150,6 +150,12 @@ pub struct Getter {
 }
 
 impl Getter {
+    /// The endpoint's lanes: transport/device and uses, e.g.
+    /// `tcp/lo.0 (am am_bw#0 keepalive wireup)` (see `Endpoint::lanes`).
+    pub fn lanes(&self) -> Vec<String> {
+        self.ep.lanes()
+    }
+
     /// Bytes one get moves.
     pub fn len(&self) -> usize {
         self.dst.len()
@@ -248,6 +254,11 @@ mod tests {
         .unwrap();
         assert_eq!(lat.unwrap().len(), 3);
         assert!(g.dst == lent.buf);
+        let lanes = g.lanes();
+        assert!(
+            !lanes.is_empty() && lanes.iter().all(|l| l.contains('/')),
+            "{lanes:?}"
+        );
         assert!(b.connect(&lent.offer(&a)[..10]).is_err());
         // Again, the same way (a new endpoint between the same workers).
         drop(g);
