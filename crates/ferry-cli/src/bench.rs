@@ -722,7 +722,7 @@ pub async fn initiator(
     let after_self = peer::process_cpu_micros();
 
     print_table(&b.rows);
-    ucx::print_registrations(&b.rows);
+    ucx::print_lines(b.ucx.as_ref(), &b.rows);
     println!(
         "idle: over {:?} with connections open, the target used {} ms of CPU and this process {} ms (the clock ticks in 10 ms steps)",
         opts.idle,

@@ -1,6 +1,7 @@
 //! `ferry bench --quick` at its smallest size has `ucx` rows where UCX runs:
 //! Ferry's READ and WRITE carried by UCX, each next to the raw UCX baseline
-//! (`ucx_get`, with its registration time), and the registration line.
+//! (`ucx_get`, with its registration time), and the lines saying what UCX
+//! ran over and how long registration took.
 //! Without UCX the test prints `skipped: <reason>` and passes, and the
 //! bench says why it has no ucx rows.
 
@@ -53,4 +54,5 @@ fn bench_has_ucx_rows_next_to_the_raw_ucx_baseline() {
         assert!(ferry["iters"].as_u64().unwrap_or(0) >= 5, "{ferry}");
     }
     assert!(stdout.contains("ucx registration"), "{stdout}");
+    assert!(stdout.contains("ucx endpoint lanes: "), "{stdout}");
 }

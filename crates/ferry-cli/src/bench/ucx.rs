@@ -25,6 +25,8 @@ pub(super) struct Side {
     /// The raw baseline's workers: one lends (WRITE), one gets (READ).
     lender: Node,
     getter: Node,
+    /// The lanes of the raw baseline's endpoint to the target.
+    lanes: Vec<String>,
 }
 
 impl Side {
@@ -42,6 +44,7 @@ impl Side {
                 connector,
                 lender: Node::start()?,
                 getter: Node::start()?,
+                lanes: Vec::new(),
             })
         };
         match made.await {
@@ -91,13 +94,13 @@ impl Bench {
         block: u64,
         batch: usize,
     ) -> anyhow::Result<Row> {
-        let side = self.ucx.as_ref().ok_or_else(|| anyhow!("no UCX lane"))?;
         let bytes = block * batch as u64;
         let iters = self.iters_for(bytes).min(
             // about `row_time` worth at 2 GB/s, at least the fewest
             ((self.opts.row_time.as_secs_f64() * 2e9 / bytes as f64) as usize)
                 .max(self.opts.iters.0),
         );
+        let side = self.ucx.as_mut().ok_or_else(|| anyhow!("no UCX lane"))?;
         let (lat, mut reg) = if op == "read" {
             let mut r = Request::new(0, Cmd::UcxLend);
             r.sizes = vec![bytes];
@@ -108,6 +111,7 @@ impl Bench {
             }
             let offer = lent.ucx.unwrap_or_default();
             let g = side.getter.connect(&offer).map_err(anyhow::Error::msg)?;
+            side.lanes = g.lanes();
             let lat = peer::ucx::timed(g, iters + 1).await;
             let lat = lat.map_err(|e| anyhow!("raw UCX get from the target: {e}"))?;
             (lat, lent.lat_ns.unwrap_or_default())
@@ -137,9 +141,18 @@ impl Bench {
     }
 }
 
-/// One line: the registration time per size of the `ucx_get` READ rows
-/// (buffers the target registered).
-pub(super) fn print_registrations(rows: &[Row]) {
+/// What UCX ran over (the raw baseline's endpoint lanes) and the
+/// registration time per size of the `ucx_get` READ rows (buffers the
+/// target registered), one line each.
+pub(super) fn print_lines(side: Option<&Side>, rows: &[Row]) {
+    if let Some(s) = side.filter(|s| !s.lanes.is_empty()) {
+        let how = if s.lanes.iter().any(|l| l.contains("rma")) {
+            "gets by an rma lane"
+        } else {
+            "no rma lane: gets travel as active messages"
+        };
+        println!("ucx endpoint lanes: {} ({how})", s.lanes.join(", "));
+    }
     let mut seen = Vec::new();
     for r in rows
         .iter()
