@@ -86,7 +86,7 @@ async fn misuse_is_a_typed_error() {
         .unwrap_err();
     assert!(matches!(err, Error::Config(_)), "{err}");
     let err = "rdma".parse::<TransportKind>().unwrap_err();
-    assert!(err.to_string().contains("local, cma, tcp"), "{err}");
+    assert!(err.to_string().contains("local, cma, ucx, tcp"), "{err}");
     assert_eq!(a.exposed_count(), 1);
 }
 
