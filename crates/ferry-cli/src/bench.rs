@@ -1,7 +1,7 @@
 //! `ferry bench`: bandwidth, operation rate and end-to-end latency between two
 //! processes, per transport, with the baselines of the same run (memcpy, a
-//! raw cross-memory-attach loop, a plain TCP stream) so that every figure can
-//! be read as a ratio.
+//! raw cross-memory-attach loop, a plain TCP stream, a raw UCX get loop) so
+//! that every figure can be read as a ratio.
 //!
 //! By default it starts a target process (`ferry peer`) itself and runs as
 //! the initiator. For two hosts, run `ferry bench --role target --control
@@ -19,6 +19,8 @@ use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::peer::{self, Cmd, PeerProcess, Request};
+
+mod ucx;
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -81,9 +83,10 @@ impl Options {
 /// One measured row.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
-    /// `ferry`, or the baseline's name (`memcpy`, `cma`, `tcp_stream`).
+    /// `ferry`, or the baseline's name (`memcpy`, `cma`, `tcp_stream`,
+    /// `ucx_get`).
     pub kind: String,
-    /// The transport that carried it (`tcp`, `cma`; `local` for memcpy).
+    /// The transport that carried it (`tcp`, `cma`, `ucx`; `local` for memcpy).
     pub transport: String,
     /// `read`, `write`, `copy` or `cold_start`.
     pub op: String,
@@ -112,6 +115,10 @@ pub struct Row {
     /// `gbps` divided by the baseline's (Ferry rows).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ratio: Option<f64>,
+    /// Median microseconds to register the lent buffer with UCX
+    /// (`ucp_mem_map` and `ucp_rkey_pack`; `ucx_get` rows).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reg_us: Option<f64>,
 }
 
 fn row(
@@ -143,6 +150,7 @@ fn row(
         streams: None,
         baseline: None,
         ratio: None,
+        reg_us: None,
     }
 }
 
@@ -187,6 +195,8 @@ enum Lane {
     Cma,
     /// TCP split over [`STREAMS`] connections.
     Striped,
+    /// UCX for every size, on both sides ([`peer::ucx_lane`]).
+    Ucx,
 }
 
 struct Bench {
@@ -199,6 +209,8 @@ struct Bench {
     /// A connector restricted to TCP that splits transfers of
     /// [`STRIPE_MIN`] bytes or more over [`STREAMS`] connections.
     striped: Connector,
+    /// The UCX lane and the raw baseline's worker, when UCX runs here.
+    ucx: Option<ucx::Side>,
     /// The target runs on this host: both processes read one monotonic clock.
     same_clock: bool,
     /// The host id of the target's metadata, once one arrived.
@@ -242,6 +254,9 @@ impl Bench {
         let mut r = Request::new(0, cmd);
         r.sizes = vec![block; batch];
         r.reuse = true;
+        if via == Lane::Ucx {
+            r.lane = Some("ucx".into());
+        }
         let mut a = self.peer.request(r).await?;
         let m = a.expect("metadata").await?;
         let meta = RdmaMetadata::from_json(m.metadata.as_deref().unwrap_or_default())?;
@@ -254,6 +269,10 @@ impl Bench {
             Lane::Cma => &self.cma,
             Lane::Tcp => &self.tcp,
             Lane::Striped => &self.striped,
+            Lane::Ucx => match &self.ucx {
+                Some(u) => &u.connector,
+                None => bail!("no UCX lane"),
+            },
         };
         let ours;
         let (descs, used) = if op == "read" {
@@ -584,6 +603,7 @@ pub async fn initiator(
         tcp,
         cma,
         striped,
+        ucx: ucx::Side::start(&opts, other).await,
         same_clock: control.is_none(),
         target_host: None,
         pool: Pool::default(),
@@ -620,7 +640,9 @@ pub async fn initiator(
     // hosts the `tcp` rows are striped already).
     let own = own_host_id(&b.tcp).await?;
     let striped_rows = b.target_host.as_deref() == Some(own.as_str());
-    let per_op = if attach { 4 } else { 2 };
+    // UCX only if both processes run it (both sides print why not).
+    let with_ucx = b.ucx_probe().await;
+    let per_op = 2 * (1 + usize::from(attach) + usize::from(with_ucx));
     let striped_shapes = shapes
         .iter()
         .filter(|&&(bl, ba)| striped_rows && bl * ba as u64 >= STRIPE_MIN)
@@ -643,14 +665,21 @@ pub async fn initiator(
             if attach {
                 pairs.insert(0, (Lane::Cma, "cma"));
             }
+            if with_ucx {
+                pairs.push((Lane::Ucx, "ucx_get"));
+            }
             for (via, base_name) in pairs {
                 progress(base_name, op, block, batch);
-                let base = if via == Lane::Cma {
-                    b.cma_row(op, block, batch).await?
-                } else {
-                    b.tcp_row(op, block, batch).await?
+                let base = match via {
+                    Lane::Cma => b.cma_row(op, block, batch).await?,
+                    Lane::Ucx => b.ucx_row(op, block, batch).await?,
+                    _ => b.tcp_row(op, block, batch).await?,
                 };
-                let name = if via == Lane::Cma { "cma" } else { "tcp" };
+                let name = match via {
+                    Lane::Cma => "cma",
+                    Lane::Ucx => "ucx",
+                    _ => "tcp",
+                };
                 progress(&format!("ferry {name}"), op, block, batch);
                 let mut r = b.ferry_row(via, op, block, batch).await?;
                 r.baseline = Some(format!("{base_name} {op}"));
@@ -693,6 +722,7 @@ pub async fn initiator(
     let after_self = peer::process_cpu_micros();
 
     print_table(&b.rows);
+    ucx::print_lines(b.ucx.as_ref(), &b.rows);
     println!(
         "idle: over {:?} with connections open, the target used {} ms of CPU and this process {} ms (the clock ticks in 10 ms steps)",
         opts.idle,
@@ -727,5 +757,9 @@ pub async fn target(control: &str, listen: &str, secret: Option<&str>) -> anyhow
     if let Some(s) = secret {
         b = b.secret(s);
     }
-    peer::run_on(b.build().await?, r, w).await
+    // The UCX lane's connector listens on the same address, another port.
+    let mut other = listen;
+    other.set_port(0);
+    let ucx = b.clone().listen(other);
+    peer::run_on(b.build().await?, Some(ucx), r, w).await
 }

@@ -194,7 +194,8 @@ async fn main() -> anyhow::Result<()> {
             if let Some(id) = worker_id {
                 b = b.worker_id(id);
             }
-            ferry_cli::peer::run(b.build().await?).await
+            let ucx = ferry::Connector::builder().listen(SocketAddr::new(listen.ip(), 0));
+            ferry_cli::peer::run(b.build().await?, Some(ucx)).await
         }
         Cmd::Inspect => {
             let mut s = String::new();

@@ -7,19 +7,20 @@
 //! Requests are served concurrently.
 
 use std::collections::HashMap;
-use std::path::Path;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context};
-use ferry::{Connector, Descriptor, Operation, RdmaMetadata};
+use ferry::{Connector, ConnectorBuilder, Descriptor, Operation, RdmaMetadata, TransportKind};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::pattern;
+
+mod driver;
+pub(crate) mod ucx;
+
+pub use driver::{Answers, PeerProcess};
 
 /// What the driver asks the peer to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,6 +55,14 @@ pub enum Cmd {
     /// Baseline: copy `sizes[0]` bytes from `address` of process `pid` by
     /// cross-memory attach, `count` times; answers `done` with `lat_ns`.
     Pull,
+    /// Raw UCX baseline: keep a buffer of `sizes[0]` bytes registered with
+    /// UCX (`count` registrations timed, the last one kept; replaces the
+    /// last buffer) and answer `lent` with its offer in `ucx` and the
+    /// registration times in `lat_ns`.
+    UcxLend,
+    /// Raw UCX baseline: get the buffer that the offer in `ucx` describes,
+    /// `count` times; answers `done` with `lat_ns`.
+    UcxPull,
 }
 
 /// One request line.
@@ -88,9 +97,18 @@ pub struct Request {
     /// For `pull`: the address to copy from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<u64>,
-    /// For `pull`: how many copies.
+    /// For `pull` and `ucx_pull`: how many copies; for `ucx_lend`: how
+    /// many registrations to time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<usize>,
+    /// `ucx`: run `readable`, `writable`, `read` or `write` on the peer's
+    /// UCX connector ([`ucx_lane`]), made at its first use; otherwise on
+    /// its main one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lane: Option<String>,
+    /// For `ucx_pull`: the offer of the lender's `lent`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ucx: Option<Vec<u8>>,
 }
 
 impl Request {
@@ -108,6 +126,8 @@ impl Request {
             pid: None,
             address: None,
             count: None,
+            lane: None,
+            ucx: None,
         }
     }
 }
@@ -168,9 +188,14 @@ pub struct Event {
     /// For `done`: when this side saw the end (same clock).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub done_ns: Option<u64>,
-    /// For `pull`'s `done`: nanoseconds per copy.
+    /// For `pull`'s and `ucx_pull`'s `done`: nanoseconds per copy; for
+    /// `ucx_lend`'s `lent`: nanoseconds per registration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lat_ns: Option<Vec<u64>>,
+    /// For `ucx_lend`'s `lent`: what a getter needs (worker address, buffer
+    /// address and length, packed remote key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ucx: Option<Vec<u8>>,
 }
 
 impl Event {
@@ -215,6 +240,10 @@ pub fn checksum(descs: &[Descriptor<'_>]) -> u64 {
 
 struct PeerState {
     connector: Connector,
+    /// How to make the UCX lane's connector, and the one made.
+    ucx_builder: Option<ConnectorBuilder>,
+    ucx_lane: tokio::sync::OnceCell<Result<Connector, String>>,
+    raw_ucx: ucx::Raw,
     out: mpsc::UnboundedSender<Event>,
     cancels: Mutex<HashMap<u64, oneshot::Sender<()>>>,
     kept: Mutex<HashMap<u64, Vec<Descriptor<'static>>>>,
@@ -225,6 +254,24 @@ struct PeerState {
 impl PeerState {
     fn send(&self, e: Event) {
         let _ = self.out.send(e);
+    }
+
+    /// The connector request `r` names.
+    async fn connector_for(&self, r: &Request) -> Result<&Connector, String> {
+        match r.lane.as_deref() {
+            None => Ok(&self.connector),
+            Some("ucx") => {
+                let made = self.ucx_lane.get_or_init(|| async {
+                    let b = self
+                        .ucx_builder
+                        .clone()
+                        .ok_or("this peer has no UCX lane")?;
+                    ucx_lane(b).build().await.map_err(|e| e.to_string())
+                });
+                made.await.as_ref().map_err(Clone::clone)
+            }
+            Some(other) => Err(format!("no lane {other:?} (only ucx)")),
+        }
     }
 
     /// Pooled buffers of these sizes.
@@ -333,19 +380,19 @@ impl PeerState {
             RdmaMetadata::from_json(m).map_err(|e| ferry::Error::from(e).to_string())
         };
         let created_ns = crate::clock::monotonic_ns();
+        let connector = match self.connector_for(&r).await {
+            Ok(c) => c,
+            Err(e) => return self.send(fail(e)),
+        };
         match r.cmd {
-            Cmd::Readable => match self
-                .connector
-                .create_readable(self.bufs(&r, Some(r.seed)))
-                .await
-            {
+            Cmd::Readable => match connector.create_readable(self.bufs(&r, Some(r.seed))).await {
                 Err(e) => self.send(fail(e.to_string())),
                 Ok(op) => {
                     self.send_metadata(r.id, op.metadata(), created_ns);
                     self.finish(&r, started, Box::new(op), None).await
                 }
             },
-            Cmd::Writable => match self.connector.create_writable(self.bufs(&r, None)).await {
+            Cmd::Writable => match connector.create_writable(self.bufs(&r, None)).await {
                 Err(e) => self.send(fail(e.to_string())),
                 Ok(op) => {
                     self.send_metadata(r.id, op.metadata(), created_ns);
@@ -355,7 +402,7 @@ impl PeerState {
             },
             Cmd::Read => match remote() {
                 Err(e) => self.send(fail(e)),
-                Ok(m) => match self.connector.begin_read(&m, self.bufs(&r, None)).await {
+                Ok(m) => match connector.begin_read(&m, self.bufs(&r, None)).await {
                     Err(e) => self.send(fail(e.to_string())),
                     Ok(op) => {
                         let seed = (!r.reuse).then_some(r.seed);
@@ -365,11 +412,7 @@ impl PeerState {
             },
             Cmd::Write => match remote() {
                 Err(e) => self.send(fail(e)),
-                Ok(m) => match self
-                    .connector
-                    .begin_write(self.bufs(&r, Some(r.seed)), &m)
-                    .await
-                {
+                Ok(m) => match connector.begin_write(self.bufs(&r, Some(r.seed)), &m).await {
                     Err(e) => self.send(fail(e.to_string())),
                     Ok(op) => self.finish(&r, started, Box::new(op), None).await,
                 },
@@ -453,8 +496,21 @@ impl PeerState {
                 }
                 self.send(ev);
             }
+            Cmd::UcxLend => self.send(self.raw_ucx.lend(&r)),
+            Cmd::UcxPull => {
+                let ev = self.raw_ucx.pull(&r).await;
+                self.send(ev)
+            }
         }
     }
+}
+
+/// The UCX lane: `b` restricted to UCX (and TCP, which a connector always
+/// has), with every transfer, whatever its size, by UCX. `ferry bench`'s
+/// `ucx` rows run between two such connectors.
+pub fn ucx_lane(b: ConnectorBuilder) -> ConnectorBuilder {
+    b.transports(&[TransportKind::Ucx, TransportKind::Tcp])
+        .cma_threshold(0)
 }
 
 /// The raw cross-memory-attach baseline: copies `buf.len()` bytes from
@@ -504,8 +560,9 @@ pub fn process_cpu_micros() -> u64 {
     (ticks(11) + ticks(12)) * 10_000
 }
 
-/// Runs the peer on stdin and stdout until stdin closes.
-pub async fn run(connector: Connector) -> anyhow::Result<()> {
+/// Runs the peer on stdin and stdout until stdin closes; with `ucx`, how to
+/// make its UCX lane's connector (see [`run_on`]).
+pub async fn run(connector: Connector, ucx: Option<ConnectorBuilder>) -> anyhow::Result<()> {
     use std::os::fd::AsFd;
     use tokio::net::unix::pipe;
     // When driven through pipes (the usual case), use them as non-blocking
@@ -522,14 +579,21 @@ pub async fn run(connector: Connector) -> anyhow::Result<()> {
         .ok()
         .and_then(|fd| pipe::Sender::from_owned_fd(fd).ok());
     match (input, output) {
-        (Some(i), Some(o)) => run_on(connector, i, o).await,
-        _ => run_on(connector, tokio::io::stdin(), tokio::io::stdout()).await,
+        (Some(i), Some(o)) => run_on(connector, ucx, i, o).await,
+        _ => run_on(connector, ucx, tokio::io::stdin(), tokio::io::stdout()).await,
     }
 }
 
 /// Runs the peer on any byte stream (a pipe, or a TCP control connection
-/// for two-host benchmarks) until its input closes.
-pub async fn run_on<R, W>(connector: Connector, input: R, output: W) -> anyhow::Result<()>
+/// for two-host benchmarks) until its input closes. With `ucx`, requests of
+/// lane `ucx` run on a second connector, made from it by [`ucx_lane`] at
+/// the first such request (so a peer never asked starts no UCX).
+pub async fn run_on<R, W>(
+    connector: Connector,
+    ucx: Option<ConnectorBuilder>,
+    input: R,
+    output: W,
+) -> anyhow::Result<()>
 where
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
     W: tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -540,6 +604,9 @@ where
     tx.send(ready).ok();
     let state = Arc::new(PeerState {
         connector,
+        ucx_builder: ucx,
+        ucx_lane: tokio::sync::OnceCell::new(),
+        raw_ucx: ucx::Raw::default(),
         out: tx,
         cancels: Mutex::new(HashMap::new()),
         kept: Mutex::new(HashMap::new()),
@@ -575,187 +642,4 @@ where
     drop(state);
     let _ = writer.await;
     Ok(())
-}
-
-type Writer = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
-
-/// A peer driven by this process: a child process on a pipe, or a remote
-/// peer on a TCP control connection.
-pub struct PeerProcess {
-    child: Option<Child>,
-    stdin: tokio::sync::Mutex<Writer>,
-    routes: Routes,
-    next_id: std::sync::atomic::AtomicU64,
-    /// The peer's worker id.
-    pub worker_id: String,
-}
-
-type Routes = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<Event>>>>;
-
-/// The answers to one request.
-pub struct Answers {
-    rx: mpsc::UnboundedReceiver<Event>,
-    routes: Routes,
-    /// The request's id.
-    pub id: u64,
-}
-
-impl Drop for Answers {
-    fn drop(&mut self) {
-        self.routes.lock().unwrap().remove(&self.id);
-    }
-}
-
-impl Answers {
-    /// The next answer; an error if the peer died first.
-    pub async fn next(&mut self) -> anyhow::Result<Event> {
-        self.rx.recv().await.ok_or_else(|| {
-            anyhow!(
-                "the peer process exited before answering request {}",
-                self.id
-            )
-        })
-    }
-
-    /// An answer that has already arrived, without waiting.
-    pub fn try_next(&mut self) -> Option<Event> {
-        self.rx.try_recv().ok()
-    }
-
-    /// The next answer, which must be of kind `event`.
-    pub async fn expect(&mut self, event: &str) -> anyhow::Result<Event> {
-        let e = self.next().await?;
-        if e.event != event {
-            bail!("expected {event:?} from the peer, got {e:?}");
-        }
-        Ok(e)
-    }
-}
-
-impl PeerProcess {
-    /// Starts `exe peer` with these extra arguments and environment.
-    pub async fn spawn(exe: &Path, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Self> {
-        Self::spawn_in(&[], exe, args, env).await
-    }
-
-    /// As [`spawn`](Self::spawn), through `wrapper`: a command that runs the
-    /// rest of its arguments as it is, such as `ip netns exec NAME` (which
-    /// replaces itself with the peer, so that [`kill`](Self::kill) reaches it).
-    pub async fn spawn_in(
-        wrapper: &[&str],
-        exe: &Path,
-        args: &[&str],
-        env: &[(&str, &str)],
-    ) -> anyhow::Result<Self> {
-        let mut cmd = match wrapper.split_first() {
-            Some((program, rest)) => {
-                let mut c = Command::new(program);
-                c.args(rest).arg(exe);
-                c
-            }
-            None => Command::new(exe),
-        };
-        cmd.arg("peer")
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().with_context(|| {
-            let mut what = wrapper.join(" ");
-            what.push_str(if wrapper.is_empty() { "" } else { " " });
-            format!("starting {what}{}", exe.display())
-        })?;
-        let stdin = child.stdin.take().expect("piped");
-        let stdout = child.stdout.take().expect("piped");
-        Self::start(Some(child), Box::new(stdin), stdout).await
-    }
-
-    /// Drives a peer that serves its protocol on a TCP control address
-    /// (`ferry bench --role target`).
-    pub async fn connect(addr: &str) -> anyhow::Result<Self> {
-        let s = tokio::net::TcpStream::connect(addr)
-            .await
-            .with_context(|| format!("connecting to the target's control address {addr}"))?;
-        s.set_nodelay(true)?;
-        let (r, w) = s.into_split();
-        Self::start(None, Box::new(w), r).await
-    }
-
-    async fn start<R>(child: Option<Child>, stdin: Writer, stdout: R) -> anyhow::Result<Self>
-    where
-        R: tokio::io::AsyncRead + Unpin + Send + 'static,
-    {
-        let routes: Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<Event>>>> = Default::default();
-        let (ready_tx, mut ready_rx) = mpsc::unbounded_channel();
-        routes.lock().unwrap().insert(0, ready_tx);
-        let r = routes.clone();
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                let Ok(ev) = serde_json::from_str::<Event>(&line) else {
-                    eprintln!("peer said something that is not an event: {line}");
-                    continue;
-                };
-                if let Some(tx) = r.lock().unwrap().get(&ev.id) {
-                    let _ = tx.send(ev);
-                }
-            }
-            r.lock().unwrap().clear();
-        });
-        let ready = tokio::time::timeout(Duration::from_secs(30), ready_rx.recv())
-            .await
-            .context("the peer did not get ready within 30 s")?
-            .ok_or_else(|| anyhow!("the peer process exited at start"))?;
-        routes.lock().unwrap().remove(&0);
-        Ok(PeerProcess {
-            child,
-            stdin: tokio::sync::Mutex::new(stdin),
-            routes,
-            next_id: std::sync::atomic::AtomicU64::new(1),
-            worker_id: ready.worker_id.unwrap_or_default(),
-        })
-    }
-
-    /// A fresh request id.
-    pub fn next_id(&self) -> u64 {
-        self.next_id
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Sends a request (its `id` is replaced by a fresh one).
-    pub async fn request(&self, mut r: Request) -> anyhow::Result<Answers> {
-        r.id = self.next_id();
-        let (tx, rx) = mpsc::unbounded_channel();
-        self.routes.lock().unwrap().insert(r.id, tx);
-        let mut line = serde_json::to_vec(&r)?;
-        line.push(b'\n');
-        let mut stdin = self.stdin.lock().await;
-        stdin
-            .write_all(&line)
-            .await
-            .context("writing to the peer")?;
-        stdin.flush().await?;
-        Ok(Answers {
-            rx,
-            routes: self.routes.clone(),
-            id: r.id,
-        })
-    }
-
-    /// The operating system's process id (for a child process).
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().and_then(|c| c.id())
-    }
-
-    /// Kills the child process with SIGKILL and waits for it.
-    pub async fn kill(&mut self) -> anyhow::Result<()> {
-        if let Some(c) = &mut self.child {
-            c.kill().await?;
-        }
-        Ok(())
-    }
 }

@@ -23,6 +23,7 @@ fn row(kind: &str, transport: &str, op: &str, block: u64, gbps: f64) -> Row {
         streams: None,
         baseline: None,
         ratio: None,
+        reg_us: None,
     }
 }
 

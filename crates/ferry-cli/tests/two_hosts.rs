@@ -174,7 +174,8 @@ async fn a_peer_killed_mid_transfer_fails_the_survivors_operation() {
 /// `ferry bench --role target` on the other host (listening on all of its
 /// addresses), the initiator here: one short round, every Ferry row carried
 /// by TCP, striped rows included (both hosts share a kernel, so the library
-/// keeps one stream by itself), and no cross-memory-attach row.
+/// keeps one stream by itself), and no cross-memory-attach row (the `ucx`
+/// rows, where UCX runs, are carried by UCX).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_between_two_hosts() {
     let Some(hosts) = two_hosts() else { return };
@@ -241,9 +242,17 @@ async fn bench_between_two_hosts() {
         rows.iter().all(|r| field(r, "transport") != "cma"),
         "{text}"
     );
+    // The `ucx` rows (when UCX runs on both hosts) are UCX's own.
+    let is_ucx = |r: &serde_json::Value| field(r, "baseline").starts_with("ucx_get");
+    assert!(
+        rows.iter()
+            .filter(|r| field(r, "kind") == "ferry" && is_ucx(r))
+            .all(|r| field(r, "transport") == "ucx"),
+        "{text}"
+    );
     let ferry: Vec<_> = rows
         .iter()
-        .filter(|r| field(r, "kind") == "ferry")
+        .filter(|r| field(r, "kind") == "ferry" && !is_ucx(r))
         .collect();
     for op in ["read", "write"] {
         for (block, streams) in [(4096, None), (8 << 20, None), (8 << 20, Some(4))] {

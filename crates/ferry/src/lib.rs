@@ -106,6 +106,17 @@ pub mod ucx {
 
     /// The environment variable that names the `libucp` to load.
     pub const LIB_ENV: &str = crate::transport::ucx::LIB_ENV;
+
+    /// Raw UCX, for `ferry bench`'s in-run baseline: a buffer registered and
+    /// lent ([`Lent`](baseline::Lent)), its offer (worker address and packed
+    /// key) sent to another process by the caller, which times
+    /// `ucp_get_nbx` of it ([`Getter`](baseline::Getter)), with the same
+    /// UCX context, workers and endpoints as the backend and no Ferry
+    /// protocol. Not a stable API.
+    #[doc(hidden)]
+    pub mod baseline {
+        pub use crate::transport::ucx::raw::{Getter, Lent, Node};
+    }
 }
 
 /// The README's examples, compiled and run as doc tests.

@@ -8,7 +8,6 @@
 //! that check keys (RDMA). See `docs/transports.md` for what transports
 //! without key checks (shared memory) allow.
 
-use std::ffi::c_void;
 use std::sync::Arc;
 
 use ferry_proto::DeviceKind;
@@ -18,7 +17,7 @@ use crate::kind::TransportKind;
 use crate::outcome::OpShared;
 use crate::region::{Denied, Region};
 use crate::transport::ucx::{
-    self, decode_keys, encode_keys, ffi, on_get_done, Batch, Endpoint, MemReg, RemoteKeys,
+    self, decode_keys, encode_keys, post_get, Batch, Endpoint, MemReg, RemoteKeys,
 };
 
 /// How many bytes one copy moves at most (and so how long a cancel waits
@@ -177,30 +176,13 @@ fn get_all(
             ));
             break;
         };
-        let mut param = ffi::RequestParam::empty();
-        param.op_attr_mask = ffi::UCP_OP_ATTR_FIELD_CALLBACK | ffi::UCP_OP_ATTR_FIELD_USER_DATA;
-        param.cb = Some(on_get_done);
-        let user = Arc::into_raw(batch.clone());
-        param.user_data = user as *mut c_void;
-        batch.add();
         // SAFETY: `p` points to `n` bytes of the destination that
         // `copy_into` handed out and counts as in flight until this
         // function returns, which is after every get ended (`wait` below);
-        // the key stays unpacked until after that too; `user` is one count
-        // of `batch`, given to the callback if the get is in flight.
-        let r = unsafe { (api.get_nbx)(ep.raw(), p.cast(), n as usize, a, rkey, &param) };
-        match ffi::ptr_status(r) {
-            Ok(Some(_)) => {}
-            done => {
-                // Done or failed at once: no callback; the count is ours.
-                // SAFETY: the `Arc::into_raw` above, not given away.
-                drop(unsafe { Arc::from_raw(user) });
-                batch.end(done.err().unwrap_or(ffi::UCS_OK));
-                if let Err(s) = done {
-                    failed = Some(format!("ucp_get_nbx: {}", api.describe(s)));
-                    break;
-                }
-            }
+        // the key stays unpacked until after that too.
+        if let Err(s) = unsafe { post_get(ep, &batch, p, n as usize, a, rkey) } {
+            failed = Some(format!("ucp_get_nbx: {}", api.describe(s)));
+            break;
         }
     }
     let status = batch.wait(&ep.worker);

@@ -172,6 +172,7 @@ pub(crate) struct Api {
     pub(crate) worker_signal: unsafe extern "C" fn(Worker) -> Status,
     pub(crate) ep_create: unsafe extern "C" fn(Worker, *const EpParams, *mut Ep) -> Status,
     pub(crate) ep_close_nbx: unsafe extern "C" fn(Ep, *const RequestParam) -> StatusPtr,
+    pub(crate) ep_print_info: unsafe extern "C" fn(Ep, *mut libc::FILE),
     pub(crate) mem_map: unsafe extern "C" fn(Context, *const MemMapParams, *mut MemH) -> Status,
     pub(crate) mem_unmap: unsafe extern "C" fn(Context, MemH) -> Status,
     pub(crate) rkey_pack:
@@ -248,6 +249,7 @@ impl Api {
             worker_signal: sym!(lib, "ucp_worker_signal"),
             ep_create: sym!(lib, "ucp_ep_create"),
             ep_close_nbx: sym!(lib, "ucp_ep_close_nbx"),
+            ep_print_info: sym!(lib, "ucp_ep_print_info"),
             mem_map: sym!(lib, "ucp_mem_map"),
             mem_unmap: sym!(lib, "ucp_mem_unmap"),
             rkey_pack: sym!(lib, "ucp_rkey_pack"),

@@ -16,14 +16,15 @@ use std::ffi::{c_void, CString};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
 use tokio::runtime::Handle;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 pub(crate) mod ffi;
 pub(crate) mod mem;
+pub(crate) mod raw;
 
 pub(crate) use mem::{decode_keys, encode_keys, MemReg, RemoteKeys};
 
@@ -209,28 +210,39 @@ pub(crate) fn check(api: &Api, s: Status, what: &str) -> Result<(), String> {
     }
 }
 
-/// The `tl/device` names of the context's resources, from
-/// `ucp_context_print_info` (UCP has no query for them before 1.14).
-fn resources(api: &Api, context: ffi::Context) -> Vec<String> {
+/// What `print` writes to a C stream, as text (empty if no stream).
+///
+/// # Safety
+///
+/// `print` must only write to the stream it is given (and not close it).
+unsafe fn printed(print: impl FnOnce(*mut libc::FILE)) -> String {
     let mut buf: *mut libc::c_char = std::ptr::null_mut();
     let mut len: libc::size_t = 0;
     // SAFETY: `open_memstream` with two valid out-pointers.
     let f = unsafe { libc::open_memstream(&mut buf, &mut len) };
     if f.is_null() {
-        return Vec::new();
+        return String::new();
     }
-    // SAFETY: a live context and an open stream.
-    unsafe { (api.context_print_info)(context, f) };
-    // SAFETY: closing the stream sets `buf`/`len` to the text written.
+    print(f);
+    // SAFETY: an open stream, closed once; closing sets `buf`/`len` to
+    // the text written.
     unsafe { libc::fclose(f) };
     if buf.is_null() {
-        return Vec::new();
+        return String::new();
     }
     // SAFETY: `buf` holds `len` bytes written by the stream.
     let text = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) };
     let text = String::from_utf8_lossy(text).into_owned();
     // SAFETY: `open_memstream`'s buffer is the caller's to free, once.
     unsafe { libc::free(buf.cast()) };
+    text
+}
+
+/// The `tl/device` names of the context's resources, from
+/// `ucp_context_print_info` (UCP has no query for them before 1.14).
+fn resources(api: &Api, context: ffi::Context) -> Vec<String> {
+    // SAFETY: a live context; UCX only writes to the stream.
+    let text = unsafe { printed(|f| (api.context_print_info)(context, f)) };
     text.lines()
         .filter(|l| l.contains("resource"))
         .filter_map(|l| l.split_whitespace().last().map(str::to_string))
@@ -253,6 +265,10 @@ pub(crate) struct Worker {
     /// an endpoint's handler is never called after its close, and the
     /// state is a few bytes (pruned of closed endpoints' past a bound).
     states: Mutex<Vec<Arc<EpState>>>,
+    /// A thread progresses the worker itself ([`Worker::poll`]): the
+    /// progress task stands aside until `resume`.
+    polling: AtomicBool,
+    resume: Notify,
 }
 
 // SAFETY: the worker is created in `UCS_THREAD_MODE_MULTI`: UCP serializes
@@ -313,6 +329,8 @@ impl Worker {
             efd,
             closing: Mutex::new(Vec::new()),
             states: Mutex::new(Vec::new()),
+            polling: AtomicBool::new(false),
+            resume: Notify::new(),
         });
         let _enter = handle.enter();
         // SAFETY: the descriptor belongs to the worker, which `Efd` holds:
@@ -341,6 +359,41 @@ impl Worker {
     pub(crate) fn wake(&self) {
         // SAFETY: a live worker; signalling is thread safe.
         unsafe { (self.ucx.api.worker_signal)(self.raw) };
+    }
+
+    /// Progresses the worker on this thread until `batch` has no request
+    /// in flight (then its first failure, if any), for at most `budget`;
+    /// `None` if the budget ran out first, or at once if another thread
+    /// polls already. Meanwhile the progress task stands aside (one
+    /// thread progresses the worker: the one waiting for it).
+    fn poll(&self, batch: &Batch, budget: Duration) -> Option<Option<Status>> {
+        if self
+            .polling
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return batch.poll();
+        }
+        // Gives the worker back to the progress task, whatever happens.
+        struct Resume<'a>(&'a Worker);
+        impl Drop for Resume<'_> {
+            fn drop(&mut self) {
+                self.0.polling.store(false, Ordering::Release);
+                self.0.resume.notify_one();
+            }
+        }
+        let _resume = Resume(self);
+        let start = Instant::now();
+        loop {
+            if let Some(s) = batch.poll() {
+                return Some(s);
+            }
+            if start.elapsed() > budget {
+                return None;
+            }
+            // SAFETY: a live worker (MULTI mode).
+            unsafe { (self.ucx.api.worker_progress)(self.raw) };
+        }
     }
 
     /// Progresses until nothing more happens, then frees finished closes.
@@ -441,6 +494,17 @@ async fn progress(fd: AsyncFd<Efd>, mut shutdown: watch::Receiver<bool>) {
     let w = &fd.get_ref().0;
     let api = &w.ucx.api;
     loop {
+        if w.polling.load(Ordering::Acquire) {
+            // A waiting thread progresses the worker (`Worker::poll`).
+            tokio::select! {
+                _ = w.resume.notified() => {}
+                _ = shutdown.changed() => {
+                    if *shutdown.borrow() { break; }
+                }
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+            continue;
+        }
         w.progress_all();
         // SAFETY: a live worker.
         let s = unsafe { (api.worker_arm)(w.raw) };
@@ -510,6 +574,26 @@ impl Endpoint {
         self.raw
     }
 
+    /// The endpoint's lanes as `ucp_ep_print_info` shows them: per lane,
+    /// its transport and device and what UCP uses it for, such as
+    /// `tcp/lo.0 (am am_bw#0 keepalive wireup)`; `rma` among the uses is a
+    /// lane that moves gets itself, without one gets are active messages.
+    pub(crate) fn lanes(&self) -> Vec<String> {
+        let api = &self.worker.ucx.api;
+        // SAFETY: a live endpoint; UCX only writes to the stream.
+        let text = unsafe { printed(|f| (api.ep_print_info)(self.raw, f)) };
+        text.lines()
+            .filter(|l| l.contains("lane["))
+            .filter_map(|l| {
+                let (_, rest) = l.split_once("]:")?;
+                let mut words = rest.split_whitespace();
+                let tl = words.next()?.split_once(':').map_or("?", |t| t.1);
+                let uses: Vec<&str> = words.skip_while(|w| *w != "->").skip(2).collect();
+                Some(format!("{tl} ({})", uses.join(" ")))
+            })
+            .collect()
+    }
+
     /// Why the peer failed, if its error handler ran.
     pub(crate) fn failure(&self) -> Option<String> {
         if !self.state.down.load(Ordering::Acquire) {
@@ -536,6 +620,10 @@ impl Drop for Endpoint {
         }
     }
 }
+
+/// How long a waiter progresses the worker itself before it sleeps (see
+/// [`Batch::wait`]).
+const POLL: Duration = Duration::from_micros(200);
 
 /// Requests of one batch of gets: how many are still in flight and the
 /// first failure.
@@ -569,22 +657,95 @@ impl Batch {
         }
     }
 
-    /// Waits until every request ended (waking `worker` now and then, in
-    /// case a wake-up was lost): the first failure, if any.
+    /// `None` while requests are in flight; once all ended, the first
+    /// failure, if any.
+    pub(crate) fn poll(&self) -> Option<Option<Status>> {
+        let s = lock(&self.state);
+        (s.0 == 0).then_some(s.1)
+    }
+
+    /// Waits until every request ended: the first failure, if any.
     pub(crate) fn wait(&self, worker: &Worker) -> Option<Status> {
+        self.wait_until(worker, None).unwrap_or_default()
+    }
+
+    /// Waits until every request ended (`Some` of the first failure, if
+    /// any), or until `deadline` (`None`). For up to [`POLL`] this thread
+    /// progresses the worker itself, which sees a get that ends within
+    /// microseconds (a small one, or one that UCX completes inline) at
+    /// once; then it sleeps until the progress task, woken by the worker's
+    /// events, reports the end (waking the worker now and then, in case a
+    /// wake-up was lost): a long transfer leaves the CPU to whoever moves
+    /// its bytes.
+    pub(crate) fn wait_until(
+        &self,
+        worker: &Worker,
+        deadline: Option<Instant>,
+    ) -> Option<Option<Status>> {
+        if let Some(s) = worker.poll(self, POLL) {
+            return Some(s);
+        }
         worker.wake();
         let mut s = lock(&self.state);
         while s.0 > 0 {
+            let mut wait = Duration::from_millis(50);
+            if let Some(d) = deadline {
+                wait = wait.min(d.saturating_duration_since(Instant::now()));
+                if wait.is_zero() {
+                    return None;
+                }
+            }
             let (g, t) = self
                 .done
-                .wait_timeout(s, Duration::from_millis(50))
+                .wait_timeout(s, wait)
                 .unwrap_or_else(|e| e.into_inner());
             s = g;
             if t.timed_out() {
                 worker.wake();
             }
         }
-        s.1
+        Some(s.1)
+    }
+}
+
+/// Posts one `ucp_get_nbx` of `n` bytes at the peer's `addr` (covered by
+/// `rkey`) into `dst`, counted in `batch` until it ends; `Err` if UCX
+/// refused it at once (then nothing is in flight).
+///
+/// # Safety
+///
+/// `dst` must be valid for writes of `n` bytes, and `rkey` a key unpacked
+/// on `ep` and not destroyed, until `batch` has no request in flight
+/// (`Batch::wait` or `Batch::poll` says so): UCX writes into `dst` and
+/// reads the key until the get ends.
+pub(crate) unsafe fn post_get(
+    ep: &Endpoint,
+    batch: &Arc<Batch>,
+    dst: *mut u8,
+    n: usize,
+    addr: u64,
+    rkey: ffi::RKey,
+) -> Result<(), Status> {
+    let api = &ep.worker.ucx.api;
+    let mut param = ffi::RequestParam::empty();
+    param.op_attr_mask = ffi::UCP_OP_ATTR_FIELD_CALLBACK | ffi::UCP_OP_ATTR_FIELD_USER_DATA;
+    param.cb = Some(on_get_done);
+    let user = Arc::into_raw(batch.clone());
+    param.user_data = user as *mut c_void;
+    batch.add();
+    // SAFETY: a live endpoint; `dst` and `rkey` stay valid until the get
+    // ends (this function's contract); `user` is one count of `batch`,
+    // given to the callback if the get is in flight.
+    let r = unsafe { (api.get_nbx)(ep.raw(), dst.cast(), n, addr, rkey, &param) };
+    match ffi::ptr_status(r) {
+        Ok(Some(_)) => Ok(()),
+        done => {
+            // Done or failed at once: no callback; the count is ours.
+            // SAFETY: the `Arc::into_raw` above, not given away.
+            drop(unsafe { Arc::from_raw(user) });
+            batch.end(done.err().unwrap_or(UCS_OK));
+            done.map(drop)
+        }
     }
 }
 
