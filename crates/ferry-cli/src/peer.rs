@@ -507,10 +507,14 @@ impl PeerState {
 
 /// The UCX lane: `b` restricted to UCX (and TCP, which a connector always
 /// has), with every transfer, whatever its size, by UCX. `ferry bench`'s
-/// `ucx` rows run between two such connectors.
+/// `ucx` rows run between two such connectors: both processes are the
+/// bench's own (a trusted network), and on a machine without RDMA UCX can
+/// only emulate its gets, which the rows measure as they are.
 pub fn ucx_lane(b: ConnectorBuilder) -> ConnectorBuilder {
     b.transports(&[TransportKind::Ucx, TransportKind::Tcp])
         .cma_threshold(0)
+        .ucx_trusted_network(true)
+        .ucx_emulated_rma(true)
 }
 
 /// The raw cross-memory-attach baseline: copies `buf.len()` bytes from

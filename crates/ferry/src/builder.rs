@@ -26,6 +26,9 @@ pub const MAX_CONNECTIONS_ENV: &str = "FERRY_MAX_CONNECTIONS";
 /// The environment variable that sets [`ConnectorBuilder::metrics_addr`],
 /// e.g. `FERRY_METRICS_ADDR=0.0.0.0:9464`.
 pub const METRICS_ADDR_ENV: &str = "FERRY_METRICS_ADDR";
+/// The environment variable that, set to `1`, lets UCX emulate gets where
+/// it has no RMA transport (see [`ConnectorBuilder::ucx_emulated_rma`]).
+pub const UCX_EMULATED_RMA_ENV: &str = "FERRY_UCX_EMULATED_RMA";
 /// The environment variable that, set to `1`, sets UCX up on connections
 /// that are not authenticated (see [`ConnectorBuilder::ucx_trusted_network`]).
 pub const UCX_TRUSTED_NETWORK_ENV: &str = "FERRY_UCX_TRUSTED_NETWORK";
@@ -61,6 +64,7 @@ pub struct ConnectorBuilder {
     pub(crate) max_connections: Option<usize>,
     pub(crate) metrics_addr: Option<SocketAddr>,
     pub(crate) ucx_trusted_network: Option<bool>,
+    pub(crate) ucx_emulated_rma: Option<bool>,
 }
 
 /// TCP streams per transfer to another host, by default.
@@ -87,6 +91,7 @@ impl Default for ConnectorBuilder {
             max_connections: None,
             metrics_addr: None,
             ucx_trusted_network: None,
+            ucx_emulated_rma: None,
         }
     }
 }
@@ -206,6 +211,23 @@ impl ConnectorBuilder {
     /// trusted (an isolated cluster network).
     pub fn ucx_trusted_network(mut self, trusted: bool) -> Self {
         self.ucx_trusted_network = Some(trusted);
+        self
+    }
+
+    /// Whether UCX may carry operations over an endpoint that has no RMA
+    /// transport (default: `FERRY_UCX_EMULATED_RMA=1`, else no).
+    ///
+    /// Without one (UCX over TCP, or over shared memory, as UCX 1.13 picks
+    /// it), UCX emulates each get with messages that the **source's**
+    /// process answers by copying from its own memory, at whatever address
+    /// the request names. That is slower than Ferry's own paths, lets a
+    /// peer read any address of the source process, and a get still queued
+    /// when the source's memory is released (a cancel) makes the source
+    /// copy from freed memory. So by default such an endpoint is declined
+    /// and the bytes go by cross-memory attach or TCP; the tests say `true`
+    /// to run the UCX backend on machines without RDMA.
+    pub fn ucx_emulated_rma(mut self, allowed: bool) -> Self {
+        self.ucx_emulated_rma = Some(allowed);
         self
     }
 

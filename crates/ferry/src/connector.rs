@@ -12,7 +12,8 @@ use crate::builder::{
     number_or_env, ConnectorBuilder, CMA_THRESHOLD_ENV, DEFAULT_CMA_THRESHOLD,
     DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_STRIPE_THRESHOLD, DEFAULT_TCP_STREAMS,
     IDLE_TIMEOUT_ENV, MAX_CONNECTIONS_ENV, METRICS_ADDR_ENV, MIN_SECRET, SECRET_ENV,
-    STRIPE_THRESHOLD_ENV, TCP_STREAMS_ENV, TRANSPORTS_ENV, UCX_TRUSTED_NETWORK_ENV,
+    STRIPE_THRESHOLD_ENV, TCP_STREAMS_ENV, TRANSPORTS_ENV, UCX_EMULATED_RMA_ENV,
+    UCX_TRUSTED_NETWORK_ENV,
 };
 use crate::exposure::Exposures;
 use crate::kind::TransportKind;
@@ -110,6 +111,10 @@ impl ConnectorBuilder {
         let (shutdown, shutdown_rx) = watch::channel(false);
         let handle = Handle::current();
         let ucx = start_ucx(&transports, named, &handle, &shutdown_rx)?;
+        let ucx_emulated_rma = match self.ucx_emulated_rma {
+            Some(t) => t,
+            None => std::env::var(UCX_EMULATED_RMA_ENV).is_ok_and(|v| v.trim() == "1"),
+        };
         let ucx_trusted_network = match self.ucx_trusted_network {
             Some(t) => t,
             None => std::env::var(UCX_TRUSTED_NETWORK_ENV).is_ok_and(|v| v.trim() == "1"),
@@ -122,6 +127,7 @@ impl ConnectorBuilder {
             cma: transports.contains(&TransportKind::Cma),
             ucx,
             ucx_trusted: secret.is_some() || ucx_trusted_network,
+            ucx_emulated_rma,
             cma_threshold,
             tcp_streams,
             streams_to_other_hosts: DEFAULT_TCP_STREAMS,

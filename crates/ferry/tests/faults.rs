@@ -11,7 +11,7 @@ use tokio::io::AsyncWriteExt;
 
 mod support;
 
-use support::{transports, Via};
+use support::{cancel_transports, Via};
 
 async fn connector() -> Connector {
     Via::TCP.connector().await
@@ -173,7 +173,7 @@ async fn in_flight_operations_fail_on_both_sides_when_a_connection_resets() {
 /// two sides agree: both COMPLETE (every byte landed), or neither. A remote
 /// that finds the operation already cancelled sees it refused as ended.
 async fn cancel_race(kind: OperationKind, cancel_active: bool) {
-    for t in transports() {
+    for t in cancel_transports() {
         cancel_race_over(t, kind, cancel_active).await;
     }
 }

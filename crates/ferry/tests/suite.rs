@@ -12,7 +12,7 @@ use ferry::{
 
 mod support;
 
-use support::{check, descs, pair, transports, Via};
+use support::{cancel_transports, check, descs, pair, transports, Via};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pairings_on_every_transport() {
@@ -156,7 +156,7 @@ async fn refusals_on_every_transport() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancels_on_every_transport() {
     let big = 256usize << 20;
-    for t in transports() {
+    for t in cancel_transports() {
         let (a, b) = pair(t).await;
         // The writable is cancelled during the transfer: no byte lands after.
         let w = a.create_writable(descs(&[big], None)).await.unwrap();
@@ -217,7 +217,7 @@ async fn cancels_on_every_transport() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_a_writable_mid_transfer_fences_every_transport() {
     let size = 64usize << 20;
-    for t in transports() {
+    for t in cancel_transports() {
         let (a, b) = pair(t).await;
         let (a, b) = (std::sync::Arc::new(a), std::sync::Arc::new(b));
         let mut caught_mid_transfer = 0;

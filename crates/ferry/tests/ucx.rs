@@ -231,3 +231,34 @@ async fn registrations_end_with_the_lease() {
     let got = op.into_descriptors();
     assert!(got[2].as_slice().unwrap().iter().all(|&x| x == 3));
 }
+
+/// Where UCX has no RMA transport (here: UCX over TCP or shared memory, no
+/// RDMA NIC), it could only emulate gets, answered by the source's own
+/// process from its memory: the endpoint is declined and the bytes go by
+/// TCP, unless `ucx_emulated_rma` allows it (as the other tests do).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn emulated_gets_are_declined_unless_allowed() {
+    let Ok(found) = ferry::ucx::status() else {
+        eprintln!("skipped: no UCX here");
+        return;
+    };
+    if [" rc", " dc", "cuda_ipc"].iter().any(|t| found.contains(t)) {
+        eprintln!("skipped: UCX has an RMA transport here ({found})");
+        return;
+    }
+    let _one = REGISTRATIONS.lock().await;
+    for (allowed, want) in [(false, TransportKind::Tcp), (true, TransportKind::Ucx)] {
+        let build = || Via::UCX.builder().ucx_emulated_rma(allowed).build();
+        let (a, b) = (build().await.unwrap(), build().await.unwrap());
+        let r = a
+            .create_readable(vec![vec![4u8; 70_000].into()])
+            .await
+            .unwrap();
+        let op = b
+            .begin_read(r.metadata(), vec![vec![0u8; 70_000].into()])
+            .await
+            .unwrap();
+        within(op.wait_for_completion()).await.unwrap();
+        assert_eq!(op.transport(), Some(want), "emulation allowed: {allowed}");
+    }
+}

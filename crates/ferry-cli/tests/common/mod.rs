@@ -48,6 +48,7 @@ pub async fn connector_over(transports: &[TransportKind]) -> Connector {
         .transports(transports)
         .cma_threshold(0)
         .ucx_trusted_network(true)
+        .ucx_emulated_rma(true)
         .build()
         .await
         .expect("connector starts")
@@ -89,6 +90,7 @@ pub async fn connector_striped(streams: usize) -> Connector {
         .tcp_streams(streams)
         .stripe_threshold(4)
         .ucx_trusted_network(true)
+        .ucx_emulated_rma(true)
         .build()
         .await
         .expect("connector starts")
@@ -162,6 +164,7 @@ pub async fn peer_on(
         (ferry::TCP_STREAMS_ENV, streams.as_str()),
         (ferry::STRIPE_THRESHOLD_ENV, "4"),
         (ferry::UCX_TRUSTED_NETWORK_ENV, "1"),
+        (ferry::UCX_EMULATED_RMA_ENV, "1"),
     ];
     env.extend_from_slice(extra);
     PeerProcess::spawn_in(&host.wrapper, exe(), &all, &env)
@@ -180,6 +183,7 @@ pub async fn connector_on(ip: IpAddr, transports: &[TransportKind], streams: usi
         .tcp_streams(streams)
         .stripe_threshold(4)
         .ucx_trusted_network(true)
+        .ucx_emulated_rma(true)
         .build()
         .await
         .expect("connector starts")

@@ -62,6 +62,8 @@ pub(crate) struct Config {
     /// authenticate with a secret, or the network is trusted (UCX does not
     /// defend against crafted addresses and keys).
     pub(crate) ucx_trusted: bool,
+    /// UCX may carry operations over endpoints without an RMA lane.
+    pub(crate) ucx_emulated_rma: bool,
     pub(crate) cma_threshold: u64,
     /// Streams per large transfer; `None`: by host (see `ConnectorBuilder::tcp_streams`).
     pub(crate) tcp_streams: Option<usize>,

@@ -233,7 +233,8 @@ pub(super) async fn handshake(
     let mut via_ucx = false;
     if let Some(worker) = cfg.ucx.as_ref().filter(|_| cfg.ucx_trusted && attach) {
         if !can_pull && !peer_pulls {
-            let (mine, theirs) = set_up_ucx(worker, &mut w, &mut rd, &peer, addr).await?;
+            let (mine, theirs) =
+                set_up_ucx(worker, &mut w, &mut rd, &peer, addr, cfg.ucx_emulated_rma).await?;
             can_pull = mine.is_some();
             peer_pulls = theirs;
             via_ucx = can_pull || peer_pulls;
@@ -280,6 +281,7 @@ async fn set_up_ucx(
     rd: &mut FrameReader,
     peer: &str,
     addr: SocketAddr,
+    emulated: bool,
 ) -> Result<(Option<Endpoint>, bool)> {
     let offer = Message::Rdma(Rdma {
         address: worker.address().to_vec(),
@@ -313,7 +315,14 @@ async fn set_up_ucx(
     let theirs = answer.verdict == Verdict::CanPull && !answer.address.is_empty();
     let mine = if theirs {
         match worker.connect(&answer.address) {
-            Ok(ep) => Some(ep),
+            Ok(ep) if emulated || ep.has_rma_lane() => Some(ep),
+            Ok(_) => {
+                tracing::debug!(
+                    peer,
+                    "UCX: no RMA transport to the peer (gets would be emulated): declined"
+                );
+                None
+            }
             Err(e) => {
                 tracing::debug!(peer, "UCX: cannot reach the peer's worker: {e}");
                 None

@@ -64,6 +64,7 @@ pub(super) async fn listen(
         cma: cfg.cma,
         // Declined on connections that cannot be trusted with UCX.
         ucx: cfg.ucx.clone().filter(|_| cfg.ucx_trusted),
+        ucx_emulated_rma: cfg.ucx_emulated_rma,
     });
     loop {
         let (s, addr) = tokio::select! {

@@ -32,6 +32,8 @@ pub(crate) struct Served {
     pub(super) cma: bool,
     /// This connector's UCX worker, if UCX is enabled and loaded.
     pub(super) ucx: Option<Arc<Worker>>,
+    /// UCX may carry operations over endpoints without an RMA lane.
+    pub(super) ucx_emulated_rma: bool,
 }
 
 /// The reader loop of a connection. `inner` is set for connections accepted
@@ -150,7 +152,8 @@ pub(super) async fn step(
             Ok(())
         }
         Step::RdmaOffer { address } => {
-            answer_rdma(conn, inner.and_then(|i| i.ucx.as_ref()), &address);
+            let emulated = inner.is_some_and(|i| i.ucx_emulated_rma);
+            answer_rdma(conn, inner.and_then(|i| i.ucx.as_ref()), &address, emulated);
             Ok(())
         }
     }
@@ -194,9 +197,16 @@ fn offer_attach(conn: &Arc<Conn>, enabled: bool, theirs: [u8; 16]) {
 
 /// Reaches the active side's UCX worker at `address` (if UCX runs here),
 /// then answers with this side's worker address and verdict.
-fn answer_rdma(conn: &Arc<Conn>, worker: Option<&Arc<Worker>>, address: &[u8]) {
+fn answer_rdma(conn: &Arc<Conn>, worker: Option<&Arc<Worker>>, address: &[u8], emulated: bool) {
     let reached = worker.and_then(|w| match w.connect(address) {
-        Ok(ep) => Some((w, ep)),
+        Ok(ep) if emulated || ep.has_rma_lane() => Some((w, ep)),
+        Ok(_) => {
+            tracing::debug!(
+                peer = conn.peer,
+                "UCX: no RMA transport to the peer (gets would be emulated): declined"
+            );
+            None
+        }
         Err(e) => {
             tracing::debug!(peer = conn.peer, "UCX: cannot reach the peer's worker: {e}");
             None

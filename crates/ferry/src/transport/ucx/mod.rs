@@ -417,7 +417,10 @@ impl Worker {
 
     /// An endpoint to the worker at `address` (a peer's, from the
     /// handshake), with peer error handling: a peer that dies fails the
-    /// requests in flight to it.
+    /// requests in flight to it. (UCX 1.13 drops its shared-memory
+    /// transports under peer error handling, which cannot report a peer's
+    /// death; without it, a get from a dead peer over shared memory waits
+    /// for ever, so Ferry keeps it, and UCX goes over TCP on one host.)
     pub(crate) fn connect(self: &Arc<Self>, address: &[u8]) -> Result<Endpoint, String> {
         if address.is_empty() || address.len() > MAX_ADDRESS {
             return Err(format!("a worker address of {} bytes", address.len()));
@@ -592,6 +595,17 @@ impl Endpoint {
                 Some(format!("{tl} ({})", uses.join(" ")))
             })
             .collect()
+    }
+
+    /// Whether UCX moves gets on this endpoint with a transport that does
+    /// them itself (an `rma` lane: RDMA, or a reader-driven copy), rather
+    /// than emulating them with messages that the source's own process
+    /// answers by copying from its memory.
+    pub(crate) fn has_rma_lane(&self) -> bool {
+        self.lanes().iter().any(|l| {
+            l.split_once('(')
+                .is_some_and(|(_, uses)| uses.split_whitespace().any(|u| u.starts_with("rma")))
+        })
     }
 
     /// Why the peer failed, if its error handler ran.
