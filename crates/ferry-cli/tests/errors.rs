@@ -295,9 +295,8 @@ fn over(t: TransportKind) -> Vec<TransportKind> {
     lane_transports(t)
 }
 
-/// What the tests of killed peers run over: cross-memory attach, TCP, and
-/// UCX where it loads. (The cancel tests leave UCX out: its gets are
-/// emulated here, see `ferry::ConnectorBuilder::ucx_emulated_rma`.)
+/// What the tests of killed peers and cancels run over: cross-memory
+/// attach, TCP, and UCX where it loads.
 fn lanes() -> Vec<TransportKind> {
     with_ucx(vec![(TransportKind::Cma, 1), (TransportKind::Tcp, 1)])
         .into_iter()
@@ -438,7 +437,7 @@ async fn remote_killed_while_this_process_reads_it_over(t: TransportKind) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_of_a_writable_during_a_transfer_stops_every_later_byte() {
-    for t in [TransportKind::Cma, TransportKind::Tcp] {
+    for t in lanes() {
         cancel_of_a_writable_during_a_transfer_stops_every_later_byte_over(t).await;
     }
 }
@@ -489,7 +488,7 @@ async fn cancel_of_a_writable_during_a_transfer_stops_every_later_byte_over(t: T
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_of_a_write_during_a_transfer_reaches_the_remote() {
-    for t in [TransportKind::Cma, TransportKind::Tcp] {
+    for t in lanes() {
         cancel_of_a_write_during_a_transfer_reaches_the_remote_over(t).await;
     }
 }

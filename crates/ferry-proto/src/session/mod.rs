@@ -145,6 +145,8 @@ pub struct Session<T> {
     next_req: u64,
     attach: AttachState,
     rdma: RdmaState,
+    /// Leases go through an RDMA backend (see [`Session::rdma_leases`]).
+    rdma_leases: bool,
     actions: VecDeque<Action<T>>,
 }
 
@@ -160,6 +162,7 @@ impl<T: Fence> Session<T> {
             next_req: 1,
             attach: AttachState::default(),
             rdma: RdmaState::default(),
+            rdma_leases: false,
             actions: VecDeque::new(),
         }
     }
@@ -279,6 +282,9 @@ impl<T: Fence> Session<T> {
             (RdmaState::Answered(reached), v) if v != Verdict::Unknown && r.address.is_empty() => {
                 self.rdma = RdmaState::Done;
                 self.caps.peer_pulls = reached && v == Verdict::CanPull;
+                if self.caps.peer_pulls {
+                    self.rdma_leases = true;
+                }
                 Ok(Step::Done)
             }
             _ => Err(Violation::RdmaOutOfTurn),
@@ -294,6 +300,7 @@ impl<T: Fence> Session<T> {
             if reached {
                 self.caps.attach = true;
                 self.caps.can_pull = true;
+                self.rdma_leases = true;
             }
         }
         Message::Rdma(Rdma {
@@ -577,9 +584,26 @@ impl<T: Fence> Session<T> {
     }
 
     /// The copy of request `req` ended (`done`: every byte landed and the
-    /// operation is sealed): the frame to send, if any.
+    /// operation is sealed; else it stopped, or never started): the frame
+    /// to send, if any. With RDMA leases, a copy that stopped says so
+    /// (`Release`): only then does the source release the memory.
     pub fn pull_ended(&mut self, req: u64, done: bool) -> Option<Message> {
-        done.then_some(Message::Finish { req })
+        if done {
+            Some(Message::Finish { req })
+        } else {
+            self.rdma_leases.then_some(Message::Release { req })
+        }
+    }
+
+    /// Leases on this connection go through an RDMA backend (the passive
+    /// side learns it from the `Rdma` exchange; the active side's driver
+    /// says it). There the source's memory may still be read by gets that
+    /// the destination posted before it stopped, so a lease ends only with
+    /// the destination's `Finish` or `Release`, sent once its copy has
+    /// stopped ([`Session::pull_ended`]), never with an `Abort` from either
+    /// side (or with the connection).
+    pub fn rdma_leases(&mut self) {
+        self.rdma_leases = true;
     }
 
     /// The connection ended: every request's handle and every lent
@@ -718,8 +742,11 @@ impl<T: Fence> Session<T> {
     }
 
     fn on_abort(&mut self, a: Abort) -> Result<Step<T>, Violation> {
-        // A destination that copied from us has stopped.
-        self.give_back(a.req);
+        // A destination that copied from us has stopped (with RDMA leases,
+        // its `Release` says when its gets have drained).
+        if !self.rdma_leases {
+            self.give_back(a.req);
+        }
         let Some(r) = self.requests.get(&a.req) else {
             return Ok(Step::Done);
         };
@@ -748,9 +775,10 @@ impl<T: Fence> Session<T> {
             reason: a.reason,
             detail: a.detail,
         });
-        if r.path == Path::Pulling {
+        if r.path == Path::Pulling && !self.rdma_leases {
             // Our copy stops here (the region closes): the source may
-            // stop waiting for it.
+            // stop waiting for it. (With RDMA leases, once the copy has
+            // stopped: `pull_ended`.)
             self.reply(Message::Release { req: a.req });
         }
         Ok(Step::Done)

@@ -101,14 +101,12 @@ pub const TRANSPORTS: [Via; 4] = [Via::LOCAL, Via::CMA, Via::TCP, Via::TCP_X4];
 /// instead of skipping their UCX rows (CI sets it).
 pub const REQUIRE_UCX_ENV: &str = "FERRY_REQUIRE_UCX";
 
-/// The transports the cancel tests run over: [`transports`] but UCX, whose
-/// gets are emulated on this machine (no RDMA): a cancel at the destination
-/// ends the source's lease while the source's own process may still answer
-/// a queued get from the memory it then releases (see
-/// `ConnectorBuilder::ucx_emulated_rma`, and the known limits in
-/// docs/transports.md). On an RDMA transport the NIC refuses such a get.
+/// The transports the cancel tests run over: all of [`transports`]. (UCX
+/// among them since a lease over UCX ends only once the destination's gets
+/// have drained: its gets are emulated on this machine, answered by the
+/// source's own process from the lent memory.)
 pub fn cancel_transports() -> Vec<Via> {
-    TRANSPORTS.to_vec()
+    transports()
 }
 
 /// Every transport the suites run over: [`TRANSPORTS`], and UCX when this

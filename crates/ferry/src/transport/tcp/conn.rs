@@ -327,13 +327,15 @@ impl Conn {
                 return;
             };
             match end {
-                PullEnd::Done => {
-                    let finish = lock(&conn.session).pull_ended(req, true);
-                    if let Some(m) = finish {
+                PullEnd::Done | PullEnd::Closed => {
+                    let done = end == PullEnd::Done;
+                    // `Finish`; or, with RDMA leases, `Release` once the
+                    // gets of a stopped copy have drained.
+                    let m = lock(&conn.session).pull_ended(req, done);
+                    if let Some(m) = m {
                         conn.send_soon(m.to_vec(), None, false);
                     }
                 }
-                PullEnd::Closed => {}
                 PullEnd::Failed(why) => conn.kill(why),
             }
         };
@@ -341,11 +343,21 @@ impl Conn {
             return stall::run(move || copy(slot));
         }
         let (slots, ended) = (self.copy_slots.clone(), shared_ended);
+        let me = Arc::downgrade(self);
         self.handle.spawn(async move {
             let slot = tokio::select! {
                 slot = slots.acquire() => slot,
-                // Ended while waiting: whoever ended it tells the peer.
-                _ = ended.ended() => return,
+                // Ended while waiting: whoever ended it tells the peer;
+                // with RDMA leases, the lease ends here (no get was posted).
+                _ = ended.ended() => {
+                    if let Some(conn) = me.upgrade() {
+                        let m = lock(&conn.session).pull_ended(req, false);
+                        if let Some(m) = m {
+                            conn.send_soon(m.to_vec(), None, false);
+                        }
+                    }
+                    return;
+                }
             };
             stall::run(move || copy(slot));
         });

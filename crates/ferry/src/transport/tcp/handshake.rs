@@ -247,7 +247,10 @@ pub(super) async fn handshake(
         peer_pulls,
         secret: cfg.secret.is_some(),
     };
-    let session = Session::new(Role::Active, caps);
+    let mut session = Session::new(Role::Active, caps);
+    if via_ucx {
+        session.rdma_leases();
+    }
     let conn = Conn::new(peer, w, cfg.handle.clone(), session);
     if let Some(ep) = ucx_ep {
         let _ = conn.ucx_ep.set(Arc::new(ep));
