@@ -13,6 +13,7 @@ use ferry_proto::{OperationKind, OperationStatus, Token};
 use crate::host;
 use crate::outcome::OpShared;
 use crate::region::Region;
+use crate::sync::lock;
 use crate::Error;
 
 pub(crate) struct Exposure {
@@ -98,10 +99,6 @@ const ENDED: usize = 4096;
 /// a live operation, an ended one, or one never issued.
 fn unknown() -> (AbortReason, String) {
     (AbortReason::UnknownOperation, String::new())
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Exposures {

@@ -47,6 +47,7 @@ mod operation;
 mod outcome;
 mod pool;
 mod region;
+mod sync;
 mod transport;
 
 pub use builder::{

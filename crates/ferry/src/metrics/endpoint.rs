@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use crate::sync::lock;
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
@@ -50,10 +51,6 @@ const MAX_SCRAPES: usize = 16;
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// Nor may a connection live longer than this.
 const CONN_TIMEOUT: Duration = Duration::from_secs(30);
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Serves `metrics` at `addr` (a port of 0 picks one), starting the
 /// endpoint unless this process already serves that address. Returns the

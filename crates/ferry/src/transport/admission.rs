@@ -25,6 +25,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
+use crate::sync::lock;
 use tokio::sync::watch;
 
 /// Accepted connections a connector keeps at most, by default.
@@ -35,10 +36,6 @@ pub const UNPROVEN_PER_ADDRESS: usize = 16;
 /// The most unproven connections for a total bound of `max`.
 pub fn unproven_cap(max: usize) -> usize {
     (max / 8).max(UNPROVEN_PER_ADDRESS).min(max)
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 struct Entry {

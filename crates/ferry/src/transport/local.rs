@@ -19,6 +19,7 @@ use crate::exposure::{Exposure, PassiveLink, Refusal};
 use crate::kind::TransportKind;
 use crate::outcome::OpShared;
 use crate::region::{Denied, Region};
+use crate::sync::lock;
 use crate::{host, Error, Result};
 
 /// Copies larger than this run on a blocking thread, not on the runtime.
@@ -31,10 +32,6 @@ type Entry = (String, Vec<SocketAddr>, Weak<Host>);
 fn registry() -> &'static Mutex<Vec<Entry>> {
     static R: OnceLock<Mutex<Vec<Entry>>> = OnceLock::new();
     R.get_or_init(|| Mutex::new(Vec::new()))
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Makes a connector reachable by the others of this process.

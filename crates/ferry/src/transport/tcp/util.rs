@@ -1,8 +1,9 @@
 //! Small things every part of the TCP driver uses.
 
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
+pub(super) use crate::sync::lock;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
@@ -15,10 +16,6 @@ pub(super) const CHUNK: u32 = 2 * 1024 * 1024;
 pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most control frames a connection may have waiting to be sent.
 pub(super) const MAX_QUEUED: usize = 4096;
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Tunes a new socket: no Nagle delay, keep-alive probes.
 pub(super) fn tune(s: &TcpStream) {

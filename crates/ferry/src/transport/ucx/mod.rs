@@ -28,6 +28,7 @@ pub(crate) mod raw;
 
 pub(crate) use mem::{decode_keys, encode_keys, MemReg, RemoteKeys};
 
+pub(crate) use crate::sync::lock;
 use ffi::{Api, Status, UCS_ERR_BUSY, UCS_INPROGRESS, UCS_OK};
 
 /// The environment variable that names the `libucp` to load (a file, or the
@@ -257,9 +258,9 @@ pub(crate) struct Worker {
     raw: ffi::Worker,
     address: Vec<u8>,
     efd: RawFd,
-    /// Endpoints being closed, with what their error handler points at,
-    /// freed by the progress task once their close completes.
-    closing: Mutex<Vec<(usize, Arc<EpState>)>>,
+    /// The close requests of endpoints being closed, freed by the progress
+    /// task once they complete.
+    closing: Mutex<Vec<usize>>,
     /// What the error handler of every endpoint of this worker points at,
     /// kept for as long as the worker lives: UCX gives no guarantee that
     /// an endpoint's handler is never called after its close, and the
@@ -402,7 +403,7 @@ impl Worker {
         // SAFETY: a live worker (MULTI mode).
         while unsafe { (api.worker_progress)(self.raw) } != 0 {}
         let mut closing = lock(&self.closing);
-        closing.retain(|(req, _)| {
+        closing.retain(|req| {
             let req = *req as *mut c_void;
             // SAFETY: a request `ep_close_nbx` returned and that nobody
             // freed: checked, and freed once when done.
@@ -410,6 +411,7 @@ impl Worker {
             if s == UCS_INPROGRESS {
                 return true;
             }
+            // SAFETY: done, and dropped from the list here: freed once.
             unsafe { (api.request_free)(req) };
             false
         });
@@ -457,8 +459,8 @@ impl Worker {
         let mut ep: ffi::Ep = std::ptr::null_mut();
         // SAFETY: a live worker; `params` valid for its mask (the address
         // outlives the call: UCX copies what it keeps); the handler's
-        // argument is `state`, kept alive by the endpoint until its close
-        // completes (see `Endpoint::drop`).
+        // argument is `state`, which `states` keeps for the worker's life
+        // (pruned only of closed endpoints, past a bound).
         let s = unsafe { (api.ep_create)(self.raw, &params, &mut ep) };
         check(api, s, "ucp_ep_create")?;
         self.wake();
@@ -551,8 +553,9 @@ pub(crate) struct EpState {
 /// `ucp_err_handler_cb_t`: the peer of an endpoint failed.
 unsafe extern "C" fn on_ep_error(arg: *mut c_void, _ep: ffi::Ep, status: Status) {
     // SAFETY: `arg` is an `EpState` that the worker keeps alive for as
-    // long as it lives (see `Worker::states`; pruned only long after its
-    // endpoint closed), and UCX calls handlers only on a live worker.
+    // long as it lives (see `Worker::states`; pruned only of endpoints
+    // closed before thousands of others were made), and UCX calls
+    // handlers only on a live worker.
     let state = unsafe { &*(arg as *const EpState) };
     let why = ucx().map(|u| u.api.describe(status)).unwrap_or_default();
     *lock(&state.failed) = Some(why);
@@ -627,9 +630,8 @@ impl Drop for Endpoint {
         let r = unsafe { (api.ep_close_nbx)(self.raw, &p) };
         self.state.closed.store(true, Ordering::Release);
         if let Ok(Some(req)) = ffi::ptr_status(r) {
-            // Finished (and freed) by the progress task; the handler's
-            // state lives until then.
-            lock(&self.worker.closing).push((req as usize, self.state.clone()));
+            // Finished (and freed) by the progress task.
+            lock(&self.worker.closing).push(req as usize);
             self.worker.wake();
         }
     }
@@ -773,8 +775,4 @@ pub(crate) unsafe extern "C" fn on_get_done(req: *mut c_void, status: Status, us
         // SAFETY: the request is done and ours; freed once, here.
         unsafe { (u.api.request_free)(req) };
     }
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
