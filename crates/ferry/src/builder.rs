@@ -29,6 +29,11 @@ pub const METRICS_ADDR_ENV: &str = "FERRY_METRICS_ADDR";
 /// The environment variable that, set to `1`, lets UCX emulate gets where
 /// it has no RMA transport (see [`ConnectorBuilder::ucx_emulated_rma`]).
 pub const UCX_EMULATED_RMA_ENV: &str = "FERRY_UCX_EMULATED_RMA";
+/// The environment variable that, set to `1`, registers every lent range
+/// with UCX per operation, pools included (see
+/// [`ConnectorBuilder::ucx_strict_registration`]); read when UCX starts in
+/// a process, it also turns off UCX's own InfiniBand registration cache.
+pub const UCX_STRICT_REGISTRATION_ENV: &str = "FERRY_UCX_STRICT_REGISTRATION";
 /// The environment variable that, set to `1`, sets UCX up on connections
 /// that are not authenticated (see [`ConnectorBuilder::ucx_trusted_network`]).
 pub const UCX_TRUSTED_NETWORK_ENV: &str = "FERRY_UCX_TRUSTED_NETWORK";
@@ -65,6 +70,7 @@ pub struct ConnectorBuilder {
     pub(crate) metrics_addr: Option<SocketAddr>,
     pub(crate) ucx_trusted_network: Option<bool>,
     pub(crate) ucx_emulated_rma: Option<bool>,
+    pub(crate) ucx_strict_registration: Option<bool>,
 }
 
 /// TCP streams per transfer to another host, by default.
@@ -92,6 +98,7 @@ impl Default for ConnectorBuilder {
             metrics_addr: None,
             ucx_trusted_network: None,
             ucx_emulated_rma: None,
+            ucx_strict_registration: None,
         }
     }
 }
@@ -228,6 +235,28 @@ impl ConnectorBuilder {
     /// to run the UCX backend on machines without RDMA.
     pub fn ucx_emulated_rma(mut self, allowed: bool) -> Self {
         self.ucx_emulated_rma = Some(allowed);
+        self
+    }
+
+    /// Whether memory lent over UCX is registered per operation even where
+    /// it belongs to a [`Pool`](crate::Pool) (default:
+    /// `FERRY_UCX_STRICT_REGISTRATION=1`, else no).
+    ///
+    /// By default the blocks of a pool are lent under one registration of
+    /// the whole pool, made the first time the pool is lent and kept until
+    /// the pool is dropped: no registration cost per operation, but a peer
+    /// that received a lease of the pool holds a remote key that grants
+    /// the **whole pool**, for as long as it lives (on transports that
+    /// check keys: RDMA). Strict registration registers exactly the blocks
+    /// of each operation and unregisters them when the operation's last
+    /// lease ends, so a key grants those bytes only until then; plain
+    /// descriptors are always registered that way. For the NIC to forget
+    /// a key at once too, UCX's InfiniBand registration cache must be off:
+    /// the environment variable does that when it is set before UCX starts
+    /// in the process (or set `UCX_IB_REG_METHODS=direct` yourself). See
+    /// `docs/transports.md`, "Registration".
+    pub fn ucx_strict_registration(mut self, strict: bool) -> Self {
+        self.ucx_strict_registration = Some(strict);
         self
     }
 

@@ -13,7 +13,7 @@ use crate::builder::{
     DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_STRIPE_THRESHOLD, DEFAULT_TCP_STREAMS,
     IDLE_TIMEOUT_ENV, MAX_CONNECTIONS_ENV, METRICS_ADDR_ENV, MIN_SECRET, SECRET_ENV,
     STRIPE_THRESHOLD_ENV, TCP_STREAMS_ENV, TRANSPORTS_ENV, UCX_EMULATED_RMA_ENV,
-    UCX_TRUSTED_NETWORK_ENV,
+    UCX_STRICT_REGISTRATION_ENV, UCX_TRUSTED_NETWORK_ENV,
 };
 use crate::exposure::Exposures;
 use crate::kind::TransportKind;
@@ -110,7 +110,11 @@ impl ConnectorBuilder {
         let host_id = host::host_id();
         let (shutdown, shutdown_rx) = watch::channel(false);
         let handle = Handle::current();
-        let ucx = start_ucx(&transports, named, &handle, &shutdown_rx)?;
+        let strict = match self.ucx_strict_registration {
+            Some(s) => s,
+            None => std::env::var(UCX_STRICT_REGISTRATION_ENV).is_ok_and(|v| v.trim() == "1"),
+        };
+        let ucx = start_ucx(&transports, named, &handle, &shutdown_rx, strict)?;
         let ucx_emulated_rma = match self.ucx_emulated_rma {
             Some(t) => t,
             None => std::env::var(UCX_EMULATED_RMA_ENV).is_ok_and(|v| v.trim() == "1"),

@@ -46,6 +46,8 @@ pub(crate) struct Blocks {
     pub(crate) offset: usize,
     pub(crate) len: usize,
     pub(crate) ids: std::sync::Arc<[u32]>,
+    /// The pool's registrations (see `regcache.rs`).
+    pub(crate) regs: std::sync::Arc<crate::regcache::RegCache>,
 }
 
 // SAFETY: a descriptor is a pointer plus the thing that keeps the memory
@@ -294,6 +296,11 @@ impl<'a> Descriptor<'a> {
                 (self.ptr.as_ptr().wrapping_add(at), b.len)
             }
         }
+    }
+
+    /// The registrations of the pool this descriptor's blocks belong to.
+    pub(crate) fn reg_cache(&self) -> Option<&std::sync::Arc<crate::regcache::RegCache>> {
+        self.blocks.as_ref().map(|b| &b.regs)
     }
 
     /// `(pointer, length)` of each block (one for a plain descriptor).

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use ferry_proto::{Device, MAX_DESCRIPTORS};
 
 use crate::descriptor::Blocks;
+use crate::regcache::RegCache;
 use crate::Descriptor;
 
 /// Why a pool or a paged descriptor was refused.
@@ -105,7 +106,17 @@ pub(crate) struct PoolInner {
     /// Per block: 0 free, n > 0 shared by n read-only descriptors,
     /// -1 taken by a writable one.
     taken: Mutex<Vec<i32>>,
+    /// What backends registered for the whole pool (UCX), released when
+    /// the pool is dropped, before its memory is.
+    regs: Arc<RegCache>,
     _owner: Box<dyn Any + Send>,
+}
+
+impl Drop for PoolInner {
+    fn drop(&mut self) {
+        // Before the fields drop: `_owner` frees the memory after this.
+        self.regs.release();
+    }
 }
 
 // SAFETY: the pool is a pointer plus what keeps the memory alive (`Send`,
@@ -194,6 +205,7 @@ impl Pool {
                 device,
                 writable,
                 taken: Mutex::new(vec![0; blocks]),
+                regs: RegCache::new(ptr as usize as u64, size as u64),
                 _owner: Box::new(owner),
             }),
         })
@@ -350,6 +362,7 @@ impl Pool {
             offset: view.offset,
             len,
             ids,
+            regs: p.regs.clone(),
         };
         Ok(Descriptor::paged(
             p.ptr,

@@ -18,9 +18,10 @@
 use std::any::Any;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::regcache::RegCache;
 use crate::Descriptor;
 
 /// How long [`Region::close`] waits for an unlocked copy in flight before it
@@ -43,6 +44,9 @@ pub(crate) struct Region {
     /// the close (std's mutex is not fair).
     closing: AtomicBool,
     segs: Vec<Seg>,
+    /// Segments `[start, start + count)` that are blocks of a pool, with
+    /// the pool's registrations (see `regcache.rs`).
+    pools: Vec<(usize, usize, Arc<RegCache>)>,
     writable: bool,
     /// Source memory lent to a peer's cross-memory attach (see `lend`), and
     /// destination memory that an unlocked copy still targets.
@@ -115,6 +119,17 @@ impl Region {
                 }
                 raw.into_iter().map(|(ptr, len)| Seg { ptr, len }).collect()
             },
+            pools: {
+                let mut at = 0;
+                let mut pools = Vec::new();
+                for d in descs {
+                    if let Some(c) = d.reg_cache() {
+                        pools.push((at, d.block_count(), c.clone()));
+                    }
+                    at += d.block_count();
+                }
+                pools
+            },
             writable,
             lent: Mutex::new(Lent::default()),
             returned: Condvar::new(),
@@ -137,6 +152,12 @@ impl Region {
             .iter()
             .map(|s| (s.ptr as usize as u64, s.len as u64))
             .collect()
+    }
+
+    /// The runs of segments that are blocks of a pool: `(first segment,
+    /// count, the pool's registrations)`.
+    pub(crate) fn pools(&self) -> &[(usize, usize, Arc<RegCache>)] {
+        &self.pools
     }
 
     /// Whether segment `i + 1` starts where segment `i` ends (two blocks

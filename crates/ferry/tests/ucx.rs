@@ -262,3 +262,145 @@ async fn emulated_gets_are_declined_unless_allowed() {
         assert_eq!(op.transport(), Some(want), "emulation allowed: {allowed}");
     }
 }
+
+/// Blocks of a pool lent over UCX use one registration of the whole pool,
+/// made once and kept until the pool is dropped; with strict registration
+/// each operation registers its own blocks and unregisters them when its
+/// lease ends. Either way the bytes arrive, and nothing stays registered
+/// once the pool is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_are_registered_once_unless_strict() {
+    if ferry::ucx::status().is_err() {
+        eprintln!("skipped: no UCX here");
+        return;
+    }
+    let _one = REGISTRATIONS.lock().await;
+    const BLOCK: usize = 4096;
+    const ROUNDS: usize = 4;
+    for strict in [false, true] {
+        let build = || Via::UCX.builder().ucx_strict_registration(strict).build();
+        let (a, b) = (build().await.unwrap(), build().await.unwrap());
+        let before = ferry::ucx::registrations();
+        let made = ferry::ucx::registrations_made();
+        let pool = ferry::Pool::allocate(64 * BLOCK, BLOCK).unwrap();
+        for id in 0..64u32 {
+            pool.with_block_mut(id, |b| b.fill(id as u8)).unwrap();
+        }
+        for round in 0..ROUNDS as u32 {
+            // Blocks apart from each other: several ranges in strict mode.
+            let ids = [round, 10 + round, 30 + round, 63 - round];
+            let r = a
+                .create_readable(vec![pool.shared_blocks(&ids).unwrap()])
+                .await
+                .unwrap();
+            let op = b
+                .begin_read(
+                    r.metadata(),
+                    ids.iter().map(|_| vec![0u8; BLOCK].into()).collect(),
+                )
+                .await
+                .unwrap();
+            within(op.wait_for_completion()).await.unwrap();
+            within(r.wait_for_completion()).await.unwrap();
+            assert_eq!(op.transport(), Some(TransportKind::Ucx));
+            for (d, id) in op.into_descriptors().into_iter().zip(ids) {
+                let block = d.into_vec().unwrap();
+                assert!(block.iter().all(|&x| x == id as u8), "block {id}");
+            }
+            // Once the lease ended: the pool's registration stays (cached),
+            // or nothing stays (strict).
+            let kept = if strict { before } else { before + 1 };
+            within(async {
+                while ferry::ucx::registrations() != kept {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            })
+            .await;
+        }
+        let new = ferry::ucx::registrations_made() - made;
+        if strict {
+            assert!(new >= ROUNDS * 4, "strict: {new} ranges registered");
+        } else {
+            assert_eq!(new, 1, "the pool is registered once");
+        }
+        drop(pool);
+        within(async {
+            while ferry::ucx::registrations() != before {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await;
+    }
+}
+
+/// The environment variable that marks the child process of
+/// [`a_key_of_unregistered_memory_gets_nothing`].
+const KEY_CHILD: &str = "FERRY_TEST_UCX_KEY_CHILD";
+
+/// What strict registration promises where a transport checks keys (RDMA):
+/// a get with the key of memory that was unregistered fails. Runs in a
+/// child process with `FERRY_UCX_STRICT_REGISTRATION=1`, so that UCX's own
+/// InfiniBand registration cache is off from the start. UCX over TCP or
+/// shared memory (this project's CI) checks no key: there the child says
+/// it skipped, and the promise is unverified.
+#[test]
+fn a_key_of_unregistered_memory_gets_nothing() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_old_key",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(KEY_CHILD, "1")
+        .env(ferry::UCX_STRICT_REGISTRATION_ENV, "1")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("1 passed"), "the child did not run: {text}");
+    if let Some(at) = text.find("skipped:") {
+        eprintln!("{}", text[at..].lines().next().unwrap_or_default());
+    }
+}
+
+/// The child of [`a_key_of_unregistered_memory_gets_nothing`] (passes at
+/// once anywhere else).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_old_key() {
+    use ferry::ucx::baseline::{Lent, Node};
+    if std::env::var_os(KEY_CHILD).is_none() {
+        return;
+    }
+    if let Err(why) = ferry::ucx::status() {
+        println!("skipped: no UCX here ({why})");
+        return;
+    }
+    let (a, b) = (Node::start().unwrap(), Node::start().unwrap());
+    let mut lent = Lent::new(1 << 20, 1).unwrap();
+    let mut g = b.connect(&lent.offer(&a)).unwrap();
+    let (mut g, first) = tokio::task::spawn_blocking(move || {
+        let r = g.run(1);
+        (g, r)
+    })
+    .await
+    .unwrap();
+    first.expect("a get while the memory is registered");
+    let lanes = g.lanes();
+    let checks_keys = lanes.iter().any(|l| {
+        ["rc", "dc", "ud"]
+            .iter()
+            .any(|t| l.split('/').next().unwrap_or("").starts_with(t))
+    });
+    lent.unregister();
+    if !checks_keys {
+        println!("skipped: no transport here checks remote keys (lanes {lanes:?})");
+        return;
+    }
+    let again = tokio::task::spawn_blocking(move || g.run(1)).await.unwrap();
+    assert!(
+        again.is_err(),
+        "a get with the key of unregistered memory succeeded (lanes {lanes:?})"
+    );
+}

@@ -2,11 +2,13 @@
 //! source lent, chunk by chunk, into its own region; the source lends
 //! memory it registered, with remote keys for exactly that memory.
 //!
-//! The keys stay registered while the memory is lent and are unregistered
-//! when the last lease of the region ends (`Region::give_back`): a key kept
-//! by a peer past the end of its operation grants nothing on transports
-//! that check keys (RDMA). See `docs/transports.md` for what transports
-//! without key checks (shared memory) allow.
+//! Plain memory is registered as exactly the lent ranges while it is lent
+//! and unregistered when the last lease of the region ends
+//! (`Region::give_back`): a key kept by a peer past the end of its
+//! operation grants nothing on transports that check keys (RDMA). Blocks
+//! of a [`Pool`](crate::Pool) use the pool's registration, made once and
+//! kept until the pool is dropped, unless the connector registers
+//! strictly. See `docs/transports.md` ("Registration").
 
 use std::sync::Arc;
 
@@ -31,8 +33,65 @@ const MAX_BATCH: usize = 4096;
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct UcxPuller;
 
-/// The registrations of a lent region, kept in its lease state.
-struct Registrations(Vec<Arc<MemReg>>);
+/// What a lent region keeps in its lease state: the keys its leases
+/// carry, and the registrations made for this lease alone (those of pools
+/// are kept by the pool, see `regcache.rs`).
+struct Registrations {
+    keys: Vec<u8>,
+    _own: Vec<Arc<MemReg>>,
+}
+
+impl UcxPuller {
+    /// Registers a source region's memory for as long as it is lent:
+    /// blocks of a pool through the pool's registration cache (the whole
+    /// pool, once, kept until the pool is dropped) unless `strict`; every
+    /// other segment, and every segment when `strict`, as exactly the lent
+    /// ranges (neighbours merged), unregistered when the region's last
+    /// lease ends. A destination needs nothing (UCX registers it itself,
+    /// in its own cache).
+    pub(crate) fn register_source(&self, region: &Region, strict: bool) -> std::io::Result<()> {
+        if region.is_writable() {
+            return Ok(());
+        }
+        let ucx = ucx::ucx().map_err(std::io::Error::other)?;
+        region.lease_state(|state| {
+            if state.as_ref().is_some_and(|s| s.is::<Registrations>()) {
+                return Ok(());
+            }
+            let segs = region.segments();
+            let mut covered = vec![false; segs.len()];
+            let mut pooled: Vec<Arc<MemReg>> = Vec::new();
+            for (start, count, cache) in region.pools().iter().filter(|_| !strict) {
+                let reg = cache
+                    .get_or_make(|base, len| MemReg::register(ucx, base, len))
+                    .map_err(std::io::Error::other)?;
+                // `None`: the pool was released; its blocks go as exact ranges.
+                if let Some(reg) = reg {
+                    covered[*start..start + count].fill(true);
+                    if !pooled.iter().any(|r| Arc::ptr_eq(r, &reg)) {
+                        pooled.push(reg);
+                    }
+                }
+            }
+            let rest: Vec<(u64, u64)> = segs
+                .iter()
+                .zip(&covered)
+                .filter(|(_, &c)| !c)
+                .map(|(s, _)| *s)
+                .collect();
+            let mut own = Vec::new();
+            for (base, len) in ranges(&rest) {
+                own.push(MemReg::register(ucx, base, len).map_err(std::io::Error::other)?);
+            }
+            pooled.extend(own.iter().cloned());
+            *state = Some(Box::new(Registrations {
+                keys: encode_keys(&pooled),
+                _own: own,
+            }));
+            Ok(())
+        })
+    }
+}
 
 impl Puller for UcxPuller {
     type Peer = Endpoint;
@@ -45,25 +104,9 @@ impl Puller for UcxPuller {
         &[DeviceKind::Cpu]
     }
 
-    /// Registers a source region's memory (its segments, neighbours
-    /// merged) for as long as it is lent; a destination needs nothing (UCX
-    /// registers it itself, in its own cache).
+    /// Registers a source region strictly (see [`UcxPuller::register_source`]).
     fn register(&self, region: &Region) -> std::io::Result<()> {
-        if region.is_writable() {
-            return Ok(());
-        }
-        let ucx = ucx::ucx().map_err(std::io::Error::other)?;
-        region.lease_state(|state| {
-            if state.as_ref().is_some_and(|s| s.is::<Registrations>()) {
-                return Ok(());
-            }
-            let mut regs = Vec::new();
-            for (base, len) in ranges(&region.segments()) {
-                regs.push(MemReg::register(ucx, base, len).map_err(std::io::Error::other)?);
-            }
-            *state = Some(Box::new(Registrations(regs)));
-            Ok(())
-        })
+        self.register_source(region, true)
     }
 
     fn lend(&self, region: &Region) -> LeaseBlob {
@@ -72,7 +115,7 @@ impl Puller for UcxPuller {
                 .as_ref()
                 .and_then(|s| s.downcast_ref::<Registrations>())
             {
-                Some(r) => encode_keys(&r.0),
+                Some(r) => r.keys.clone(),
                 None => encode_keys(&[]),
             }
         });

@@ -27,10 +27,15 @@ impl Conn {
         }
     }
 
-    /// Prepares `region` to be lent (UCX: registers it).
+    /// Prepares `region` to be lent (UCX: registers it, see
+    /// [`UcxPuller::register_source`]).
     pub(super) fn register_lent(&self, region: &Region) -> io::Result<()> {
         if self.by_ucx() {
-            UcxPuller.register(region)
+            let strict = self
+                .ucx_ep
+                .get()
+                .map_or(true, |ep| ep.worker.strict_registration);
+            UcxPuller.register_source(region, strict)
         } else {
             CmaPuller.register(region)
         }

@@ -157,6 +157,7 @@ pub(crate) struct Api {
     pub(crate) config_read:
         unsafe extern "C" fn(*const c_char, *const c_char, *mut Config) -> Status,
     pub(crate) config_release: unsafe extern "C" fn(Config),
+    pub(crate) config_modify: unsafe extern "C" fn(Config, *const c_char, *const c_char) -> Status,
     pub(crate) init_version:
         unsafe extern "C" fn(c_uint, c_uint, *const Params, Config, *mut Context) -> Status,
     pub(crate) context_print_info: unsafe extern "C" fn(Context, *mut libc::FILE),
@@ -237,6 +238,7 @@ impl Api {
             get_version: sym!(lib, "ucp_get_version"),
             config_read: sym!(lib, "ucp_config_read"),
             config_release: sym!(lib, "ucp_config_release"),
+            config_modify: sym!(lib, "ucp_config_modify"),
             init_version: sym!(lib, "ucp_init_version"),
             context_print_info: sym!(lib, "ucp_context_print_info"),
             worker_create: sym!(lib, "ucp_worker_create"),

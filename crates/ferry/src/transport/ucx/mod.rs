@@ -52,6 +52,7 @@ pub(crate) fn start_for(
     named: bool,
     handle: &Handle,
     shutdown: &watch::Receiver<bool>,
+    strict_registration: bool,
 ) -> crate::Result<Option<Arc<Worker>>> {
     if !transports.contains(&crate::TransportKind::Ucx) {
         return Ok(None);
@@ -67,7 +68,7 @@ pub(crate) fn start_for(
             return Ok(None);
         }
     }
-    match Worker::start(handle, shutdown.clone()) {
+    match Worker::start(handle, shutdown.clone(), strict_registration) {
         Ok(w) => {
             tracing::debug!("{}", w.ucx.describe());
             Ok(Some(w))
@@ -147,6 +148,21 @@ impl Ucx {
         // out-pointer is valid.
         let s = unsafe { (api.config_read)(std::ptr::null(), std::ptr::null(), &mut config) };
         check(&api, s, "ucp_config_read")?;
+        let has_ib =
+            std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some());
+        if has_ib
+            && std::env::var(crate::UCX_STRICT_REGISTRATION_ENV).is_ok_and(|v| v.trim() == "1")
+        {
+            // Strict registration: memory UCX unregisters is unregistered
+            // from the NIC at once, not kept in UCX's InfiniBand cache.
+            let (name, value) = (c"IB_REG_METHODS", c"direct");
+            // (Asked only where the host has an InfiniBand or RoCE device:
+            // elsewhere UCX warns that the option is unknown.)
+            // SAFETY: a live config and two NUL-terminated strings. A UCX
+            // without InfiniBand support has no such option (an error that
+            // changes nothing).
+            let _ = unsafe { (api.config_modify)(config, name.as_ptr(), value.as_ptr()) };
+        }
         let name = CString::new("ferry").unwrap_or_default();
         let params = ffi::Params {
             field_mask: ffi::UCP_PARAM_FIELD_FEATURES
@@ -270,6 +286,9 @@ pub(crate) struct Worker {
     /// progress task stands aside until `resume`.
     polling: AtomicBool,
     resume: Notify,
+    /// Blocks of pools are registered per operation too, rather than once
+    /// per pool (`ConnectorBuilder::ucx_strict_registration`).
+    pub(crate) strict_registration: bool,
 }
 
 // SAFETY: the worker is created in `UCS_THREAD_MODE_MULTI`: UCP serializes
@@ -284,6 +303,7 @@ impl Worker {
     pub(crate) fn start(
         handle: &Handle,
         shutdown: watch::Receiver<bool>,
+        strict_registration: bool,
     ) -> Result<Arc<Self>, String> {
         let ucx = ucx().map_err(str::to_string)?;
         let api = &ucx.api;
@@ -332,6 +352,7 @@ impl Worker {
             states: Mutex::new(Vec::new()),
             polling: AtomicBool::new(false),
             resume: Notify::new(),
+            strict_registration,
         });
         let _enter = handle.enter();
         // SAFETY: the descriptor belongs to the worker, which `Efd` holds:

@@ -42,7 +42,7 @@ impl Node {
     pub fn start() -> Result<Node, String> {
         let handle = Handle::try_current().map_err(|_| "a UCX node needs a Tokio runtime")?;
         let (stop, rx) = watch::channel(false);
-        let worker = super::Worker::start(&handle, rx)?;
+        let worker = super::Worker::start(&handle, rx, true)?;
         Ok(Node { worker, stop })
     }
 
@@ -94,7 +94,11 @@ fn split_offer(b: &[u8]) -> Result<(&[u8], &[u8]), String> {
 /// to get from; unregistered, then freed, when dropped.
 pub struct Lent {
     /// Declared first: dropped (unregistered) before the buffer is freed.
-    reg: Arc<MemReg>,
+    reg: Option<Arc<MemReg>>,
+    /// The packed key list of the registration.
+    keys: Vec<u8>,
+    /// The lent memory (only the tests read it; kept until the end).
+    #[cfg_attr(not(test), allow(dead_code))]
     buf: Vec<u8>,
     took: Vec<Duration>,
 }
@@ -116,7 +120,13 @@ impl Lent {
             let reg = MemReg::register(ucx, base, len as u64)?;
             took.push(t.elapsed());
             if took.len() >= samples.max(1) {
-                return Ok(Lent { reg, buf, took });
+                let keys = encode_keys(std::slice::from_ref(&reg));
+                return Ok(Lent {
+                    reg: Some(reg),
+                    keys,
+                    buf,
+                    took,
+                });
             }
         }
     }
@@ -130,12 +140,18 @@ impl Lent {
     /// The bytes a peer's [`Node::connect`] needs: `node`'s worker address,
     /// the buffer's address and length, and its packed remote key.
     pub fn offer(&self, node: &Node) -> Vec<u8> {
-        debug_assert_eq!(self.reg.base, self.buf.as_ptr() as u64);
         let address = node.worker.address();
         let mut out = (address.len() as u32).to_le_bytes().to_vec();
         out.extend_from_slice(address);
-        out.extend_from_slice(&encode_keys(std::slice::from_ref(&self.reg)));
+        out.extend_from_slice(&self.keys);
         out
+    }
+
+    /// Unregisters the buffer (`ucp_mem_unmap`), as strict registration
+    /// does when an operation ends, and keeps it: a getter's key of it
+    /// should then fail where keys are checked (RDMA).
+    pub fn unregister(&mut self) {
+        self.reg = None;
     }
 }
 
