@@ -12,6 +12,7 @@ use crate::wire::{Data, Hello, PROTOCOL_VERSION};
 use crate::Token;
 
 mod answers;
+mod rdma;
 mod violations;
 
 // ---------------------------------------------------------------------------
