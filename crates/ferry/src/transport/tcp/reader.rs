@@ -108,7 +108,13 @@ fn end_all(conn: &Arc<Conn>, err: &Error) {
     }
     // Our own copies from the peer have stopped (regions closed above); the
     // peer's copies from us end with its process or its reader (it closes
-    // its regions the same way when it sees the connection end).
+    // its regions the same way when it sees the connection end). Over UCX
+    // the endpoint closes first: gets of ours still in flight end, and
+    // this process no longer answers the peer's emulated gets, before the
+    // memory they would read goes back to its owner.
+    if let Some(ep) = conn.ucx_ep.get() {
+        ep.close();
+    }
     for t in lent {
         give_back(&t);
     }

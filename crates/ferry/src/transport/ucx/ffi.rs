@@ -27,6 +27,7 @@ pub(crate) type Address = c_void;
 pub(crate) const UCS_OK: Status = 0;
 pub(crate) const UCS_INPROGRESS: Status = 1;
 pub(crate) const UCS_ERR_BUSY: Status = -15;
+pub(crate) const UCS_ERR_CANCELED: Status = -16;
 
 pub(crate) const UCP_PARAM_FIELD_FEATURES: u64 = 1 << 0;
 pub(crate) const UCP_PARAM_FIELD_MT_WORKERS_SHARED: u64 = 1 << 5;

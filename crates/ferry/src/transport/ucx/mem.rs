@@ -187,10 +187,14 @@ impl<'e> RemoteKeys<'e> {
         };
         for &(base, len, packed) in keys {
             let mut rkey: ffi::RKey = std::ptr::null_mut();
-            // SAFETY: a live endpoint; `packed` is a buffer of the length the
-            // peer sent (UCX reads the key's own length from it: see the
-            // trust note in `ucx/mod.rs`); a valid out-pointer.
-            let s = unsafe { (api.ep_rkey_unpack)(ep.raw(), packed.as_ptr().cast(), &mut rkey) };
+            // SAFETY: a live endpoint (`with_raw`); `packed` is a buffer of
+            // the length the peer sent (UCX reads the key's own length from
+            // it: see the trust note in `ucx/mod.rs`); a valid out-pointer.
+            let s = ep
+                .with_raw(|raw| unsafe {
+                    (api.ep_rkey_unpack)(raw, packed.as_ptr().cast(), &mut rkey)
+                })
+                .ok_or("the endpoint was closed")?;
             check(api, s, "ucp_ep_rkey_unpack")?;
             out.keys.push((base, len, rkey));
         }
