@@ -353,7 +353,10 @@ impl PeerState {
         ev.status = Some(op.status().to_string());
         ev.error = result.err().map(|e| e.to_string());
         ev.transport = op.transport().map(|t| t.to_string());
-        let descs = op.into_descriptors();
+        // Waits for a copy still landing in the memory, if any: off the
+        // runtime's hands (`block_in_place`), so that its other tasks (the
+        // UCX worker's progress among them) keep running meanwhile.
+        let descs = tokio::task::block_in_place(|| op.into_descriptors());
         if r.reuse {
             self.send(ev);
             self.unpool(descs);

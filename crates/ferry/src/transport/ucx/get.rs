@@ -62,9 +62,9 @@ impl Batch {
     /// progresses the worker itself, which sees a get that ends within
     /// microseconds (a small one, or one that UCX completes inline) at
     /// once; then it sleeps until the progress task, woken by the worker's
-    /// events, reports the end (waking the worker now and then, in case a
-    /// wake-up was lost): a long transfer leaves the CPU to whoever moves
-    /// its bytes.
+    /// events, reports the end (progressing and waking the worker every
+    /// 50 ms, in case a wake-up was lost or the task cannot run): a long
+    /// transfer leaves the CPU to whoever moves its bytes.
     pub(crate) fn wait_until(
         &self,
         worker: &Worker,
@@ -89,7 +89,14 @@ impl Batch {
                 .unwrap_or_else(|e| e.into_inner());
             s = g;
             if t.timed_out() {
+                // The progress task would have seen the end by now, unless
+                // it cannot run: its runtime's threads are busy or blocked
+                // (an async caller waiting synchronously for this very
+                // copy to stop, say). Progress here too, then wake it.
+                drop(s);
+                worker.progress_all();
                 worker.wake();
+                s = lock(&self.state);
             }
         }
         Some(s.1)
