@@ -229,7 +229,7 @@ class RdmaMetadata:
         # Never the token, nor the addresses.
         return (
             f"RdmaMetadata(operation_kind={self.operation_kind}, worker_id={self.worker_id!r}, "
-            f"hostname={self.hostname!r}, descriptors={len(self._core.descriptors)}, "
+            f"hostname={self.hostname!r}, descriptors={self._core.descriptor_count}, "
             f"total_size={self.total_size})"
         )
 
