@@ -217,8 +217,15 @@ def _ids_arg(ids: Any, count: int) -> Any:
             f"block ids must be a sequence of ints or a NumPy integer array, not {type(ids).__name__}"
         )
     for i, x in enumerate(ids):
-        if isinstance(x, bool) or _int_arg(x) is None and not _is_numpy_int(x):
+        v = None if isinstance(x, bool) else _int_arg(x)
+        if v is None and _is_numpy_int(x):
+            v = int(x)
+        if v is None:
             raise BlockIdTypeError(f"block ids must be ints: entry {i} is a {type(x).__name__}")
+        if not 0 <= v < count:
+            raise BlockRangeError(
+                f"block id {v} (entry {i}) is out of range: the pool has blocks 0 to {count - 1}"
+            )
     return ids
 
 
