@@ -13,6 +13,8 @@ struct Cli {
     cmd: Option<Cmd>,
 }
 
+// Parsed once at start-up: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Cmd {
     /// Start a peer process, let it read a buffer from this one and write it back, and print what moved and how fast.
