@@ -269,6 +269,10 @@ async def measure(c: ferry.Connector, peer: Peer, pool: ferry.Pool, array: Any, 
             answer = await asyncio.wait_for(done, 60)
             if answer.get("error"):
                 raise RuntimeError(f"{s.name}: the other process: {answer['error']}")
+        # Dropped here, untimed (as in Rust), not when the next round's
+        # first `op` replaces this one.
+        del op
+        ops.clear()
         if verify and not s.write:
             error = check(array, local, remote)
             if error is not None:
