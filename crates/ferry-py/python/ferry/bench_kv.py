@@ -61,6 +61,9 @@ SHAPES = [
 
 TINY = [Shape("tiny-read", 4 << 10, 512, False), Shape("tiny-write", 2 << 10, 1024, True)]
 
+# Whether pools are page-aligned (--page-aligned; children inherit it).
+ALIGN = os.environ.get("FERRY_BENCH_PAGE_ALIGNED") == "1"
+
 # What the initiator's seed differs by from the other process's.
 LOCAL = 0xA5A5
 
@@ -75,7 +78,13 @@ def make_pool(shape: Shape) -> Tuple[Any, ferry.Pool]:
     eight bytes and ``id & 0xff`` in the rest (so written once: its pages
     are real), registered as a pool."""
     n, b = shape.blocks, shape.block
-    array = numpy.empty((n, b), dtype=numpy.uint8)
+    if ALIGN:
+        # Page-aligned (NumPy's own large arrays start 16 bytes into a page).
+        raw = numpy.empty(n * b + 4096, dtype=numpy.uint8)
+        skip = -raw.ctypes.data % 4096
+        array = raw[skip : skip + n * b].reshape(n, b)
+    else:
+        array = numpy.empty((n, b), dtype=numpy.uint8)
     ids = numpy.arange(n, dtype=numpy.uint64)
     array[:] = (ids & 0xFF).astype(numpy.uint8)[:, None]
     k = min(8, b)
@@ -325,11 +334,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--repeat", type=int, default=1, help="runs of Python then Rust, alternated (the machine's speed drifts)")
     p.add_argument("--ferry", help="the ferry binary for the Rust figures ('none': skip them)")
     p.add_argument("--tiny", action="store_true", help="small READ and WRITE shapes, every byte checked (a test)")
+    p.add_argument("--page-aligned", action="store_true", help="pools start on a page boundary (NumPy's large arrays start 16 bytes into one; Rust's are aligned)")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if numpy is None:
         print("ferry.bench_kv needs NumPy", file=sys.stderr)
         return 2
+    if a.page_aligned:
+        global ALIGN
+        ALIGN = True
+        os.environ["FERRY_BENCH_PAGE_ALIGNED"] = "1"
     if a.serve:
         asyncio.run(serve())
         return 0
