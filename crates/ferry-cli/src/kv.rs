@@ -459,12 +459,22 @@ async fn measure(
     })
 }
 
+/// Which shapes and transports [`run`] measures: empty lists mean all.
+#[derive(Debug, Clone, Default)]
+pub struct Only {
+    /// Shape names (see [`SHAPES`]).
+    pub shapes: Vec<String>,
+    /// Transports, among `cma` and `tcp`.
+    pub transports: Vec<TransportKind>,
+}
+
 /// Runs the KV workload and prints its rows (and writes them as JSON lines
 /// to `json`, if given).
 pub async fn run(
     exe: &Path,
     quick: bool,
     inflights: &[usize],
+    only: &Only,
     mut json: Option<Box<dyn std::io::Write>>,
 ) -> anyhow::Result<Vec<KvRow>> {
     let rounds = if quick { 2 } else { 5 };
@@ -478,6 +488,21 @@ pub async fn run(
         vec![SHAPES[1], small_write]
     } else {
         SHAPES.to_vec()
+    };
+    let shapes: Vec<Shape> = if only.shapes.is_empty() {
+        shapes
+    } else {
+        let names: Vec<&str> = SHAPES.iter().map(|s| s.name).collect();
+        if let Some(bad) = only.shapes.iter().find(|n| !names.contains(&n.as_str())) {
+            return Err(anyhow!(
+                "unknown shape {bad:?}: one of {}",
+                names.join(", ")
+            ));
+        }
+        SHAPES
+            .into_iter()
+            .filter(|s| only.shapes.iter().any(|n| n == s.name))
+            .collect()
     };
     let mut rows = Vec::new();
     println!(
@@ -494,6 +519,9 @@ pub async fn run(
         "lat p50 us"
     );
     for transport in [TransportKind::Cma, TransportKind::Tcp] {
+        if !only.transports.is_empty() && !only.transports.contains(&transport) {
+            continue;
+        }
         let mut target = Target::spawn(exe, transport).await?;
         let only: &[TransportKind] = match transport {
             TransportKind::Tcp => &[TransportKind::Tcp],

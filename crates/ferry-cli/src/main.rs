@@ -13,6 +13,8 @@ struct Cli {
     cmd: Option<Cmd>,
 }
 
+// Parsed once at start-up: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Cmd {
     /// Start a peer process, let it read a buffer from this one and write it back, and print what moved and how fast.
@@ -64,6 +66,14 @@ enum Cmd {
         /// For `--workload kv`: requests in flight, e.g. 1,8,32.
         #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 8, 32])]
         inflight: Vec<usize>,
+        /// For `--workload kv`: only these shapes, e.g. kv-vllm,kv-tp8
+        /// (default: all; `--quick` picks its own unless this is given).
+        #[arg(long, value_delimiter = ',')]
+        shapes: Vec<String>,
+        /// For `--workload kv`: only these transports, among cma and tcp
+        /// (default: both).
+        #[arg(long, value_delimiter = ',')]
+        via: Vec<ferry::TransportKind>,
     },
     /// The target of `ferry bench --workload kv` (JSON lines on stdin).
     #[command(hide = true)]
@@ -136,6 +146,8 @@ async fn main() -> anyhow::Result<()> {
             secret,
             workload,
             inflight,
+            shapes,
+            via,
         } => {
             if workload == "kv" {
                 let exe = std::env::current_exe()?;
@@ -144,7 +156,11 @@ async fn main() -> anyhow::Result<()> {
                     Some(p) if p.as_os_str() == "-" => Some(Box::new(std::io::stdout())),
                     Some(p) => Some(Box::new(std::fs::File::create(p)?)),
                 };
-                return ferry_cli::kv::run(&exe, quick, &inflight, out)
+                let only = ferry_cli::kv::Only {
+                    shapes,
+                    transports: via,
+                };
+                return ferry_cli::kv::run(&exe, quick, &inflight, &only, out)
                     .await
                     .map(drop);
             }

@@ -32,3 +32,37 @@ fn paged_transfers_between_two_processes_are_byte_exact() {
         );
     }
 }
+
+#[test]
+fn shapes_and_transports_can_be_picked() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args([
+            "bench",
+            "--workload",
+            "kv",
+            "--shapes",
+            "kv-tp8",
+            "--via",
+            "cma",
+        ])
+        .args(["--inflight", "1", "--json", "-"])
+        .output()
+        .expect("ferry runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with('{')).collect();
+    // The contiguous baseline and the shape itself, over cma only.
+    assert_eq!(rows.len(), 2, "{stdout}");
+    assert!(
+        rows.iter().all(|r| r.contains("\"transport\":\"cma\"")),
+        "{stdout}"
+    );
+    assert!(rows[1].contains("\"shape\":\"kv-tp8\""), "{stdout}");
+
+    let bad = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["bench", "--workload", "kv", "--shapes", "kv-nope"])
+        .output()
+        .expect("ferry runs");
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown shape"));
+}

@@ -9,7 +9,7 @@ use pyo3::types::PyDict;
 
 use crate::bridge::{block_on, run_future, Outcome};
 use crate::errors::error_to_py;
-use crate::memory::{descriptors, KeepAlive, RawDescriptor};
+use crate::memory::{descriptors, KeepAlive, RawItem};
 use crate::metadata::Metadata;
 use crate::ops::{boxed, Operation};
 
@@ -82,20 +82,12 @@ impl Connector {
     }
 
     /// Exposes memory for one remote worker to read.
-    fn create_readable(
-        &self,
-        py: Python<'_>,
-        descriptors: Vec<RawDescriptor>,
-    ) -> PyResult<Operation> {
+    fn create_readable(&self, py: Python<'_>, descriptors: Vec<RawItem>) -> PyResult<Operation> {
         self.expose(py, descriptors, false)
     }
 
     /// Exposes memory for one remote worker to write.
-    fn create_writable(
-        &self,
-        py: Python<'_>,
-        descriptors: Vec<RawDescriptor>,
-    ) -> PyResult<Operation> {
+    fn create_writable(&self, py: Python<'_>, descriptors: Vec<RawItem>) -> PyResult<Operation> {
         self.expose(py, descriptors, true)
     }
 
@@ -105,9 +97,9 @@ impl Connector {
         &self,
         py: Python<'py>,
         metadata: &Metadata,
-        descriptors: Vec<RawDescriptor>,
+        descriptors: Vec<RawItem>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let work = self.begin(metadata, descriptors, false)?;
+        let work = self.begin(py, metadata, descriptors, false)?;
         run_future(py, async move { Outcome::Started(work.await) })
     }
 
@@ -116,10 +108,10 @@ impl Connector {
     fn begin_write<'py>(
         &self,
         py: Python<'py>,
-        descriptors: Vec<RawDescriptor>,
+        descriptors: Vec<RawItem>,
         metadata: &Metadata,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let work = self.begin(metadata, descriptors, true)?;
+        let work = self.begin(py, metadata, descriptors, true)?;
         run_future(py, async move { Outcome::Started(work.await) })
     }
 
@@ -128,9 +120,9 @@ impl Connector {
         &self,
         py: Python<'_>,
         metadata: &Metadata,
-        descriptors: Vec<RawDescriptor>,
+        descriptors: Vec<RawItem>,
     ) -> PyResult<Operation> {
-        let work = self.begin(metadata, descriptors, false)?;
+        let work = self.begin(py, metadata, descriptors, false)?;
         block_on(py, work)?
             .map(|op| *op)
             .map_err(|e| error_to_py(py, e))
@@ -140,10 +132,10 @@ impl Connector {
     fn begin_write_blocking(
         &self,
         py: Python<'_>,
-        descriptors: Vec<RawDescriptor>,
+        descriptors: Vec<RawItem>,
         metadata: &Metadata,
     ) -> PyResult<Operation> {
-        let work = self.begin(metadata, descriptors, true)?;
+        let work = self.begin(py, metadata, descriptors, true)?;
         block_on(py, work)?
             .map(|op| *op)
             .map_err(|e| error_to_py(py, e))
@@ -151,13 +143,8 @@ impl Connector {
 }
 
 impl Connector {
-    fn expose(
-        &self,
-        py: Python<'_>,
-        raw: Vec<RawDescriptor>,
-        writable: bool,
-    ) -> PyResult<Operation> {
-        let (descs, owners) = descriptors(raw, writable)?;
+    fn expose(&self, py: Python<'_>, raw: Vec<RawItem>, writable: bool) -> PyResult<Operation> {
+        let (descs, owners) = descriptors(py, raw, writable)?;
         let inner = &self.inner;
         // Ready at once: exposing memory waits for nothing.
         let op = block_on(py, async {
@@ -174,12 +161,13 @@ impl Connector {
     /// The future that starts a read or write, owning everything it needs.
     fn begin(
         &self,
+        py: Python<'_>,
         metadata: &Metadata,
-        raw: Vec<RawDescriptor>,
+        raw: Vec<RawItem>,
         write: bool,
     ) -> PyResult<impl Future<Output = ferry::Result<Box<Operation>>> + Send + 'static> {
         // A read writes into its descriptors; a write only reads them.
-        let (descs, owners) = descriptors(raw, !write)?;
+        let (descs, owners) = descriptors(py, raw, !write)?;
         let inner = self.inner.clone();
         let remote = metadata.0.clone();
         let start = KeepAlive {

@@ -40,3 +40,33 @@ pub(crate) fn error_to_py(py: Python<'_>, e: ferry::Error) -> PyErr {
         Err(err) => err,
     }
 }
+
+/// An instance of the exception class `name` of `ferry._errors`.
+pub(crate) fn named_error(py: Python<'_>, name: &str, message: String) -> PyErr {
+    match error_class(py, name) {
+        Ok(t) => PyErr::from_type(t, message),
+        Err(err) => err,
+    }
+}
+
+/// The Python exception for a refused pool or block list: a `PoolError`
+/// (a `ValueError`), whose subclass says what was wrong.
+pub(crate) fn pool_error_to_py(py: Python<'_>, e: ferry::PoolError) -> PyErr {
+    use ferry::PoolError as E;
+    let class = match e {
+        E::OutOfRange { .. } => "BlockRangeError",
+        E::BadSlice { .. } => "BlockSliceError",
+        E::Busy { id } => {
+            // Python's operations hold blocks while in progress, not for as
+            // long as a descriptor lives.
+            let message = format!(
+                "block {id} is used by an operation in progress in a way that conflicts \
+                 (or named twice by an operation that writes into it): the two would race \
+                 on its bytes; wait for the other operation to end, or cancel it"
+            );
+            return named_error(py, "BlockBusyError", message);
+        }
+        _ => "PoolError",
+    };
+    named_error(py, class, e.to_string())
+}

@@ -13,6 +13,9 @@
 //!   descriptors, and the claims that keep two operations off the same
 //!   bytes).
 //! - `Metadata` (`metadata.rs`) wraps a [`ferry::RdmaMetadata`].
+//! - `Pool` and `Blocks` (`pool.rs`): a registered region cut into blocks,
+//!   and blocks of it by id (a paged descriptor), taken by an operation
+//!   while it is in progress.
 //! - `HttpServer`, `NatsChannel`, `Publication` and `http_fetch`
 //!   (`control.rs`): the control plane of `ferry-control`, blocking without
 //!   the GIL; `ferry.control` wraps them in coroutines.
@@ -34,6 +37,7 @@ mod errors;
 mod memory;
 mod metadata;
 mod ops;
+mod pool;
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -83,6 +87,8 @@ fn _ferry(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Operation>()?;
     m.add_class::<Metadata>()?;
     m.add_class::<Bridge>()?;
+    m.add_class::<pool::Pool>()?;
+    m.add_class::<pool::Blocks>()?;
     m.add_function(wrap_pyfunction!(parse_device, m)?)?;
     m.add_function(wrap_pyfunction!(bytes_address, m)?)?;
     control::register(m)?;

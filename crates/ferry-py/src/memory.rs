@@ -13,11 +13,21 @@ use pyo3::prelude::*;
 
 use crate::lock;
 use crate::ops::Holder;
+use crate::pool::{Blocks, Table};
 
 /// A descriptor as the Python layer hands it over: address, size, device,
 /// writable, and the object that keeps the memory alive (and, for buffers,
 /// exported, so that it cannot be resized or freed).
 pub(crate) type RawDescriptor = (usize, usize, String, bool, Py<PyAny>);
+
+/// One of an operation's descriptors: raw memory, or blocks of a pool.
+#[derive(FromPyObject)]
+pub(crate) enum RawItem {
+    /// Blocks of a `ferry.Pool` (a paged descriptor).
+    Paged(Py<Blocks>),
+    /// Raw memory.
+    Plain(RawDescriptor),
+}
 
 /// What an operation's memory needs until the operation has let go of it:
 /// the claim on the address ranges, and the Python objects that own them.
@@ -31,20 +41,52 @@ pub(crate) struct Owners {
 /// them with what must outlive every use of them.
 #[allow(unsafe_code)]
 pub(crate) fn descriptors(
-    raw: Vec<RawDescriptor>,
+    py: Python<'_>,
+    raw: Vec<RawItem>,
     writes: bool,
 ) -> PyResult<(Vec<ferry::Descriptor<'static>>, Owners)> {
     let mut ranges = Vec::with_capacity(raw.len());
-    for (index, (ptr, size, device, _, _)) in raw.iter().enumerate() {
-        if device == "cpu" && *size > 0 {
-            ranges.push((index, *ptr, ptr.saturating_add(*size)));
+    for (index, item) in raw.iter().enumerate() {
+        match item {
+            RawItem::Plain((ptr, size, device, _, _)) => {
+                if device == "cpu" && *size > 0 {
+                    ranges.push(Range {
+                        index,
+                        start: *ptr,
+                        end: ptr.saturating_add(*size),
+                        pool: 0,
+                    });
+                }
+            }
+            RawItem::Paged(b) => {
+                let b = b.get();
+                if b.is_host() {
+                    let (pool, start, end) = b.span();
+                    ranges.push(Range {
+                        index,
+                        start,
+                        end,
+                        pool,
+                    });
+                }
+            }
         }
     }
-    let claim = Claim::new(ranges, writes)?;
+    let mut claim = Claim::new(ranges, writes)?;
     // `descs` is declared last so that it is dropped first on an early return.
     let mut keep = Vec::with_capacity(raw.len());
     let mut descs = Vec::with_capacity(raw.len());
-    for (index, (ptr, size, device, writable, owner)) in raw.into_iter().enumerate() {
+    for (index, item) in raw.into_iter().enumerate() {
+        let (ptr, size, device, writable, owner) = match item {
+            RawItem::Plain(r) => r,
+            RawItem::Paged(b) => {
+                // The pool keeps its memory alive; the blocks are taken from
+                // it until the descriptor is dropped (with the operation).
+                descs.push(b.get().take(py, writes, &mut claim)?);
+                keep.push(b.into_any());
+                continue;
+            }
+        };
         let device: Device = device
             .parse()
             .map_err(|e: ferry::ParseDeviceError| PyValueError::new_err(e.to_string()))?;
@@ -86,7 +128,7 @@ pub(crate) fn descriptors(
         //   an operation dropped while a copy into its memory is stalled by
         //   a same-host peer keeps the memory alive instead of waiting (with
         //   the GIL held) for the copy to return.
-        let mine = Python::attach(|py| owner.clone_ref(py));
+        let mine = owner.clone_ref(py);
         let d = unsafe {
             ferry::Descriptor::from_raw_parts_with_owner(
                 ptr as *mut u8,
@@ -118,19 +160,38 @@ struct Claimed {
     start: usize,
     end: usize,
     writes: bool,
+    /// The pool whose blocks these are (0: none): the pool keeps apart the
+    /// blocks of its own descriptors, so claims of one pool do not conflict.
+    pool: u64,
     by: Arc<ClaimOwner>,
+}
+
+/// One descriptor's memory, to be claimed: descriptor `index` covers
+/// `start..end` (all of its pool's memory if it is paged: `pool` is then
+/// the pool's number, else 0).
+pub(crate) struct Range {
+    index: usize,
+    start: usize,
+    end: usize,
+    pool: u64,
+}
+
+impl Range {
+    fn overlaps(&self, start: usize, end: usize, pool: u64) -> bool {
+        self.start < end && start < self.end && (pool == 0 || pool != self.pool)
+    }
 }
 
 /// The operation behind a claim: unknown while it starts.
 #[derive(Default)]
-struct ClaimOwner(OnceLock<Weak<Holder>>);
+pub(crate) struct ClaimOwner(OnceLock<Weak<Holder>>);
 
 impl ClaimOwner {
     /// Whether the operation may still touch its memory. An operation that
     /// has ended has closed its region, even if its handle lives on. A
     /// handle found here is pushed to `found`, to be dropped only after
     /// `CLAIMS` is unlocked (its drop takes that lock).
-    fn in_use(&self, found: &mut Vec<Arc<Holder>>) -> bool {
+    pub(crate) fn in_use(&self, found: &mut Vec<Arc<Holder>>) -> bool {
         match self.0.get() {
             None => true,
             Some(op) => match op.upgrade() {
@@ -145,28 +206,40 @@ impl ClaimOwner {
     }
 }
 
-/// One operation's claim on its memory, released when dropped.
-pub(crate) struct Claim(Arc<ClaimOwner>);
+/// One operation's claim on its memory, released when dropped: its ranges
+/// in `CLAIMS`, and the blocks it holds in the tables of pools.
+pub(crate) struct Claim(Arc<ClaimOwner>, Vec<Arc<Table>>);
 
 impl Claim {
-    /// Claims `(index, start, end)` ranges, or says which one conflicts.
-    fn new(mut ranges: Vec<(usize, usize, usize)>, writes: bool) -> PyResult<Claim> {
+    /// Claims `ranges`, or says which one conflicts.
+    fn new(mut ranges: Vec<Range>, writes: bool) -> PyResult<Claim> {
         let by = Arc::new(ClaimOwner::default());
         if ranges.is_empty() {
-            return Ok(Claim(by));
+            return Ok(Claim(by, Vec::new()));
         }
-        ranges.sort_unstable_by_key(|&(_, start, _)| start);
+        ranges.sort_unstable_by_key(|r| r.start);
+        // Descriptors of one pool claim the same span once: the pool
+        // refuses blocks that two of them would conflict on.
+        let mut pools = Vec::new();
+        ranges.retain(|r| {
+            if r.pool == 0 {
+                return true;
+            }
+            let first = !pools.contains(&r.pool);
+            pools.push(r.pool);
+            first
+        });
         if writes {
-            if let Some(w) = ranges.windows(2).find(|w| w[1].1 < w[0].2) {
+            if let Some(w) = ranges.windows(2).find(|w| w[1].start < w[0].end) {
                 return Err(PyValueError::new_err(format!(
                     "descriptors {} and {} overlap, and this operation writes into them",
-                    w[0].0.min(w[1].0),
-                    w[0].0.max(w[1].0)
+                    w[0].index.min(w[1].index),
+                    w[0].index.max(w[1].index)
                 )));
             }
         }
-        let low = ranges[0].1;
-        let high = ranges.iter().map(|r| r.2).max().unwrap_or(low);
+        let low = ranges[0].start;
+        let high = ranges.iter().map(|r| r.end).max().unwrap_or(low);
         let mut found = Vec::new();
         let mut claims = lock(&CLAIMS);
         claims.retain(|c| c.by.in_use(&mut found));
@@ -176,21 +249,22 @@ impl Claim {
             .find_map(|c| {
                 ranges
                     .iter()
-                    .find(|&&(_, start, end)| start < c.end && c.start < end)
-                    .map(|&(index, _, _)| (index, c.writes))
+                    .find(|r| r.overlaps(c.start, c.end, c.pool))
+                    .map(|r| (r.index, c.writes))
             });
         if conflict.is_none() {
-            claims.extend(ranges.iter().map(|&(_, start, end)| Claimed {
-                start,
-                end,
+            claims.extend(ranges.iter().map(|r| Claimed {
+                start: r.start,
+                end: r.end,
                 writes,
+                pool: r.pool,
                 by: by.clone(),
             }));
         }
         drop(claims);
         drop(found);
         match conflict {
-            None => Ok(Claim(by)),
+            None => Ok(Claim(by, Vec::new())),
             Some((index, other_writes)) => Err(PyValueError::new_err(format!(
                 "descriptor {index} overlaps memory that an operation in progress {}: \
                  the two would race on those bytes; wait for the other operation to end \
@@ -198,6 +272,17 @@ impl Claim {
                 if other_writes { "writes into" } else { "reads" }
             ))),
         }
+    }
+
+    /// Who holds the claim (for the tables of pools).
+    pub(crate) fn owner(&self) -> &Arc<ClaimOwner> {
+        &self.0
+    }
+
+    /// Records that the claim holds blocks of `table`, to be given back
+    /// when it is dropped.
+    pub(crate) fn hold(&mut self, table: Arc<Table>) {
+        self.1.push(table);
     }
 
     /// Ties the claim to the operation, so that it lapses when the
@@ -210,6 +295,9 @@ impl Claim {
 impl Drop for Claim {
     fn drop(&mut self) {
         lock(&CLAIMS).retain(|c| !Arc::ptr_eq(&c.by, &self.0));
+        for table in &self.1 {
+            table.release(&self.0);
+        }
     }
 }
 

@@ -30,10 +30,15 @@ from ._api import (
     WriteOperation,
 )
 from ._errors import (
+    BlockBusyError,
+    BlockIdTypeError,
+    BlockRangeError,
+    BlockSliceError,
     ConnectionLostError,
     FerryError,
     InvalidWorkerIdError,
     OperationCancelledError,
+    PoolError,
     ProtocolError,
     RejectedError,
     RemoteCancelledError,
@@ -45,6 +50,7 @@ from ._errors import (
 from ._ferry import __version__
 from ._metadata import ForeignMetadataError
 from ._descriptor import Descriptor, SerializedDescriptor
+from ._pool import PagedDescriptor, Pool
 from ._types import Device, DeviceKind, OperationKind, OperationStatus
 from . import control
 
@@ -56,6 +62,8 @@ __all__ = [
     "Connector",
     "Descriptor",
     "DescriptorInfo",
+    "PagedDescriptor",
+    "Pool",
     "Device",
     "DeviceKind",
     "OperationKind",
@@ -81,5 +89,10 @@ __all__ = [
     "ForeignMetadataError",
     "WrongPairingError",
     "InvalidWorkerIdError",
+    "PoolError",
+    "BlockRangeError",
+    "BlockIdTypeError",
+    "BlockSliceError",
+    "BlockBusyError",
     "__version__",
 ]

@@ -21,6 +21,7 @@ from . import _ferry
 from ._errors import InvalidWorkerIdError, WrongPairingError
 from ._metadata import DescriptorInfo, RdmaMetadata
 from ._descriptor import Descriptor
+from ._pool import AnyDescriptor
 from ._types import OperationStatus
 
 __all__ = [
@@ -103,7 +104,7 @@ def _forget_closed_loops() -> None:
             _forget(key, held)
 
 
-Descriptors = Union[Descriptor, Sequence[Descriptor]]
+Descriptors = Union[AnyDescriptor, Sequence[AnyDescriptor]]
 
 
 class Connection:
@@ -427,7 +428,7 @@ class Connector:
     def _expose(
         self,
         cls: Type[_Op],
-        descs: List[Descriptor],
+        descs: List[AnyDescriptor],
         create: Callable[[List[Any]], _ferry.Operation],
     ) -> PendingOperation[_Op]:
         raw = [d._raw for d in descs]

@@ -8,11 +8,11 @@ import ctypes
 import json
 import re
 import sys
-import threading
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 from . import _ferry
 from ._pydantic import core_schema_for, json_schema_for
+from ._registration import _Registrable
 from ._types import CPU, Device, DeviceKind, _parse_device
 
 __all__ = ["Descriptor", "SerializedDescriptor"]
@@ -30,19 +30,7 @@ _Described = Tuple[int, int, Device, bool, Any]
 """``(ptr, size, device, readonly, ref)``."""
 
 
-# Connection is defined in _api, which imports this module: imported for the
-# type checker only, and at call time by the methods that need it.
-
-if TYPE_CHECKING:
-    from ._api import Connection
-
-# Guards the check-then-set of register/deregister_with_connector.
-# Reentrant: an operation's finalizer releases its registrations, and the
-# garbage collector may run one on a thread that holds this lock.
-_registration_lock = threading.RLock()
-
-
-class Descriptor:
+class Descriptor(_Registrable):
     """One contiguous buffer that an operation moves data from or into.
 
     Accepts:
@@ -102,8 +90,6 @@ class Descriptor:
         "_core_args",
         "_capacity",
         "_obj",
-        "_connection",
-        "_registration",
     )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -137,10 +123,10 @@ class Descriptor:
         self._capacity: int = capacity
         # What the reference calls `_data_ref`: the object described.
         self._obj: Any = obj
-        self._connection: Optional[Connection] = None
+        self._connection = None
         # Identifies the current registration (a new object for each one),
         # so an operation releases only the registration it claimed.
-        self._registration: Optional[object] = None
+        self._registration = None
         # What the compiled core takes.
         self._core_args = (ptr, size, str(device), not readonly, ref)
 
@@ -193,78 +179,6 @@ class Descriptor:
                 f"from_serialized takes a ferry.SerializedDescriptor, not {type(serialized).__name__}"
             )
         return serialized.to_descriptor()
-
-    # ---- registration, as the reference's descriptor pools use it ----
-
-    @property
-    def is_registered(self) -> bool:
-        """Whether :meth:`register_with_connector` recorded a connection."""
-        return self._connection is not None
-
-    def register_with_connector(self, connection: Connection) -> None:
-        """Records `connection` (a :class:`Connection`, e.g. from
-        ``await connector._create_connection()``) as the one this descriptor
-        is registered with. Ferry exposes memory per operation and needs no
-        registration; this keeps the reference's rules for code that pools
-        descriptors: registering again with the same connection does
-        nothing, with another one is a ``RuntimeError`` (deregister first),
-        and a null pointer is a ``ValueError``."""
-        _connection_arg(connection)
-        if self._ptr == 0:
-            raise ValueError("cannot register a descriptor with a null pointer")
-        with _registration_lock:
-            current = self._connection
-            if current is None:
-                self._connection = connection
-                self._registration = object()
-                return
-        if current is not connection:
-            raise RuntimeError(
-                "a descriptor cannot be registered with more than one connection: it is "
-                f"registered with {current.name!r}, not {connection.name!r} "
-                "(deregister_with_connector it first)"
-            )
-
-    def deregister_with_connector(self, connection: Connection) -> None:
-        """Forgets the registration with `connection`. A ``RuntimeError`` if
-        the descriptor is not registered with that very connection (nor at
-        all), as in the reference."""
-        _connection_arg(connection)
-        with _registration_lock:
-            current = self._connection
-            if current is connection:
-                self._connection = None
-                self._registration = None
-                return
-        raise RuntimeError(
-            "a descriptor can only be deregistered from the connection it was registered "
-            f"with: it is registered with {None if current is None else repr(current.name)}, "
-            f"not {connection.name!r}"
-        )
-
-    def _claim_registration(self, connection: Connection) -> object:
-        """What an operation made from `connection` does with each of its
-        local descriptors, as the reference's operations register them:
-        registers the descriptor with `connection` unless it already is
-        (the rules of :meth:`register_with_connector`), and returns the
-        registration now in place, for :meth:`_release_registration`."""
-        self.register_with_connector(connection)
-        with _registration_lock:
-            token = self._registration
-            if self._connection is connection and token is not None:
-                return token
-        # Deregistered by another thread in between: register again.
-        return self._claim_registration(connection)
-
-    def _release_registration(self, connection: Connection, token: object) -> None:
-        """Deregisters the descriptor if the registration in place is still
-        `token` (with `connection`): a registration made since (by hand, or
-        by a newer operation) is left alone, and releasing twice does
-        nothing."""
-        with _registration_lock:
-            if self._registration is token and self._connection is connection:
-                self._connection = None
-                self._registration = None
 
     # ---- the reference's private fields that callers use ----
 
@@ -330,16 +244,6 @@ def _described_object(data: Any) -> Any:
             return data[3] if len(data) == 4 else None
         return data[0]
     return data
-
-
-def _connection_arg(connection: Any) -> None:
-    from ._api import Connection
-
-    if not isinstance(connection, Connection):
-        raise TypeError(
-            f"connection must be a ferry.Connection (from `await connector._create_connection()` "
-            f"or Connection(connector, number)), not {type(connection).__name__}"
-        )
 
 
 class SerializedDescriptor:

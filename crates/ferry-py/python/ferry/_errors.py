@@ -18,6 +18,13 @@ written for either catches it:
   :class:`RuntimeError`, the reference's type for it;
 - :class:`InvalidWorkerIdError` (an empty worker id) is a :class:`ValueError`
   and a :class:`TypeError`, the reference's type for it.
+
+A :class:`Pool` or a block list that is refused raises a :class:`PoolError`
+(a :class:`ValueError`, as other misuse): :class:`BlockRangeError` (also an
+:class:`IndexError`) for a block id out of range or negative,
+:class:`BlockIdTypeError` (also a :class:`TypeError`) for ids that are not
+integers, :class:`BlockSliceError` for a part of a block that does not fit
+it, :class:`BlockBusyError` for blocks that an operation in progress uses.
 """
 
 from __future__ import annotations
@@ -41,6 +48,11 @@ __all__ = [
     "BadReplyError",
     "MetadataRefusedError",
     "AlreadyPublishedError",
+    "PoolError",
+    "BlockRangeError",
+    "BlockIdTypeError",
+    "BlockSliceError",
+    "BlockBusyError",
 ]
 
 
@@ -133,3 +145,32 @@ class MetadataRefusedError(ControlError):
 class AlreadyPublishedError(ControlError, ValueError):
     """Metadata is already published under this key here: withdraw it
     first, or use another key."""
+
+
+class PoolError(ValueError):
+    """A :class:`Pool` or a block list was refused: a block size that does
+    not fit the memory, no block ids (or too many), writable blocks of a
+    read-only pool. The subclasses say more. Misuse, so a
+    :class:`ValueError`."""
+
+
+class BlockRangeError(PoolError, IndexError):
+    """A block id that the pool does not have: negative, or past its last
+    block. Also an :class:`IndexError`."""
+
+
+class BlockIdTypeError(PoolError, TypeError):
+    """Block ids that are not integers (a float or bool array, strings...).
+    Also a :class:`TypeError`."""
+
+
+class BlockSliceError(PoolError):
+    """A part of each block (``offset``, ``length``) that does not lie
+    within a block."""
+
+
+class BlockBusyError(PoolError):
+    """A block that an operation in progress writes into (or, for one that
+    would write into it, reads), or that one operation would write twice:
+    the two would race on its bytes. Wait for the other operation to end,
+    or cancel it."""

@@ -2,12 +2,13 @@
 these classes carry no safety checks of their own beyond the Rust core's."""
 
 import asyncio
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 __version__: str
 
-# (address, size, device, writable, owner): owner keeps the memory alive.
-_RawDescriptor = Tuple[int, int, str, bool, Any]
+# (address, size, device, writable, owner): owner keeps the memory alive;
+# or blocks of a pool.
+_RawDescriptor = Union[Tuple[int, int, str, bool, Any], "Blocks"]
 
 class Metadata:
     @staticmethod
@@ -40,6 +41,45 @@ class Operation:
     def wait_blocking(self, timeout: Optional[float] = None) -> None: ...
     def metadata(self) -> Optional[Metadata]: ...
     def transport(self) -> Optional[str]: ...
+
+class Pool:
+    """A registered region cut into blocks; operations take blocks of it by
+    id while they are in progress."""
+    def __init__(
+        self, ptr: int, size: int, block_size: int, device: str, writable: bool, owner: Any
+    ) -> None: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def block_count(self) -> int: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def writable(self) -> bool: ...
+    def blocks(
+        self,
+        ids: Union[bytes, Sequence[int]],
+        offset: int = 0,
+        length: Optional[int] = None,
+        writable: bool = True,
+    ) -> Blocks:
+        """`ids`: native-endian uint32 bytes, or a sequence of ints."""
+
+class Blocks:
+    """Blocks of a pool by id: a paged descriptor."""
+    @property
+    def pool(self) -> Pool: ...
+    @property
+    def block_count(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def length(self) -> int: ...
+    @property
+    def writable(self) -> bool: ...
+    def ids_bytes(self) -> bytes: ...
 
 class Bridge:
     """Where results of the runtime wait for one event loop: the loop calls

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import string
-from typing import Any, Dict, List, NamedTuple, Optional, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 from . import _ferry
 from ._pydantic import core_schema_for, json_schema_for
@@ -183,8 +183,24 @@ class RdmaMetadata:
     @property
     def descriptors(self) -> List[DescriptorInfo]:
         """Device and size of each exposed descriptor (no address: Ferry's
-        metadata carries none, so each one's ``ptr`` is 0)."""
+        metadata carries none, so each one's ``ptr`` is 0). Each block of a
+        :class:`PagedDescriptor` counts as one: for many blocks, prefer
+        :attr:`descriptor_runs` and :attr:`descriptor_count`, which cost
+        nothing per block."""
         return [DescriptorInfo(Device(d), size) for d, size in self._core.descriptors]
+
+    @property
+    def descriptor_runs(self) -> List[Tuple[DescriptorInfo, int]]:
+        """The exposed descriptors as the metadata lists them: runs of
+        ``(DescriptorInfo, count)``, one per descriptor, or per paged
+        descriptor (its block size, and how many blocks)."""
+        return [(DescriptorInfo(Device(d), size), n) for d, size, n in self._core.descriptor_runs]
+
+    @property
+    def descriptor_count(self) -> int:
+        """How many descriptors are exposed (each block of a paged one
+        counting as one): ``len(descriptors)``, without listing them."""
+        return self._core.descriptor_count
 
     @property
     def total_size(self) -> int:
@@ -229,7 +245,7 @@ class RdmaMetadata:
         # Never the token, nor the addresses.
         return (
             f"RdmaMetadata(operation_kind={self.operation_kind}, worker_id={self.worker_id!r}, "
-            f"hostname={self.hostname!r}, descriptors={len(self._core.descriptors)}, "
+            f"hostname={self.hostname!r}, descriptors={self._core.descriptor_count}, "
             f"total_size={self.total_size})"
         )
 
@@ -295,11 +311,12 @@ def _core_from_reference(fields: Dict[str, Any]) -> _ferry.Metadata:
             raise TypeError(f"descriptors must be a list, not {type(given).__name__}")
         if given:
             found = [_device_and_size(i, d) for i, d in enumerate(given)]
-            expected = [(Device(d), size) for d, size in core.descriptors]
-            if found != expected:
+            # Compared as runs: a paged descriptor's blocks are one entry.
+            expected = [(Device(d), size, n) for d, size, n in core.descriptor_runs]
+            if _runs(found) != _runs(expected):
                 raise ValueError(
                     f"descriptors {_sizes(found)} do not match the metadata in nixl_metadata, "
-                    f"which exposes {_sizes(expected)}"
+                    f"which exposes {_run_sizes(expected)}"
                 )
     return core
 
@@ -353,6 +370,24 @@ def _device_and_size(index: int, d: Any) -> Any:
     raise TypeError(
         f"descriptors[{index}] must be a SerializedDescriptor (or its dict), not {type(d).__name__}"
     )
+
+
+def _runs(items: List[Any]) -> List[Tuple[Any, int, int]]:
+    """``(device, size[, count])`` items as runs of equal ``(device, size)``."""
+    out: List[Tuple[Any, int, int]] = []
+    for item in items:
+        device, size, n = item if len(item) == 3 else (*item, 1)
+        if out and out[-1][0] == device and out[-1][1] == size:
+            out[-1] = (device, size, out[-1][2] + n)
+        else:
+            out.append((device, size, n))
+    return out
+
+
+def _run_sizes(runs: List[Tuple[Any, int, int]]) -> str:
+    return "[" + ", ".join(
+        f"{size} bytes on {device}" + ("" if n == 1 else f" x {n}") for device, size, n in runs
+    ) + "]"
 
 
 def _sizes(items: List[Any]) -> str:

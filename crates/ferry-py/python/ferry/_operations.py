@@ -23,6 +23,7 @@ from . import _ferry
 from ._errors import WrongPairingError
 from ._metadata import RdmaMetadata
 from ._descriptor import Descriptor
+from ._pool import AnyDescriptor, PagedDescriptor
 from ._types import OperationKind, OperationStatus
 
 from ._api import _STATUSES, Connection, Descriptors, Remote
@@ -41,11 +42,11 @@ class AbstractOperation:
     _kind: ClassVar[OperationKind]
 
     _op: _ferry.Operation
-    _descriptors: List[Descriptor]
+    _descriptors: List[AnyDescriptor]
     _connector: Connector
     _connection: Optional[Connection]
     # The registrations an operation made from a Connection claimed.
-    _registrations: Optional[List[Tuple[Descriptor, object]]]
+    _registrations: Optional[List[Tuple[AnyDescriptor, object]]]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError(
@@ -57,7 +58,7 @@ class AbstractOperation:
     def _new(
         cls: Type[_Op],
         op: _ferry.Operation,
-        descriptors: List[Descriptor],
+        descriptors: List[AnyDescriptor],
         connector: Connector,
         connection: Optional[Connection] = None,
     ) -> _Op:
@@ -68,10 +69,10 @@ class AbstractOperation:
     def _setup(
         self,
         op: _ferry.Operation,
-        descriptors: List[Descriptor],
+        descriptors: List[AnyDescriptor],
         connector: Connector,
         connection: Optional[Connection],
-        registrations: Optional[List[Tuple[Descriptor, object]]] = None,
+        registrations: Optional[List[Tuple[AnyDescriptor, object]]] = None,
     ) -> None:
         self._op = op
         self._descriptors = descriptors
@@ -202,11 +203,11 @@ class ActiveOperation(AbstractOperation):
     def _setup_active(
         self,
         op: _ferry.Operation,
-        descriptors: List[Descriptor],
+        descriptors: List[AnyDescriptor],
         connector: Connector,
         connection: Optional[Connection],
         remote_metadata: RdmaMetadata,
-        registrations: Optional[List[Tuple[Descriptor, object]]] = None,
+        registrations: Optional[List[Tuple[AnyDescriptor, object]]] = None,
     ) -> None:
         self._setup(op, descriptors, connector, connection, registrations)
         self._remote_metadata = remote_metadata
@@ -233,7 +234,7 @@ _Act = TypeVar("_Act", bound=ActiveOperation)
 def _new_active(
     cls: Type[_Act],
     op: _ferry.Operation,
-    descriptors: List[Descriptor],
+    descriptors: List[AnyDescriptor],
     connector: Connector,
     connection: Optional[Connection],
     remote_metadata: RdmaMetadata,
@@ -244,15 +245,15 @@ def _new_active(
 
 
 def _claim_registrations(
-    connection: Optional[Connection], descs: List[Descriptor]
-) -> Optional[List[Tuple[Descriptor, object]]]:
+    connection: Optional[Connection], descs: List[AnyDescriptor]
+) -> Optional[List[Tuple[AnyDescriptor, object]]]:
     """Registers `descs` with `connection` (an operation made from one), as
     the reference's operations do; the registrations claimed, for
     :meth:`AbstractOperation._release`. None for an operation made from a
     Connector."""
     if connection is None:
         return None
-    claimed: List[Tuple[Descriptor, object]] = []
+    claimed: List[Tuple[AnyDescriptor, object]] = []
     try:
         for d in descs:
             claimed.append((d, d._claim_registration(connection)))
@@ -262,16 +263,16 @@ def _claim_registrations(
     return claimed
 
 
-def _release_registrations(connection: Connection, regs: List[Tuple[Descriptor, object]]) -> None:
+def _release_registrations(connection: Connection, regs: List[Tuple[AnyDescriptor, object]]) -> None:
     for d, token in regs:
         d._release_registration(connection, token)
 
 
 def _created(
     connection: Optional[Connection],
-    descs: List[Descriptor],
+    descs: List[AnyDescriptor],
     create: Callable[[List[Any]], _ferry.Operation],
-) -> Tuple[_ferry.Operation, Optional[List[Tuple[Descriptor, object]]]]:
+) -> Tuple[_ferry.Operation, Optional[List[Tuple[AnyDescriptor, object]]]]:
     """The core operation over `descs`, and the registrations claimed (an
     operation made from a Connection); none are kept if it fails."""
     raw = [d._raw for d in descs]
@@ -352,7 +353,7 @@ class ReadOperation(ActiveOperation):
         core, regs = _created(conn, descs, lambda raw: connector._core.begin_read_blocking(meta._core, raw))
         self._setup_active(core, descs, connector, conn, meta, regs)
 
-    def results(self) -> List[Descriptor]:
+    def results(self) -> List[AnyDescriptor]:
         """The local descriptors, which hold the data once the read is
         complete (``RuntimeError`` before)."""
         if self.status != OperationStatus.COMPLETE:
@@ -454,26 +455,27 @@ class PendingOperation(Generic[T]):
             self._op.__exit__(exc_type, exc, tb)
 
 
-def _descriptor_list(value: Any, what: str) -> List[Descriptor]:
+def _descriptor_list(value: Any, what: str) -> List[AnyDescriptor]:
     # type(), not isinstance(): an object's `__class__` can claim to be a
     # Descriptor, and a descriptor's address is taken as it is.
-    if type(value) is Descriptor:
+    if type(value) is Descriptor or type(value) is PagedDescriptor:
         return [value]
     if isinstance(value, (list, tuple)):
         items = list(value)
         for i, d in enumerate(items):
-            if type(d) is not Descriptor:
+            if type(d) is not Descriptor and type(d) is not PagedDescriptor:
                 raise TypeError(
                     f"{what}[{i}] is a {type(d).__name__}, not a ferry.Descriptor: "
                     "wrap it, e.g. Descriptor(array)"
                 )
         return items
     raise TypeError(
-        f"{what} must be a ferry.Descriptor or a list of them, not {type(value).__name__}"
+        f"{what} must be a ferry.Descriptor (or PagedDescriptor) or a list of them, "
+        f"not {type(value).__name__}"
     )
 
 
-def _check_writable(descs: List[Descriptor], op: str) -> None:
+def _check_writable(descs: List[AnyDescriptor], op: str) -> None:
     for i, d in enumerate(descs):
         if d.readonly:
             raise ValueError(
@@ -512,7 +514,7 @@ def _check_pairing(meta: RdmaMetadata, active: int) -> None:
         )
 
 
-def _read_args(remote_metadata: Any, local_descriptors: Any) -> Tuple[RdmaMetadata, List[Descriptor]]:
+def _read_args(remote_metadata: Any, local_descriptors: Any) -> Tuple[RdmaMetadata, List[AnyDescriptor]]:
     # The two arguments may come the other way round.
     if isinstance(local_descriptors, RdmaMetadata) and not isinstance(remote_metadata, RdmaMetadata):
         remote_metadata, local_descriptors = local_descriptors, remote_metadata
@@ -523,7 +525,7 @@ def _read_args(remote_metadata: Any, local_descriptors: Any) -> Tuple[RdmaMetada
     return meta, descs
 
 
-def _write_args(local_descriptors: Any, remote_metadata: Any) -> Tuple[List[Descriptor], RdmaMetadata]:
+def _write_args(local_descriptors: Any, remote_metadata: Any) -> Tuple[List[AnyDescriptor], RdmaMetadata]:
     # The two arguments may come the other way round.
     if isinstance(local_descriptors, RdmaMetadata) and not isinstance(remote_metadata, RdmaMetadata):
         remote_metadata, local_descriptors = local_descriptors, remote_metadata
