@@ -154,29 +154,24 @@ fn row(
     }
 }
 
-/// Local buffers reused across iterations.
+/// Local buffers reused across iterations, allocated as NumPy allocates
+/// large arrays (see [`peer::host_buffer`]).
 #[derive(Default)]
-struct Pool(HashMap<u64, Vec<Vec<u8>>>);
+struct Pool(HashMap<u64, Vec<Descriptor<'static>>>);
 
 impl Pool {
-    fn take(&mut self, block: u64, batch: usize) -> Vec<Descriptor<'static>> {
+    fn take(&mut self, block: u64, batch: usize) -> std::io::Result<Vec<Descriptor<'static>>> {
         (0..batch)
-            .map(|_| {
-                let v = self
-                    .0
-                    .get_mut(&block)
-                    .and_then(|l| l.pop())
-                    .unwrap_or_else(|| vec![1; block as usize]);
-                Descriptor::from_vec(v)
+            .map(|_| match self.0.get_mut(&block).and_then(|l| l.pop()) {
+                Some(d) => Ok(d),
+                None => peer::host_buffer(block as usize),
             })
             .collect()
     }
 
     fn put(&mut self, descs: Vec<Descriptor<'static>>) {
         for d in descs {
-            if let Ok(v) = d.into_vec() {
-                self.0.entry(v.len() as u64).or_default().push(v);
-            }
+            self.0.entry(d.size() as u64).or_default().push(d);
         }
     }
 }
@@ -264,7 +259,7 @@ impl Bench {
             self.target_host = Some(meta.host_id().to_string());
         }
         let created = m.created_ns;
-        let descs = self.pool.take(block, batch);
+        let descs = self.pool.take(block, batch)?;
         let local = match via {
             Lane::Cma => &self.cma,
             Lane::Tcp => &self.tcp,
@@ -344,12 +339,13 @@ impl Bench {
         let addr = a.expect("listening").await?.address.unwrap_or_default();
         let mut s = tokio::net::TcpStream::connect(&addr).await?;
         s.set_nodelay(true)?;
-        let mut buf = vec![1u8; bytes as usize];
+        let mut d = peer::host_buffer(bytes as usize)?;
+        let buf = d.as_mut_slice().unwrap_or_default();
         let iters = self.iters_for(bytes);
         let mut lat = Vec::with_capacity(iters);
         let mut ack = [0u8; 1];
         let mut one =
-            async |s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>| -> std::io::Result<Duration> {
+            async |s: &mut tokio::net::TcpStream, buf: &mut [u8]| -> std::io::Result<Duration> {
                 let t = Instant::now();
                 if op == "write" {
                     s.write_all(b"w").await?;
@@ -361,12 +357,12 @@ impl Bench {
                 }
                 Ok(t.elapsed())
             };
-        one(&mut s, &mut buf).await?;
+        one(&mut s, buf).await?;
         let start = Instant::now();
         while lat.len() < iters
             && (lat.len() < self.opts.iters.0 || start.elapsed() < self.opts.row_time)
         {
-            lat.push(one(&mut s, &mut buf).await?);
+            lat.push(one(&mut s, buf).await?);
         }
         let wall = start.elapsed();
         drop(s);
@@ -391,22 +387,23 @@ impl Bench {
             let lent = self.peer.request(r).await?.expect("lent").await?;
             let pid = lent.pid.unwrap_or(0);
             let addr: u64 = lent.address.as_deref().unwrap_or("0").parse()?;
-            let mut buf = vec![0u8; bytes as usize];
-            peer::copy_in_chunks(pid, addr, &mut buf)?;
+            let mut d = peer::host_buffer(bytes as usize)?;
+            let buf = d.as_mut_slice().unwrap_or_default();
+            peer::copy_in_chunks(pid, addr, buf)?;
             let mut lat = Vec::with_capacity(iters);
             let start = Instant::now();
             for _ in 0..iters {
                 let t = Instant::now();
-                peer::copy_in_chunks(pid, addr, black_box(&mut buf))?;
+                peer::copy_in_chunks(pid, addr, black_box(&mut *buf))?;
                 lat.push(t.elapsed());
             }
             (lat, start.elapsed())
         } else {
-            let buf = vec![1u8; bytes as usize];
+            let buf = peer::host_buffer(bytes as usize)?;
             let mut r = Request::new(0, Cmd::Pull);
             r.sizes = vec![bytes];
             r.pid = Some(std::process::id());
-            r.address = Some(buf.as_ptr() as usize as u64);
+            r.address = Some(buf.as_slice().map_or(0, |b| b.as_ptr() as usize) as u64);
             r.count = Some(iters + 1);
             let done = self.peer.request(r).await?.expect("done").await?;
             drop(buf);
@@ -430,23 +427,27 @@ impl Bench {
         Ok(row("cma", "cma", op, block, batch, &mut lat, wall))
     }
 
-    fn memcpy_row(&self, block: u64, batch: usize) -> Row {
+    fn memcpy_row(&self, block: u64, batch: usize) -> anyhow::Result<Row> {
         let bytes = (block * batch as u64) as usize;
-        let src = vec![1u8; bytes];
-        let mut dst = vec![0u8; bytes];
+        let s = peer::host_buffer(bytes)?;
+        let mut d = peer::host_buffer(bytes)?;
+        let (src, dst) = (
+            s.as_slice().unwrap_or_default(),
+            d.as_mut_slice().unwrap_or_default(),
+        );
         let iters = self.iters_for(bytes as u64);
         let mut lat = Vec::with_capacity(iters);
-        dst.copy_from_slice(&src);
+        dst.copy_from_slice(src);
         let start = Instant::now();
         while lat.len() < iters
             && (lat.len() < self.opts.iters.0 || start.elapsed() < self.opts.row_time)
         {
             let t = Instant::now();
-            dst.copy_from_slice(black_box(&src));
-            black_box(&mut dst);
+            dst.copy_from_slice(black_box(src));
+            black_box(&mut *dst);
             lat.push(t.elapsed());
         }
-        row(
+        Ok(row(
             "memcpy",
             "local",
             "copy",
@@ -454,7 +455,7 @@ impl Bench {
             batch,
             &mut lat,
             start.elapsed(),
-        )
+        ))
     }
 
     async fn cold_start(&mut self, exe: Option<&Path>) -> anyhow::Result<Option<Row>> {
@@ -658,7 +659,7 @@ pub async fn initiator(
     };
     for &(block, batch) in &shapes {
         progress("memcpy", "copy", block, batch);
-        let m = b.memcpy_row(block, batch);
+        let m = b.memcpy_row(block, batch)?;
         b.emit(m)?;
         for op in ["read", "write"] {
             let mut pairs = vec![(Lane::Tcp, "tcp_stream")];
@@ -722,6 +723,7 @@ pub async fn initiator(
     let after_self = peer::process_cpu_micros();
 
     print_table(&b.rows);
+    println!("{}", buffers_line());
     ucx::print_lines(b.ucx.as_ref(), &b.rows);
     println!(
         "idle: over {:?} with connections open, the target used {} ms of CPU and this process {} ms (the clock ticks in 10 ms steps)",
@@ -730,6 +732,18 @@ pub async fn initiator(
         after_self.saturating_sub(before_self) / 1000
     );
     Ok(b.rows)
+}
+
+/// How the run's buffers were allocated, and what the kernel does with
+/// huge-page advice (`/sys/kernel/mm/transparent_hugepage/enabled`).
+fn buffers_line() -> String {
+    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    format!(
+        "buffers: on both sides (and for every baseline) allocated as NumPy allocates large arrays: \
+         anonymous page-aligned mappings advised MADV_HUGEPAGE, written once (THP: {thp})"
+    )
 }
 
 /// Runs the target: serves the peer protocol to one initiator on `control`,

@@ -5,8 +5,10 @@
 //! for transparent huge pages, see `Pool::allocate`), with block ids that
 //! differ on the two sides. Rows, per transport (`cma` on one host, `tcp`):
 //!
-//! - `contiguous`: the same bytes as one run of blocks in order on both
-//!   sides (one range: the baseline each shape is compared with);
+//! - `contiguous`: the same bytes as one plain descriptor on each side (one
+//!   buffer of blocks × block bytes, allocated the same way, its blocks in
+//!   order): one contiguous operation, the baseline each shape is compared
+//!   with;
 //! - the shape itself with 1, 8 and 32 requests in flight, the blocks split
 //!   evenly between them (each request its own operation).
 //!
@@ -48,12 +50,19 @@ pub struct Shape {
 }
 
 /// The shapes of the issue (see `research/field.md`).
-pub const SHAPES: [Shape; 5] = [
+pub const SHAPES: [Shape; 6] = [
     Shape {
         name: "kv-vllm",
         block: 32 << 10,
         blocks: 16_384,
         write: false,
+        run: 1,
+    },
+    Shape {
+        name: "kv-vllm-write",
+        block: 32 << 10,
+        blocks: 16_384,
+        write: true,
         run: 1,
     },
     Shape {
@@ -102,6 +111,44 @@ struct Req {
     /// block sent to it (the initiator's ids: seed `seed ^ LOCAL`).
     #[serde(default)]
     verify: bool,
+    /// One plain descriptor of all the blocks' bytes instead of blocks of
+    /// the pool (the `contiguous` rows; `seed`, `run`, `from`, `to` unused).
+    #[serde(default)]
+    contiguous: bool,
+}
+
+/// One plain buffer of `blocks` blocks of `block` bytes (see
+/// [`peer::host_buffer`](crate::peer::host_buffer)): block `k` filled as
+/// [`fill_block`] fills block id `k` for a source, with `0xff` (written,
+/// so that its pages are real, and unlike any block) for a destination.
+fn contiguous_buffer(
+    block: usize,
+    blocks: u32,
+    source: bool,
+) -> anyhow::Result<ferry::Descriptor<'static>> {
+    let mut d = crate::peer::host_buffer(block * blocks as usize)?;
+    let b = d.as_mut_slice().unwrap_or_default();
+    if source {
+        for (k, c) in b.chunks_exact_mut(block).enumerate() {
+            fill_block(c, k as u32);
+        }
+    } else {
+        b.fill(0xff);
+    }
+    Ok(d)
+}
+
+/// Whether the contiguous buffer `d` holds blocks `0..` in order.
+fn verify_contiguous(d: &ferry::Descriptor<'_>, block: usize) -> anyhow::Result<()> {
+    let b = d.as_slice().unwrap_or_default();
+    for (k, c) in b.chunks_exact(block).enumerate() {
+        if !block_ok(c, k as u32) {
+            return Err(anyhow!(
+                "block {k} of the contiguous buffer is not the source's"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// What the initiator's seed differs by from the target's.
@@ -176,9 +223,16 @@ pub async fn target(connector: Connector) -> anyhow::Result<()> {
     });
     let connector = Arc::new(connector);
     let pools: Arc<Mutex<HashMap<(usize, u32), Pool>>> = Arc::default();
+    // The contiguous buffers, by (block, blocks, write), while no
+    // operation holds them.
+    let contig: Contig = Arc::default();
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
     while let Some(line) = lines.next_line().await? {
         let r: Req = serde_json::from_str(&line).context("a kv request")?;
+        if r.contiguous {
+            contiguous_target(&connector, &contig, &tx, r).await?;
+            continue;
+        }
         let pool = {
             let mut p = pools.lock().await;
             if !p.contains_key(&(r.block, r.blocks)) {
@@ -253,6 +307,71 @@ pub async fn target(connector: Connector) -> anyhow::Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+type Contig = Arc<Mutex<HashMap<(usize, u32, bool), ferry::Descriptor<'static>>>>;
+
+/// Serves one `contiguous` request: the one plain buffer of the shape
+/// (made at the first request, then handed back by each operation),
+/// readable (a READ) or writable (a WRITE, checked once written if asked).
+async fn contiguous_target(
+    c: &Arc<Connector>,
+    contig: &Contig,
+    tx: &mpsc::UnboundedSender<Answer>,
+    r: Req,
+) -> anyhow::Result<()> {
+    let key = (r.block, r.blocks, r.write);
+    let d = match contig.lock().await.remove(&key) {
+        Some(d) => d,
+        None => contiguous_buffer(r.block, r.blocks, !r.write)?,
+    };
+    let made = if r.write {
+        c.create_writable(vec![d]).await.map(|op| {
+            let m = op.metadata().to_json();
+            (m, Box::new(op) as Box<dyn ferry::Operation<'static>>)
+        })
+    } else {
+        c.create_readable(vec![d]).await.map(|op| {
+            let m = op.metadata().to_json();
+            (m, Box::new(op) as Box<dyn ferry::Operation<'static>>)
+        })
+    };
+    let (m, op) = match made {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = tx.send(Answer {
+                id: r.id,
+                metadata: None,
+                error: Some(e.to_string()),
+                done: true,
+            });
+            return Ok(());
+        }
+    };
+    let _ = tx.send(Answer {
+        id: r.id,
+        metadata: Some(m),
+        error: None,
+        done: false,
+    });
+    let (tx, contig) = (tx.clone(), contig.clone());
+    tokio::spawn(async move {
+        let mut error = op.wait_for_completion().await.err().map(|e| e.to_string());
+        let mut back = op.into_descriptors();
+        if let (None, true, Some(d)) = (&error, r.verify, back.first()) {
+            error = verify_contiguous(d, r.block).err().map(|e| e.to_string());
+        }
+        if let Some(d) = back.pop() {
+            contig.lock().await.insert(key, d);
+        }
+        let _ = tx.send(Answer {
+            id: r.id,
+            metadata: None,
+            error,
+            done: true,
+        });
+    });
     Ok(())
 }
 
@@ -400,6 +519,7 @@ async fn measure(
                 from,
                 to,
                 verify: check && s.write,
+                contiguous: false,
             };
             let (m, done) = target.request(req).await?;
             meta_bytes = m.len();
@@ -468,6 +588,83 @@ pub struct Only {
     pub transports: Vec<TransportKind>,
 }
 
+/// The `contiguous` row of shape `s`: the same bytes as one plain
+/// descriptor on each side, one operation at a time, `rounds` rounds (the
+/// first checks every byte).
+async fn measure_contiguous(
+    c: &Connector,
+    target: &mut Target,
+    s: &Shape,
+    rounds: usize,
+    transport: TransportKind,
+) -> anyhow::Result<KvRow> {
+    let (mut walls, mut creates, mut lats, mut meta_bytes) = (vec![], vec![], vec![], 0);
+    // Ours: the destination of a READ, the source of a WRITE.
+    let mut mine = Some(contiguous_buffer(s.block, s.blocks, s.write)?);
+    for round in 0..rounds {
+        let check = round == 0;
+        let req = Req {
+            id: 0,
+            write: s.write,
+            block: s.block,
+            blocks: s.blocks,
+            seed: 0,
+            run: s.blocks,
+            from: 0,
+            to: s.blocks,
+            verify: check && s.write,
+            contiguous: true,
+        };
+        let (m, done) = target.request(req).await?;
+        meta_bytes = m.len();
+        let m = RdmaMetadata::from_json(&m)?;
+        let d = mine
+            .take()
+            .ok_or_else(|| anyhow!("the buffer was not handed back"))?;
+        let start = Instant::now();
+        let op: Box<dyn ferry::Operation<'static>> = if s.write {
+            Box::new(c.begin_write(vec![d], &m).await?)
+        } else {
+            Box::new(c.begin_read(&m, vec![d]).await?)
+        };
+        creates.push(start.elapsed().as_secs_f64() * 1e6);
+        op.wait_for_completion().await?;
+        let wall = start.elapsed().as_secs_f64();
+        walls.push(wall);
+        lats.push(wall * 1e6);
+        if op.transport() != Some(transport) {
+            return Err(anyhow!("{} carried by {:?}", s.name, op.transport()));
+        }
+        let d = op.into_descriptors().pop();
+        if check && !s.write {
+            if let Some(d) = &d {
+                verify_contiguous(d, s.block)?;
+            }
+        }
+        mine = d;
+        let a = done.await.map_err(|_| anyhow!("the kv target exited"))?;
+        if let Some(e) = a.error {
+            return Err(anyhow!("kv target: {e}"));
+        }
+    }
+    let wall = median(&mut walls);
+    let n = s.blocks as usize;
+    Ok(KvRow {
+        shape: format!("{}/contiguous", s.name),
+        transport: transport.to_string(),
+        op: if s.write { "write" } else { "read" },
+        inflight: 1,
+        blocks: s.blocks,
+        block: s.block,
+        gbps: (s.block * n) as f64 / wall / 1e9,
+        blocks_per_s: n as f64 / wall,
+        metadata_bytes: meta_bytes,
+        create_us: median(&mut creates),
+        lat_us_p50: median(&mut lats),
+        ratio: None,
+    })
+}
+
 /// Runs the KV workload and prints its rows (and writes them as JSON lines
 /// to `json`, if given).
 pub async fn run(
@@ -483,9 +680,9 @@ pub async fn run(
         let small_write = Shape {
             name: "kv-sglang-page1-runs/16k",
             blocks: 16_384,
-            ..SHAPES[3]
+            ..SHAPES[4]
         };
-        vec![SHAPES[1], small_write]
+        vec![SHAPES[2], small_write]
     } else {
         SHAPES.to_vec()
     };
@@ -533,23 +730,7 @@ pub async fn run(
             for id in 0..s.blocks {
                 pool.with_block_mut(id, |b| fill_block(b, id))?;
             }
-            let contiguous = Shape {
-                name: "",
-                run: s.blocks,
-                ..*s
-            };
-            let mut base = measure(
-                &c,
-                &mut target,
-                &pool,
-                &contiguous,
-                s.blocks,
-                1,
-                rounds,
-                transport,
-            )
-            .await?;
-            base.shape = format!("{}/contiguous", s.name);
+            let base = measure_contiguous(&c, &mut target, s, rounds, transport).await?;
             let mut shape_rows = vec![base.clone()];
             for &k in inflights {
                 let mut r = measure(&c, &mut target, &pool, s, s.run, k, rounds, transport).await?;

@@ -247,8 +247,8 @@ struct PeerState {
     out: mpsc::UnboundedSender<Event>,
     cancels: Mutex<HashMap<u64, oneshot::Sender<()>>>,
     kept: Mutex<HashMap<u64, Vec<Descriptor<'static>>>>,
-    pool: Mutex<HashMap<u64, Vec<Vec<u8>>>>,
-    lent: Mutex<Option<Vec<u8>>>,
+    pool: Mutex<HashMap<u64, Vec<Descriptor<'static>>>>,
+    lent: Mutex<Option<Descriptor<'static>>>,
 }
 
 impl PeerState {
@@ -274,19 +274,14 @@ impl PeerState {
         }
     }
 
-    /// Pooled buffers of these sizes.
-    fn pooled(&self, sizes: &[u64]) -> Vec<Descriptor<'static>> {
+    /// Pooled buffers of these sizes (see [`host_buffer`]).
+    fn pooled(&self, sizes: &[u64]) -> std::io::Result<Vec<Descriptor<'static>>> {
         let mut pool = self.pool.lock().unwrap();
         sizes
             .iter()
-            .map(|&s| {
-                let v = pool
-                    .get_mut(&s)
-                    .and_then(|l| l.pop())
-                    // Written, so that its pages are real (a never-written buffer
-                    // reads from the shared zero page, which flatters a READ).
-                    .unwrap_or_else(|| vec![1; s as usize]);
-                Descriptor::from_vec(v)
+            .map(|&s| match pool.get_mut(&s).and_then(|l| l.pop()) {
+                Some(d) => Ok(d),
+                None => host_buffer(s as usize),
             })
             .collect()
     }
@@ -294,17 +289,17 @@ impl PeerState {
     fn unpool(&self, descs: Vec<Descriptor<'static>>) {
         let mut pool = self.pool.lock().unwrap();
         for d in descs {
-            if let Ok(v) = d.into_vec() {
-                pool.entry(v.len() as u64).or_default().push(v);
+            if d.is_writable() && !d.is_paged() {
+                pool.entry(d.size() as u64).or_default().push(d);
             }
         }
     }
 
-    fn bufs(&self, r: &Request, seed: Option<u64>) -> Vec<Descriptor<'static>> {
+    fn bufs(&self, r: &Request, seed: Option<u64>) -> Result<Vec<Descriptor<'static>>, String> {
         if r.reuse {
-            self.pooled(&r.sizes)
+            self.pooled(&r.sizes).map_err(|e| e.to_string())
         } else {
-            buffers(&r.sizes, seed)
+            Ok(buffers(&r.sizes, seed))
         }
     }
 
@@ -387,15 +382,27 @@ impl PeerState {
             Ok(c) => c,
             Err(e) => return self.send(fail(e)),
         };
+        // The buffers of the operation commands (filled with the pattern
+        // where this side is the source).
+        let bufs = match r.cmd {
+            Cmd::Readable | Cmd::Writable | Cmd::Read | Cmd::Write => {
+                let seed = matches!(r.cmd, Cmd::Readable | Cmd::Write).then_some(r.seed);
+                match self.bufs(&r, seed) {
+                    Ok(b) => b,
+                    Err(e) => return self.send(fail(e)),
+                }
+            }
+            _ => Vec::new(),
+        };
         match r.cmd {
-            Cmd::Readable => match connector.create_readable(self.bufs(&r, Some(r.seed))).await {
+            Cmd::Readable => match connector.create_readable(bufs).await {
                 Err(e) => self.send(fail(e.to_string())),
                 Ok(op) => {
                     self.send_metadata(r.id, op.metadata(), created_ns);
                     self.finish(&r, started, Box::new(op), None).await
                 }
             },
-            Cmd::Writable => match connector.create_writable(self.bufs(&r, None)).await {
+            Cmd::Writable => match connector.create_writable(bufs).await {
                 Err(e) => self.send(fail(e.to_string())),
                 Ok(op) => {
                     self.send_metadata(r.id, op.metadata(), created_ns);
@@ -405,7 +412,7 @@ impl PeerState {
             },
             Cmd::Read => match remote() {
                 Err(e) => self.send(fail(e)),
-                Ok(m) => match connector.begin_read(&m, self.bufs(&r, None)).await {
+                Ok(m) => match connector.begin_read(&m, bufs).await {
                     Err(e) => self.send(fail(e.to_string())),
                     Ok(op) => {
                         let seed = (!r.reuse).then_some(r.seed);
@@ -415,7 +422,7 @@ impl PeerState {
             },
             Cmd::Write => match remote() {
                 Err(e) => self.send(fail(e)),
-                Ok(m) => match connector.begin_write(self.bufs(&r, Some(r.seed)), &m).await {
+                Ok(m) => match connector.begin_write(bufs, &m).await {
                     Err(e) => self.send(fail(e.to_string())),
                     Ok(op) => self.finish(&r, started, Box::new(op), None).await,
                 },
@@ -469,10 +476,14 @@ impl PeerState {
                 self.send(ev);
             }
             Cmd::Lend => {
-                let buf = vec![1u8; r.sizes.first().copied().unwrap_or(0) as usize];
+                let buf = match host_buffer(r.sizes.first().copied().unwrap_or(0) as usize) {
+                    Ok(b) => b,
+                    Err(e) => return self.send(fail(e.to_string())),
+                };
                 let mut ev = Event::new(r.id, "lent");
                 ev.pid = Some(std::process::id());
-                ev.address = Some((buf.as_ptr() as usize).to_string());
+                let at = buf.as_slice().map_or(0, |b| b.as_ptr() as usize);
+                ev.address = Some(at.to_string());
                 *self.lent.lock().unwrap() = Some(buf);
                 self.send(ev);
             }
@@ -481,11 +492,12 @@ impl PeerState {
                 let (pid, addr) = (r.pid.unwrap_or(0), r.address.unwrap_or(0));
                 let count = r.count.unwrap_or(1);
                 let out = tokio::task::spawn_blocking(move || {
-                    let mut buf = vec![0u8; size];
+                    let mut d = host_buffer(size)?;
+                    let buf = d.as_mut_slice().unwrap_or_default();
                     let mut lat = Vec::with_capacity(count);
                     for _ in 0..count {
                         let t = Instant::now();
-                        copy_in_chunks(pid, addr, &mut buf)?;
+                        copy_in_chunks(pid, addr, buf)?;
                         lat.push(t.elapsed().as_nanos() as u64);
                     }
                     std::io::Result::Ok(lat)
@@ -520,6 +532,19 @@ pub fn ucx_lane(b: ConnectorBuilder) -> ConnectorBuilder {
         .ucx_emulated_rma(true)
 }
 
+/// A buffer of `len` bytes for the benchmark, allocated as NumPy allocates
+/// large arrays (page-aligned, advised for transparent huge pages: see
+/// [`Descriptor::allocate`]) and written once, so that its pages are real
+/// (a never-written buffer reads from the shared zero page, which flatters
+/// a READ).
+pub fn host_buffer(len: usize) -> std::io::Result<Descriptor<'static>> {
+    let mut d = Descriptor::allocate(len)?;
+    if let Some(b) = d.as_mut_slice() {
+        b.fill(1);
+    }
+    Ok(d)
+}
+
 /// The raw cross-memory-attach baseline: copies `buf.len()` bytes from
 /// `addr` of process `pid` in the chunks Ferry's `cma` transport uses (one
 /// `process_vm_readv` per 2 MiB, which is also faster than one huge call).
@@ -539,8 +564,8 @@ async fn tcp_stream_baseline(s: tokio::net::TcpStream, size: usize) -> std::io::
     use tokio::io::AsyncReadExt;
     s.set_nodelay(true)?;
     let (mut rd, mut wr) = s.into_split();
-    // Written, so that its pages are real (as in Ferry's pool).
-    let mut buf = vec![1u8; size];
+    let mut d = host_buffer(size)?;
+    let buf = d.as_mut_slice().unwrap_or_default();
     let mut cmd = [0u8; 1];
     loop {
         if rd.read(&mut cmd).await? == 0 {
@@ -548,10 +573,10 @@ async fn tcp_stream_baseline(s: tokio::net::TcpStream, size: usize) -> std::io::
         }
         match cmd[0] {
             b'w' => {
-                rd.read_exact(&mut buf).await?;
+                rd.read_exact(buf).await?;
                 wr.write_all(b"k").await?;
             }
-            _ => wr.write_all(&buf).await?,
+            _ => wr.write_all(buf).await?,
         }
     }
 }

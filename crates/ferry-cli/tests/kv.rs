@@ -3,7 +3,9 @@
 //! 2 KiB in shuffled runs (WRITE), by cross-memory attach and over TCP,
 //! with 1 and 8 requests in flight, and checks every byte of the first
 //! round of each row (the reader checks its blocks; for a WRITE the target
-//! does), failing on any block that does not hold the other side's.
+//! does), failing on any block that does not hold the other side's; the
+//! `contiguous` rows (one plain descriptor of the same bytes on each side)
+//! are checked the same way.
 
 use std::process::Command;
 
@@ -30,6 +32,14 @@ fn paged_transfers_between_two_processes_are_byte_exact() {
             rows, 2,
             "{shape}over {via}: one row per in-flight count\n{stdout}"
         );
+        // And the baseline: the same bytes as one plain descriptor on each
+        // side, checked byte for byte as well.
+        let base = format!("{}/contiguous ", shape.trim_end());
+        let rows = stdout
+            .lines()
+            .filter(|l| l.starts_with(&base) && l.split_whitespace().nth(1) == Some(via))
+            .count();
+        assert_eq!(rows, 1, "{base}over {via}\n{stdout}");
     }
 }
 

@@ -3,7 +3,10 @@
 ///
 /// Both sides keep one: the sender asks it where the next chunk goes, the
 /// receiver checks each incoming `Data` header against it before a single
-/// payload byte touches memory.
+/// payload byte touches memory. A chunk starts where the transfer stands
+/// and may run on past the end of its descriptor into the ones that follow
+/// (the descriptors' bytes taken as one flat sequence, in order): one
+/// `Data` frame then carries many small blocks.
 ///
 /// ```
 /// use ferry_proto::Cursor;
@@ -100,8 +103,8 @@ impl Cursor {
         self.desc >= self.sizes.len()
     }
 
-    /// Where the next chunk of at most `max` bytes (max > 0) goes:
-    /// `(descriptor, offset, length)`; `None` when done.
+    /// Where the next chunk of at most `max` bytes (max > 0) within one
+    /// descriptor goes: `(descriptor, offset, length)`; `None` when done.
     pub fn next_chunk(&self, max: u32) -> Option<(u32, u64, u32)> {
         if self.left == 0 {
             return None;
@@ -111,7 +114,31 @@ impl Cursor {
         Some((self.desc as u32, self.offset, len))
     }
 
-    /// Checks that a chunk continues the transfer exactly, and advances.
+    /// Where the next chunk of at most `max` bytes (max > 0) goes, running
+    /// on into the descriptors that follow: `(descriptor, offset, length)`
+    /// of its start; `None` when done.
+    ///
+    /// ```
+    /// use ferry_proto::Cursor;
+    /// let mut c = Cursor::new(vec![3, 0, 2, 4]);
+    /// assert_eq!(c.next_span(100), Some((0, 0, 9)));
+    /// assert_eq!(c.next_span(4), Some((0, 0, 4)));
+    /// c.accept(0, 0, 4).unwrap();
+    /// assert_eq!(c.next_span(100), Some((2, 1, 5)));
+    /// c.accept(2, 1, 5).unwrap();
+    /// assert!(c.is_done());
+    /// ```
+    pub fn next_span(&self, max: u32) -> Option<(u32, u64, u32)> {
+        if self.left == 0 || self.desc >= self.sizes.len() {
+            return None;
+        }
+        let len = self.left.min(u64::from(max)) as u32;
+        Some((self.desc as u32, self.offset, len))
+    }
+
+    /// Checks that a chunk continues the transfer exactly (it starts where
+    /// the transfer stands and ends at most where it ends, possibly in a
+    /// later descriptor), and advances.
     pub fn accept(&mut self, desc: u32, offset: u64, len: u32) -> Result<(), CursorError> {
         let err = |expected: String| CursorError {
             desc,
@@ -119,25 +146,46 @@ impl Cursor {
             len,
             expected,
         };
-        let Some(size) = self.sizes.get(self.desc).copied() else {
+        if self.desc >= self.sizes.len() {
             return Err(err("no more data".into()));
-        };
-        let fits = offset
-            .checked_add(u64::from(len))
-            .is_some_and(|end| end <= size)
-            && u64::from(len) <= self.left;
-        if desc as usize != self.desc || offset != self.offset || len == 0 || !fits {
+        }
+        if desc as usize != self.desc
+            || offset != self.offset
+            || len == 0
+            || u64::from(len) > self.left
+        {
             return Err(err(format!(
                 "descriptor {} at offset {} with 1..={} bytes",
-                self.desc,
-                self.offset,
-                (size - self.offset).min(self.left)
+                self.desc, self.offset, self.left
             )));
         }
-        self.offset += u64::from(len);
+        // Walks the descriptors it covers: at most `len` bytes' worth of
+        // non-empty ones, and `left` guarantees they exist.
+        let mut rest = u64::from(len);
+        while rest > 0 {
+            let Some(&size) = self.sizes.get(self.desc) else {
+                break;
+            };
+            let room = size - self.offset;
+            if rest < room {
+                self.offset += rest;
+                break;
+            }
+            rest -= room;
+            self.offset = size;
+            self.skip_full_keep_left();
+        }
         self.left -= u64::from(len);
         self.skip_full();
         Ok(())
+    }
+
+    /// Steps over full (and empty) descriptors, without ending the cursor.
+    fn skip_full_keep_left(&mut self) {
+        while self.desc < self.sizes.len() && self.offset == self.sizes[self.desc] {
+            self.desc += 1;
+            self.offset = 0;
+        }
     }
 }
 
@@ -169,9 +217,13 @@ mod tests {
             let mut c = Cursor::new(sizes.clone());
             let mut accepted = 0u64;
             for (d, o, l) in chunks {
+                // Where the chunk starts in the flat sequence, if it is a
+                // position at all.
+                let at = (d as usize) < sizes.len() && o < sizes[d as usize];
+                let flat = sizes[..(d as usize).min(sizes.len())].iter().sum::<u64>();
                 if c.accept(d, o, l).is_ok() {
-                    prop_assert!((d as usize) < sizes.len());
-                    prop_assert!(o + u64::from(l) <= sizes[d as usize]);
+                    prop_assert!(at);
+                    prop_assert_eq!(flat + o, accepted, "starts where the last ended");
                     accepted += u64::from(l);
                 }
             }
@@ -206,6 +258,42 @@ mod tests {
             }
             prop_assert_eq!(seen, total);
         }
+    }
+
+    proptest! {
+        #[test]
+        fn spans_across_descriptors_are_accepted_and_cover_everything(
+            sizes in proptest::collection::vec(0u64..5000, 1..20), max in 1u32..30000,
+            start in 0u64..40000, len in 0u64..40000) {
+            let total: u64 = sizes.iter().sum();
+            let (start, end) = (start.min(total), start.saturating_add(len).min(total));
+            let mut send = Cursor::range(sizes.clone(), start, end);
+            let mut recv = Cursor::range(sizes.clone(), start, end);
+            let mut flat = start;
+            while let Some((d, o, l)) = send.next_span(max) {
+                let at: u64 = sizes[..d as usize].iter().sum::<u64>() + o;
+                prop_assert_eq!(at, flat);
+                prop_assert!(o < sizes[d as usize], "a span starts inside its descriptor");
+                send.accept(d, o, l).unwrap();
+                recv.accept(d, o, l).unwrap();
+                flat += u64::from(l);
+            }
+            prop_assert!(recv.is_done());
+            prop_assert_eq!(flat, end);
+            prop_assert!(recv.accept(0, 0, 1).is_err());
+        }
+    }
+
+    #[test]
+    fn a_span_may_not_run_past_the_transfer() {
+        let mut c = Cursor::new(vec![4, 4]);
+        assert!(c.accept(0, 0, 9).is_err());
+        assert!(c.accept(0, 0, 8).is_ok());
+        assert!(c.is_done());
+        let mut c = Cursor::range(vec![4, 4, 4], 2, 7);
+        assert!(c.accept(0, 2, 6).is_err(), "past the part");
+        assert!(c.accept(0, 2, 5).is_ok());
+        assert!(c.accept(1, 3, 1).is_err());
     }
 
     #[test]

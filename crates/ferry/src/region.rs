@@ -16,6 +16,7 @@
 //! stalled peer unable to block anything but the one thread doing its copy.
 
 use std::any::Any;
+use std::io::{IoSlice, IoSliceMut};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -28,6 +29,11 @@ use crate::Descriptor;
 /// leaves it behind: far longer than an ordinary chunk takes, far shorter
 /// than anything a caller would notice.
 pub(crate) const COPY_GRACE: Duration = Duration::from_millis(20);
+
+/// The most slices [`Region::write_span`] and [`Region::read_span`] hand
+/// out at once: one system call's worth (Linux's `IOV_MAX`, less one for a
+/// frame header).
+pub(crate) const SPAN_SLICES: usize = 1023;
 
 struct Seg {
     ptr: *mut u8,
@@ -330,6 +336,104 @@ impl Region {
         // unique.
         let slice = unsafe { std::slice::from_raw_parts_mut(s.ptr.add(r.start), r.len()) };
         Ok(f(slice))
+    }
+
+    /// Where the byte `n` bytes after `off` of segment `seg` lies, the
+    /// segments' bytes taken as one flat sequence: `(segment, offset)`,
+    /// past full and empty segments (the end: `(segment count, 0)`).
+    pub(crate) fn advance(&self, mut seg: usize, mut off: u64, n: usize) -> (usize, u64) {
+        let mut rest = n as u64;
+        while let Some(s) = self.segs.get(seg) {
+            let room = (s.len as u64).saturating_sub(off);
+            if rest < room {
+                return (seg, off + rest);
+            }
+            rest -= room;
+            seg += 1;
+            off = 0;
+        }
+        (seg, 0)
+    }
+
+    /// The pieces of a span: up to `len` bytes from `off` of segment `seg`
+    /// on, into the segments that follow, at most [`SPAN_SLICES`] pieces
+    /// (empty ones left out); fewer bytes only for that limit, else
+    /// `OutOfBounds`.
+    fn span(&self, seg: usize, off: u64, len: usize) -> Result<Vec<(*mut u8, usize)>, Denied> {
+        let mut out = Vec::new();
+        let (mut seg, mut off, mut left) = (seg, off, len);
+        while left > 0 && out.len() < SPAN_SLICES {
+            let s = self.segs.get(seg).ok_or(Denied::OutOfBounds)?;
+            let start = usize::try_from(off).map_err(|_| Denied::OutOfBounds)?;
+            if start > s.len {
+                return Err(Denied::OutOfBounds);
+            }
+            let n = (s.len - start).min(left);
+            if n > 0 {
+                // In bounds: `start + n <= s.len`.
+                out.push((s.ptr.wrapping_add(start), n));
+                left -= n;
+            }
+            seg += 1;
+            off = 0;
+        }
+        Ok(out)
+    }
+
+    /// Runs `f` on the bytes of a span (see [`advance`](Self::advance)): up
+    /// to `len` bytes from `off` of segment `seg` on, running into the
+    /// segments that follow, as at most [`SPAN_SLICES`] slices, for
+    /// writing, under the lock. `f` must not block: copies, or one
+    /// non-blocking system call (a vectored read).
+    pub(crate) fn write_span<R>(
+        &self,
+        seg: usize,
+        off: u64,
+        len: usize,
+        f: impl FnOnce(&mut [IoSliceMut<'_>]) -> R,
+    ) -> Result<R, Denied> {
+        if !self.writable {
+            return Err(Denied::OutOfBounds);
+        }
+        let raw = self.span(seg, off, len)?;
+        if self.closing.load(Ordering::Acquire) {
+            return Err(Denied::Closed);
+        }
+        let _held = self.access()?;
+        let mut slices: Vec<IoSliceMut<'_>> = raw
+            .into_iter()
+            // SAFETY: as in `write_at`, for each piece: the region is open
+            // and locked until `f` returns; each piece lies within its
+            // segment (`span` checked it) and the pieces of distinct
+            // segments do not overlap (segments of one writable region
+            // never do: the pool hands a block to one writable descriptor
+            // at a time, and a writable descriptor names a block once).
+            .map(|(p, n)| IoSliceMut::new(unsafe { std::slice::from_raw_parts_mut(p, n) }))
+            .collect();
+        Ok(f(&mut slices))
+    }
+
+    /// [`write_span`](Self::write_span) for reading: the slices of a span,
+    /// under the lock.
+    pub(crate) fn read_span<R>(
+        &self,
+        seg: usize,
+        off: u64,
+        len: usize,
+        f: impl FnOnce(&[IoSlice<'_>]) -> R,
+    ) -> Result<R, Denied> {
+        let raw = self.span(seg, off, len)?;
+        if self.closing.load(Ordering::Acquire) {
+            return Err(Denied::Closed);
+        }
+        let _held = self.access()?;
+        let slices: Vec<IoSlice<'_>> = raw
+            .into_iter()
+            // SAFETY: as in `read_at`, for each piece: open and locked until
+            // `f` returns, each piece within its segment (checked by `span`).
+            .map(|(p, n)| IoSlice::new(unsafe { std::slice::from_raw_parts(p, n) }))
+            .collect();
+        Ok(f(&slices))
     }
 
     /// Runs `f` with the raw `(pointer, length)` of the bytes `off..off +

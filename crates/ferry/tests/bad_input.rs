@@ -322,8 +322,54 @@ async fn bad_data_case(frames: Vec<u8>, landed: usize) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn data_past_the_end_of_a_descriptor_is_refused() {
-    bad_data_case(data_frame(1, 0, 0, &[1u8; 33]), 0).await;
+async fn data_past_the_end_of_the_last_descriptor_is_refused() {
+    // 32 + 16 bytes in all: a frame may run from one into the next
+    // (protocol 7), never past the last.
+    bad_data_case(data_frame(1, 0, 0, &[1u8; 49]), 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_data_frame_may_span_descriptors() {
+    let target = connector().await;
+    let w = target
+        .create_writable(vec![
+            untouched(32),
+            untouched(0),
+            untouched(16),
+            untouched(8),
+        ])
+        .await
+        .unwrap();
+    let mut raw = Raw::connect(&target).await;
+    raw.send(&open_frame(1, w.metadata(), OperationKind::Write))
+        .await;
+    let bytes: Vec<u8> = (0..56u8).collect();
+    // 20 bytes of descriptor 0, then one frame over the rest of it, the
+    // empty one, all of descriptor 2 and half of descriptor 3, then the
+    // last 4 bytes.
+    let mut f = data_frame(1, 0, 0, &bytes[..20]);
+    f.extend(data_frame(1, 0, 20, &bytes[20..52]));
+    f.extend(data_frame(1, 3, 4, &bytes[52..]));
+    raw.send_raw(&f).await.unwrap();
+    raw.send(&Message::Finish { req: 1 }).await;
+    match raw.next().await {
+        Some((Message::Finish { req: 1 }, _)) => {}
+        other => panic!("expected the write to be confirmed, got {other:?}"),
+    }
+    within(w.wait_for_completion()).await.unwrap();
+    let got = w.into_descriptors();
+    assert_eq!(got[0].as_slice().unwrap(), &bytes[..32]);
+    assert_eq!(got[1].size(), 0);
+    assert_eq!(got[2].as_slice().unwrap(), &bytes[32..48]);
+    assert_eq!(got[3].as_slice().unwrap(), &bytes[48..]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spanning_frame_that_starts_in_the_wrong_place_is_refused() {
+    let mut f = data_frame(1, 0, 0, &[1u8; 8]);
+    // Where descriptor 0 stands is offset 8: a span from 16 leaves a gap.
+    f.extend(data_frame(1, 0, 16, &[1u8; 24]));
+    bad_data_case(f, 8).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -274,3 +274,100 @@ async fn mismatches_and_busy_blocks_are_refused() {
         .unwrap_err();
     assert!(matches!(e, Error::ReadOnlyDescriptor { .. }), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_that_span_many_blocks_land_byte_for_byte_over_tcp() {
+    // Blocks of an odd size, more of them per 2 MiB frame than one
+    // system call takes (1023 slices), in random order on both sides; a
+    // slice of each block; plain, striped (parts cut inside blocks) and
+    // encrypted connections.
+    let (block, blocks, n) = (1000usize, 6000u32, 5003usize);
+    let mut rng = Rng(0xfeed);
+    let secret = "a shared secret of enough bytes for the test";
+    let vias = [
+        (TRANSPORTS[2], None),
+        (TRANSPORTS[3], None),
+        (TRANSPORTS[2], Some(secret)),
+    ];
+    for (t, secret) in vias {
+        let build = || match secret {
+            Some(s) => t.builder().secret(s).build(),
+            None => t.builder().build(),
+        };
+        let (a, b) = (build().await.unwrap(), build().await.unwrap());
+        let src_pool = Pool::allocate(block * blocks as usize, block).unwrap();
+        fill(&src_pool);
+        for (offset, len) in [(0, block), (3, 777)] {
+            let view = |shared| BlockView {
+                offset,
+                len: Some(len),
+                shared,
+            };
+            // READ.
+            let dst_pool = Pool::allocate(block * blocks as usize, block).unwrap();
+            let (src, dst) = (rng.ids(n, blocks), rng.ids(n, blocks));
+            let r = a
+                .create_readable(vec![src_pool.blocks_with(&src, view(true)).unwrap()])
+                .await
+                .unwrap();
+            let op = b
+                .begin_read(
+                    r.metadata(),
+                    vec![dst_pool.blocks_with(&dst, view(false)).unwrap()],
+                )
+                .await
+                .unwrap();
+            op.wait_for_completion().await.unwrap();
+            r.wait_for_completion().await.unwrap();
+            assert_eq!(op.transport(), Some(t.kind));
+            drop((op, r));
+            check_view(&dst_pool, &dst, &src, offset, len);
+
+            // WRITE, with a plain descriptor after the blocks.
+            let out = Pool::allocate(block * blocks as usize, block).unwrap();
+            let (src, dst) = (rng.ids(n, blocks), rng.ids(n, blocks));
+            let tail: Vec<u8> = (0..4099u32).map(|i| (i * 5) as u8).collect();
+            let w = a
+                .create_writable(vec![
+                    out.blocks_with(&dst, view(false)).unwrap(),
+                    Descriptor::from_vec(vec![0; tail.len()]),
+                ])
+                .await
+                .unwrap();
+            let op = b
+                .begin_write(
+                    vec![
+                        src_pool.blocks_with(&src, view(true)).unwrap(),
+                        Descriptor::from_vec(tail.clone()),
+                    ],
+                    w.metadata(),
+                )
+                .await
+                .unwrap();
+            op.wait_for_completion().await.unwrap();
+            w.wait_for_completion().await.unwrap();
+            drop(op);
+            let got = w.into_descriptors();
+            assert_eq!(got[1].as_slice().unwrap(), &tail[..], "{t}");
+            drop(got);
+            check_view(&out, &dst, &src, offset, len);
+        }
+    }
+}
+
+/// Bytes `offset..offset + len` of block `dst[k]` of `pool` hold those of
+/// source block `src[k]`.
+fn check_view(pool: &Pool, dst: &[u32], src: &[u32], offset: usize, len: usize) {
+    for (k, (&d, &s)) in dst.iter().zip(src).enumerate() {
+        pool.with_block(d, |b| {
+            for (i, &x) in b[offset..offset + len].iter().enumerate() {
+                assert_eq!(
+                    x,
+                    byte(s, offset + i),
+                    "entry {k}: block {d} from {s}, byte {i}"
+                );
+            }
+        })
+        .unwrap();
+    }
+}

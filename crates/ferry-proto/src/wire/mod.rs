@@ -26,8 +26,9 @@
 use crate::runs::{self, MAX_RUNS};
 use crate::{OperationKind, Token, MAX_DESCRIPTORS};
 
-/// The protocol version carried in `Hello`.
-pub const PROTOCOL_VERSION: u16 = 6;
+/// The protocol version carried in `Hello`. 7: a [`Data`] frame may run
+/// on past the end of its descriptor into the ones that follow.
+pub const PROTOCOL_VERSION: u16 = 7;
 /// The bytes that open every `Hello` body.
 pub const MAGIC: [u8; 6] = *b"FERRY\0";
 /// The length of a frame header.
@@ -298,7 +299,12 @@ pub struct Attach {
     pub verdict: Verdict,
 }
 
-/// Header of a run of payload bytes for descriptor `desc` at `offset`.
+/// Header of a run of payload bytes starting in descriptor `desc` at
+/// `offset`: the descriptors' bytes taken as one flat sequence, in order,
+/// the run may go on past the end of `desc` into the descriptors that
+/// follow (many small blocks in one frame). It must start exactly where
+/// the transfer stands and end at most where it ends (see
+/// [`Cursor`](crate::Cursor)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Data {
     /// The request.

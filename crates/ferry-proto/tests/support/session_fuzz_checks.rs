@@ -68,8 +68,8 @@ pub(super) fn action_name<T>(a: &Action<T>) -> &'static str {
 }
 
 impl Grant {
-    /// Checks that `(desc, offset, len)` lies inside the grant and its
-    /// part, and continues at `next`; returns its end.
+    /// Checks that `(desc, offset, len)` starts inside the grant, lies in
+    /// its part, and continues at `next`; returns its end.
     pub(super) fn check_chunk(
         &self,
         desc: u32,
@@ -85,10 +85,11 @@ impl Grant {
             "{what}: descriptor {desc} of {:?}",
             self.sizes
         );
-        let end = u128::from(offset) + u128::from(len);
+        // A chunk starts inside its descriptor and may run on into the
+        // ones that follow (protocol 7), never past the part.
         assert!(
-            end <= u128::from(self.sizes[d]),
-            "{what}: ({desc}, {offset}, {len}) past descriptor of {}",
+            offset < self.sizes[d],
+            "{what}: ({desc}, {offset}, {len}) starts past descriptor of {}",
             self.sizes[d]
         );
         let flat = self.flat(desc, offset);

@@ -531,7 +531,7 @@ fn data_into_a_request_that_takes_none() {
 #[test]
 fn data_outside_the_request_is_out_of_order() {
     let cases: [(u32, u64, u32); 7] = [
-        (0, 0, 9),        // past the descriptor
+        (0, 0, 17),       // past the last descriptor
         (0, 8, 1),        // at its end
         (0, u64::MAX, 2), // an offset that overflows
         (1, 0, 1),        // the next descriptor, early
@@ -550,6 +550,15 @@ fn data_outside_the_request_is_out_of_order() {
             "({desc}, {offset}, {len})"
         );
     }
+    // A span across both descriptors is one frame's worth.
+    let mut s = passive(NO_CAPS);
+    let f = bind(&mut s, &open(1, OperationKind::Write, &[8, 8]));
+    lands(&mut s, data(1, 0, 0, 4), &f);
+    lands(&mut s, data(1, 0, 4, 10), &f);
+    assert!(matches!(
+        s.handle_frame(data(1, 1, 6, 3)),
+        Err(Violation::DataOutOfOrder(_))
+    ));
     // An overlap, and bytes of another part.
     let mut s = passive(NO_CAPS);
     let f = bind(&mut s, &open(1, OperationKind::Write, &[8]));

@@ -160,26 +160,22 @@ impl FrameReader {
         Ok(msg)
     }
 
-    /// Moves `len` payload bytes into `dst` (segment, offset) of a region, or
-    /// discards them when there is no destination or the region closes.
+    /// Moves `len` payload bytes into `dst` (segment, offset) of a region
+    /// and on into the segments that follow, or discards them when there is
+    /// no destination or the region closes.
     pub(crate) async fn payload(
         &mut self,
         len: u32,
-        mut dst: Option<(&Region, u32, u64)>,
+        dst: Option<(&Region, u32, u64)>,
     ) -> Result<(), ConnError> {
         self.bulk = len >= BULK_PAYLOAD;
+        let mut dst = dst.map(|(r, seg, off)| (r, seg as usize, off));
         let mut left = len as usize;
         let buffered = left.min(self.end - self.start);
         if buffered > 0 {
             if let Some((region, seg, off)) = dst {
                 let src = &self.buf[self.start..self.start + buffered];
-                match region.write_at(seg as usize, off, buffered, |d| d.copy_from_slice(src)) {
-                    Ok(()) => dst = Some((region, seg, off + buffered as u64)),
-                    Err(Denied::Closed) => dst = None,
-                    Err(Denied::OutOfBounds) => {
-                        return Err(ConnError::Channel("data outside the descriptor".into()))
-                    }
-                }
+                dst = land(region, seg, off, src)?;
             }
             self.start += buffered;
             left -= buffered;
@@ -192,20 +188,21 @@ impl FrameReader {
                 Some((region, seg, off)) => {
                     self.rd.readable().await?;
                     let rd = &self.rd;
-                    match region.write_at(seg as usize, off, left, |d| rd.try_read(d)) {
+                    // Straight from the socket into as many blocks as one
+                    // system call takes.
+                    match region.write_span(seg, off, left, |d| rd.try_read_vectored(d)) {
                         Ok(Ok(0)) => {
                             return Err(ConnError::Io(io::ErrorKind::UnexpectedEof.into()))
                         }
                         Ok(Ok(n)) => {
                             left -= n;
-                            dst = Some((region, seg, off + n as u64));
+                            let (seg, off) = region.advance(seg, off, n);
+                            dst = Some((region, seg, off));
                         }
                         Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => {}
                         Ok(Err(e)) => return Err(e.into()),
                         Err(Denied::Closed) => dst = None,
-                        Err(Denied::OutOfBounds) => {
-                            return Err(ConnError::Channel("data outside the descriptor".into()))
-                        }
+                        Err(Denied::OutOfBounds) => return Err(outside()),
                     }
                 }
                 None => {
@@ -222,24 +219,57 @@ impl FrameReader {
     }
 }
 
+fn outside() -> ConnError {
+    ConnError::Channel("data outside the descriptors".into())
+}
+
+/// A payload's destination: the region, and where in it the next byte goes.
+type Dst<'a> = Option<(&'a Region, usize, u64)>;
+
+/// Copies `src` into the region from `off` of segment `seg` on, into the
+/// segments that follow: where the next byte goes, or `None` if the
+/// region closed (the rest is then discarded).
+fn land<'a>(
+    region: &'a Region,
+    seg: usize,
+    off: u64,
+    mut src: &[u8],
+) -> Result<Dst<'a>, ConnError> {
+    let (mut seg, mut off) = (seg, off);
+    while !src.is_empty() {
+        let r = region.write_span(seg, off, src.len(), |d| {
+            let mut n = 0;
+            for piece in d.iter_mut() {
+                let k = piece.len();
+                piece.copy_from_slice(&src[n..n + k]);
+                n += k;
+            }
+            n
+        });
+        match r {
+            Ok(0) | Err(Denied::OutOfBounds) => return Err(outside()),
+            Ok(n) => {
+                src = &src[n..];
+                (seg, off) = region.advance(seg, off, n);
+            }
+            Err(Denied::Closed) => return Ok(None),
+        }
+    }
+    Ok(Some((region, seg, off)))
+}
+
 /// [`FrameReader::payload`] through the secure channel: each message is
 /// authenticated before its bytes are copied into the region.
 async fn secure_payload(
     sec: &mut Opener,
     rd: &mut OwnedReadHalf,
     mut left: usize,
-    mut dst: Option<(&Region, u32, u64)>,
+    mut dst: Dst<'_>,
 ) -> Result<(), ConnError> {
     while left > 0 {
         let p = sec.next(rd, left).await?;
         if let Some((region, seg, off)) = dst {
-            match region.write_at(seg as usize, off, p.len(), |d| d.copy_from_slice(p)) {
-                Ok(()) => dst = Some((region, seg, off + p.len() as u64)),
-                Err(Denied::Closed) => dst = None,
-                Err(Denied::OutOfBounds) => {
-                    return Err(ConnError::Channel("data outside the descriptor".into()))
-                }
-            }
+            dst = land(region, seg, off, p)?;
         }
         left -= p.len();
     }
@@ -371,9 +401,10 @@ impl ConnWriter {
     }
 
     /// Sends the `Data` frame `header`, its `len` payload bytes taken from
-    /// the region. If the region closes meanwhile, the rest of the payload
-    /// is zeros (the frame must be completed) and `Ok(false)` is returned;
-    /// if it was closed before, nothing is sent.
+    /// the region from `offset` of segment `desc` on, running into the
+    /// segments that follow. If the region closes meanwhile, the rest of
+    /// the payload is zeros (the frame must be completed) and `Ok(false)` is
+    /// returned; if it was closed before, nothing is sent.
     pub(crate) async fn send_data(
         &mut self,
         header: &[u8],
@@ -388,18 +419,22 @@ impl ConnWriter {
         let w = &mut self.w;
         let len = len as usize;
         let (mut hdr_sent, mut sent) = (0usize, 0usize);
+        let (mut seg, mut off) = (desc as usize, offset);
         let mut open = true;
         while hdr_sent < header.len() || sent < len {
             if open {
                 w.writable().await?;
                 let ww = &*w;
                 // Header and payload in one system call, the payload straight
-                // from the source memory.
-                let r = region.read_at(desc as usize, offset + sent as u64, len - sent, |s| {
+                // from the source memory, as many blocks as the call takes.
+                let r = region.read_span(seg, off, len - sent, |s| {
                     if hdr_sent < header.len() {
-                        ww.try_write_vectored(&[IoSlice::new(&header[hdr_sent..]), IoSlice::new(s)])
+                        let mut v = Vec::with_capacity(s.len() + 1);
+                        v.push(IoSlice::new(&header[hdr_sent..]));
+                        v.extend_from_slice(s);
+                        ww.try_write_vectored(&v)
                     } else {
-                        ww.try_write(s)
+                        ww.try_write_vectored(s)
                     }
                 });
                 match r {
@@ -408,6 +443,7 @@ impl ConnWriter {
                         let h = n.min(header.len() - hdr_sent);
                         hdr_sent += h;
                         sent += n - h;
+                        (seg, off) = region.advance(seg, off, n - h);
                     }
                     Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Ok(Err(e)) => return Err(e),
@@ -443,20 +479,27 @@ async fn send_data_sealed(
     s.flush(w).await?;
     let len = len as usize;
     let (mut started, mut sent, mut open) = (false, 0usize, true);
+    let (mut seg, mut off) = (desc as usize, offset);
     while !started || sent < len {
         let n = (len - sent).min(BATCH);
         if open {
-            let r = region.read_at(desc as usize, offset + sent as u64, n, |src| {
+            let r = region.read_span(seg, off, n, |src| {
                 if !started {
                     s.seal(header)?;
                 }
-                s.seal(src)
+                let mut took = 0;
+                for piece in src {
+                    s.seal(piece)?;
+                    took += piece.len();
+                }
+                io::Result::Ok(took)
             });
             match r {
                 Ok(r) => {
-                    r?;
+                    let took = r?;
                     started = true;
-                    sent += n;
+                    sent += took;
+                    (seg, off) = region.advance(seg, off, took);
                 }
                 // Closed before the frame started: send nothing of it.
                 Err(_) if !started => return Ok(false),

@@ -199,7 +199,8 @@ impl Conn {
         if let Some(o) = opened {
             o.send_replace(true);
         }
-        while let Some((d, o, l)) = cursor.next_chunk(CHUNK) {
+        // Each frame as large as a chunk, over as many blocks as it takes.
+        while let Some((d, o, l)) = cursor.next_span(CHUNK) {
             if !self.send_chunk(req, region, d, o, l).await? {
                 return closed(self);
             }
@@ -254,7 +255,8 @@ impl Conn {
     ) -> bool {
         let total: u64 = cursor.sizes().iter().sum();
         out.reserve(total as usize + 64);
-        while let Some((d, o, l)) = cursor.next_chunk(u32::MAX) {
+        // One frame for all of it, whatever the blocks.
+        while let Some((d, o, l)) = cursor.next_span(u32::MAX) {
             Message::Data(Data {
                 req,
                 desc: d,
@@ -262,11 +264,21 @@ impl Conn {
                 len: l,
             })
             .encode(out);
-            if region
-                .read_at(d as usize, o, l as usize, |s| out.extend_from_slice(s))
-                .is_err()
-            {
-                return false;
+            let (mut seg, mut off, mut left) = (d as usize, o, l as usize);
+            while left > 0 {
+                let copied = region.read_span(seg, off, left, |pieces| {
+                    pieces.iter().fold(0, |n, p| {
+                        out.extend_from_slice(p);
+                        n + p.len()
+                    })
+                });
+                match copied {
+                    Ok(n) if n > 0 => {
+                        left -= n;
+                        (seg, off) = region.advance(seg, off, n);
+                    }
+                    _ => return false,
+                }
             }
             let _ = cursor.accept(d, o, l);
         }
