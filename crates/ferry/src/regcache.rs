@@ -83,15 +83,6 @@ impl RegCache {
     }
 }
 
-impl std::fmt::Debug for RegCache {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RegCache")
-            .field("base", &self.base)
-            .field("len", &self.len)
-            .finish_non_exhaustive()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

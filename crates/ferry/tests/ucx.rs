@@ -11,6 +11,41 @@ mod support;
 
 use support::{legit_transfers_still_work, noise, within, Raw, Via};
 
+/// Runs the test `name` of this binary alone in a child process with
+/// `set` in its environment and `remove` taken out of it (UCX is loaded
+/// once per process); its output, once it has passed.
+fn run_child(name: &str, set: &[(&str, &str)], remove: &[&str]) -> String {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", name, "--nocapture", "--test-threads=1"]);
+    for (k, v) in set {
+        cmd.env(k, v);
+    }
+    for k in remove {
+        cmd.env_remove(k);
+    }
+    let out = cmd.output().unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("1 passed"),
+        "the child test did not run: {text}"
+    );
+    text
+}
+
+/// Waits (bounded) until this process has exactly `n` ranges registered:
+/// a lease ends with the destination's last frame, which the source may
+/// read a moment after its own completion.
+async fn registrations_back_to(n: usize) {
+    within(async {
+        while ferry::ucx::registrations() != n {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+}
+
 /// The environment variable that marks the child process of
 /// [`without_ucx_operations_go_by_another_transport`].
 const CHILD: &str = "FERRY_TEST_UCX_CHILD";
@@ -22,24 +57,13 @@ const CHILD: &str = "FERRY_TEST_UCX_CHILD";
 /// `FERRY_UCX_LIB` naming a file that does not exist.
 #[test]
 fn without_ucx_operations_go_by_another_transport() {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_without_ucx",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, "1")
-        .env(ferry::ucx::LIB_ENV, "/nonexistent/libucp.so.0")
-        .env_remove(ferry::TRANSPORTS_ENV)
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{text}");
-    assert!(
-        text.contains("1 passed"),
-        "the child test did not run: {text}"
+    let text = run_child(
+        "child_without_ucx",
+        &[
+            (CHILD, "1"),
+            (ferry::ucx::LIB_ENV, "/nonexistent/libucp.so.0"),
+        ],
+        &[ferry::TRANSPORTS_ENV],
     );
     assert!(text.contains("carried by"), "{text}");
 }
@@ -218,12 +242,7 @@ async fn registrations_end_with_the_lease() {
     assert_eq!(op.transport(), Some(TransportKind::Ucx));
     // The lease ends with the destination's Finish, which the source may
     // read a moment after its completion.
-    within(async {
-        while ferry::ucx::registrations() != before {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    })
-    .await;
+    registrations_back_to(before).await;
     // The source registered what it lent (three ranges, or fewer if two
     // allocations happen to touch), and nothing is registered any more.
     let new = ferry::ucx::registrations_made() - made;
@@ -310,12 +329,7 @@ async fn pools_are_registered_once_unless_strict() {
             // Once the lease ended: the pool's registration stays (cached),
             // or nothing stays (strict).
             let kept = if strict { before } else { before + 1 };
-            within(async {
-                while ferry::ucx::registrations() != kept {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-            })
-            .await;
+            registrations_back_to(kept).await;
         }
         let new = ferry::ucx::registrations_made() - made;
         if strict {
@@ -324,12 +338,7 @@ async fn pools_are_registered_once_unless_strict() {
             assert_eq!(new, 1, "the pool is registered once");
         }
         drop(pool);
-        within(async {
-            while ferry::ucx::registrations() != before {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        })
-        .await;
+        registrations_back_to(before).await;
     }
 }
 
@@ -345,21 +354,11 @@ const KEY_CHILD: &str = "FERRY_TEST_UCX_KEY_CHILD";
 /// it skipped, and the promise is unverified.
 #[test]
 fn a_key_of_unregistered_memory_gets_nothing() {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_old_key",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(KEY_CHILD, "1")
-        .env(ferry::UCX_STRICT_REGISTRATION_ENV, "1")
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{text}");
-    assert!(text.contains("1 passed"), "the child did not run: {text}");
+    let text = run_child(
+        "child_old_key",
+        &[(KEY_CHILD, "1"), (ferry::UCX_STRICT_REGISTRATION_ENV, "1")],
+        &[],
+    );
     if let Some(at) = text.find("skipped:") {
         eprintln!("{}", text[at..].lines().next().unwrap_or_default());
     }
