@@ -15,6 +15,11 @@ pub const TRANSPORTS_ENV: &str = "FERRY_TRANSPORTS";
 pub const SECRET_ENV: &str = "FERRY_SECRET";
 /// The environment variable that sets [`ConnectorBuilder::cma_threshold`] (bytes).
 pub const CMA_THRESHOLD_ENV: &str = "FERRY_CMA_THRESHOLD";
+/// The environment variable that sets how many threads of a process may copy
+/// one cross-memory pull of 8 MiB or more at once (its own and helpers
+/// shared by every pull of the process; `1`: no helpers). Read once per
+/// process; default: the host's cores, up to 4.
+pub const CMA_THREADS_ENV: &str = "FERRY_CMA_THREADS";
 /// The environment variable that sets [`ConnectorBuilder::tcp_streams`].
 pub const TCP_STREAMS_ENV: &str = "FERRY_TCP_STREAMS";
 /// The environment variable that sets [`ConnectorBuilder::stripe_threshold`] (bytes).

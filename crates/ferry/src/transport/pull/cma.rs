@@ -6,7 +6,7 @@ use std::io;
 
 use ferry_proto::DeviceKind;
 
-use super::{LeaseBlob, PullEnd, Puller};
+use super::{share, LeaseBlob, PullEnd, Puller};
 use crate::kind::TransportKind;
 use crate::outcome::OpShared;
 use crate::region::{Denied, Region};
@@ -43,11 +43,13 @@ impl Puller for CmaPuller {
     }
 
     /// Copies every segment of a lease from process `peer` into `region`,
-    /// one chunk per system call, each outside the region's lock (the peer
-    /// may stall it: see `Region::copy_into`), then seals the operation
-    /// under that lock. Every copy, a check before the first and a
-    /// confirmation before the seal make sure that `peer` still runs the
-    /// program that passed the attach probe.
+    /// one unit (a chunk of a large segment, or a run of small ones) per
+    /// system call, each outside the region's lock (the peer may stall it:
+    /// see `Region::copy_into`), then seals the operation under that lock.
+    /// A lease of [`PARALLEL_FROM`] bytes or more shares its units among
+    /// helper threads (see `share.rs`). Every copy, a check before the first
+    /// and a confirmation before the seal make sure that `peer` still runs
+    /// the program that passed the attach probe.
     fn pull(&self, peer: &Peer, lease: &LeaseBlob, region: &Region, shared: &OpShared) -> PullEnd {
         let segs = lease.segments();
         let pid = peer.pid();
@@ -57,74 +59,122 @@ impl Puller for CmaPuller {
         if let Err(e) = peer.check() {
             return failed(e);
         }
-        let mut i = 0;
-        while i < segs.len() {
-            // Small segments in a row: one vectored call for up to a chunk,
-            // blocks that follow each other in memory (on either side)
-            // merged into one range of that side.
-            let count = batch(segs, i, region);
-            if count > 0 {
-                let lent = &segs[i..i + count];
-                let r = region.copy_into(i, count, None, |local| {
-                    if local.iter().zip(lent).any(|(l, r)| l.1 as u64 != r.1) {
-                        return Err(io::Error::other("lease larger than the destination"));
-                    }
-                    let local = merged_local(local);
-                    let remote = merged(lent.iter().copied());
-                    // SAFETY: `copy_into` hands out whole segments of the
-                    // region, counted as in flight until we return: valid for
-                    // writes and touched by nothing else meanwhile (merging
-                    // ranges that follow each other changes nothing of
-                    // that); the lengths match the lease pairwise (checked
-                    // above), so the merged totals are equal; `batch` kept
-                    // both merged lists to at most MAX_IOV ranges.
-                    unsafe { peer.pull_many(&local, &remote) }
-                });
-                match r {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => return failed(e),
-                    Err(Denied::Closed) => return PullEnd::Closed,
-                    Err(Denied::OutOfBounds) => {
-                        return PullEnd::Failed("lease larger than the destination".into())
-                    }
+        let units = match plan(segs, region) {
+            Ok(u) => u,
+            Err(end) => return end,
+        };
+        let bytes: u64 = segs.iter().map(|s| s.1).sum();
+        let helpers = if bytes >= PARALLEL_FROM {
+            share::max_threads() - 1
+        } else {
+            0
+        };
+        let copy = |u: &Unit| {
+            let r = match *u {
+                Unit::Run { first, count } => {
+                    let lent = &segs[first..first + count];
+                    region.copy_into(first, count, None, |local| {
+                        if local.iter().zip(lent).any(|(l, r)| l.1 as u64 != r.1) {
+                            return Err(io::Error::other("lease larger than the destination"));
+                        }
+                        let local = merged_local(local);
+                        let remote = merged(lent.iter().copied());
+                        // SAFETY: `copy_into` hands out whole segments of
+                        // the region, counted as in flight until we return:
+                        // valid for writes and touched by nothing else
+                        // meanwhile (units are disjoint, so no other thread
+                        // of this pull writes them either; merging ranges
+                        // that follow each other changes nothing of that);
+                        // the lengths match the lease pairwise (checked
+                        // above), so the merged totals are equal; `batch`
+                        // kept both merged lists to at most MAX_IOV ranges.
+                        unsafe { peer.pull_many(&local, &remote) }
+                    })
                 }
-                i += count;
-                continue;
-            }
-            let (addr, len) = segs[i];
-            let mut off = 0u64;
-            while off < len {
-                let n = (len - off).min(PULL_CHUNK) as usize;
-                let Some(at) = addr.checked_add(off) else {
-                    return PullEnd::Failed("lease address overflows".into());
-                };
-                // SAFETY: `copy_into` hands out `n` bytes at `off` of segment
-                // `i` (bounds checked), counted as in flight until we return:
-                // valid for writes and touched by nothing else meanwhile; one
-                // local and one remote range of the same length.
-                let r = region.copy_into(i, 1, Some((off, n)), |local| unsafe {
-                    peer.pull_many(local, &[(at, n as u64)])
-                });
-                match r {
-                    Ok(Ok(())) => off += n as u64,
-                    Ok(Err(e)) => return failed(e),
-                    Err(Denied::Closed) => return PullEnd::Closed,
-                    Err(Denied::OutOfBounds) => {
-                        return PullEnd::Failed("lease larger than the destination".into())
-                    }
+                Unit::Part { seg, off, len, at } => {
+                    // SAFETY: `copy_into` hands out `len` bytes at `off` of
+                    // segment `seg` (bounds checked), counted as in flight
+                    // until we return: valid for writes and touched by
+                    // nothing else meanwhile (units are disjoint); one local
+                    // and one remote range of the same length.
+                    region.copy_into(seg, 1, Some((off, len)), |local| unsafe {
+                        peer.pull_many(local, &[(at, len as u64)])
+                    })
+                }
+            };
+            match r {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(failed(e)),
+                Err(Denied::Closed) => Err(PullEnd::Closed),
+                Err(Denied::OutOfBounds) => {
+                    Err(PullEnd::Failed("lease larger than the destination".into()))
                 }
             }
-            i += 1;
+        };
+        if let Some(end) = share::run(&units, helpers, copy) {
+            return end;
         }
         if let Err(e) = peer.confirm() {
             return failed(e);
         }
+
         if region.seal_if_open(|| shared.seal()) {
             PullEnd::Done
         } else {
             PullEnd::Closed
         }
     }
+}
+
+/// A lease of at least this many bytes is copied by more than one thread
+/// (where the process's helper budget allows): below it, starting a helper
+/// costs more than it saves.
+const PARALLEL_FROM: u64 = 8 << 20;
+
+/// One copy of a pull: one system call inside one `Region::copy_into`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unit {
+    /// Whole segments `first..first + count`, small ones in a row.
+    Run { first: usize, count: usize },
+    /// `len` bytes at `off` of segment `seg`, lent at address `at`.
+    Part {
+        seg: usize,
+        off: u64,
+        len: usize,
+        at: u64,
+    },
+}
+
+/// The units of a lease, in order: runs of small segments as [`batch`]
+/// groups them, and large segments cut into [`PULL_CHUNK`]s.
+fn plan(segs: &[(u64, u64)], region: &Region) -> Result<Vec<Unit>, PullEnd> {
+    let mut units = Vec::new();
+    let mut i = 0;
+    while i < segs.len() {
+        let count = batch(segs, i, region);
+        if count > 0 {
+            units.push(Unit::Run { first: i, count });
+            i += count;
+            continue;
+        }
+        let (addr, len) = segs[i];
+        let mut off = 0u64;
+        while off < len {
+            let n = (len - off).min(PULL_CHUNK) as usize;
+            let Some(at) = addr.checked_add(off) else {
+                return Err(PullEnd::Failed("lease address overflows".into()));
+            };
+            units.push(Unit::Part {
+                seg: i,
+                off,
+                len: n,
+                at,
+            });
+            off += n as u64;
+        }
+        i += 1;
+    }
+    Ok(units)
 }
 
 /// How many segments from `i` on one call copies: at most [`PULL_CHUNK`]
@@ -218,6 +268,14 @@ mod tests {
 
         fn chunk(&self) -> usize {
             CHUNK
+        }
+
+        fn copiers(&self, len: usize) -> usize {
+            if len as u64 >= PARALLEL_FROM {
+                share::max_threads()
+            } else {
+                1
+            }
         }
 
         unsafe fn source(&self, _src: &Arc<Region>) -> Peer {

@@ -31,6 +31,7 @@ use crate::region::Region;
 pub(crate) mod cma;
 #[cfg(test)]
 mod conformance;
+pub(crate) mod share;
 #[cfg(test)]
 mod testing;
 pub(crate) mod ucx;
@@ -125,7 +126,8 @@ impl LeaseBlob {
 ///    backend's bound, e.g. [`cma::CHUNK`](crate::transport::cma::CHUNK)
 ///    bytes, or a run of small segments totalling no more), so a cancel
 ///    that meets an ordinary copy waits for that one chunk at most, and at
-///    most that one chunk lands after the close began.
+///    most that one chunk lands after the close began (one per thread, where
+///    a pull shares its chunks among threads: see `share.rs`).
 /// 3. **Stop at the first refusal.** `Err(Denied::Closed)` from the region
 ///    ends the pull at once with [`PullEnd::Closed`]: no further copy, no
 ///    seal.
