@@ -31,7 +31,12 @@ use ferry::{Connector, Pool, RdmaMetadata, TransportKind};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
-use tokio::sync::{mpsc, Mutex};
+use tokio::sync::Mutex;
+
+mod raw;
+mod target;
+
+pub use target::target;
 
 /// One KV-cache shape.
 #[derive(Debug, Clone, Copy)]
@@ -115,6 +120,10 @@ struct Req {
     /// the pool (the `contiguous` rows; `seed`, `run`, `from`, `to` unused).
     #[serde(default)]
     contiguous: bool,
+    /// Where the contiguous READ buffer of the shape lies in the target
+    /// (`"<pid> <address>"`), for the raw baseline (see `raw.rs`).
+    #[serde(default)]
+    raw: bool,
 }
 
 /// One plain buffer of `blocks` blocks of `block` bytes (see
@@ -206,173 +215,6 @@ pub fn ids(n: u32, run: u32, seed: u64) -> Vec<u32> {
         .into_iter()
         .flat_map(|a| a..(a + run).min(n))
         .collect()
-}
-
-/// `ferry kv-target`: serves requests on stdin until it closes.
-pub async fn target(connector: Connector) -> anyhow::Result<()> {
-    let (tx, mut rx) = mpsc::unbounded_channel::<Answer>();
-    tokio::spawn(async move {
-        let mut out = tokio::io::stdout();
-        while let Some(a) = rx.recv().await {
-            let mut line = serde_json::to_vec(&a).unwrap_or_default();
-            line.push(b'\n');
-            if out.write_all(&line).await.is_err() || out.flush().await.is_err() {
-                break;
-            }
-        }
-    });
-    let connector = Arc::new(connector);
-    let pools: Arc<Mutex<HashMap<(usize, u32), Pool>>> = Arc::default();
-    // The contiguous buffers, by (block, blocks, write), while no
-    // operation holds them.
-    let contig: Contig = Arc::default();
-    let mut lines = BufReader::new(tokio::io::stdin()).lines();
-    while let Some(line) = lines.next_line().await? {
-        let r: Req = serde_json::from_str(&line).context("a kv request")?;
-        if r.contiguous {
-            contiguous_target(&connector, &contig, &tx, r).await?;
-            continue;
-        }
-        let pool = {
-            let mut p = pools.lock().await;
-            if !p.contains_key(&(r.block, r.blocks)) {
-                p.clear();
-                let pool = Pool::allocate(r.block * r.blocks as usize, r.block)?;
-                // Written once, so that its pages are real.
-                for id in 0..r.blocks {
-                    pool.with_block_mut(id, |b| fill_block(b, id))?;
-                }
-                p.insert((r.block, r.blocks), pool);
-            }
-            p[&(r.block, r.blocks)].clone()
-        };
-        let all = ids(r.blocks, r.run, r.seed);
-        let mine = &all[r.from as usize..r.to as usize];
-        let (tx, c) = (tx.clone(), connector.clone());
-        let made = if r.write {
-            match pool.blocks(mine) {
-                Ok(d) => c.create_writable(vec![d]).await.map(|op| {
-                    let m = op.metadata().to_json();
-                    (m, Box::new(op) as Box<dyn ferry::Operation<'static>>)
-                }),
-                Err(e) => Err(ferry::Error::Config(e.to_string())),
-            }
-        } else {
-            match pool.shared_blocks(mine) {
-                Ok(d) => c.create_readable(vec![d]).await.map(|op| {
-                    let m = op.metadata().to_json();
-                    (m, Box::new(op) as Box<dyn ferry::Operation<'static>>)
-                }),
-                Err(e) => Err(ferry::Error::Config(e.to_string())),
-            }
-        };
-        match made {
-            Ok((m, op)) => {
-                let _ = tx.send(Answer {
-                    id: r.id,
-                    metadata: Some(m),
-                    error: None,
-                    done: false,
-                });
-                let check = r.verify.then(|| {
-                    let theirs = ids(r.blocks, r.run, r.seed ^ LOCAL);
-                    let mine = mine.to_vec();
-                    (
-                        pool.clone(),
-                        mine,
-                        theirs[r.from as usize..r.to as usize].to_vec(),
-                    )
-                });
-                tokio::spawn(async move {
-                    let mut error = op.wait_for_completion().await.err().map(|e| e.to_string());
-                    drop(op);
-                    if let (None, Some((pool, mine, theirs))) = (&error, check) {
-                        error = verify(&pool, &mine, &theirs).err().map(|e| e.to_string());
-                    }
-                    let _ = tx.send(Answer {
-                        id: r.id,
-                        metadata: None,
-                        error,
-                        done: true,
-                    });
-                });
-            }
-            Err(e) => {
-                let _ = tx.send(Answer {
-                    id: r.id,
-                    metadata: None,
-                    error: Some(e.to_string()),
-                    done: true,
-                });
-            }
-        }
-    }
-    Ok(())
-}
-
-type Contig = Arc<Mutex<HashMap<(usize, u32, bool), ferry::Descriptor<'static>>>>;
-
-/// Serves one `contiguous` request: the one plain buffer of the shape
-/// (made at the first request, then handed back by each operation),
-/// readable (a READ) or writable (a WRITE, checked once written if asked).
-async fn contiguous_target(
-    c: &Arc<Connector>,
-    contig: &Contig,
-    tx: &mpsc::UnboundedSender<Answer>,
-    r: Req,
-) -> anyhow::Result<()> {
-    let key = (r.block, r.blocks, r.write);
-    let d = match contig.lock().await.remove(&key) {
-        Some(d) => d,
-        None => contiguous_buffer(r.block, r.blocks, !r.write)?,
-    };
-    let made = if r.write {
-        c.create_writable(vec![d]).await.map(|op| {
-            let m = op.metadata().to_json();
-            (m, Box::new(op) as Box<dyn ferry::Operation<'static>>)
-        })
-    } else {
-        c.create_readable(vec![d]).await.map(|op| {
-            let m = op.metadata().to_json();
-            (m, Box::new(op) as Box<dyn ferry::Operation<'static>>)
-        })
-    };
-    let (m, op) = match made {
-        Ok(x) => x,
-        Err(e) => {
-            let _ = tx.send(Answer {
-                id: r.id,
-                metadata: None,
-                error: Some(e.to_string()),
-                done: true,
-            });
-            return Ok(());
-        }
-    };
-    let _ = tx.send(Answer {
-        id: r.id,
-        metadata: Some(m),
-        error: None,
-        done: false,
-    });
-    let (tx, contig) = (tx.clone(), contig.clone());
-    tokio::spawn(async move {
-        let mut error = op.wait_for_completion().await.err().map(|e| e.to_string());
-        let mut back = op.into_descriptors();
-        if let (None, true, Some(d)) = (&error, r.verify, back.first()) {
-            error = verify_contiguous(d, r.block).err().map(|e| e.to_string());
-        }
-        if let Some(d) = back.pop() {
-            contig.lock().await.insert(key, d);
-        }
-        let _ = tx.send(Answer {
-            id: r.id,
-            metadata: None,
-            error,
-            done: true,
-        });
-    });
-    Ok(())
 }
 
 /// One measured row.
@@ -520,6 +362,7 @@ async fn measure(
                 to,
                 verify: check && s.write,
                 contiguous: false,
+                raw: false,
             };
             let (m, done) = target.request(req).await?;
             meta_bytes = m.len();
@@ -614,6 +457,7 @@ async fn measure_contiguous(
             to: s.blocks,
             verify: check && s.write,
             contiguous: true,
+            raw: false,
         };
         let (m, done) = target.request(req).await?;
         meta_bytes = m.len();
@@ -730,8 +574,30 @@ pub async fn run(
             for id in 0..s.blocks {
                 pool.with_block_mut(id, |b| fill_block(b, id))?;
             }
+            let mut shape_rows = Vec::new();
+            if transport == TransportKind::Cma {
+                let req = Req {
+                    id: 0,
+                    write: false,
+                    block: s.block,
+                    blocks: s.blocks,
+                    seed: 0,
+                    run: s.run,
+                    from: 0,
+                    to: s.blocks,
+                    verify: false,
+                    contiguous: false,
+                    raw: true,
+                };
+                let (at, _) = target.request(req).await?;
+                let src = raw::Source::parse(&at)?;
+                let s = *s;
+                let rows =
+                    tokio::task::spawn_blocking(move || raw::measure(&src, &s, rounds)).await??;
+                shape_rows.extend(rows);
+            }
             let base = measure_contiguous(&c, &mut target, s, rounds, transport).await?;
-            let mut shape_rows = vec![base.clone()];
+            shape_rows.push(base.clone());
             for &k in inflights {
                 let mut r = measure(&c, &mut target, &pool, s, s.run, k, rounds, transport).await?;
                 r.ratio = Some(r.gbps / base.gbps);

@@ -73,7 +73,7 @@ pub use pool::{BlockView, Pool, PoolError};
 
 /// Cross-memory attach, the primitive under [`TransportKind::Cma`].
 pub mod cross_memory {
-    pub use crate::transport::cma::{copy_from_process, CHUNK};
+    pub use crate::transport::cma::{copy_from_process, copy_ranges_from_process, CHUNK};
 }
 
 /// UCX, the backend under [`TransportKind::Ucx`], loaded at run time.

@@ -340,6 +340,37 @@ pub fn copy_from_process(pid: u32, remote: u64, local: &mut [u8]) -> io::Result<
     pull(pid, local, remote)
 }
 
+/// Copies the ranges `remote` of process `pid` (`(address, length)`, in
+/// order) into the slices `local` (in order): one vectored
+/// `process_vm_readv`, the call the `cma` transport makes for a run of
+/// small blocks, for baselines (`ferry bench --workload kv` measures it
+/// raw). At most 1024 ranges on each side, with equal totals.
+pub fn copy_ranges_from_process(
+    pid: u32,
+    remote: &[(u64, u64)],
+    local: &mut [&mut [u8]],
+) -> io::Result<()> {
+    let mine: u64 = local.iter().map(|l| l.len() as u64).sum();
+    let theirs = remote
+        .iter()
+        .try_fold(0u64, |t, r| t.checked_add(r.1))
+        .ok_or_else(|| io::Error::other("remote lengths overflow"))?;
+    if mine != theirs || local.len() > IOV_MAX || remote.len() > IOV_MAX {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "at most 1024 ranges on each side, with equal totals",
+        ));
+    }
+    let local: Vec<(*mut u8, usize)> = local
+        .iter_mut()
+        .map(|l| (l.as_mut_ptr(), l.len()))
+        .collect();
+    // SAFETY: every local range is a distinct `&mut` slice, valid for writes
+    // of its length and borrowed exclusively for the call; the counts and
+    // totals were checked above.
+    unsafe { pull_many(pid, &local, remote) }
+}
+
 /// Whether the 16 bytes at `addr` of `peer` equal `expected`, which is
 /// computed only after the read (so that the expected bytes are nowhere in
 /// this process's memory while it reads). May block (the peer's pages may
