@@ -61,13 +61,21 @@ fn shapes_and_transports_can_be_picked() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
     let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with('{')).collect();
-    // The contiguous baseline and the shape itself, over cma only.
-    assert_eq!(rows.len(), 2, "{stdout}");
+    // Over cma only: the two raw baselines, the contiguous operation and
+    // the shape itself.
+    assert_eq!(rows.len(), 4, "{stdout}");
     assert!(
         rows.iter().all(|r| r.contains("\"transport\":\"cma\"")),
         "{stdout}"
     );
-    assert!(rows[1].contains("\"shape\":\"kv-tp8\""), "{stdout}");
+    for (row, shape) in rows.iter().zip([
+        "kv-tp8/raw-contiguous",
+        "kv-tp8/raw-blocks",
+        "kv-tp8/contiguous",
+        "kv-tp8",
+    ]) {
+        assert!(row.contains(&format!("\"shape\":\"{shape}\"")), "{stdout}");
+    }
 
     let bad = Command::new(env!("CARGO_BIN_EXE_ferry"))
         .args(["bench", "--workload", "kv", "--shapes", "kv-nope"])
