@@ -245,10 +245,19 @@ impl Conn {
                 if !ok {
                     return;
                 }
-                if !lent {
-                    // Every byte landed here: the outcome is decided.
-                    target.shared.committed();
+                if lent {
+                    // Sealed: a cancel can no longer end the operation, only
+                    // the connection's end can. The confirmation reaches the
+                    // socket before the operation is seen complete, so that a
+                    // process that exits as soon as its operation completes
+                    // does not take it along: the peer, sealed, would end
+                    // ERRORED where this side ended COMPLETE.
+                    self.send_soon(Message::Finish { req }.to_vec(), None, true);
+                    target.end(OperationStatus::Complete, None);
+                    return;
                 }
+                // Every byte landed here: the outcome is decided.
+                target.shared.committed();
                 if target.end(OperationStatus::Complete, None) {
                     self.send_soon(Message::Finish { req }.to_vec(), None, true);
                 } else {
