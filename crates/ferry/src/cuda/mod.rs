@@ -77,6 +77,15 @@ pub(crate) fn driver() -> Result<&'static Driver, &'static str> {
         .map_err(|s| s.as_str())
 }
 
+/// Whether CUDA is usable here: the driver loaded, `cuInit` succeeded, and
+/// it sees at least one device.
+pub(crate) fn available() -> bool {
+    driver()
+        .ok()
+        .and_then(|d| d.device_count().ok())
+        .is_some_and(|n| n > 0)
+}
+
 /// The CUDA driver this process loaded (library, driver version, devices
 /// by name), or why there is none (no `libcuda`, a library that is not the
 /// driver, `cuInit` failed, no device).
@@ -124,12 +133,14 @@ mod tests {
     fn status_says_what_was_found_or_why_not() {
         match driver() {
             Err(why) => {
+                assert!(!available());
                 let s = status().unwrap_err();
                 assert_eq!(s, why);
                 assert!(s.contains(LIB_ENV), "no hint of what to set: {s}");
             }
             Ok(d) => {
                 let n = d.device_count().unwrap();
+                assert_eq!(available(), n > 0);
                 assert_eq!(status().is_ok(), n > 0, "{:?}", status());
             }
         }
