@@ -14,8 +14,12 @@
 use std::sync::OnceLock;
 
 mod driver;
+mod memory;
 
 pub(crate) use driver::Driver;
+// Used by the transports once device memory reaches them (`docs/gpu.md`).
+#[allow(unused_imports)]
+pub(crate) use memory::DeviceBuffer;
 
 /// The environment variable that names the `libcuda` to load (a path).
 pub const LIB_ENV: &str = driver::LIB_ENV;
@@ -77,6 +81,11 @@ pub(crate) fn driver() -> Result<&'static Driver, &'static str> {
         .map_err(|s| s.as_str())
 }
 
+/// The process's driver as a [`CudaError`] where there is none.
+pub(crate) fn driver_or_unavailable() -> Result<&'static Driver, CudaError> {
+    driver().map_err(|why| CudaError::Unavailable(why.to_string()))
+}
+
 /// Whether CUDA is usable here: the driver loaded, `cuInit` succeeded, and
 /// it sees at least one device.
 pub(crate) fn available() -> bool {
@@ -127,21 +136,30 @@ mod tests {
     use super::*;
 
     /// What this process sees, checked for consistency either way: on a
-    /// machine without CUDA (CI, this one) `status` says why, with what to
-    /// set, and nothing panics; on one with a GPU it lists the devices.
+    /// machine without CUDA (CI, this one) everything says so with a reason
+    /// and nothing panics; on one with a GPU the same calls succeed.
     #[test]
-    fn status_says_what_was_found_or_why_not() {
+    fn status_available_and_allocation_agree() {
         match driver() {
             Err(why) => {
                 assert!(!available());
                 let s = status().unwrap_err();
                 assert_eq!(s, why);
                 assert!(s.contains(LIB_ENV), "no hint of what to set: {s}");
+                match DeviceBuffer::new(0, 4096) {
+                    Err(CudaError::Unavailable(w)) => assert_eq!(w, why),
+                    other => panic!("expected Unavailable, got {other:?}"),
+                }
             }
             Ok(d) => {
                 let n = d.device_count().unwrap();
                 assert_eq!(available(), n > 0);
                 assert_eq!(status().is_ok(), n > 0, "{:?}", status());
+                match DeviceBuffer::new(n, 16) {
+                    Err(CudaError::InvalidDevice(i)) if n > 0 => assert_eq!(i, n),
+                    Err(CudaError::Unavailable(_)) if n == 0 => {}
+                    other => panic!("cuda:{n} of {n} devices: {other:?}"),
+                }
             }
         }
     }
