@@ -14,7 +14,9 @@
 use std::sync::OnceLock;
 
 mod driver;
+mod engine;
 mod memory;
+mod staging;
 
 pub(crate) use driver::Driver;
 // Used by the transports once device memory reaches them (`docs/gpu.md`).
