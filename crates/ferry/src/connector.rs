@@ -363,9 +363,15 @@ impl Connector {
         &self.inner.advertised
     }
 
-    /// Whether CUDA memory can be moved (not in this version).
+    /// Whether CUDA is usable in this process: the driver (`libcuda`)
+    /// loaded, initialised, and sees at least one GPU
+    /// ([`cuda::status`](crate::cuda::status) says which, or why not).
+    ///
+    /// It does not mean that a connector moves GPU memory yet: in this
+    /// version every descriptor outside host memory is still refused
+    /// (`docs/gpu.md` says what exists and what comes next).
     pub fn is_cuda_available(&self) -> bool {
-        false
+        crate::cuda::available()
     }
 
     /// How many passive operations currently expose memory. Zero once every

@@ -35,6 +35,7 @@
 mod auth;
 mod builder;
 mod connector;
+pub mod cuda;
 mod descriptor;
 mod error;
 mod exposure;

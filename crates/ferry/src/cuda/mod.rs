@@ -1,0 +1,185 @@
+//! CUDA, loaded at run time: the foundation of GPU memory support.
+//!
+//! Ferry does not move GPU memory yet: the connector still refuses every
+//! descriptor that is not in host memory. What is here is the part that
+//! does not depend on a transport: the driver API loaded from `libcuda`
+//! when present (no CUDA toolkit needed to build, nothing fatal when it is
+//! missing), and [`status`] to say what was found. `docs/gpu.md` says what
+//! exists, what is verified and what comes next.
+//!
+//! The library is looked for, in order, at the path in `FERRY_CUDA_LIB`
+//! ([`LIB_ENV`]) alone where it is set, else as `libcuda.so.1` then
+//! `libcuda.so` through the dynamic loader.
+
+use std::sync::OnceLock;
+
+mod driver;
+mod engine;
+mod memory;
+mod staging;
+
+pub(crate) use driver::Driver;
+// Used by the transports once device memory reaches them (`docs/gpu.md`).
+#[allow(unused_imports)]
+pub(crate) use memory::DeviceBuffer;
+
+/// The environment variable that names the `libcuda` to load (a path).
+pub const LIB_ENV: &str = driver::LIB_ENV;
+
+/// Why a CUDA call could not be made or failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+// Read by the staging paths and the transports once device memory reaches
+// them; only tests construct some variants today.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) enum CudaError {
+    /// No CUDA here: no `libcuda`, one that failed to initialise, or no
+    /// device. The text says which, and what to install or set.
+    #[error("CUDA unavailable: {0}")]
+    Unavailable(String),
+    /// A driver call returned an error.
+    #[error("{call} failed: {name} ({code})")]
+    Driver {
+        /// The driver function (`cuMemAlloc_v2`).
+        call: &'static str,
+        /// Its `CUresult`.
+        code: i32,
+        /// The driver's name for it (`CUDA_ERROR_OUT_OF_MEMORY`).
+        name: String,
+    },
+    /// There is no `cuda:N` with this `N` here.
+    #[error("no CUDA device cuda:{0} here")]
+    InvalidDevice(u32),
+    /// A byte range outside the memory it names.
+    #[error("{len} bytes at offset {offset} do not fit in {size} bytes")]
+    OutOfRange {
+        /// Where the range starts.
+        offset: usize,
+        /// Its length.
+        len: usize,
+        /// The size of the memory.
+        size: usize,
+    },
+    /// A copy engine other than the driver failed (the host stand-in of
+    /// the tests, or a copy refused after an earlier failure).
+    #[error("copy failed: {0}")]
+    Copy(String),
+}
+
+/// The process's CUDA driver, or why there is none. Loaded once, with
+/// `cuInit(0)`, on first use.
+pub(crate) fn driver() -> Result<&'static Driver, &'static str> {
+    static DRIVER: OnceLock<Result<Driver, String>> = OnceLock::new();
+    DRIVER
+        .get_or_init(|| {
+            let r = Driver::load_first(&driver::candidates(std::env::var_os(LIB_ENV)));
+            match &r {
+                Ok(d) => tracing::debug!("CUDA driver loaded: {}", d.path.display()),
+                Err(why) => tracing::debug!("CUDA absent: {why}"),
+            }
+            r
+        })
+        .as_ref()
+        .map_err(|s| s.as_str())
+}
+
+/// The process's driver as a [`CudaError`] where there is none.
+pub(crate) fn driver_or_unavailable() -> Result<&'static Driver, CudaError> {
+    driver().map_err(|why| CudaError::Unavailable(why.to_string()))
+}
+
+/// Whether CUDA is usable here: the driver loaded, `cuInit` succeeded, and
+/// it sees at least one device.
+pub(crate) fn available() -> bool {
+    driver()
+        .ok()
+        .and_then(|d| d.device_count().ok())
+        .is_some_and(|n| n > 0)
+}
+
+/// The CUDA driver this process loaded (library, driver version, devices
+/// by name), or why there is none (no `libcuda`, a library that is not the
+/// driver, `cuInit` failed, no device).
+///
+/// ```
+/// match ferry::cuda::status() {
+///     Ok(found) => println!("{found}"),
+///     Err(why) => println!("no CUDA: {why}"),
+/// }
+/// ```
+pub fn status() -> Result<String, String> {
+    let d = driver()?;
+    describe(d).map_err(|e| format!("{}: {e}", d.path.display()))
+}
+
+fn describe(d: &Driver) -> Result<String, CudaError> {
+    let n = d.device_count()?;
+    if n == 0 {
+        return Err(CudaError::Unavailable(
+            "the driver loaded but sees no CUDA device".into(),
+        ));
+    }
+    let mut names = Vec::new();
+    for i in 0..n {
+        names.push(format!("cuda:{i} {}", d.device_name(i)?));
+    }
+    Ok(format!(
+        "{}, driver API {}.{}, {n} device{}: {}",
+        d.path.display(),
+        d.version / 1000,
+        (d.version % 1000) / 10,
+        if n == 1 { "" } else { "s" },
+        names.join(", ")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What this process sees, checked for consistency either way: on a
+    /// machine without CUDA (CI, this one) everything says so with a reason
+    /// and nothing panics; on one with a GPU the same calls succeed.
+    #[test]
+    fn status_available_and_allocation_agree() {
+        match driver() {
+            Err(why) => {
+                assert!(!available());
+                let s = status().unwrap_err();
+                assert_eq!(s, why);
+                assert!(s.contains(LIB_ENV), "no hint of what to set: {s}");
+                match DeviceBuffer::new(0, 4096) {
+                    Err(CudaError::Unavailable(w)) => assert_eq!(w, why),
+                    other => panic!("expected Unavailable, got {other:?}"),
+                }
+            }
+            Ok(d) => {
+                let n = d.device_count().unwrap();
+                assert_eq!(available(), n > 0);
+                assert_eq!(status().is_ok(), n > 0, "{:?}", status());
+                match DeviceBuffer::new(n, 16) {
+                    Err(CudaError::InvalidDevice(i)) if n > 0 => assert_eq!(i, n),
+                    Err(CudaError::Unavailable(_)) if n == 0 => {}
+                    other => panic!("cuda:{n} of {n} devices: {other:?}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn errors_say_what_failed() {
+        let e = CudaError::Driver {
+            call: "cuMemAlloc_v2",
+            code: 2,
+            name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "cuMemAlloc_v2 failed: CUDA_ERROR_OUT_OF_MEMORY (2)"
+        );
+        assert_eq!(
+            CudaError::InvalidDevice(3).to_string(),
+            "no CUDA device cuda:3 here"
+        );
+    }
+}
