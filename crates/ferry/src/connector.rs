@@ -363,15 +363,12 @@ impl Connector {
         &self.inner.advertised
     }
 
-    /// Whether CUDA is usable in this process: the driver (`libcuda`)
-    /// loaded, initialised, and sees at least one GPU
-    /// ([`cuda::status`](crate::cuda::status) says which, or why not).
-    ///
-    /// It does not mean that a connector moves GPU memory yet: in this
-    /// version every descriptor outside host memory is still refused
-    /// (`docs/gpu.md` says what exists and what comes next).
+    /// Whether CUDA memory can be moved: not in this version, even where a
+    /// GPU is present (every descriptor outside host memory is refused).
+    /// [`cuda::status`](crate::cuda::status) says whether the CUDA driver
+    /// loads here; `docs/gpu.md` says what exists toward GPU memory.
     pub fn is_cuda_available(&self) -> bool {
-        crate::cuda::available()
+        false
     }
 
     /// How many passive operations currently expose memory. Zero once every

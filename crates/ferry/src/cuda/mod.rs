@@ -89,7 +89,10 @@ pub(crate) fn driver_or_unavailable() -> Result<&'static Driver, CudaError> {
 }
 
 /// Whether CUDA is usable here: the driver loaded, `cuInit` succeeded, and
-/// it sees at least one device.
+/// it sees at least one device. `Connector::is_cuda_available` answers
+/// with it once connectors move device memory (until then it says `false`,
+/// the truth about what a connector can move).
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn available() -> bool {
     driver()
         .ok()
@@ -144,7 +147,6 @@ mod tests {
     fn status_available_and_allocation_agree() {
         match driver() {
             Err(why) => {
-                assert!(!available());
                 let s = status().unwrap_err();
                 assert_eq!(s, why);
                 assert!(s.contains(LIB_ENV), "no hint of what to set: {s}");
@@ -155,7 +157,6 @@ mod tests {
             }
             Ok(d) => {
                 let n = d.device_count().unwrap();
-                assert_eq!(available(), n > 0);
                 assert_eq!(status().is_ok(), n > 0, "{:?}", status());
                 match DeviceBuffer::new(n, 16) {
                     Err(CudaError::InvalidDevice(i)) if n > 0 => assert_eq!(i, n),
