@@ -13,7 +13,7 @@
 use std::time::Instant;
 
 use anyhow::anyhow;
-use ferry::cross_memory::{copy_from_process, copy_ranges_from_process, CHUNK};
+use ferry::cross_memory::{copy_ranges_from_process, CHUNK};
 
 use super::{block_ok, ids, median, KvRow, Shape, LOCAL};
 
@@ -54,9 +54,7 @@ pub(super) fn measure(src: &Source, s: &Shape, rounds: usize) -> anyhow::Result<
     let mut walls = Vec::with_capacity(rounds);
     for _ in 0..rounds {
         let t = Instant::now();
-        for (i, c) in local.chunks_mut(CHUNK).enumerate() {
-            copy_from_process(src.pid, src.base + (i * CHUNK) as u64, c)?;
-        }
+        crate::peer::copy_in_chunks(src.pid, src.base, local)?;
         walls.push(t.elapsed().as_secs_f64());
     }
     let contiguous = row(s, "raw-contiguous", median(&mut walls), None);
@@ -78,10 +76,16 @@ pub(super) fn measure(src: &Source, s: &Shape, rounds: usize) -> anyhow::Result<
         let per = (CHUNK / s.block).clamp(1, MAX_RANGES);
         let t = Instant::now();
         for (dst, ids) in order.chunks_mut(per).zip(theirs.chunks(per)) {
-            let remote: Vec<(u64, u64)> = ids
+            let remote = ids
                 .iter()
-                .map(|&id| (src.base + id as u64 * s.block as u64, s.block as u64))
-                .collect();
+                .map(|&id| {
+                    let at = (id as u64)
+                        .checked_mul(s.block as u64)
+                        .and_then(|o| src.base.checked_add(o))
+                        .ok_or_else(|| anyhow!("block {id} lies past the address space"))?;
+                    Ok((at, s.block as u64))
+                })
+                .collect::<anyhow::Result<Vec<(u64, u64)>>>()?;
             copy_ranges_from_process(src.pid, &remote, dst)?;
         }
         walls.push(t.elapsed().as_secs_f64());

@@ -63,7 +63,7 @@ impl Puller for CmaPuller {
             Ok(u) => u,
             Err(end) => return end,
         };
-        let bytes: u64 = segs.iter().map(|s| s.1).sum();
+        let bytes = segs.iter().fold(0u64, |t, s| t.saturating_add(s.1));
         let helpers = if bytes >= PARALLEL_FROM {
             share::max_threads() - 1
         } else {

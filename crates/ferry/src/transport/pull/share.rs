@@ -105,18 +105,21 @@ fn run_within<U: Sync>(
     let next = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
     let first: Mutex<Option<PullEnd>> = Mutex::new(None);
+    // Stops every thread at its next unit, keeping the first reason.
+    let halt = |end: PullEnd| {
+        stop.store(true, Ordering::Release);
+        first
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(end);
+    };
     let work = || {
         while !stop.load(Ordering::Acquire) {
             let Some(u) = units.get(next.fetch_add(1, Ordering::AcqRel)) else {
                 return;
             };
             if let Err(end) = copy(u) {
-                stop.store(true, Ordering::Release);
-                first
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get_or_insert(end);
-                return;
+                return halt(end);
             }
         }
     };
@@ -140,11 +143,7 @@ fn run_within<U: Sync>(
             work();
             for h in started {
                 if h.join().is_err() {
-                    stop.store(true, Ordering::Release);
-                    first
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .get_or_insert(PullEnd::Failed("a copy helper thread panicked".into()));
+                    halt(PullEnd::Failed("a copy helper thread panicked".into()));
                 }
             }
         });
