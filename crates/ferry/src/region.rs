@@ -166,10 +166,10 @@ impl Region {
         &self.pools
     }
 
-    /// Whether segment `i + 1` starts where segment `i` ends (two blocks
-    /// that one copy can fill). Addresses only: touches no memory.
-    pub(crate) fn adjoins(&self, i: usize) -> bool {
-        match (self.segs.get(i), self.segs.get(i + 1)) {
+    /// Whether segment `b` starts where segment `a` ends (two blocks that
+    /// one copy can fill). Addresses only: touches no memory.
+    pub(crate) fn follows(&self, a: usize, b: usize) -> bool {
+        match (self.segs.get(a), self.segs.get(b)) {
             (Some(a), Some(b)) => a.ptr.wrapping_add(a.len) == b.ptr,
             _ => false,
         }
@@ -471,6 +471,43 @@ impl Region {
                 }
             });
         }
+        self.copy_counted(&raw, f)
+    }
+
+    /// [`copy_into`](Self::copy_into) for the whole segments listed in
+    /// `which`, in that order (any order, each at most once: a pull that
+    /// copies in the source's address order). `Err(OutOfBounds)` if one is
+    /// not a segment of the region or is listed twice.
+    pub(crate) fn copy_into_each<R>(
+        &self,
+        which: &[usize],
+        f: impl FnOnce(&[(*mut u8, usize)]) -> R,
+    ) -> Result<R, Denied> {
+        if !self.writable {
+            return Err(Denied::OutOfBounds);
+        }
+        let mut raw = Vec::with_capacity(which.len());
+        for &i in which {
+            let s = self.segs.get(i).ok_or(Denied::OutOfBounds)?;
+            raw.push((s.ptr, s.len));
+        }
+        // Listed twice, two ranges of one call would alias: refused. Sorted
+        // copies of short lists are cheap next to the copy itself.
+        let mut seen = which.to_vec();
+        seen.sort_unstable();
+        if seen.windows(2).any(|w| w[0] == w[1]) {
+            return Err(Denied::OutOfBounds);
+        }
+        self.copy_counted(&raw, f)
+    }
+
+    /// The counted, unlocked part of [`copy_into`](Self::copy_into): `raw`
+    /// lies within the region's segments (the callers checked).
+    fn copy_counted<R>(
+        &self,
+        raw: &[(*mut u8, usize)],
+        f: impl FnOnce(&[(*mut u8, usize)]) -> R,
+    ) -> Result<R, Denied> {
         if self.closing.load(Ordering::Acquire) {
             return Err(Denied::Closed);
         }
@@ -488,7 +525,7 @@ impl Region {
         // frees nor hands back its storage (`Region::new`'s contract), so
         // every pointer stays valid for writes of its length and nothing
         // else accesses that memory until `f` returns.
-        let r = f(&raw);
+        let r = f(raw);
         self.copying.fetch_sub(1, Ordering::AcqRel);
         let open = self.is_open();
         let kept = {
@@ -647,5 +684,28 @@ mod tests {
         assert!(!r.is_lent());
         r.close();
         assert_eq!(r.copy_into(0, 1, None, |_| ()), Err(Denied::Closed));
+    }
+
+    #[test]
+    fn listed_segments_are_handed_out_once_each_and_in_bounds() {
+        let mut buf = vec![0u8; 12];
+        let (a, b) = buf.split_at_mut(8);
+        let descs = vec![Descriptor::from_mut_slice(a), Descriptor::from_mut_slice(b)];
+        // SAFETY: the descriptors outlive the region and are not touched elsewhere.
+        let r = unsafe { Region::new(&descs, true) };
+        assert!(r.follows(0, 1) && !r.follows(1, 0) && !r.follows(1, 2));
+        assert_eq!(
+            r.copy_into_each(&[1, 0], |raw| raw.iter().map(|s| s.1).collect::<Vec<_>>()),
+            Ok(vec![4, 8]),
+            "in the order listed"
+        );
+        assert_eq!(r.copy_into_each(&[0, 0], |_| ()), Err(Denied::OutOfBounds));
+        assert_eq!(r.copy_into_each(&[2], |_| ()), Err(Denied::OutOfBounds));
+        r.close();
+        assert_eq!(r.copy_into_each(&[0], |_| ()), Err(Denied::Closed));
+        // SAFETY: as above.
+        let ro = unsafe { Region::new(&descs, false) };
+        assert_eq!(ro.copy_into_each(&[0], |_| ()), Err(Denied::OutOfBounds));
+        ro.close();
     }
 }
