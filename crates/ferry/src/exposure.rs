@@ -244,9 +244,14 @@ impl Exposures {
         self.unlist(e);
     }
 
-    /// Takes `e` out of the table, remembering its token.
+    /// Takes `e` out of the table, remembering its token. Remembered
+    /// before it leaves the table, under the table's lock: a request that
+    /// comes meanwhile finds it either listed or remembered (answered
+    /// `OperationEnded`), never neither (`UnknownOperation`, which a
+    /// request for a just-cancelled operation used to get now and then).
     fn unlist(&self, e: &Exposure) {
-        if lock(&self.map).remove(&e.op_id).is_some() {
+        let mut map = lock(&self.map);
+        if map.contains_key(&e.op_id) {
             self.remember(
                 e.op_id,
                 Ended {
@@ -254,6 +259,7 @@ impl Exposures {
                     stripe: None,
                 },
             );
+            map.remove(&e.op_id);
         }
     }
 
