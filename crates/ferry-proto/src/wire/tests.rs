@@ -166,3 +166,111 @@ proptest! {
         let _ = decode_frame(&v);
     }
 }
+
+/// A lease body: req 4, no key, `lens` as runs, then `addresses` as given.
+fn lease_body(lens: &[u64], addresses: &[u8]) -> Vec<u8> {
+    let mut body = 4u64.to_le_bytes().to_vec();
+    body.extend_from_slice(&0u32.to_le_bytes());
+    put_runs(&mut body, lens.iter().copied());
+    body.extend_from_slice(addresses);
+    let mut v = header_for(T_LEASE, body.len());
+    v.extend_from_slice(&body);
+    v
+}
+
+fn address_run(addr: u64, n: u32) -> Vec<u8> {
+    [addr.to_le_bytes().as_slice(), &n.to_le_bytes()].concat()
+}
+
+#[test]
+fn lease_addresses_go_as_runs_where_that_is_shorter() {
+    // 64 runs of 64 blocks of 2 KiB that follow each other, out of order.
+    let segments: Vec<(u64, u64)> = (0..4096u64)
+        .map(|i| (((i / 64 * 37) % 64 * 64 + i % 64) * 2048 + (1 << 40), 2048))
+        .collect();
+    let m = Message::Lease(Lease {
+        req: 9,
+        segments: segments.clone(),
+        key: Vec::new(),
+    });
+    let v = m.to_vec();
+    assert!(v.len() < 1024, "{} bytes for 64 runs", v.len());
+    assert_eq!(decode_frame(&v).unwrap().unwrap().0, m);
+    // Nothing follows anything: one address each, as before.
+    let scattered: Vec<(u64, u64)> = (0..4096u64).map(|i| (i * 4096, 2048)).collect();
+    let m = Message::Lease(Lease {
+        req: 9,
+        segments: scattered,
+        key: Vec::new(),
+    });
+    let v = m.to_vec();
+    assert!(v.len() >= 4096 * 8);
+    assert_eq!(decode_frame(&v).unwrap().unwrap().0, m);
+    // An address that would wrap ends a run rather than continuing it.
+    let m = Message::Lease(Lease {
+        req: 1,
+        segments: vec![(u64::MAX - 1, 2), (0, 1), (1, 1), (2, 1), (3, 1)],
+        key: Vec::new(),
+    });
+    assert_eq!(decode_frame(&m.to_vec()).unwrap().unwrap().0, m);
+}
+
+#[test]
+fn hostile_address_runs_are_refused() {
+    let lens = [8u64; 4];
+    let runs = |rs: &[(u64, u32)]| {
+        let mut a = vec![ADDRESSES_RUNS];
+        a.extend_from_slice(&(rs.len() as u32).to_le_bytes());
+        for &(addr, n) in rs {
+            a.extend_from_slice(&address_run(addr, n));
+        }
+        a
+    };
+    let ok = lease_body(&lens, &runs(&[(0, 2), (100, 2)]));
+    let Message::Lease(l) = decode_frame(&ok).unwrap().unwrap().0 else {
+        panic!("not a lease")
+    };
+    assert_eq!(l.segments, vec![(0, 8), (8, 8), (100, 8), (108, 8)]);
+    for (what, addresses) in [
+        ("no runs", runs(&[])),
+        ("a run of none", runs(&[(0, 0), (8, 4)])),
+        ("too few segments", runs(&[(0, 3)])),
+        ("too many segments", runs(&[(0, 3), (0, 2)])),
+        ("more runs than segments", runs(&[(0, 1); 5])),
+        ("a count past the end", runs(&[(0, u32::MAX)])),
+        ("addresses that wrap", runs(&[(u64::MAX - 8, 4)])),
+        ("an unknown form", vec![2]),
+        ("no form", vec![]),
+    ] {
+        let v = lease_body(&lens, &addresses);
+        assert!(decode_frame(&v).is_err(), "{what} was accepted");
+    }
+    // Cut short or run on: also refused.
+    let mut long = runs(&[(0, 4)]);
+    long.push(0);
+    assert!(decode_frame(&lease_body(&lens, &long)).is_err());
+    let short = runs(&[(0, 2), (100, 2)]);
+    assert!(decode_frame(&lease_body(&lens, &short[..short.len() - 1])).is_err());
+}
+
+proptest! {
+    #[test]
+    fn leases_round_trip(segs in proptest::collection::vec((0u64..64, 1u64..4, any::<bool>()), 1..200)) {
+        // Each segment either follows the one before or jumps.
+        let mut at = 1u64 << 30;
+        let segments: Vec<(u64, u64)> = segs
+            .iter()
+            .map(|&(jump, len, follows)| {
+                if !follows {
+                    at += jump * 4096;
+                }
+                let s = (at, len);
+                at += len;
+                s
+            })
+            .collect();
+        let m = Message::Lease(Lease { req: 2, segments, key: vec![7] });
+        let v = m.to_vec();
+        prop_assert_eq!(decode_frame(&v).unwrap().unwrap().0, m);
+    }
+}

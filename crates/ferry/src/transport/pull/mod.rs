@@ -84,6 +84,11 @@ impl LeaseBlob {
         &self.segments
     }
 
+    /// The segments and the backend's bytes, moved out (for the wire).
+    pub(crate) fn into_parts(self) -> (Vec<(u64, u64)>, Vec<u8>) {
+        (self.segments, self.opaque)
+    }
+
     /// The backend's own bytes.
     // Read by the backends that carry more than addresses (RDMA keys, CUDA
     // IPC handles); cross-memory attach lends addresses alone.

@@ -211,12 +211,8 @@ impl Conn {
             }),
             Action::Lend { target } => self.lend(&target),
             Action::SendLease { req, target } => {
-                let blob = self.lease_of(&target.region);
-                let lease = Message::Lease(Lease {
-                    req,
-                    segments: blob.segments().to_vec(),
-                    key: blob.opaque().to_vec(),
-                });
+                let (segments, key) = self.lease_of(&target.region).into_parts();
+                let lease = Message::Lease(Lease { req, segments, key });
                 self.send_soon(lease.to_vec(), None, true);
             }
             Action::GiveBack { target } => give_back(&target),

@@ -174,7 +174,7 @@ impl Transport for TcpTransport {
         true
     }
 
-    fn start(&self, job: ActiveJob) -> BoxFuture<'_, Result<Arc<dyn ActiveLink>>> {
+    fn start(&self, mut job: ActiveJob) -> BoxFuture<'_, Result<Arc<dyn ActiveLink>>> {
         Box::pin(async move {
             let conn = self.conn_for(&job.remote, 0).await?;
             let caps = lock(&conn.session).caps();
@@ -206,7 +206,9 @@ impl Transport for TcpTransport {
                 kind: job.kind,
                 op_id: job.remote.operation_id(),
                 token: *job.remote.token(),
-                sizes: job.sizes.clone(),
+                // Not needed here any more: moved, not copied (a paged
+                // operation has one per block).
+                sizes: std::mem::take(&mut job.sizes),
                 pull,
                 part: (0, 1),
             };

@@ -32,13 +32,8 @@ impl Conn {
             Start::Open(open) => self.send_soon(open.to_vec(), opened, false),
             Start::OpenAndLease(open) => {
                 let mut frames = open.to_vec();
-                let blob = self.lease_of(&target.region);
-                Message::Lease(Lease {
-                    req,
-                    segments: blob.segments().to_vec(),
-                    key: blob.opaque().to_vec(),
-                })
-                .encode(&mut frames);
+                let (segments, key) = self.lease_of(&target.region).into_parts();
+                Message::Lease(Lease { req, segments, key }).encode(&mut frames);
                 self.send_soon(frames, opened, false);
             }
             Start::Stream { open, cursor, last } => {
