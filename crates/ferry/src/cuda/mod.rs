@@ -1,13 +1,15 @@
 //! CUDA, loaded at run time: the foundation of GPU memory support.
 //!
-//! Ferry does not move GPU memory yet: creating an operation over device
-//! memory is refused with a typed error: [`Error::CudaUnavailable`](crate::Error::CudaUnavailable)
+//! Ferry does not move GPU memory yet. Device memory can be described
+//! ([`Descriptor::from_cuda_ptr`](crate::Descriptor::from_cuda_ptr), or a
+//! [`CudaBuffer`] of one's own), but creating an operation over it is
+//! refused with a typed error: [`Error::CudaUnavailable`](crate::Error::CudaUnavailable)
 //! where this host has no CUDA ([`status`] says why), else
 //! [`Error::NoDeviceTransport`](crate::Error::NoDeviceTransport). What is
 //! here is the part that does not depend on a transport: the driver API
 //! loaded from `libcuda` when present (no CUDA toolkit needed to build,
 //! nothing fatal when it is missing), [`status`] and [`available`] to say
-//! what was found. `docs/gpu.md` says what exists,
+//! what was found, and owned device memory. `docs/gpu.md` says what exists,
 //! what is verified and what comes next.
 //!
 //! The library is looked for, in order, at the path in `FERRY_CUDA_LIB`
@@ -18,14 +20,14 @@ use std::sync::OnceLock;
 
 use ferry_proto::{Device, DeviceKind};
 
+mod buffer;
 mod driver;
 mod engine;
 mod memory;
 mod staging;
 
+pub use buffer::CudaBuffer;
 pub(crate) use driver::Driver;
-// Used by the transports once device memory reaches them (`docs/gpu.md`).
-#[allow(unused_imports)]
 pub(crate) use memory::DeviceBuffer;
 
 /// The environment variable that names the `libcuda` to load (a path).
