@@ -165,6 +165,7 @@ async fn blocks_of_a_device_pool_are_refused_too() {
         )
     }
     .unwrap();
+    assert!(pool.with_block(0, |_| ()).is_err());
     let blocks = pool.blocks(&[1, 5]).unwrap();
     assert!(blocks.as_slice().is_none());
     let err = a
