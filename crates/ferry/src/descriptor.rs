@@ -142,7 +142,8 @@ impl Descriptor<'static> {
         Self::owned(b, |b| (b.as_ptr() as *mut u8, b.len()), false)
     }
 
-    /// Describes memory by address.
+    /// Describes memory by address (for device memory,
+    /// [`from_cuda_ptr`](Self::from_cuda_ptr) says what it needs).
     ///
     /// # Safety
     ///
