@@ -54,7 +54,9 @@ impl Connector {
         self.inner.hostname()
     }
 
-    /// Whether CUDA memory can be moved (not in this version).
+    /// Whether this connector moves CUDA memory: False in this version,
+    /// even where a GPU is present (an operation over CUDA memory raises
+    /// `CudaUnavailableError` or `NoDeviceTransportError`).
     #[getter]
     fn is_cuda_available(&self) -> bool {
         self.inner.is_cuda_available()

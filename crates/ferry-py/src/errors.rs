@@ -16,14 +16,18 @@ fn error_class<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyType>>
 }
 
 /// The Python exception for `e`, with the core's message: `ValueError` for
-/// misuse and bad metadata, `TimeoutError` for deadlines, a `FerryError`
-/// subclass for everything that made a transfer fail.
+/// misuse and bad metadata (a `DeviceMemoryError` subclass for memory
+/// outside the host), `TimeoutError` for deadlines, a `FerryError` subclass
+/// for everything that made a transfer fail.
 pub(crate) fn error_to_py(py: Python<'_>, e: ferry::Error) -> PyErr {
     use ferry::Error as E;
     let message = e.to_string();
     let class = match e {
         E::Timeout(_) => return PyTimeoutError::new_err(message),
         E::InvalidMetadata(_) => return PyValueError::new_err(message),
+        E::CudaUnavailable { .. } => "CudaUnavailableError",
+        E::NoDeviceTransport { .. } => "NoDeviceTransportError",
+        E::UnsupportedDevice { .. } => "DeviceMemoryError",
         ref e if e.is_misuse() => return PyValueError::new_err(message),
         E::WrongWorker { .. } => "StaleMetadataError",
         E::Unreachable { .. } => "UnreachableError",

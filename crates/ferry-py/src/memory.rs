@@ -123,7 +123,10 @@ pub(crate) fn descriptors(
         // - Exclusivity: Python code must not use the memory while an
         //   operation is in progress, as with any buffer handed to native
         //   code (NIXL's, DMA engines'); the package documents it.
-        // - Device memory (`cuda:N`) is never dereferenced: Ferry refuses it.
+        // - Device memory (`cuda:N`) is never dereferenced: the connector
+        //   refuses an operation over it (`CudaUnavailable` or
+        //   `NoDeviceTransport`) before any region exists, the descriptor's
+        //   `as_slice` is `None`, and claims cover host memory only.
         //   The descriptor holds a reference of its own to `owner`, so that
         //   an operation dropped while a copy into its memory is stalled by
         //   a same-host peer keeps the memory alive instead of waiting (with

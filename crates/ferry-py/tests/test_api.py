@@ -281,7 +281,7 @@ def test_misuse_errors():
             await a.create_readable([])
         with pytest.raises(TypeError, match="RdmaMetadata"):
             b.begin_read("{}", Descriptor(bytearray(4)))  # type: ignore[arg-type]
-        with pytest.raises(ValueError, match="only cpu memory"):
+        with pytest.raises(ferry.DeviceMemoryError, match="descriptor 0 is on cuda:0"):
             await a.create_readable(Descriptor((1 << 20, 4096, "cuda:0", None)))
         with pytest.raises(TypeError):
             Connector(worker_id=5)  # type: ignore[arg-type]

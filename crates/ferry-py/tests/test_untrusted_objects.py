@@ -354,7 +354,7 @@ def test_cuda_array_interface_is_checked_and_never_touched():
     assert (d.ptr, d.size, d.device, d.readonly) == (0xDEAD0000, 128, Device("cuda:1"), False)
     assert Descriptor((CudaArray(strides=(32, 4)), "cuda")).size == 128
     assert Descriptor((CudaArray(data=(0xDEAD0000, True)), "cuda")).readonly
-    with pytest.raises(ValueError, match="not contiguous"):
+    with pytest.raises(ValueError, match="not C-contiguous"):
         Descriptor((CudaArray(strides=(64, 4)), "cuda"))
     with pytest.raises(ValueError):
         Descriptor((CudaArray(shape=(-1,)), "cuda"))
@@ -367,12 +367,12 @@ def test_cuda_array_interface_is_checked_and_never_touched():
     with pytest.raises(TypeError):
         Descriptor((object(), "cuda"))
     # The interface says CUDA: it never describes host memory.
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="not on cpu"):
         Descriptor((CudaArray(), "cpu"))
-    with pytest.raises(TypeError):
-        Descriptor(CudaArray())
-    # And CUDA memory is refused when an operation would use it.
-    with pytest.raises(ValueError, match="only cpu memory"):
+    assert Descriptor(CudaArray()).device == Device("cuda:0")
+    # And CUDA memory is refused when an operation would use it (see
+    # test_gpu_descriptors.py).
+    with pytest.raises(ferry.DeviceMemoryError, match="descriptor 0 is on cuda:1"):
         Connector(listen="127.0.0.1:0").create_readable(d).__enter__()
 
 

@@ -249,16 +249,15 @@ fn check_descriptors(descs: &[Descriptor<'_>], written: Option<&'static str>) ->
         return Err(Error::TooManyDescriptors(blocks));
     }
     for (index, d) in descs.iter().enumerate() {
-        if !d.device().is_cpu() {
-            return Err(Error::UnsupportedDevice {
-                index,
-                device: d.device(),
-            });
-        }
         if let Some(op) = written {
             if !d.is_writable() {
                 return Err(Error::ReadOnlyDescriptor { index, op });
             }
+        }
+        // Only host memory goes further: a `Region` (and every transport
+        // behind it) reads and writes its segments as host memory.
+        if !d.device().is_cpu() {
+            return Err(crate::cuda::refusal(index, d.device()));
         }
     }
     Ok(())
@@ -363,10 +362,16 @@ impl Connector {
         &self.inner.advertised
     }
 
-    /// Whether CUDA memory can be moved: not in this version, even where a
-    /// GPU is present (every descriptor outside host memory is refused).
-    /// [`cuda::status`](crate::cuda::status) says whether the CUDA driver
-    /// loads here; `docs/gpu.md` says what exists toward GPU memory.
+    /// Whether this connector moves CUDA memory — what callers of the
+    /// reference ask before handing over CUDA tensors: not in this version,
+    /// even where a GPU is present. It stays `false` until a transport of
+    /// the connector carries device memory. Creating an operation over a
+    /// `cuda:N` descriptor is refused with [`Error::CudaUnavailable`] where
+    /// this host has no CUDA, else with [`Error::NoDeviceTransport`].
+    /// [`cuda::available`](crate::cuda::available) and
+    /// [`cuda::status`](crate::cuda::status) say whether the CUDA driver
+    /// loads and sees a device here; `docs/gpu.md` says what exists toward
+    /// GPU memory.
     pub fn is_cuda_available(&self) -> bool {
         false
     }
@@ -529,7 +534,9 @@ impl Connector {
         // Between here and the construction of that operation nothing yields;
         // the one failure (invalid metadata) cancels through `core`, which
         // closes the region before the descriptors are dropped. The exposure
-        // table only holds the region, never the memory.
+        // table only holds the region, never the memory. Every descriptor is
+        // host memory: `check_descriptors` refused the others.
+        debug_assert!(descs.iter().all(|d| d.device().is_cpu()));
         let region = Arc::new(unsafe { Region::new(&descs, kind == OperationKind::Write) });
         let sizes: Vec<u64> = region.sizes().collect();
         let (exposure, token) =
@@ -587,7 +594,8 @@ impl Connector {
         tracing::trace!(transport = %transport.kind(), op = remote.operation_id(), "starting {kind}");
         // SAFETY: as in `expose`. In addition, `Pending` closes the region if
         // this future is dropped before the operation exists, before the
-        // descriptors it holds are released.
+        // descriptors it holds are released. Host memory only, as there.
+        debug_assert!(descs.iter().all(|d| d.device().is_cpu()));
         let region = Arc::new(unsafe { Region::new(&descs, kind == OperationKind::Read) });
         let sizes: Vec<u64> = region.sizes().collect();
         let mut pending = Pending {

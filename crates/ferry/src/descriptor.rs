@@ -142,7 +142,8 @@ impl Descriptor<'static> {
         Self::owned(b, |b| (b.as_ptr() as *mut u8, b.len()), false)
     }
 
-    /// Describes memory by address.
+    /// Describes memory by address (for device memory,
+    /// [`from_cuda_ptr`](Self::from_cuda_ptr) says what it needs).
     ///
     /// # Safety
     ///
@@ -177,6 +178,71 @@ impl Descriptor<'static> {
 }
 
 impl Descriptor<'static> {
+    /// Describes `size` bytes of memory on the GPU `cuda:ordinal`, by its
+    /// device address (a `CUdeviceptr`: what `cudaMalloc`, `cuMemAlloc`,
+    /// `torch.Tensor.data_ptr()` of a CUDA tensor or a CuPy array's
+    /// `data.ptr` give).
+    ///
+    /// Ferry never dereferences device memory on the host:
+    /// [`as_slice`](Self::as_slice) and [`as_mut_slice`](Self::as_mut_slice)
+    /// are `None` for it, and pools and regions of host memory never take
+    /// it. No connector moves device memory yet: creating an operation
+    /// over this descriptor is refused with
+    /// [`Error::CudaUnavailable`](crate::Error::CudaUnavailable) (no CUDA
+    /// on this host) or [`Error::NoDeviceTransport`](crate::Error::NoDeviceTransport)
+    /// (CUDA here, but no transport carries device memory); see
+    /// `docs/gpu.md`. An owned buffer to test with is
+    /// [`cuda::CudaBuffer`](crate::cuda::CudaBuffer).
+    ///
+    /// ```
+    /// use ferry::{Descriptor, Device};
+    /// // SAFETY: the address is never used: the descriptor is only inspected.
+    /// let d = unsafe { Descriptor::from_cuda_ptr(0x7f00_0000_0000, 4096, 1, true) };
+    /// assert_eq!(d.device(), Device::cuda(1));
+    /// assert_eq!(d.device_ptr(), Some(0x7f00_0000_0000));
+    /// assert!(d.as_slice().is_none());
+    /// ```
+    ///
+    /// # Safety
+    ///
+    /// For as long as this descriptor, or any operation it is given to,
+    /// exists: `ptr` must be the address of at least `size` bytes of one
+    /// live device allocation (or a part of one) of the GPU `cuda:ordinal`
+    /// — not host memory, not memory of another device — valid for reads
+    /// (and for writes if `writable`); nothing else may write that memory
+    /// (nor, if `writable`, read it) while an operation uses it: no kernel
+    /// and no copy on any stream; and it must not be freed. The same
+    /// promises as [`from_raw_parts`](Self::from_raw_parts), for device
+    /// memory.
+    pub unsafe fn from_cuda_ptr(ptr: u64, size: usize, ordinal: u32, writable: bool) -> Self {
+        Self::on_device(ptr, size, Device::cuda(ordinal), writable, None)
+    }
+
+    /// A device descriptor that `owner` (e.g. a `DeviceBuffer`) keeps
+    /// valid: the `owner` is given back by
+    /// [`into_owner`](Self::into_owner).
+    pub(crate) fn on_device(
+        ptr: u64,
+        size: usize,
+        device: Device,
+        writable: bool,
+        owner: Option<Box<dyn Any + Send>>,
+    ) -> Self {
+        debug_assert!(!device.is_cpu());
+        Descriptor {
+            // The device address, kept in the pointer field and never
+            // dereferenced (every host access checks `device` first). CUDA
+            // exists only for 64-bit hosts, where the cast is lossless.
+            ptr: NonNull::new(ptr as usize as *mut u8).unwrap_or(NonNull::dangling()),
+            len: size,
+            device,
+            writable,
+            owner,
+            blocks: None,
+            _borrow: PhantomData,
+        }
+    }
+
     /// Like [`from_raw_parts`](Self::from_raw_parts), with an `owner` that
     /// keeps the memory valid: Ferry holds it until it no longer touches the
     /// memory, which, after a copy into it that a same-host peer stalled,
@@ -254,6 +320,20 @@ impl<'a> Descriptor<'a> {
     /// Whether bytes may be written into it.
     pub fn is_writable(&self) -> bool {
         self.writable
+    }
+
+    /// The device address of device memory (`cuda:N`); `None` for host
+    /// memory (whose bytes are [`as_slice`](Self::as_slice)) and for a
+    /// paged descriptor.
+    pub fn device_ptr(&self) -> Option<u64> {
+        if self.device.is_cpu() || self.blocks.is_some() {
+            return None;
+        }
+        if self.ptr == NonNull::dangling() {
+            // What a null address became (no device allocation is at 1).
+            return Some(0);
+        }
+        Some(self.ptr.as_ptr() as usize as u64)
     }
 
     /// The bytes, for host memory; `None` for device memory and for a

@@ -28,11 +28,44 @@ pub enum Error {
         /// The operation that would write into it.
         op: &'static str,
     },
-    /// Memory on a device this build cannot move yet.
+    /// Memory on a device this build cannot move yet (a remote's
+    /// descriptor outside host memory, or a device kind other than CUDA);
+    /// local CUDA memory is [`CudaUnavailable`](Self::CudaUnavailable) or
+    /// [`NoDeviceTransport`](Self::NoDeviceTransport).
     #[error(
         "descriptor {index} is on {device}: only cpu memory is supported in this version of Ferry"
     )]
     UnsupportedDevice {
+        /// Which descriptor.
+        index: usize,
+        /// Its device.
+        device: Device,
+    },
+    /// A descriptor of CUDA memory, on a host where CUDA is not available:
+    /// no driver (`libcuda`), a driver that failed to initialise, or no
+    /// device. `reason` is what [`cuda::status`](crate::cuda::status) says,
+    /// with what to install or set.
+    #[error(
+        "descriptor {index} is on {device}, but CUDA is not available on this host: {reason}. \
+         Ferry moves host (cpu) memory only here: copy the data to host memory and describe that"
+    )]
+    CudaUnavailable {
+        /// Which descriptor.
+        index: usize,
+        /// Its device.
+        device: Device,
+        /// Why there is no CUDA, and what to install or set.
+        reason: String,
+    },
+    /// A descriptor of CUDA memory, on a host where CUDA is available, but
+    /// no transport of this connector carries device memory yet (none does
+    /// in this version: `docs/gpu.md`).
+    #[error(
+        "descriptor {index} is on {device}: CUDA is available on this host, but no transport \
+         of this connector carries device memory yet; copy the data to host memory (e.g. \
+         tensor.cpu()) and describe that"
+    )]
+    NoDeviceTransport {
         /// Which descriptor.
         index: usize,
         /// Its device.
@@ -185,7 +218,12 @@ impl From<std::io::Error> for Error {
 }
 
 impl Error {
-    /// Whether this error is a misuse of the API (as opposed to a failure).
+    /// Whether this error is a misuse of the API (as opposed to a failure):
+    /// the call could not succeed as made, and nothing was attempted. This
+    /// includes memory that this connector cannot move here
+    /// ([`UnsupportedDevice`](Self::UnsupportedDevice),
+    /// [`CudaUnavailable`](Self::CudaUnavailable),
+    /// [`NoDeviceTransport`](Self::NoDeviceTransport)).
     pub fn is_misuse(&self) -> bool {
         matches!(
             self,
@@ -193,6 +231,8 @@ impl Error {
                 | Error::TooManyDescriptors(_)
                 | Error::ReadOnlyDescriptor { .. }
                 | Error::UnsupportedDevice { .. }
+                | Error::CudaUnavailable { .. }
+                | Error::NoDeviceTransport { .. }
                 | Error::InvalidDevice(_)
                 | Error::WrongPairing { .. }
                 | Error::CountMismatch { .. }

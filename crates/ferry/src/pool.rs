@@ -61,6 +61,10 @@ pub enum PoolError {
     /// The memory of [`Pool::allocate`] could not be had.
     #[error("could not allocate the pool: {0}")]
     Alloc(String),
+    /// Host access ([`Pool::with_block`]) to a pool that is not in host
+    /// memory: device memory is never read or written on the host.
+    #[error("the pool is on {0}, not in host memory: its blocks cannot be read or written here")]
+    NotHostMemory(Device),
 }
 
 /// A registered region of memory cut into blocks of one size: a KV cache
@@ -185,6 +189,11 @@ impl Pool {
     /// Ferry may write to the blocks it covers, nor read them if it is
     /// writable. The memory is freed only with `owner`, which the pool and
     /// its descriptors hold.
+    ///
+    /// A pool of device memory (`cuda:N`) is never read or written on the
+    /// host: [`with_block`](Self::with_block) refuses it, and its
+    /// descriptors are device descriptors, which operations refuse in this
+    /// version (see [`Descriptor::from_cuda_ptr`]).
     pub unsafe fn from_raw_parts<T: Any + Send>(
         ptr: *mut u8,
         size: usize,
@@ -232,7 +241,10 @@ impl Pool {
     /// Runs `f` on the bytes of block `id`, taken as a shared (read-only)
     /// descriptor would take it: refused while a writable descriptor holds
     /// it.
+    ///
+    /// [`PoolError::NotHostMemory`] for a pool of device memory.
     pub fn with_block<R>(&self, id: u32, f: impl FnOnce(&[u8]) -> R) -> Result<R, PoolError> {
+        self.check_host()?;
         let d = self.shared_blocks(&[id])?;
         let (ptr, len) = d.block_ptr(0);
         // SAFETY: `d` holds block `id` shared until it is dropped after `f`:
@@ -243,17 +255,29 @@ impl Pool {
 
     /// Runs `f` on the bytes of block `id`, mutably, taken as a writable
     /// descriptor would take it: refused while any descriptor holds it.
+    ///
+    /// [`PoolError::NotHostMemory`] for a pool of device memory.
     pub fn with_block_mut<R>(
         &self,
         id: u32,
         f: impl FnOnce(&mut [u8]) -> R,
     ) -> Result<R, PoolError> {
+        self.check_host()?;
         let d = self.blocks(&[id])?;
         let (ptr, len) = d.block_ptr(0);
         // SAFETY: `d` holds block `id` exclusively until it is dropped after
         // `f`, so this is the only access; the pool is writable (checked by
         // `blocks`) and keeps the memory valid.
         Ok(f(unsafe { std::slice::from_raw_parts_mut(ptr, len) }))
+    }
+
+    /// Refuses host access to device memory.
+    fn check_host(&self) -> Result<(), PoolError> {
+        if self.inner.device.is_cpu() {
+            Ok(())
+        } else {
+            Err(PoolError::NotHostMemory(self.inner.device))
+        }
     }
 
     /// The pool's size in bytes.
@@ -408,6 +432,29 @@ mod tests {
         assert_eq!(pool.with_block(1, |_| ()), Err(PoolError::Busy { id: 1 }));
         drop(held);
         assert!(pool.with_block(4, |_| ()).is_err());
+    }
+
+    #[test]
+    fn device_pools_are_never_read_on_the_host() {
+        let cuda = Device::cuda(1);
+        // SAFETY: the address is never dereferenced: host access to a
+        // device pool is refused, and its descriptors are only inspected.
+        let pool = unsafe {
+            Pool::from_raw_parts(0x7f00_0000_0000 as *mut u8, 4096, 1024, cuda, true, ())
+        }
+        .unwrap();
+        assert_eq!(pool.device(), cuda);
+        let refused = PoolError::NotHostMemory(cuda);
+        assert_eq!(pool.with_block(0, |_| ()), Err(refused.clone()));
+        assert_eq!(pool.with_block_mut(0, |_| ()), Err(refused.clone()));
+        assert!(refused.to_string().contains("cuda:1"));
+        let mut d = pool.blocks(&[2, 0]).unwrap();
+        assert_eq!((d.device(), d.size(), d.block_count()), (cuda, 2048, 2));
+        assert!(d.as_slice().is_none() && d.as_mut_slice().is_none());
+        assert!(
+            d.device_ptr().is_none(),
+            "a paged descriptor has no one address"
+        );
     }
 
     #[test]

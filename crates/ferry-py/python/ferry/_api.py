@@ -317,7 +317,13 @@ class Connector:
 
     @property
     def is_cuda_available(self) -> bool:
-        """Whether CUDA memory can be moved (not in this version)."""
+        """Whether this connector moves CUDA memory: what callers of the
+        reference ask before handing over CUDA tensors. ``False`` in this
+        version, even where a GPU is present; it stays ``False`` until a
+        transport of the connector carries device memory. CUDA memory can
+        be described (:class:`Descriptor`), but creating an operation over
+        it raises :class:`CudaUnavailableError` (no CUDA on this host: the
+        message says why) or :class:`NoDeviceTransportError`."""
         return self._core.is_cuda_available
 
     @property

@@ -11,6 +11,7 @@ import sys
 from typing import Any, Dict, Optional, Tuple, Union
 
 from . import _ferry
+from ._errors import DeviceMemoryError
 from ._pydantic import core_schema_for, json_schema_for
 from ._registration import _Registrable
 from ._types import CPU, Device, DeviceKind, _parse_device
@@ -19,7 +20,8 @@ __all__ = ["Descriptor", "SerializedDescriptor"]
 
 _TYPE_MESSAGE = (
     "Descriptor takes bytes, a bytearray or another buffer (memoryview, NumPy array, "
-    "array.array, mmap), a torch.Tensor or torch.nn.Parameter, an (array, device) tuple "
+    "array.array, mmap), a torch.Tensor or torch.nn.Parameter, an object with a "
+    "__cuda_array_interface__ (CuPy, Numba), an (array, device) tuple "
     "or a (ptr, size, device, ref) tuple"
 )
 
@@ -42,14 +44,23 @@ class Descriptor(_Registrable):
       buffers are read-only descriptors; a buffer must be contiguous, in C or
       Fortran order, and must not hold Python objects);
     - a ``torch.Tensor`` or ``torch.nn.Parameter`` (contiguous, dense, on
-      cpu, cuda or xpu), when ``torch`` has been imported;
+      cpu, cuda or xpu), when ``torch`` has been imported: its
+      ``data_ptr()``, ``numel() * element_size()`` bytes, on the device of
+      ``tensor.device`` (``cuda:N`` with ``N`` its ``index``);
+    - an object with a ``__cuda_array_interface__`` (CuPy, Numba, JAX...)
+      that exports no host buffer: CUDA memory, described from the
+      interface (versions 0 to 3; see below). The interface does not say
+      which GPU the memory is on, and without CUDA the address cannot be
+      asked: the device is ``cuda:N`` where the object's ``device.id`` is
+      an int ``N`` (CuPy's and JAX's arrays have one), else ``cuda:0``.
+      Pass ``(array, "cuda:N")`` to say which;
     - a tuple ``(array, device)``: any of the above and the
-      :class:`Device` (or device string) it must be on; for a CUDA device,
-      also an object with a ``__cuda_array_interface__`` (CuPy, Numba...);
+      :class:`Device` (or device string) it must be on (an array whose
+      ``device.id`` says another GPU is refused);
     - a tuple ``(ptr, size, device, ref)`` (``device`` and ``ref`` may be
-      left out): raw memory. Nothing checks it: the memory must stay valid
-      while an operation uses it, and ``ref`` (kept alive by the descriptor)
-      is typically what owns it.
+      left out): raw memory, e.g. ``(ptr, size, "cuda:1", owner)``. Nothing
+      checks it: the memory must stay valid while an operation uses it, and
+      ``ref`` (kept alive by the descriptor) is typically what owns it.
 
     Anything else is a ``TypeError``. Sizes and addresses come only from
     what the interpreter or the framework guarantees: the buffer protocol
@@ -60,9 +71,20 @@ class Descriptor(_Registrable):
     define gives an address or a size of host memory; so an object that
     only looks like a tensor or an array is refused (``numpy.asarray(obj)``
     turns an object with an ``__array_interface__`` into an array, if you
-    trust it). A ``__cuda_array_interface__`` is checked (a well-formed,
-    contiguous array) but cannot be verified; CUDA memory is refused when an
-    operation is created in this version, and is never touched.
+    trust it). A ``__cuda_array_interface__`` is checked but cannot be
+    verified: it must have ``version`` (0 to 3), ``data`` (an ``(int ptr,
+    bool read_only)`` pair), ``shape`` (a tuple of ints) and ``typestr`` (a
+    plain NumPy type such as ``"<f4"``, whose item size it gives); its
+    ``strides``, if any, must be those of a C-contiguous array, and it must
+    have no ``mask``; ``read_only`` memory is a read-only descriptor.
+
+    CUDA memory is described, never touched, and refused when an operation
+    is created in this version: a :class:`CudaUnavailableError` where this
+    host has no CUDA (the message says why), a
+    :class:`NoDeviceTransportError` where it has CUDA but no transport
+    carries device memory yet (both :class:`DeviceMemoryError`, a
+    :class:`ValueError`). :attr:`Connector.is_cuda_available` is ``False``
+    until a connector moves CUDA memory.
 
     The descriptor keeps the object alive, and a buffer exported (a
     ``bytearray`` cannot be resized while a descriptor holds it). Do not read
@@ -135,7 +157,7 @@ class Descriptor(_Registrable):
         """What the compiled core takes; memory it cannot move is refused
         here, when an operation is created."""
         if self._device.kind == DeviceKind.XPU:
-            raise ValueError(
+            raise DeviceMemoryError(
                 f"a descriptor is on {self._device}: this version of Ferry moves host (cpu) "
                 "memory only, and XPU memory is not supported: copy the data to host memory "
                 "(e.g. tensor.cpu()) and describe that"
@@ -453,6 +475,11 @@ def _describe(data: Any) -> _Described:
     try:
         view = memoryview(data)
     except (TypeError, ValueError, BufferError) as e:
+        # No host buffer: CUDA memory, if the object says so.
+        iface = _cuda_array_interface(data)
+        if iface is not None:
+            device = _cuda_array_device(data)
+            return _describe_cuda_array(data, iface, CUDA0 if device is None else device)
         raise TypeError(
             f"{_TYPE_MESSAGE}; got {cls.__name__}, which does not export its memory as a "
             f"buffer ({e})"
@@ -493,6 +520,9 @@ def _describe_tuple(data: Tuple[Any, ...]) -> _Described:
         if device.kind == DeviceKind.CUDA and not is_tensor:
             iface = _cuda_array_interface(array)
             if iface is not None:
+                says = _cuda_array_device(array)
+                if says is not None and says != device:
+                    raise ValueError(f"the array is on {says} (its device.id), not on {device}")
                 return _describe_cuda_array(array, iface, device)
         ptr, size, found, readonly, ref = _describe(array)
         if found != device:
@@ -574,27 +604,74 @@ def _cuda_array_interface(array: Any) -> Optional[Dict[str, Any]]:
     return iface
 
 
+CUDA0 = Device((DeviceKind.CUDA, 0))
+"""Where an object with a ``__cuda_array_interface__`` that does not say
+its device is taken to be."""
+
+
+def _cuda_array_device(array: Any) -> Optional[Device]:
+    """The GPU an object with a ``__cuda_array_interface__`` says it is on:
+    ``cuda:N`` for an int ``array.device.id`` (CuPy's ``cupy.cuda.Device``,
+    JAX's device), None where it has none. The interface itself does not
+    say, and without CUDA the pointer cannot be asked."""
+    try:
+        index = array.device.id
+    except AttributeError:
+        return None
+    if type(index) is not int or index < 0:
+        raise ValueError(
+            f"the array's device.id is {index!r}, not a GPU number: pass (array, 'cuda:N') "
+            "to say which GPU it is on"
+        )
+    return Device((DeviceKind.CUDA, index))
+
+
+# The versions of the interface this module reads (the fields it checks
+# have kept their meaning since version 0; 3 added 'stream').
+_CAI_VERSIONS = range(0, 4)
+
+
+def _cai_field(iface: Dict[str, Any], key: str) -> Any:
+    """``iface[key]``, which the interface requires."""
+    if key not in iface:
+        raise ValueError(
+            f"__cuda_array_interface__ has no {key!r}: it needs 'version', 'data', 'shape' "
+            "and 'typestr'"
+        )
+    return iface[key]
+
+
 def _describe_cuda_array(array: Any, iface: Dict[str, Any], device: Device) -> _Described:
     """CUDA memory, from a ``__cuda_array_interface__`` that is checked: a
-    well-formed, contiguous array. Its address cannot be verified from the
-    host; Ferry never touches CUDA memory in this version (an operation
-    refuses it)."""
-    data = iface.get("data")
+    known version, a well-formed, C-contiguous array of plain data. Its
+    address cannot be verified from the host; Ferry never touches CUDA
+    memory in this version (an operation refuses it)."""
+    version = _cai_field(iface, "version")
+    if type(version) is not int or version not in _CAI_VERSIONS:
+        raise ValueError(
+            f"__cuda_array_interface__ version {version!r} is not one this version of Ferry "
+            f"reads (0 to {_CAI_VERSIONS[-1]})"
+        )
+    data = _cai_field(iface, "data")
     if type(data) is not tuple or len(data) != 2:
         raise ValueError("__cuda_array_interface__['data'] must be a (ptr, readonly) tuple")
     ptr, readonly = data
-    if type(ptr) is not int or ptr < 0 or type(readonly) is not bool:
+    if type(ptr) is not int or not 0 <= ptr < 1 << 64 or type(readonly) is not bool:
         raise ValueError(f"__cuda_array_interface__['data'] must be (int >= 0, bool), not {data!r}")
-    typestr = iface.get("typestr")
+    typestr = _cai_field(iface, "typestr")
     if type(typestr) is not str or _TYPESTR.fullmatch(typestr) is None:
         raise ValueError(f"__cuda_array_interface__['typestr'] {typestr!r} is not a plain data type")
     itemsize = int(typestr[2:])
-    shape = _int_tuple(iface.get("shape"), "shape")
+    shape = _int_tuple(_cai_field(iface, "shape"), "shape")
     if any(n < 0 for n in shape):
         raise ValueError(f"__cuda_array_interface__['shape'] {shape} has a negative extent")
     strides = iface.get("strides")
-    if strides is not None and not _contiguous(shape, _int_tuple(strides, "strides"), itemsize):
-        raise ValueError("the array is not contiguous: pass a contiguous copy")
+    if strides is not None and not _c_contiguous(shape, _int_tuple(strides, "strides"), itemsize):
+        raise ValueError(
+            f"the array is not C-contiguous (shape {shape}, strides {strides}, items of "
+            f"{itemsize} bytes): pass a C-contiguous copy (cupy.ascontiguousarray(a), "
+            "a.copy(order='C'))"
+        )
     if iface.get("mask") is not None:
         raise ValueError("masked arrays are not supported")
     size = itemsize
@@ -602,6 +679,8 @@ def _describe_cuda_array(array: Any, iface: Dict[str, Any], device: Device) -> _
         size *= n
     if ptr == 0 and size > 0:
         raise ValueError("__cuda_array_interface__['data'] has a null pointer")
+    if ptr + size > 1 << 64 or size >= 1 << 63:
+        raise ValueError(f"{size} bytes at {ptr:#x} do not fit in the address space")
     return ptr, size, device, readonly, array
 
 
@@ -611,22 +690,20 @@ def _int_tuple(value: Any, what: str) -> Tuple[int, ...]:
     return value
 
 
-def _contiguous(shape: Tuple[int, ...], strides: Tuple[int, ...], itemsize: int) -> bool:
+def _c_contiguous(shape: Tuple[int, ...], strides: Tuple[int, ...], itemsize: int) -> bool:
+    """Whether `strides` are those of a C-contiguous array of `shape`
+    (the stride of an extent of 1 does not matter; an empty array is
+    contiguous)."""
     if len(shape) != len(strides):
         return False
     if any(n == 0 for n in shape):
         return True
-
-    def dense(dims: Any) -> bool:
-        expected = itemsize
-        for n, stride in dims:
-            if n != 1 and stride != expected:
-                return False
-            expected *= n
-        return True
-
-    pairs = list(zip(shape, strides))
-    return dense(reversed(pairs)) or dense(pairs)
+    expected = itemsize
+    for n, stride in zip(reversed(shape), reversed(strides)):
+        if n != 1 and stride != expected:
+            return False
+        expected *= n
+    return True
 
 
 # ---- buffers ----

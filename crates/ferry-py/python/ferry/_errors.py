@@ -19,6 +19,14 @@ written for either catches it:
 - :class:`InvalidWorkerIdError` (an empty worker id) is a :class:`ValueError`
   and a :class:`TypeError`, the reference's type for it.
 
+A descriptor of memory that the connector cannot move here raises a
+:class:`DeviceMemoryError` (a :class:`ValueError`, as other misuse) when an
+operation is created: :class:`CudaUnavailableError` for CUDA memory on a
+host where CUDA is not available (the message says why, and what to install
+or set), :class:`NoDeviceTransportError` (also a
+:class:`NotImplementedError`) where CUDA is available but no transport of
+the connector carries device memory yet — in this version, none does.
+
 A :class:`Pool` or a block list that is refused raises a :class:`PoolError`
 (a :class:`ValueError`, as other misuse): :class:`BlockRangeError` (also an
 :class:`IndexError`) for a block id out of range or negative,
@@ -41,6 +49,9 @@ __all__ = [
     "ShutdownError",
     "WrongPairingError",
     "InvalidWorkerIdError",
+    "DeviceMemoryError",
+    "CudaUnavailableError",
+    "NoDeviceTransportError",
     "ControlError",
     "MetadataNotFoundError",
     "NoServerError",
@@ -108,6 +119,28 @@ class WrongPairingError(ValueError, RuntimeError):
 class InvalidWorkerIdError(ValueError, TypeError):
     """An empty worker id. A :class:`ValueError`, and the reference's
     :class:`TypeError`."""
+
+
+class DeviceMemoryError(ValueError):
+    """A descriptor of memory outside the host (``cuda:N``, ``xpu:N``) that
+    this connector cannot move, refused when the operation is created
+    (nothing was attempted). Copy the data to host memory
+    (``tensor.cpu()``) and describe that. Misuse, so a
+    :class:`ValueError`; the subclasses say why."""
+
+
+class CudaUnavailableError(DeviceMemoryError):
+    """A descriptor of CUDA memory, on a host where CUDA is not available:
+    no NVIDIA driver (``libcuda.so.1``), a driver that failed to
+    initialise, or no device. The message says which, and what to install
+    or set (``FERRY_CUDA_LIB``: the path of ``libcuda.so.1``)."""
+
+
+class NoDeviceTransportError(DeviceMemoryError, NotImplementedError):
+    """A descriptor of CUDA memory, on a host where CUDA is available, but
+    no transport of this connector carries device memory yet (none does in
+    this version: :attr:`Connector.is_cuda_available` is ``False``). Also a
+    :class:`NotImplementedError`."""
 
 
 class ControlError(RuntimeError):

@@ -8,7 +8,7 @@ from typing import Any, Optional, Sequence, Union
 
 from . import _ferry
 from ._descriptor import Descriptor, DescriptorSource, _describe, _int_arg
-from ._errors import BlockIdTypeError, BlockRangeError, BlockSliceError
+from ._errors import BlockIdTypeError, BlockRangeError, BlockSliceError, DeviceMemoryError
 from ._registration import _Registrable
 from ._types import Device, DeviceKind
 
@@ -274,7 +274,7 @@ class PagedDescriptor(_Registrable):
     def _raw(self) -> _ferry.Blocks:
         """What the compiled core takes."""
         if self._pool.device.kind == DeviceKind.XPU:
-            raise ValueError(
+            raise DeviceMemoryError(
                 f"a paged descriptor is on {self._pool.device}: this version of Ferry moves host "
                 "(cpu) memory only"
             )

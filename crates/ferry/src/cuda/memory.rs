@@ -336,6 +336,7 @@ mod tests {
     #[test]
     fn device_buffer_round_trip_where_there_is_a_gpu() {
         if !super::super::available() {
+            println!("skipped: needs a GPU: {:?}", crate::cuda::status());
             return;
         }
         let src: Vec<u8> = (0..1_000_003u32).map(|i| (i * 7 + 3) as u8).collect();

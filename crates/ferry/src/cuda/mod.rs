@@ -1,11 +1,16 @@
 //! CUDA, loaded at run time: the foundation of GPU memory support.
 //!
-//! Ferry does not move GPU memory yet: the connector still refuses every
-//! descriptor that is not in host memory. What is here is the part that
-//! does not depend on a transport: the driver API loaded from `libcuda`
-//! when present (no CUDA toolkit needed to build, nothing fatal when it is
-//! missing), and [`status`] to say what was found. `docs/gpu.md` says what
-//! exists, what is verified and what comes next.
+//! Ferry does not move GPU memory yet. Device memory can be described
+//! ([`Descriptor::from_cuda_ptr`](crate::Descriptor::from_cuda_ptr), or a
+//! [`CudaBuffer`] of one's own), but creating an operation over it is
+//! refused with a typed error: [`Error::CudaUnavailable`](crate::Error::CudaUnavailable)
+//! where this host has no CUDA ([`status`] says why), else
+//! [`Error::NoDeviceTransport`](crate::Error::NoDeviceTransport). What is
+//! here is the part that does not depend on a transport: the driver API
+//! loaded from `libcuda` when present (no CUDA toolkit needed to build,
+//! nothing fatal when it is missing), [`status`] and [`available`] to say
+//! what was found, and owned device memory. `docs/gpu.md` says what exists,
+//! what is verified and what comes next.
 //!
 //! The library is looked for, in order, at the path in `FERRY_CUDA_LIB`
 //! ([`LIB_ENV`]) alone where it is set, else as `libcuda.so.1` then
@@ -13,14 +18,16 @@
 
 use std::sync::OnceLock;
 
+use ferry_proto::{Device, DeviceKind};
+
+mod buffer;
 mod driver;
 mod engine;
 mod memory;
 mod staging;
 
+pub use buffer::CudaBuffer;
 pub(crate) use driver::Driver;
-// Used by the transports once device memory reaches them (`docs/gpu.md`).
-#[allow(unused_imports)]
 pub(crate) use memory::DeviceBuffer;
 
 /// The environment variable that names the `libcuda` to load (a path).
@@ -29,10 +36,7 @@ pub const LIB_ENV: &str = driver::LIB_ENV;
 /// Why a CUDA call could not be made or failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-// Read by the staging paths and the transports once device memory reaches
-// them; only tests construct some variants today.
-#[cfg_attr(not(test), allow(dead_code))]
-pub(crate) enum CudaError {
+pub enum CudaError {
     /// No CUDA here: no `libcuda`, one that failed to initialise, or no
     /// device. The text says which, and what to install or set.
     #[error("CUDA unavailable: {0}")]
@@ -89,15 +93,39 @@ pub(crate) fn driver_or_unavailable() -> Result<&'static Driver, CudaError> {
 }
 
 /// Whether CUDA is usable here: the driver loaded, `cuInit` succeeded, and
-/// it sees at least one device. `Connector::is_cuda_available` answers
-/// with it once connectors move device memory (until then it says `false`,
-/// the truth about what a connector can move).
-#[cfg_attr(not(test), allow(dead_code))]
-pub(crate) fn available() -> bool {
+/// it sees at least one device ([`status`] says which, or why not).
+///
+/// This is not whether Ferry moves GPU memory: no connector does yet, and
+/// [`Connector::is_cuda_available`](crate::Connector::is_cuda_available)
+/// says `false` until one does (it will answer with this then). Tests that
+/// need a GPU skip where this is false.
+pub fn available() -> bool {
     driver()
         .ok()
         .and_then(|d| d.device_count().ok())
         .is_some_and(|n| n > 0)
+}
+
+/// Why a connector refuses descriptor `index`, on `device` (not host
+/// memory): no CUDA on this host (with what [`status`] says), or CUDA but
+/// no transport that carries device memory (none does yet). Where a
+/// transport gains device memory (`Puller::memory_kinds`), this is where
+/// the connector will ask its transports instead.
+pub(crate) fn refusal(index: usize, device: Device) -> crate::Error {
+    if device.kind() != DeviceKind::Cuda {
+        return crate::Error::UnsupportedDevice { index, device };
+    }
+    if !available() {
+        let reason = status()
+            .err()
+            .unwrap_or_else(|| "the CUDA driver sees no device".into());
+        return crate::Error::CudaUnavailable {
+            index,
+            device,
+            reason,
+        };
+    }
+    crate::Error::NoDeviceTransport { index, device }
 }
 
 /// The CUDA driver this process loaded (library, driver version, devices

@@ -367,6 +367,7 @@ fn cuda_round_trip_where_there_is_a_gpu() {
     use crate::cuda::DeviceBuffer;
 
     if !crate::cuda::available() {
+        println!("skipped: needs a GPU: {:?}", crate::cuda::status());
         return;
     }
     let len = 7 * CHUNK * 1024 + 13;

@@ -47,7 +47,7 @@ pub(crate) fn transport_name(t: Option<TransportKind>) -> &'static str {
 
 /// The values of the `cause` label of `ferry_errors_total`, one per
 /// [`Error`] variant, in snake case.
-pub const ERROR_CAUSES: [&str; 21] = [
+pub const ERROR_CAUSES: [&str; 23] = [
     "no_descriptors",
     "too_many_descriptors",
     "read_only_descriptor",
@@ -69,6 +69,8 @@ pub const ERROR_CAUSES: [&str; 21] = [
     "shutdown",
     "io",
     "timeout",
+    "cuda_unavailable",
+    "no_device_transport",
 ];
 
 /// The index of `e`'s cause in [`ERROR_CAUSES`].
@@ -95,6 +97,8 @@ pub(crate) fn cause_index(e: &Error) -> usize {
         Error::Shutdown => 18,
         Error::Io(_) => 19,
         Error::Timeout(_) => 20,
+        Error::CudaUnavailable { .. } => 21,
+        Error::NoDeviceTransport { .. } => 22,
     }
 }
 
