@@ -688,7 +688,7 @@ mod tests {
 
     #[test]
     fn listed_segments_are_handed_out_once_each_and_in_bounds() {
-        let mut buf = vec![0u8; 12];
+        let mut buf = [0u8; 12];
         let (a, b) = buf.split_at_mut(8);
         let descs = vec![Descriptor::from_mut_slice(a), Descriptor::from_mut_slice(b)];
         // SAFETY: the descriptors outlive the region and are not touched elsewhere.

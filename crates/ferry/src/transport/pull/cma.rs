@@ -204,7 +204,7 @@ fn plan(segs: &[(u64, u64)], region: &Region) -> Result<Plan, PullEnd> {
             _ => runs.push((addr, i, 1)),
         }
     }
-    if !runs.is_sorted_by_key(|r| r.0) {
+    if runs.windows(2).any(|w| w[0].0 > w[1].0) {
         runs.sort_unstable_by_key(|r| r.0);
     }
     let order: Vec<usize> = runs.iter().flat_map(|&(_, f, n)| f..f + n).collect();
@@ -432,7 +432,7 @@ mod tests {
         let blk = 100u64;
         let perm = [9u64, 3, 14, 0, 7, 12, 1, 5, 15, 2, 10, 6, 13, 4, 11, 8];
         let mut segs: Vec<(u64, u64)> = (0..64u64)
-            .map(|i| (1 << 20 | (perm[(i / 4) as usize] * 4 + i % 4) * blk, blk))
+            .map(|i| ((1 << 20) + (perm[(i / 4) as usize] * 4 + i % 4) * blk, blk))
             .collect();
         segs.push((1 << 30, PULL_CHUNK * 2 + 1));
         let mut buf = vec![0u8; 6400 + segs[64].1 as usize];
