@@ -33,7 +33,10 @@ pub(crate) struct Pool {
     block: usize,
     device: Device,
     writable: bool,
-    owner: Py<PyAny>,
+    /// The one Rust pool over this memory that builds every operation's
+    /// descriptor (its registrations are made once); it holds what keeps
+    /// the memory alive (the `owner` given to `new`).
+    inner: ferry::Pool,
     table: Arc<Table>,
 }
 
@@ -161,41 +164,19 @@ impl Blocks {
         let p = self.pool.get();
         p.table.take(py, &self.ids, !writes, claim.owner())?;
         claim.hold(p.table.clone());
-        // SAFETY: `from_raw_parts` needs the memory valid (and writable if
-        // `writable`) while `owner` lives, and used by nothing but Ferry
-        // while a descriptor of the pool (or its operation) exists. The
-        // argument is that of `memory::descriptors`: the Python layer
-        // (`ferry/_pool.py`, through `_descriptor._describe`) takes `ptr`
-        // and `size` only from a buffer export (kept in `owner`, so the
-        // memory can be neither resized nor freed), a `bytes` object's
-        // storage, or torch's own C methods of an exact `torch.Tensor`, and
-        // marks read-only memory not writable; the raw `(ptr, size, device,
-        // ref)` form is the caller's promise. The descriptor holds its own
-        // reference to `owner`, dropped with the operation, after its
-        // region is closed (see `memory::descriptors`). Other operations of
-        // this process keep off the blocks it writes, and it off those they
-        // write: the pool's `Table` refuses such blocks, and claims refuse
-        // other descriptors over the pool's memory. Python code must not
-        // use the blocks while the operation is in progress (documented).
-        // Device memory is never dereferenced: operations refuse it.
-        let pool = unsafe {
-            ferry::Pool::from_raw_parts(
-                p.ptr as *mut u8,
-                p.size,
-                p.block,
-                p.device,
-                p.writable,
-                p.owner.clone_ref(py),
-            )
-        }
-        .map_err(|e| pool_error_to_py(py, e))?;
         let view = BlockView {
             offset: self.offset,
             len: Some(self.len),
             shared: !writes,
         };
-        pool.blocks_with(&self.ids, view)
-            .map_err(|e| pool_error_to_py(py, e))
+        // SAFETY: `blocks_unclaimed` needs this pool's descriptors in use
+        // never to conflict on a block. The pool's `Table` took these blocks
+        // (shared, or exclusively for an operation that writes) for the
+        // operation behind `claim`, and frees them only once that operation
+        // has ended (its status is terminal, so it no longer touches its
+        // memory) or was never made; every descriptor of this pool comes
+        // from here, so every one in use holds its blocks in the table.
+        unsafe { p.inner.blocks_unclaimed(&self.ids, view) }.map_err(|e| pool_error_to_py(py, e))
     }
 
     /// `(pool number, start, end)` of the pool's memory, for claims.
@@ -304,6 +285,30 @@ impl Pool {
             };
             return Err(pool_error_to_py(py, e));
         }
+        // SAFETY: `from_raw_parts` needs the memory valid (and writable if
+        // `writable`) while `owner` lives, and used by nothing but Ferry
+        // while a descriptor of the pool (or its operation) is in use. The
+        // argument is that of `memory::descriptors`: the Python layer
+        // (`ferry/_pool.py`, through `_descriptor._describe`) takes `ptr`
+        // and `size` only from a buffer export (kept in `owner`, so the
+        // memory can be neither resized nor freed), a `bytes` object's
+        // storage, or torch's own C methods of an exact `torch.Tensor`, and
+        // marks read-only memory not writable; the raw `(ptr, size, device,
+        // ref)` form is the caller's promise. The Rust pool holds `owner`,
+        // and each of its descriptors holds the pool's memory (the last one
+        // dropped after its operation's region is closed, see
+        // `memory::descriptors`). Other operations of this process keep off
+        // the blocks an operation writes, and it off those they write: the
+        // `Table` refuses such blocks (see `Blocks::take`), and claims
+        // refuse other descriptors over the pool's memory. Python code must
+        // not use the blocks while the operation is in progress
+        // (documented). Device memory is never dereferenced: operations
+        // refuse it.
+        #[allow(unsafe_code)]
+        let inner = unsafe {
+            ferry::Pool::from_raw_parts(ptr as *mut u8, size, block_size, device, writable, owner)
+        }
+        .map_err(|e| pool_error_to_py(py, e))?;
         Ok(Pool {
             id: NEXT_POOL.fetch_add(1, Ordering::Relaxed),
             ptr,
@@ -311,7 +316,7 @@ impl Pool {
             block: block_size,
             device,
             writable,
-            owner,
+            inner,
             table: Arc::new(Table(Mutex::new(TableState {
                 taken: vec![0; size / block_size],
                 users: Vec::new(),

@@ -324,28 +324,8 @@ impl Pool {
         ids: &[u32],
         view: BlockView,
     ) -> Result<Descriptor<'static>, PoolError> {
+        let len = self.check_view(ids, view)?;
         let p = &self.inner;
-        if ids.is_empty() || ids.len() > MAX_DESCRIPTORS {
-            return Err(PoolError::BadCount(ids.len()));
-        }
-        if !view.shared && !p.writable {
-            return Err(PoolError::ReadOnly);
-        }
-        let len = view.len.unwrap_or(p.block.saturating_sub(view.offset));
-        if view
-            .offset
-            .checked_add(len)
-            .map_or(true, |end| end > p.block)
-        {
-            return Err(PoolError::BadSlice {
-                offset: view.offset,
-                len,
-                block: p.block,
-            });
-        }
-        if ids.len().checked_mul(len).is_none() {
-            return Err(PoolError::BadCount(ids.len()));
-        }
         let count = self.block_count();
         {
             let mut t = p.table();
@@ -381,6 +361,95 @@ impl Pool {
             ids: ids.clone(),
             shared: view.shared,
         };
+        Ok(self.paged(ids, view, len, Box::new(taken)))
+    }
+
+    /// [`blocks_with`](Self::blocks_with) without this pool's record of
+    /// which descriptors hold which blocks: for a caller that keeps its own
+    /// (the Python binding's `ferry.Pool` frees an operation's blocks when
+    /// the operation ends, not when its descriptor is dropped). The same
+    /// checks otherwise, and a writable view that names a block twice is
+    /// still refused ([`PoolError::Busy`]). Costs nothing per block
+    /// beyond the checks: one pool serves every operation, with its
+    /// registrations (UCX) made once.
+    ///
+    /// # Safety
+    ///
+    /// What the pool's own record enforces for
+    /// [`blocks_with`](Self::blocks_with), the caller enforces: while the
+    /// returned descriptor is in use (until it is dropped or the operation
+    /// it was given to has ended: an ended operation no longer touches its
+    /// memory), no other descriptor of this pool in use may write a block
+    /// it names, and if `view` is writable, none in use may name one of its
+    /// blocks at all.
+    pub unsafe fn blocks_unclaimed(
+        &self,
+        ids: &[u32],
+        view: BlockView,
+    ) -> Result<Descriptor<'static>, PoolError> {
+        let len = self.check_view(ids, view)?;
+        let count = self.block_count();
+        if let Some((index, &id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= count) {
+            return Err(PoolError::OutOfRange {
+                index,
+                id,
+                last: count as u64 - 1,
+            });
+        }
+        if !view.shared {
+            // Two segments over one block of a destination would be two
+            // writers of the same bytes in one copy.
+            let mut seen = vec![0u64; count.div_ceil(64)];
+            for &id in ids {
+                let (w, b) = (id as usize / 64, 1u64 << (id % 64));
+                if seen[w] & b != 0 {
+                    return Err(PoolError::Busy { id });
+                }
+                seen[w] |= b;
+            }
+        }
+        let keep = self.inner.clone();
+        Ok(self.paged(ids.into(), view, len, Box::new(keep)))
+    }
+
+    /// Checks a view of blocks `ids` before any is taken: its length per
+    /// block.
+    fn check_view(&self, ids: &[u32], view: BlockView) -> Result<usize, PoolError> {
+        let p = &self.inner;
+        if ids.is_empty() || ids.len() > MAX_DESCRIPTORS {
+            return Err(PoolError::BadCount(ids.len()));
+        }
+        if !view.shared && !p.writable {
+            return Err(PoolError::ReadOnly);
+        }
+        let len = view.len.unwrap_or(p.block.saturating_sub(view.offset));
+        if view
+            .offset
+            .checked_add(len)
+            .map_or(true, |end| end > p.block)
+        {
+            return Err(PoolError::BadSlice {
+                offset: view.offset,
+                len,
+                block: p.block,
+            });
+        }
+        if ids.len().checked_mul(len).is_none() {
+            return Err(PoolError::BadCount(ids.len()));
+        }
+        Ok(len)
+    }
+
+    /// The descriptor of blocks `ids` (checked), keeping `keep` (what
+    /// holds the blocks, and the pool's memory) until it is dropped.
+    fn paged(
+        &self,
+        ids: Arc<[u32]>,
+        view: BlockView,
+        len: usize,
+        keep: Box<dyn Any + Send>,
+    ) -> Descriptor<'static> {
+        let p = &self.inner;
         let blocks = Blocks {
             stride: p.block,
             offset: view.offset,
@@ -388,13 +457,7 @@ impl Pool {
             ids,
             regs: p.regs.clone(),
         };
-        Ok(Descriptor::paged(
-            p.ptr,
-            p.device,
-            !view.shared,
-            blocks,
-            Box::new(taken),
-        ))
+        Descriptor::paged(p.ptr, p.device, !view.shared, blocks, keep)
     }
 }
 
@@ -420,6 +483,58 @@ impl fmt::Debug for Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unclaimed_blocks_keep_the_checks_and_the_registrations() {
+        let pool = Pool::allocate(8 * 4096, 4096).unwrap();
+        let view = BlockView::default();
+        let shared = BlockView {
+            shared: true,
+            ..view
+        };
+        // SAFETY (each call below): no descriptor of the pool is given to an
+        // operation, and none is read or written: only inspected.
+        let a = unsafe { pool.blocks_unclaimed(&[3, 1], view) }.unwrap();
+        assert_eq!((a.size(), a.block_count()), (8192, 2));
+        assert!(
+            pool.blocks(&[3]).is_ok(),
+            "the pool's own record is not taken"
+        );
+        let b = unsafe { pool.blocks_unclaimed(&[0, 0], shared) }.unwrap();
+        assert!(
+            Arc::ptr_eq(a.reg_cache().unwrap(), b.reg_cache().unwrap()),
+            "one pool, one registration cache"
+        );
+        assert_eq!(
+            unsafe { pool.blocks_unclaimed(&[2, 5, 2], view) }.err(),
+            Some(PoolError::Busy { id: 2 }),
+            "a block twice in one destination"
+        );
+        assert_eq!(
+            unsafe { pool.blocks_unclaimed(&[1, 8], shared) }.err(),
+            Some(PoolError::OutOfRange {
+                index: 1,
+                id: 8,
+                last: 7
+            })
+        );
+        assert_eq!(
+            unsafe { pool.blocks_unclaimed(&[], shared) }.err(),
+            Some(PoolError::BadCount(0))
+        );
+        let slice = BlockView {
+            offset: 4000,
+            len: Some(200),
+            ..view
+        };
+        assert!(matches!(
+            unsafe { pool.blocks_unclaimed(&[1], slice) },
+            Err(PoolError::BadSlice { .. })
+        ));
+        // The descriptors keep the memory (and its registrations) alive.
+        drop(pool);
+        assert_eq!(a.block_count(), 2);
+    }
 
     #[test]
     fn allocated_pools_are_zeroed_and_blocks_are_readable() {
