@@ -190,17 +190,19 @@ impl Range {
 pub(crate) struct ClaimOwner(OnceLock<Weak<Holder>>);
 
 impl ClaimOwner {
-    /// Whether the operation may still touch its memory. An operation that
-    /// has ended has closed its region, even if its handle lives on. A
-    /// handle found here is pushed to `found`, to be dropped only after
-    /// `CLAIMS` is unlocked (its drop takes that lock).
+    /// Whether the operation may still touch its memory: until it has
+    /// ended and no copy into its memory (one a same-host peer stalled) is
+    /// still in flight, nor a peer's lease of it outstanding
+    /// (`is_released`). An ended operation has closed its region, even if
+    /// its handle lives on. A handle found here is pushed to `found`, to be
+    /// dropped only after `CLAIMS` is unlocked (its drop takes that lock).
     pub(crate) fn in_use(&self, found: &mut Vec<Arc<Holder>>) -> bool {
         match self.0.get() {
             None => true,
             Some(op) => match op.upgrade() {
                 None => false,
                 Some(h) => {
-                    let open = !h.op.status().is_terminal();
+                    let open = !h.op.is_released();
                     found.push(h);
                     open
                 }

@@ -125,6 +125,17 @@ macro_rules! common_methods {
             std::mem::take(&mut self.descs)
         }
 
+        /// Whether the operation has ended and is done with its memory: no
+        /// copy into it is still in flight, and no peer still holds a lease
+        /// of it. Only a stalled copy (a same-host peer whose pages never
+        /// arrive), or a peer that has not yet confirmed the end of a lease,
+        /// keeps this `false` after the end. Never blocks: for whoever
+        /// reuses the memory as soon as it may (see also
+        /// [`descriptors`](Self::descriptors), which waits a while).
+        pub fn is_released(&self) -> bool {
+            self.status().is_terminal() && !self.core.region.is_in_use()
+        }
+
         /// The descriptors, once the operation has ended (`None` before: the
         /// memory may still be touched by the remote). A copy into the
         /// memory still in flight at the end (a cancel mid-copy) is waited

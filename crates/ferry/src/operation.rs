@@ -98,6 +98,10 @@ pub trait Operation<'a>: sealed::Sealed + fmt::Debug + Send + Sync {
     /// a writable, `None` for a read or a write.
     fn metadata(&self) -> Option<&RdmaMetadata>;
 
+    /// Whether the operation has ended and is done with its memory; see
+    /// [`ReadOperation::is_released`].
+    fn is_released(&self) -> bool;
+
     /// The descriptors, once the operation has ended (`None` before); see
     /// [`ReadOperation::descriptors`].
     fn descriptors(&self) -> Option<&[Descriptor<'a>]>;
@@ -143,6 +147,10 @@ macro_rules! operation {
 
             fn transport(&self) -> Option<TransportKind> {
                 $op::transport(self)
+            }
+
+            fn is_released(&self) -> bool {
+                $op::is_released(self)
             }
 
             fn descriptors(&self) -> Option<&[Descriptor<'a>]> {

@@ -295,6 +295,10 @@ fn stalled_copy() {
         read_b.descriptors().is_none(),
         "the memory of a cancelled READ whose copy is stuck is not handed out"
     );
+    assert!(
+        !read_b.is_released(),
+        "a cancelled READ whose copy is stuck is not done with its memory"
+    );
 
     // 3. An operation waiting for a copy slot is cancelled at once too.
     let c = waiting[0];
@@ -347,6 +351,7 @@ fn stalled_copy() {
         while read_b.descriptors().is_none() {
             std::thread::sleep(Duration::from_millis(5));
         }
+        assert!(read_b.is_released(), "its copy returned: it is done");
         drop(read_a);
     });
     for (i, r) in reads.into_iter().enumerate() {

@@ -27,8 +27,8 @@ class Pool:
     ``Pool(memory, block_size=None)`` takes what :class:`Descriptor` takes
     (a NumPy array, a ``torch.Tensor`` on the CPU, a ``bytearray``, any
     writable buffer, ``bytes`` or a read-only buffer for a read-only pool,
-    or a raw ``(ptr, size, device, ref)`` tuple), keeps it alive and its
-    buffer exported. `block_size` defaults to the size of one item of the
+    or a raw ``(ptr, size, device, ref)`` tuple, whose ``size`` bytes must
+    lie within one allocation), keeps it alive and its buffer exported. `block_size` defaults to the size of one item of the
     first dimension of an array or tensor (``memory.nbytes //
     memory.shape[0]``); a last partial block is not addressable.
 
@@ -42,7 +42,10 @@ class Pool:
     differ; their sizes must match block for block.
 
     An operation takes its blocks when it is created and gives them back
-    when it ends: one that writes into a block (a read, a writable) excludes
+    when it has ended and is done with them (rarely later than its end: a
+    copy that a same-host peer stalls, or a peer that has not yet said it
+    stopped reading what was lent to it, keeps them until then): one that
+    writes into a block (a read, a writable) excludes
     every other operation on that block; ones that only read it share it.
     A block named twice by an operation that writes into it, or used by
     another operation in a conflicting way, raises :class:`BlockBusyError`.
