@@ -184,7 +184,10 @@ impl Pool {
     /// # Safety
     ///
     /// While `owner` lives, `ptr` must be valid for reads of `size` bytes
-    /// (and for writes if `writable`) on `device`; and while any descriptor
+    /// (and for writes if `writable`) on `device`, all of them within one
+    /// allocation (one mapping, one tensor's storage: not two neighbouring
+    /// ones described as one, since blocks that follow each other may be
+    /// copied as one slice); and while any descriptor
     /// of this pool, or an operation it was given to, exists, nothing but
     /// Ferry may write to the blocks it covers, nor read them if it is
     /// writable. The memory is freed only with `owner`, which the pool and

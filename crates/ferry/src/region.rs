@@ -4,7 +4,8 @@
 //! operation's descriptors. Transports touch that memory only inside
 //! [`Region::write_at`] / [`Region::read_at`], which hold the region's lock
 //! for the duration of one non-blocking copy or system call, or inside
-//! [`Region::copy_into`], a copy that a peer may stall (a cross-memory copy
+//! [`Region::copy_into`] (or [`Region::copy_into_each`]), a copy that a
+//! peer may stall (a cross-memory copy
 //! from pages that never arrive), which runs *outside* the lock.
 //! [`Region::close`] takes the lock and marks the region closed: once it
 //! returns, no locked access is inside the memory and none will enter it
@@ -77,7 +78,8 @@ struct Lent {
 
 // SAFETY: the raw pointers are only dereferenced inside `read_at`/`write_at`,
 // while holding `open`'s lock and only while the region is open, or handed
-// to `copy_into`'s callback, which the region counts as in flight from
+// to `copy_into`'s (or `copy_into_each`'s) callback, which the region
+// counts as in flight from
 // before the lock is released until after it returns, and which excludes
 // every locked access meanwhile (`segments` gives out addresses, never
 // access); the creator of the region guarantees (see `Region::new`) that the
@@ -429,8 +431,10 @@ impl Region {
         let mut slices: Vec<IoSliceMut<'_>> = raw
             .into_iter()
             // SAFETY: as in `write_at`, for each piece: the region is open
-            // and locked until `f` returns; each piece lies within its
-            // segment (`span` checked it) and the pieces of distinct
+            // and locked until `f` returns; each piece lies within one
+            // segment, or within blocks of one pool that follow each other
+            // (`span` checked it), so within one allocation (a pool's
+            // memory is one: `Pool::from_raw_parts`); the pieces of distinct
             // segments do not overlap (segments of one writable region
             // never do: the pool hands a block to one writable descriptor
             // at a time, and a writable descriptor names a block once).
@@ -456,7 +460,9 @@ impl Region {
         let slices: Vec<IoSlice<'_>> = raw
             .into_iter()
             // SAFETY: as in `read_at`, for each piece: open and locked until
-            // `f` returns, each piece within its segment (checked by `span`).
+            // `f` returns, each piece within one segment or within blocks
+            // of one pool that follow each other (checked by `span`): one
+            // allocation either way.
             .map(|(p, n)| IoSlice::new(unsafe { std::slice::from_raw_parts(p, n) }))
             .collect();
         Ok(f(&slices))

@@ -167,9 +167,9 @@ struct Plan {
 /// per range, and ranges in address order meet the page tables and huge
 /// pages they need still in cache. On this project's 2-core machine, 32 KiB
 /// blocks in random order copy about 20% faster in this order when they are
-/// dense in their pool (512 MiB), 5% when they are a quarter of it. Ranges that follow each other
-/// on both sides (runs of blocks) keep their order, so merging them into
-/// one range is unchanged.
+/// dense in their pool (512 MiB), 5% when they are a quarter of it. Ranges
+/// that follow each other on both sides (runs of blocks) keep their order,
+/// so merging them into one range is unchanged.
 fn plan(segs: &[(u64, u64)], region: &Region) -> Result<Plan, PullEnd> {
     // Runs of the lease that follow each other on both sides: (start in
     // the source, first segment, count).

@@ -123,7 +123,8 @@ impl LeaseBlob {
 /// [`pull`](Self::pull) must:
 ///
 /// 1. **Write only through the fence.** Every byte lands inside a
-///    [`Region::copy_into`] callback, into the pointers it hands out, and
+///    [`Region::copy_into`] (or [`Region::copy_into_each`]) callback, into
+///    the pointers it hands out, and
 ///    only while the callback runs (no pointer is kept past it): the
 ///    region then refuses every copy once a close has begun, counts the one
 ///    in flight, and keeps the memory reserved for it until it returns.
