@@ -177,8 +177,11 @@ fn copy(
                     stopped = true;
                     break 'outer;
                 }
-                Ok(Err(Denied::OutOfBounds)) | Err(Denied::OutOfBounds) => {
-                    // Sizes were checked against the exposure; cannot happen.
+                Ok(Err(Denied::OutOfBounds | Denied::NotHostMemory))
+                | Err(Denied::OutOfBounds | Denied::NotHostMemory) => {
+                    // Sizes were checked against the exposure, and device
+                    // memory never reaches this transport (refused before
+                    // the copy starts); cannot happen.
                     stopped = true;
                     break 'outer;
                 }

@@ -52,6 +52,17 @@ pub(crate) enum PullEnd {
     Failed(String),
 }
 
+/// The end of a pull whose destination refused an access as device memory
+/// (`Denied::NotHostMemory`): a backend that copies with the host (cross
+/// memory attach, UCX here) never writes GPU memory.
+pub(crate) fn not_host_memory() -> PullEnd {
+    PullEnd::Failed(
+        "the destination is device memory, which this backend does not write: GPU memory \
+         moves only by CUDA IPC between processes of one host in this version"
+            .into(),
+    )
+}
+
 /// What a source lends: enough for the destination's backend to copy the
 /// memory of one operation.
 ///
