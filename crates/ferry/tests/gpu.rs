@@ -38,7 +38,7 @@ fn assert_refused(err: &Error, index: usize, device: Device) {
     );
     if ferry::cuda::available() {
         assert!(
-            matches!(err, Error::NoDeviceTransport { index: i, device: d } if *i == index && *d == device),
+            matches!(err, Error::NoDeviceTransport { index: i, device: d, .. } if *i == index && *d == device),
             "{err:?}"
         );
         assert!(text.contains("no transport of this connector carries device memory"));

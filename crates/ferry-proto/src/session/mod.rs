@@ -28,7 +28,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 pub use action::{Action, Last, OpenParams, Start, Step};
 pub use attach::{AttachState, Nonces, RdmaState};
-pub use plan::{can_lend, plan, Plan, Thresholds};
+pub use plan::{can_lend, device_refusal, plan, Plan, Thresholds, DEVICE_MEMORY_BY_IPC_ONLY};
 pub use stripe::{part_range, BindError, StripeState};
 pub use violation::Violation;
 
@@ -94,6 +94,12 @@ pub trait Fence: Clone {
     /// For part 0 of a striped transfer: every other part is done. True
     /// for a transfer that is not striped.
     fn can_commit(&self) -> bool;
+    /// The memory is host memory (the default). Device (GPU) memory never
+    /// moves in band: a request over it that would is refused
+    /// ([`device_refusal`]), and `Data` for it is a violation.
+    fn is_host_memory(&self) -> bool {
+        true
+    }
 }
 
 /// What this side can do on the connection, known from the handshake.
@@ -227,6 +233,11 @@ impl<T: Fence> Session<T> {
                 let in_band = matches!(r.path, Path::InBand | Path::Requested);
                 if r.side != Side::Destination || !in_band {
                     return Err(Violation::UnexpectedData { req: d.req });
+                }
+                if !r.target.is_host_memory() {
+                    // A READ into device memory asked for a lease; the
+                    // source must not fall back to streaming.
+                    return Err(Violation::DataForDeviceMemory { req: d.req });
                 }
                 r.cursor.accept(d.desc, d.offset, d.len)?;
                 if r.path == Path::Requested {
@@ -383,6 +394,20 @@ impl<T: Fence> Session<T> {
             Ok(t) => t,
             Err((reason, detail)) => return self.abort(o.req, reason, detail),
         };
+        if !target.is_host_memory() {
+            if let Some(why) = device_refusal(o, self.caps) {
+                // The driver refuses this before it binds the operation
+                // (so that it stays free for a peer that can lend); here it
+                // is refused all the same, and the operation it was bound
+                // to ends, since nothing else will move it.
+                self.abort(o.req, AbortReason::DeviceMemory, why.clone());
+                return self.push(Action::RemoteAbort {
+                    target,
+                    reason: AbortReason::DeviceMemory,
+                    detail: why,
+                });
+            }
+        }
         let side = Side::of(Role::Passive, o.kind);
         if o.parts > 1 {
             // A part of a striped transfer: always in band.

@@ -125,7 +125,11 @@ pub(crate) fn refusal(index: usize, device: Device) -> crate::Error {
             reason,
         };
     }
-    crate::Error::NoDeviceTransport { index, device }
+    crate::Error::NoDeviceTransport {
+        index,
+        device,
+        reason: "no transport of this connector carries device memory yet".into(),
+    }
 }
 
 /// The CUDA driver this process loaded (library, driver version, devices
