@@ -31,6 +31,7 @@ use crate::region::Region;
 pub(crate) mod cma;
 #[cfg(test)]
 mod conformance;
+pub(crate) mod cuda_ipc;
 pub(crate) mod share;
 #[cfg(test)]
 mod testing;

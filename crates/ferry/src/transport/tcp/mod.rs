@@ -190,7 +190,7 @@ impl Transport for TcpTransport {
                 streams: self.streams_to(&job.remote),
             };
             let plan = session::plan(job.kind, &job.sizes, caps, &thresholds);
-            if let Some(device) = device.filter(|_| plan != Plan::Pull) {
+            if let Some(device) = device.filter(|_| plan != Plan::Pull || conn.by_ucx()) {
                 // Never streamed: the socket would read or write GPU memory
                 // as host memory. Refused before the request exists.
                 return Err(Error::NoDeviceTransport {
