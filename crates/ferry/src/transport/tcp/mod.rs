@@ -178,7 +178,15 @@ impl Transport for TcpTransport {
         Box::pin(async move {
             let conn = self.conn_for(&job.remote, 0).await?;
             let caps = lock(&conn.session).caps();
-            let device = job.region.device();
+            // Device memory on either side moves only by lending (a host
+            // destination of the remote's GPU memory pulls it by CUDA IPC).
+            let device = job.region.device().or_else(|| {
+                job.remote
+                    .descriptors()
+                    .iter()
+                    .map(|d| d.device)
+                    .find(|d| !d.is_cpu())
+            });
             let thresholds = Thresholds {
                 // Device memory moves only by lending, whatever its size.
                 pull_from: if device.is_some() {
