@@ -62,9 +62,16 @@ pub(crate) struct CudaIpcPuller;
 /// attach probe, and the source's allocations it opened.
 pub(crate) struct IpcPeer {
     process: Arc<cma::Peer>,
-    /// Opened allocations by (handle, device of the context), oldest first.
-    opened: Mutex<(HashMap<(Handle, u32), Arc<Opened>>, VecDeque<(Handle, u32)>)>,
+    opened: Mutex<Cache>,
 }
+
+/// Opened allocations by (handle, device of the context), and their keys
+/// oldest first.
+type Cache = (HashMap<Key, Arc<Opened>>, VecDeque<Key>);
+
+/// An opened allocation: its handle, and the device of the context it is
+/// opened in.
+type Key = (Handle, u32);
 
 impl IpcPeer {
     /// A peer over `process` (the connection's attach-probed peer).
@@ -111,8 +118,8 @@ impl IpcPeer {
 
 /// Every allocation this process has opened, by (handle, device), held
 /// weakly: the peers' caches own them.
-fn everyone() -> &'static Mutex<HashMap<(Handle, u32), Weak<Opened>>> {
-    static ALL: OnceLock<Mutex<HashMap<(Handle, u32), Weak<Opened>>>> = OnceLock::new();
+fn everyone() -> &'static Mutex<HashMap<Key, Weak<Opened>>> {
+    static ALL: OnceLock<Mutex<HashMap<Key, Weak<Opened>>>> = OnceLock::new();
     ALL.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
