@@ -57,11 +57,11 @@ pub(crate) struct IpcMemHandle {
 
 const _: () = assert!(std::mem::size_of::<IpcMemHandle>() == 64);
 
-/// The driver's functions, resolved from one loaded `libcuda`. The IPC
-/// calls and `cuMemcpyDtoD` are for the same-host CUDA IPC puller, next
-/// (`docs/gpu.md`): resolved now so that a driver lacking them is refused
-/// at load rather than halfway through a transfer.
-// Some fields are read only once the IPC puller exists.
+/// The driver's functions, resolved from one loaded `libcuda`, all at load,
+/// so that a driver lacking one is refused then rather than halfway
+/// through a transfer (the IPC calls are the CUDA IPC puller's:
+/// `cuda/ipc.rs`).
+// Some fields (the synchronous device-to-device copy) are not read yet.
 #[allow(dead_code)]
 pub(crate) struct Api {
     pub(crate) init: unsafe extern "C" fn(c_uint) -> CuResult,

@@ -1,5 +1,5 @@
 //! The destination's owner copies from memory the source lends: the plug
-//! point for cross-memory attach today, and for RDMA READ or CUDA IPC later.
+//! point for cross-memory attach, RDMA READ (UCX) and CUDA IPC.
 //!
 //! The source *lends* its memory: it describes it in a [`LeaseBlob`]
 //! ([`Puller::lend`]) that travels to the destination over the control
@@ -18,7 +18,8 @@
 //! attach); what the probe yields is the backend's [`Puller::Peer`].
 //!
 //! The TCP driver executes the session's `Pull` and `Lend` actions through
-//! a puller ([`cma::CmaPuller`] today).
+//! a puller ([`cma::CmaPuller`], [`ucx::UcxPuller`],
+//! [`cuda_ipc::CudaIpcPuller`]).
 
 use std::io;
 
@@ -180,8 +181,8 @@ pub(crate) trait Puller: Send + Sync + 'static {
 
     /// The kinds of memory it can pull into and lend (NIXL's
     /// `getSupportedMems`).
-    // Consulted once device memory reaches the transports (until then the
-    // connector refuses every descriptor that is not in host memory).
+    // Which puller carries device memory is decided per connection
+    // (`tcp/lending.rs`); this is what each declares, checked by its tests.
     #[cfg_attr(not(test), allow(dead_code))]
     fn memory_kinds(&self) -> &'static [DeviceKind];
 
