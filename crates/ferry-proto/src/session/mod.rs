@@ -18,6 +18,7 @@
 
 mod action;
 mod attach;
+mod fence;
 mod plan;
 mod stripe;
 #[cfg(test)]
@@ -28,6 +29,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 pub use action::{Action, Last, OpenParams, Start, Step};
 pub use attach::{AttachState, Nonces, RdmaState};
+pub use fence::{Caps, Fence};
 pub use plan::{can_lend, device_refusal, plan, Plan, Thresholds, DEVICE_MEMORY_BY_IPC_ONLY};
 pub use stripe::{part_range, BindError, StripeState};
 pub use violation::Violation;
@@ -81,39 +83,6 @@ pub enum Path {
     AwaitLease,
     /// This side is the destination and copies from the lent memory.
     Pulling,
-}
-
-/// What the session asks of the memory behind a request. The driver's
-/// fence answers: these change under the region's lock, on other threads.
-pub trait Fence: Clone {
-    /// Every byte and the final `Finish` are on their way (or copied): a
-    /// cancel no longer changes the outcome.
-    fn is_sealed(&self) -> bool;
-    /// The region is open: nobody began to end the operation here.
-    fn is_open(&self) -> bool;
-    /// For part 0 of a striped transfer: every other part is done. True
-    /// for a transfer that is not striped.
-    fn can_commit(&self) -> bool;
-    /// The memory is host memory (the default). Device (GPU) memory never
-    /// moves in band: a request over it that would is refused
-    /// ([`device_refusal`]), and `Data` for it is a violation.
-    fn is_host_memory(&self) -> bool {
-        true
-    }
-}
-
-/// What this side can do on the connection, known from the handshake.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Caps {
-    /// Lending memory is enabled here: cross-memory attach, or an RDMA
-    /// backend set up on this connection.
-    pub attach: bool,
-    /// This side proved it can copy from the peer (its lease may be taken).
-    pub can_pull: bool,
-    /// The peer proved it can copy from this side (this side may lend).
-    pub peer_pulls: bool,
-    /// The connection authenticated with a shared secret.
-    pub secret: bool,
 }
 
 /// The part of a striped transfer that a request carries.
