@@ -54,9 +54,10 @@ impl Connector {
         self.inner.hostname()
     }
 
-    /// Whether this connector moves CUDA memory: False in this version,
-    /// even where a GPU is present (an operation over CUDA memory raises
-    /// `CudaUnavailableError` or `NoDeviceTransportError`).
+    /// Whether this connector moves CUDA memory: True where the CUDA driver
+    /// loads and sees a device (by CUDA IPC between processes of one host);
+    /// where False, an operation over CUDA memory raises
+    /// `CudaUnavailableError`.
     #[getter]
     fn is_cuda_available(&self) -> bool {
         self.inner.is_cuda_available()

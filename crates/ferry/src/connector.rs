@@ -254,12 +254,15 @@ fn check_descriptors(descs: &[Descriptor<'_>], written: Option<&'static str>) ->
                 return Err(Error::ReadOnlyDescriptor { index, op });
             }
         }
-        // Only host memory goes further: a `Region` (and every transport
-        // behind it) reads and writes its segments as host memory.
+        // Device memory goes further only where CUDA is: the `Region`
+        // refuses to dereference it on the host, and only CUDA IPC moves it.
         if !d.device().is_cpu() {
-            return Err(crate::cuda::refusal(index, d.device()));
+            if let Some(e) = crate::cuda::refusal(index, d.device()) {
+                return Err(e);
+            }
         }
     }
+    crate::cuda::policy::one_memory(descs)?;
     Ok(())
 }
 
@@ -284,12 +287,6 @@ fn check_pairing(descs: &[Descriptor<'_>], remote: &RdmaMetadata) -> Result<()> 
     let mut mine = descs.iter().map(info).peekable();
     let (mut at, mut left) = (0usize, mine.peek().map_or(0, |m| m.count));
     for r in remote.descriptors() {
-        if !r.device.is_cpu() {
-            return Err(Error::UnsupportedDevice {
-                index: at,
-                device: r.device,
-            });
-        }
         let mut need = r.count;
         while need > 0 {
             let Some(m) = mine.peek() else { break };
@@ -363,17 +360,18 @@ impl Connector {
     }
 
     /// Whether this connector moves CUDA memory — what callers of the
-    /// reference ask before handing over CUDA tensors: not in this version,
-    /// even where a GPU is present. It stays `false` until a transport of
-    /// the connector carries device memory. Creating an operation over a
-    /// `cuda:N` descriptor is refused with [`Error::CudaUnavailable`] where
-    /// this host has no CUDA, else with [`Error::NoDeviceTransport`].
-    /// [`cuda::available`](crate::cuda::available) and
-    /// [`cuda::status`](crate::cuda::status) say whether the CUDA driver
-    /// loads and sees a device here; `docs/gpu.md` says what exists toward
-    /// GPU memory.
+    /// reference ask before handing over CUDA tensors: true where the CUDA
+    /// driver loads and sees a device ([`cuda::available`](crate::cuda::available);
+    /// [`cuda::status`](crate::cuda::status) says what was found, or why
+    /// not). GPU memory then moves by CUDA IPC between processes of one host
+    /// (GPU to GPU, GPU to host), on a connection where cross-memory attach
+    /// works. Where this is false, an operation over a `cuda:N` descriptor is
+    /// refused with [`Error::CudaUnavailable`]; a pairing that no transport
+    /// carries (another host, no attach, host memory into GPU memory, a
+    /// remote in this process) with [`Error::NoDeviceTransport`].
+    /// `docs/gpu.md` says what is verified.
     pub fn is_cuda_available(&self) -> bool {
-        false
+        crate::cuda::available()
     }
 
     /// How many passive operations currently expose memory. Zero once every
@@ -534,9 +532,9 @@ impl Connector {
         // Between here and the construction of that operation nothing yields;
         // the one failure (invalid metadata) cancels through `core`, which
         // closes the region before the descriptors are dropped. The exposure
-        // table only holds the region, never the memory. Every descriptor is
-        // host memory: `check_descriptors` refused the others.
-        debug_assert!(descs.iter().all(|d| d.device().is_cpu()));
+        // table only holds the region, never the memory. Device memory
+        // (where `check_descriptors` let it through) is never dereferenced
+        // on the host: the region refuses every host access to it.
         let region = Arc::new(unsafe { Region::new(&descs, kind == OperationKind::Write) });
         let sizes: Vec<u64> = region.sizes().collect();
         let (exposure, token) =
@@ -594,8 +592,7 @@ impl Connector {
         tracing::trace!(transport = %transport.kind(), op = remote.operation_id(), "starting {kind}");
         // SAFETY: as in `expose`. In addition, `Pending` closes the region if
         // this future is dropped before the operation exists, before the
-        // descriptors it holds are released. Host memory only, as there.
-        debug_assert!(descs.iter().all(|d| d.device().is_cpu()));
+        // descriptors it holds are released. Device memory, as there.
         let region = Arc::new(unsafe { Region::new(&descs, kind == OperationKind::Read) });
         let sizes: Vec<u64> = region.sizes().collect();
         let mut pending = Pending {
@@ -648,6 +645,9 @@ impl Connector {
             return Err(Error::wrong_pairing(kind, remote.kind()));
         }
         check_pairing(descs, remote)?;
+        let local = crate::cuda::policy::one_memory(descs)?;
+        let same_host = remote.host_id() == self.inner.host_id;
+        crate::cuda::policy::check_pair(kind, local, remote, same_host)?;
         self.inner
             .transports
             .for_remote(remote)

@@ -58,18 +58,22 @@ pub enum Error {
         reason: String,
     },
     /// A descriptor of CUDA memory, on a host where CUDA is available, but
-    /// no transport of this connector carries device memory yet (none does
-    /// in this version: `docs/gpu.md`).
+    /// no transport of this connector carries it to or from this remote:
+    /// device memory moves only by CUDA IPC between two processes of one
+    /// host, on a connection where cross-memory attach works
+    /// (`docs/gpu.md`). `reason` says what is missing.
     #[error(
-        "descriptor {index} is on {device}: CUDA is available on this host, but no transport \
-         of this connector carries device memory yet; copy the data to host memory (e.g. \
-         tensor.cpu()) and describe that"
+        "descriptor {index} is on {device}, but no transport of this connector carries it \
+         here: {reason}. Copy the data to host memory (e.g. tensor.cpu()) and describe that"
     )]
     NoDeviceTransport {
         /// Which descriptor.
         index: usize,
         /// Its device.
         device: Device,
+        /// What is missing (another host, no cross-memory attach, the same
+        /// process, a pairing this version does not move).
+        reason: String,
     },
     /// A device string that does not parse.
     #[error(transparent)]
@@ -207,6 +211,8 @@ fn describe(r: AbortReason) -> &'static str {
         AbortReason::Protocol => "protocol violation",
         AbortReason::ShuttingDown => "the remote connector is shutting down",
         AbortReason::Unauthenticated => "the peers do not share the same secret",
+        AbortReason::PartFailed => "another part of this striped transfer failed",
+        AbortReason::DeviceMemory => "the remote's memory is on a GPU and moves only by CUDA IPC between processes of one host",
         _ => "unknown reason",
     }
 }

@@ -7,6 +7,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use ferry_proto::session::{self, Caps};
 use ferry_proto::wire::{AbortReason, Open};
 use ferry_proto::{OperationKind, OperationStatus, Token};
 
@@ -136,10 +137,17 @@ impl Exposures {
     /// the binding of a free exposure, or joins (or refuses) the one it has
     /// (a further part of a striped transfer). Nothing is touched when this
     /// fails.
+    ///
+    /// An operation over device memory is refused (`DeviceMemory`, before
+    /// it is bound, so that it stays free for a peer that can lend) unless
+    /// the request moves it by lending on a connection whose handshake found
+    /// `caps` ([`session::device_refusal`]): device memory never moves in
+    /// band.
     pub(crate) fn open(
         &self,
         o: &Open,
         peer: Option<&str>,
+        caps: Caps,
         bind: &mut Bind<'_>,
     ) -> Result<(Arc<Exposure>, Arc<dyn PassiveLink>), Refusal> {
         let Some(e) = lock(&self.map).get(&o.op_id).cloned() else {
@@ -179,6 +187,11 @@ impl Exposures {
                 AbortReason::SizeMismatch,
                 format!("descriptor {i}: {a} bytes exposed, {b} requested"),
             ));
+        }
+        if !e.region.is_host() {
+            if let Some(why) = session::device_refusal(o, caps) {
+                return Err((AbortReason::DeviceMemory, why));
+            }
         }
         let ended = || {
             self.how_it_ended(o, peer)
@@ -364,5 +377,104 @@ pub(crate) fn abort_reason(
             AbortReason::PartFailed,
             error.map(|e| e.to_string()).unwrap_or_default(),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Descriptor;
+
+    struct Link;
+    impl PassiveLink for Link {
+        fn leave(&self) {}
+        fn ended(&self, _how: Option<&Refusal>) {}
+        fn withdrawn(&self, _how: Option<Refusal>) {}
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+    }
+
+    const ATTACH: Caps = Caps {
+        attach: true,
+        can_pull: true,
+        peer_pulls: true,
+        secret: false,
+    };
+
+    /// An exposure of device memory (a made-up address, never touched)
+    /// refuses every request that would move it in band, before binding:
+    /// a later request that lends still finds it free.
+    #[test]
+    fn device_memory_is_refused_in_band_and_stays_free() {
+        // SAFETY: the address is never dereferenced: the table only looks
+        // at the region's kind and sizes.
+        let descs = vec![unsafe { Descriptor::from_cuda_ptr(0x7f00_0000_0000, 64, 0, false) }];
+        // SAFETY: as above.
+        let region = Arc::new(unsafe { Region::new(&descs, false) });
+        let table = Exposures::default();
+        let (e, token) = table.insert(OperationKind::Read, vec![64], region.clone(), |_, _| {
+            OpShared::new(OperationStatus::Initialized)
+        });
+        let open = |req, pull, parts| Open {
+            req,
+            op_id: e.op_id,
+            token,
+            kind: OperationKind::Read,
+            sizes: vec![64],
+            pull,
+            part: 0,
+            parts,
+        };
+        let mut bound = 0;
+        let mut bind = |_: Option<&Arc<dyn PassiveLink>>| {
+            bound += 1;
+            Ok(Arc::new(Link) as Arc<dyn PassiveLink>)
+        };
+        for (o, caps) in [
+            (open(1, false, 1), ATTACH),
+            (open(2, true, 2), ATTACH),
+            (open(3, true, 1), Caps::default()),
+        ] {
+            match table.open(&o, Some("w"), caps, &mut bind) {
+                Err((AbortReason::DeviceMemory, why)) => {
+                    assert!(why.starts_with(session::DEVICE_MEMORY_BY_IPC_ONLY), "{why}")
+                }
+                other => panic!("{o:?}: {:?}", other.map(|_| ())),
+            }
+        }
+        assert!(!e.shared.status().is_terminal());
+        // Lent: granted.
+        assert!(table
+            .open(&open(4, true, 1), Some("w"), ATTACH, &mut bind)
+            .is_ok());
+        assert_eq!(bound, 1, "bound once, by the request that lends");
+        region.close();
+    }
+
+    /// Host memory is not concerned: a request in band is granted.
+    #[test]
+    fn host_memory_is_granted_in_band() {
+        let descs = vec![Descriptor::from_vec(vec![0; 8])];
+        // SAFETY: the vector outlives the region; nothing touches it.
+        let region = Arc::new(unsafe { Region::new(&descs, false) });
+        let table = Exposures::default();
+        let (e, token) = table.insert(OperationKind::Read, vec![8], region.clone(), |_, _| {
+            OpShared::new(OperationStatus::Initialized)
+        });
+        let o = Open {
+            req: 1,
+            op_id: e.op_id,
+            token,
+            kind: OperationKind::Read,
+            sizes: vec![8],
+            pull: false,
+            part: 0,
+            parts: 1,
+        };
+        let mut bind =
+            |_: Option<&Arc<dyn PassiveLink>>| Ok(Arc::new(Link) as Arc<dyn PassiveLink>);
+        assert!(table.open(&o, None, Caps::default(), &mut bind).is_ok());
+        region.close();
     }
 }

@@ -25,13 +25,23 @@ pub enum TransportKind {
     /// workers have it, and required: without a loadable `libucp` the
     /// connector does not start. See `docs/transports.md`.
     Ucx,
+    /// Same host, other process, GPU memory: the destination's owner copies
+    /// what the source lent by CUDA IPC (`cuIpcOpenMemHandle`, then
+    /// device-to-device or device-to-host copies), set up and fenced over
+    /// the TCP connection on which cross-memory attach was set up (that
+    /// probe proves the peer is a process of this host). Operations report
+    /// it; it is not named in `FERRY_TRANSPORTS` (not in [`ALL`](Self::ALL)):
+    /// it comes with `cma`, wherever CUDA is available. See `docs/gpu.md`.
+    CudaIpc,
     /// A TCP connection between the two connectors: works between any two
     /// workers that can reach each other.
     Tcp,
 }
 
 impl TransportKind {
-    /// Every transport this build has, best first.
+    /// Every transport this build has that can be named (in
+    /// `FERRY_TRANSPORTS` and the builder), best first. [`CudaIpc`](Self::CudaIpc)
+    /// comes with `cma`.
     pub const ALL: &'static [TransportKind] = &[
         TransportKind::Local,
         TransportKind::Cma,
@@ -45,6 +55,7 @@ impl TransportKind {
             TransportKind::Local => "local",
             TransportKind::Cma => "cma",
             TransportKind::Ucx => "ucx",
+            TransportKind::CudaIpc => "cuda-ipc",
             TransportKind::Tcp => "tcp",
         }
     }

@@ -3,7 +3,7 @@
 //! a cancel no longer changes it (the remote decides).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ferry_proto::OperationStatus;
@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use crate::kind::TransportKind;
 use crate::metrics::OpMeter;
+use crate::sync::lock;
 use crate::{Error, Result};
 
 #[derive(Clone)]
@@ -24,7 +25,9 @@ pub(crate) struct OpState {
 /// moves its bytes. Every change wakes exactly the waiters of this operation.
 pub(crate) struct OpShared {
     tx: watch::Sender<OpState>,
-    transport: OnceLock<TransportKind>,
+    /// The transport that carries it: set once, except that a pull that
+    /// finds a CUDA IPC lease names it ([`lent_by`](Self::lent_by)).
+    transport: Mutex<Option<TransportKind>>,
     /// Every byte and the final `Finish` are on their way: the outcome is
     /// now the remote's to decide, and a cancel no longer changes it.
     sealed: AtomicBool,
@@ -49,7 +52,7 @@ impl OpShared {
                 status,
                 error: None,
             }),
-            transport: OnceLock::new(),
+            transport: Mutex::new(None),
             sealed: AtomicBool::new(false),
             meter,
         })
@@ -98,11 +101,17 @@ impl OpShared {
     }
 
     pub(crate) fn set_transport(&self, t: TransportKind) {
-        let _ = self.transport.set(t);
+        lock(&self.transport).get_or_insert(t);
+    }
+
+    /// The lease being copied says which backend lent it (a host
+    /// destination learns that its source lent GPU memory only then).
+    pub(crate) fn lent_by(&self, t: TransportKind) {
+        *lock(&self.transport) = Some(t);
     }
 
     pub(crate) fn transport(&self) -> Option<TransportKind> {
-        self.transport.get().copied()
+        *lock(&self.transport)
     }
 
     /// INITIALIZED -> IN_PROGRESS; false if the operation is not INITIALIZED.

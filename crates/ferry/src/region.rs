@@ -23,6 +23,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use ferry_proto::Device;
+
 use crate::regcache::RegCache;
 use crate::Descriptor;
 
@@ -55,6 +57,12 @@ pub(crate) struct Region {
     /// the pool's registrations (see `regcache.rs`).
     pools: Vec<(usize, usize, Arc<RegCache>)>,
     writable: bool,
+    /// `None`: host memory (every descriptor on the CPU), which the locked
+    /// accesses may dereference. `Some`: the device of the first descriptor
+    /// that is not (device memory), which no access here dereferences:
+    /// only [`copy_into`](Region::copy_into) hands its addresses out, to a
+    /// puller that copies with the device's own engine.
+    device: Option<Device>,
     /// Source memory lent to a peer's cross-memory attach (see `lend`), and
     /// destination memory that an unlocked copy still targets.
     lent: Mutex<Lent>,
@@ -98,6 +106,10 @@ pub(crate) enum Denied {
     /// Outside the segment, or a write into read-only memory, or into
     /// memory that an unlocked copy is filling.
     OutOfBounds,
+    /// The region is device memory (GPU): the host must not dereference
+    /// it, so no locked access (which builds slices) is made. Only a
+    /// puller's [`copy_into`](Region::copy_into) reaches it.
+    NotHostMemory,
 }
 
 impl Region {
@@ -139,6 +151,7 @@ impl Region {
                 pools
             },
             writable,
+            device: descs.iter().map(|d| d.device()).find(|d| !d.is_cpu()),
             lent: Mutex::new(Lent::default()),
             returned: Condvar::new(),
         }
@@ -147,6 +160,30 @@ impl Region {
     /// Whether this is a destination (bytes may be written into it).
     pub(crate) fn is_writable(&self) -> bool {
         self.writable
+    }
+
+    /// Whether this is host memory (every descriptor on the CPU): only then
+    /// do the locked accesses (`write_at`, `read_at`, `write_span`,
+    /// `read_span`) dereference it; otherwise they are
+    /// [`Denied::NotHostMemory`].
+    pub(crate) fn is_host(&self) -> bool {
+        self.device.is_none()
+    }
+
+    /// The device of device memory (the first descriptor not on the CPU);
+    /// `None` for host memory.
+    pub(crate) fn device(&self) -> Option<Device> {
+        self.device
+    }
+
+    /// `Err(NotHostMemory)` for device memory: the first check of every
+    /// access that dereferences the memory on the host.
+    fn host_only(&self) -> Result<(), Denied> {
+        if self.is_host() {
+            Ok(())
+        } else {
+            Err(Denied::NotHostMemory)
+        }
     }
 
     /// The sizes of the segments.
@@ -333,6 +370,7 @@ impl Region {
         len: usize,
         f: impl FnOnce(&mut [u8]) -> R,
     ) -> Result<R, Denied> {
+        self.host_only()?;
         if !self.writable {
             return Err(Denied::OutOfBounds);
         }
@@ -420,6 +458,7 @@ impl Region {
         len: usize,
         f: impl FnOnce(&mut [IoSliceMut<'_>]) -> R,
     ) -> Result<R, Denied> {
+        self.host_only()?;
         if !self.writable {
             return Err(Denied::OutOfBounds);
         }
@@ -452,6 +491,7 @@ impl Region {
         len: usize,
         f: impl FnOnce(&[IoSlice<'_>]) -> R,
     ) -> Result<R, Denied> {
+        self.host_only()?;
         let raw = self.span(seg, off, len)?;
         if self.closing.load(Ordering::Acquire) {
             return Err(Denied::Closed);
@@ -497,9 +537,10 @@ impl Region {
                 None => (s.ptr, s.len),
                 Some((off, len)) => {
                     let (s, r) = self.range(first + i, off, len)?;
-                    // SAFETY: `range` checked `r` lies within the segment,
-                    // so the offset stays inside its allocation.
-                    (unsafe { s.ptr.add(r.start) }, r.len())
+                    // `range` checked that `r` lies within the segment. An
+                    // address computation only (device memory's addresses
+                    // are not the host's), so no dereference here.
+                    (s.ptr.wrapping_add(r.start), r.len())
                 }
             });
         }
@@ -585,6 +626,7 @@ impl Region {
         len: usize,
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R, Denied> {
+        self.host_only()?;
         let (s, r) = self.range(seg, off, len)?;
         if self.closing.load(Ordering::Acquire) {
             return Err(Denied::Closed);
@@ -641,133 +683,4 @@ impl Region {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bounds_and_close_are_enforced() {
-        let descs = vec![
-            Descriptor::from_vec(vec![0; 8]),
-            Descriptor::from_vec(vec![0; 4]),
-        ];
-        // SAFETY: the descriptors outlive the region and are not touched elsewhere.
-        let r = unsafe { Region::new(&descs, true) };
-        assert_eq!(r.write_at(0, 4, 4, |s| s.fill(7)), Ok(()));
-        assert_eq!(r.write_at(0, 5, 4, |_| ()), Err(Denied::OutOfBounds));
-        assert_eq!(r.write_at(1, u64::MAX, 2, |_| ()), Err(Denied::OutOfBounds));
-        assert_eq!(r.write_at(2, 0, 0, |_| ()), Err(Denied::OutOfBounds));
-        assert_eq!(
-            r.read_at(0, 0, 8, |s| s.to_vec()),
-            Ok(vec![0, 0, 0, 0, 7, 7, 7, 7])
-        );
-        r.close();
-        assert_eq!(r.read_at(0, 0, 1, |_| ()), Err(Denied::Closed));
-        assert_eq!(r.write_at(0, 0, 1, |_| ()), Err(Denied::Closed));
-        // SAFETY: as above.
-        let ro = unsafe { Region::new(&descs, false) };
-        assert_eq!(ro.write_at(0, 0, 1, |_| ()), Err(Denied::OutOfBounds));
-        assert_eq!(ro.copy_into(0, 1, None, |_| ()), Err(Denied::OutOfBounds));
-    }
-
-    #[test]
-    fn lent_storage_lives_until_every_lease_is_given_back() {
-        let descs = vec![
-            Descriptor::from_vec(vec![0; 8]),
-            Descriptor::from_vec(vec![0; 4]),
-        ];
-        // SAFETY: the descriptors outlive the region and are not touched elsewhere.
-        let r = std::sync::Arc::new(unsafe { Region::new(&descs, true) });
-        assert_eq!(r.copy_into(0, 2, None, |raw| raw.len()), Ok(2));
-        assert_eq!(r.copy_into(1, 2, None, |_| ()), Err(Denied::OutOfBounds));
-        assert_eq!(
-            r.copy_into(0, 1, Some((4, 4)), |raw| raw[0].1),
-            Ok(4),
-            "a part of a segment"
-        );
-        assert_eq!(
-            r.copy_into(0, 1, Some((6, 4)), |_| ()),
-            Err(Denied::OutOfBounds)
-        );
-        // Not lent: the storage is handed back to be dropped at once.
-        assert!(r.keep_while_used(Box::new(1u8)).is_some());
-        r.lend();
-        r.lend();
-        let storage = std::sync::Arc::new(());
-        assert!(r.keep_while_used(Box::new(storage.clone())).is_none());
-        assert!(r.is_lent());
-        assert!(!r.wait_returned(Duration::from_millis(10)));
-        r.give_back();
-        // One lease is still out: the storage stays.
-        assert_eq!(std::sync::Arc::strong_count(&storage), 2);
-        let waiter = std::thread::spawn({
-            let r = r.clone();
-            move || r.wait_returned(Duration::from_secs(10))
-        });
-        r.give_back();
-        assert!(
-            waiter.join().unwrap(),
-            "the waiter woke when the last lease ended"
-        );
-        assert_eq!(
-            std::sync::Arc::strong_count(&storage),
-            1,
-            "kept storage released"
-        );
-        assert!(!r.is_lent());
-        r.close();
-        assert_eq!(r.copy_into(0, 1, None, |_| ()), Err(Denied::Closed));
-    }
-
-    #[test]
-    fn spans_join_blocks_of_one_pool_only() {
-        let pool = crate::Pool::allocate(8 * 64, 64).unwrap();
-        let mut buf = [0u8; 32];
-        let (a, b) = buf.split_at_mut(16);
-        let descs = vec![
-            pool.blocks(&[0, 1, 2, 5, 6]).unwrap(),
-            Descriptor::from_mut_slice(a),
-            Descriptor::from_mut_slice(b),
-        ];
-        // SAFETY: the descriptors outlive the region and nothing else
-        // touches them.
-        let r = unsafe { Region::new(&descs, true) };
-        let lens = |seg, off, len| {
-            r.read_span(seg, off, len, |s| {
-                s.iter().map(|s| s.len()).collect::<Vec<_>>()
-            })
-            .unwrap()
-        };
-        // Blocks 0-2 and 5-6 in two slices; two plain descriptors that
-        // follow each other in memory stay two.
-        assert_eq!(lens(0, 0, 5 * 64 + 32), vec![192, 128, 16, 16]);
-        assert_eq!(lens(1, 10, 64 + 54 + 1), vec![118, 1]);
-        assert_eq!(
-            r.write_span(0, 0, 130, |s| s.iter().map(|s| s.len()).sum::<usize>()),
-            Ok(130)
-        );
-        r.close();
-    }
-
-    #[test]
-    fn listed_segments_are_handed_out_once_each_and_in_bounds() {
-        let mut buf = [0u8; 12];
-        let (a, b) = buf.split_at_mut(8);
-        let descs = vec![Descriptor::from_mut_slice(a), Descriptor::from_mut_slice(b)];
-        // SAFETY: the descriptors outlive the region and are not touched elsewhere.
-        let r = unsafe { Region::new(&descs, true) };
-        assert!(r.follows(0, 1) && !r.follows(1, 0) && !r.follows(1, 2));
-        assert_eq!(
-            r.copy_into_each(&[1, 0], |raw| raw.iter().map(|s| s.1).collect::<Vec<_>>()),
-            Ok(vec![4, 8]),
-            "in the order listed"
-        );
-        assert_eq!(r.copy_into_each(&[0, 0], |_| ()), Err(Denied::OutOfBounds));
-        assert_eq!(r.copy_into_each(&[2], |_| ()), Err(Denied::OutOfBounds));
-        r.close();
-        assert_eq!(r.copy_into_each(&[0], |_| ()), Err(Denied::Closed));
-        // SAFETY: as above.
-        let ro = unsafe { Region::new(&descs, false) };
-        assert_eq!(ro.copy_into_each(&[0], |_| ()), Err(Denied::OutOfBounds));
-        ro.close();
-    }
-}
+mod tests;

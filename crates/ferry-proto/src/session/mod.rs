@@ -18,6 +18,7 @@
 
 mod action;
 mod attach;
+mod fence;
 mod plan;
 mod stripe;
 #[cfg(test)]
@@ -28,7 +29,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 pub use action::{Action, Last, OpenParams, Start, Step};
 pub use attach::{AttachState, Nonces, RdmaState};
-pub use plan::{can_lend, plan, Plan, Thresholds};
+pub use fence::{Caps, Fence};
+pub use plan::{can_lend, device_refusal, plan, Plan, Thresholds, DEVICE_MEMORY_BY_IPC_ONLY};
 pub use stripe::{part_range, BindError, StripeState};
 pub use violation::Violation;
 
@@ -81,33 +83,6 @@ pub enum Path {
     AwaitLease,
     /// This side is the destination and copies from the lent memory.
     Pulling,
-}
-
-/// What the session asks of the memory behind a request. The driver's
-/// fence answers: these change under the region's lock, on other threads.
-pub trait Fence: Clone {
-    /// Every byte and the final `Finish` are on their way (or copied): a
-    /// cancel no longer changes the outcome.
-    fn is_sealed(&self) -> bool;
-    /// The region is open: nobody began to end the operation here.
-    fn is_open(&self) -> bool;
-    /// For part 0 of a striped transfer: every other part is done. True
-    /// for a transfer that is not striped.
-    fn can_commit(&self) -> bool;
-}
-
-/// What this side can do on the connection, known from the handshake.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Caps {
-    /// Lending memory is enabled here: cross-memory attach, or an RDMA
-    /// backend set up on this connection.
-    pub attach: bool,
-    /// This side proved it can copy from the peer (its lease may be taken).
-    pub can_pull: bool,
-    /// The peer proved it can copy from this side (this side may lend).
-    pub peer_pulls: bool,
-    /// The connection authenticated with a shared secret.
-    pub secret: bool,
 }
 
 /// The part of a striped transfer that a request carries.
@@ -227,6 +202,11 @@ impl<T: Fence> Session<T> {
                 let in_band = matches!(r.path, Path::InBand | Path::Requested);
                 if r.side != Side::Destination || !in_band {
                     return Err(Violation::UnexpectedData { req: d.req });
+                }
+                if !r.target.is_host_memory() {
+                    // A READ into device memory asked for a lease; the
+                    // source must not fall back to streaming.
+                    return Err(Violation::DataForDeviceMemory { req: d.req });
                 }
                 r.cursor.accept(d.desc, d.offset, d.len)?;
                 if r.path == Path::Requested {
@@ -383,6 +363,20 @@ impl<T: Fence> Session<T> {
             Ok(t) => t,
             Err((reason, detail)) => return self.abort(o.req, reason, detail),
         };
+        if !target.is_host_memory() {
+            if let Some(why) = device_refusal(o, self.caps) {
+                // The driver refuses this before it binds the operation
+                // (so that it stays free for a peer that can lend); here it
+                // is refused all the same, and the operation it was bound
+                // to ends, since nothing else will move it.
+                self.abort(o.req, AbortReason::DeviceMemory, why.clone());
+                return self.push(Action::RemoteAbort {
+                    target,
+                    reason: AbortReason::DeviceMemory,
+                    detail: why,
+                });
+            }
+        }
         let side = Side::of(Role::Passive, o.kind);
         if o.parts > 1 {
             // A part of a striped transfer: always in band.

@@ -4,8 +4,12 @@
 
 use super::Caps;
 use crate::runs::{run_count, MAX_RUNS};
-use crate::wire::{MAX_LEASE_SEGMENTS, MAX_PARTS};
+use crate::wire::{Open, MAX_LEASE_SEGMENTS, MAX_PARTS};
 use crate::OperationKind;
+
+/// What every refusal of device memory in band says: the one way it moves.
+pub const DEVICE_MEMORY_BY_IPC_ONLY: &str =
+    "GPU memory moves only by CUDA IPC between processes of one host in this version";
 
 /// The thresholds of a connector (from its builder and environment).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +67,35 @@ pub fn plan(kind: OperationKind, sizes: &[u64], caps: Caps, thresholds: &Thresho
 /// lease (else it streams the bytes: the fallback).
 pub fn can_lend(sizes: &[u64], caps: Caps) -> bool {
     caps.attach && caps.peer_pulls && fits_lease(sizes)
+}
+
+/// Why the passive side refuses request `o` over its *device* memory (GPU),
+/// on a connection whose handshake found `caps`; `None` where the request
+/// moves it by lending, the one way device memory moves: a READ that asked
+/// for a lease and that this side can lend ([`can_lend`]: else it would
+/// fall back to streaming), or a WRITE that will lend to this side (which
+/// can copy from the peer). A striped part, or any request that asked for
+/// in-band bytes, is refused. Host memory is never refused here.
+pub fn device_refusal(o: &Open, caps: Caps) -> Option<String> {
+    let why = if o.parts > 1 {
+        "a striped transfer moves in band"
+    } else if !o.pull {
+        "the peer asked for in-band bytes (it cannot copy from this process: another host, \
+         or cross-memory attach disabled or refused on this connection)"
+    } else {
+        match o.kind {
+            OperationKind::Read if !can_lend(&o.sizes, caps) => {
+                "this connection cannot lend memory to the peer (no cross-memory attach both \
+                 ways, or too many descriptors for one lease)"
+            }
+            OperationKind::Write if !(caps.attach && caps.can_pull) => {
+                "this process cannot copy from the peer on this connection (no cross-memory \
+                 attach)"
+            }
+            _ => return None,
+        }
+    };
+    Some(format!("{DEVICE_MEMORY_BY_IPC_ONLY}: {why}"))
 }
 
 /// Whether one `Lease` can describe memory of these sizes: at most
@@ -129,6 +162,59 @@ mod tests {
         );
         let one = Thresholds { streams: 1, ..T };
         assert_eq!(plan(Write, &[1 << 30], none, &one), Plan::Stream);
+    }
+
+    fn open(kind: OperationKind, pull: bool, parts: u16) -> Open {
+        Open {
+            req: 1,
+            op_id: 2,
+            token: crate::Token::from_bytes([1; 16]),
+            kind,
+            sizes: vec![4096],
+            pull,
+            part: 0,
+            parts,
+        }
+    }
+
+    #[test]
+    fn device_memory_is_refused_unless_it_is_lent() {
+        use OperationKind::{Read, Write};
+        let both = caps(true, true);
+        // Lent: a pulled READ this side can lend, a pulled WRITE it can copy.
+        assert_eq!(device_refusal(&open(Read, true, 1), both), None);
+        assert_eq!(device_refusal(&open(Write, true, 1), both), None);
+        assert_eq!(
+            device_refusal(&open(Write, true, 1), caps(true, false)),
+            None
+        );
+        // In band, whatever the caps: not pulled, or striped.
+        for kind in [Read, Write] {
+            for c in [both, caps(false, false)] {
+                let why = device_refusal(&open(kind, false, 1), c).unwrap();
+                assert!(why.starts_with(DEVICE_MEMORY_BY_IPC_ONLY), "{why}");
+                assert!(why.contains("in-band"), "{why}");
+                let why = device_refusal(&open(kind, true, 4), c).unwrap();
+                assert!(why.contains("striped"), "{why}");
+            }
+        }
+        // The fallbacks to streaming: a READ this side cannot lend (the
+        // peer cannot pull, or too many runs), a WRITE it cannot pull.
+        let why = device_refusal(&open(Read, true, 1), caps(true, false)).unwrap();
+        assert!(why.contains("cannot lend"), "{why}");
+        let many = Open {
+            sizes: unlendable(),
+            ..open(Read, true, 1)
+        };
+        assert!(device_refusal(&many, both).unwrap().contains("cannot lend"));
+        let why = device_refusal(&open(Write, true, 1), caps(false, true)).unwrap();
+        assert!(why.contains("cannot copy"), "{why}");
+        let off = Caps {
+            attach: false,
+            ..both
+        };
+        assert!(device_refusal(&open(Read, true, 1), off).is_some());
+        assert!(device_refusal(&open(Write, true, 1), off).is_some());
     }
 
     #[test]

@@ -89,6 +89,13 @@ pub enum Violation {
         /// The request.
         req: u64,
     },
+    /// `Data` for a request whose memory here is device memory: it moves
+    /// only by lending (see [`AbortReason::DeviceMemory`]), never in band.
+    #[error("data sent for request {req}, whose memory is device memory (it moves only by CUDA IPC between processes of one host)")]
+    DataForDeviceMemory {
+        /// The request.
+        req: u64,
+    },
     /// A `Lease` whose segments do not match the descriptors one for one.
     #[error("the lease of request {req} does not match the descriptors")]
     LeaseShapeMismatch {
@@ -115,6 +122,7 @@ impl Violation {
             | Violation::OpenToActiveSide
             | Violation::RequestNumberInUse(_)
             | Violation::UnexpectedData { .. }
+            | Violation::DataForDeviceMemory { .. }
             | Violation::DataOutOfOrder(_)
             | Violation::FinishBeforeAllData { .. }
             | Violation::PartFinishedEarly { .. }

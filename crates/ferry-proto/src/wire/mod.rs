@@ -128,6 +128,13 @@ pub enum AbortReason {
     /// Another part of a striped transfer failed (its connection was lost,
     /// say); the detail says how.
     PartFailed,
+    /// The memory of the operation is device (GPU) memory, and the request
+    /// would move it in band (`Data` frames, striped or not): device memory
+    /// moves only by lending (CUDA IPC, between processes of one host), and
+    /// this request asked for no lease, or this connection cannot lend. The
+    /// detail says which. A build that does not know it reads it as
+    /// `Other(13)`, so it needs no new protocol version.
+    DeviceMemory,
     /// A reason this build does not know.
     Other(u8),
 }
@@ -148,6 +155,7 @@ impl AbortReason {
             Self::ShuttingDown => 10,
             Self::Unauthenticated => 11,
             Self::PartFailed => 12,
+            Self::DeviceMemory => 13,
             Self::Other(n) => n,
         }
     }
@@ -167,6 +175,7 @@ impl AbortReason {
             10 => Self::ShuttingDown,
             11 => Self::Unauthenticated,
             12 => Self::PartFailed,
+            13 => Self::DeviceMemory,
             n => Self::Other(n),
         }
     }

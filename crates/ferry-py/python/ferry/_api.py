@@ -318,12 +318,15 @@ class Connector:
     @property
     def is_cuda_available(self) -> bool:
         """Whether this connector moves CUDA memory: what callers of the
-        reference ask before handing over CUDA tensors. ``False`` in this
-        version, even where a GPU is present; it stays ``False`` until a
-        transport of the connector carries device memory. CUDA memory can
-        be described (:class:`Descriptor`), but creating an operation over
-        it raises :class:`CudaUnavailableError` (no CUDA on this host: the
-        message says why) or :class:`NoDeviceTransportError`."""
+        reference ask before handing over CUDA tensors. ``True`` where the
+        CUDA driver loads and sees a device: CUDA memory then moves by CUDA
+        IPC between processes of one host (GPU to GPU, GPU to host), on a
+        connection where cross-memory attach works. Where it is ``False``,
+        creating an operation over CUDA memory raises
+        :class:`CudaUnavailableError` (the message says why); a pairing no
+        transport carries (another host, no attach, host memory into GPU
+        memory, both sides in one process, host and CUDA memory mixed in
+        one operation) raises :class:`NoDeviceTransportError`."""
         return self._core.is_cuda_available
 
     @property

@@ -78,13 +78,12 @@ class Descriptor(_Registrable):
     ``strides``, if any, must be those of a C-contiguous array, and it must
     have no ``mask``; ``read_only`` memory is a read-only descriptor.
 
-    CUDA memory is described, never touched, and refused when an operation
-    is created in this version: a :class:`CudaUnavailableError` where this
-    host has no CUDA (the message says why), a
-    :class:`NoDeviceTransportError` where it has CUDA but no transport
-    carries device memory yet (both :class:`DeviceMemoryError`, a
-    :class:`ValueError`). :attr:`Connector.is_cuda_available` is ``False``
-    until a connector moves CUDA memory.
+    CUDA memory is described, never touched on the host, and moves by CUDA
+    IPC between processes of one host where :attr:`Connector.is_cuda_available`
+    is ``True``; else an operation over it raises a
+    :class:`CudaUnavailableError` (the message says why). A pairing that no
+    transport carries raises :class:`NoDeviceTransportError` (both
+    :class:`DeviceMemoryError`, a :class:`ValueError`).
 
     The descriptor keeps the object alive, and a buffer exported (a
     ``bytearray`` cannot be resized while a descriptor holds it). Do not read

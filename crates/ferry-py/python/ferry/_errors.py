@@ -25,7 +25,8 @@ operation is created: :class:`CudaUnavailableError` for CUDA memory on a
 host where CUDA is not available (the message says why, and what to install
 or set), :class:`NoDeviceTransportError` (also a
 :class:`NotImplementedError`) where CUDA is available but no transport of
-the connector carries device memory yet — in this version, none does.
+the connector carries it to or from that remote: CUDA memory moves only by
+CUDA IPC between processes of one host (GPU to GPU, GPU to host).
 
 A :class:`Pool` or a block list that is refused raises a :class:`PoolError`
 (a :class:`ValueError`, as other misuse): :class:`BlockRangeError` (also an
@@ -138,8 +139,10 @@ class CudaUnavailableError(DeviceMemoryError):
 
 class NoDeviceTransportError(DeviceMemoryError, NotImplementedError):
     """A descriptor of CUDA memory, on a host where CUDA is available, but
-    no transport of this connector carries device memory yet (none does in
-    this version: :attr:`Connector.is_cuda_available` is ``False``). Also a
+    no transport of this connector carries it here: the remote is on
+    another host, the connection has no cross-memory attach, both sides are
+    in one process, host memory would go into GPU memory, or host and CUDA
+    memory are mixed in one operation (the message says which). Also a
     :class:`NotImplementedError`."""
 
 

@@ -37,7 +37,6 @@ pub(crate) const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
 /// `cuEventCreate`: no timing data (cheaper to record and query).
 pub(crate) const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
 /// `cuIpcOpenMemHandle`: enable peer access lazily where devices differ.
-#[allow(dead_code)] // For the CUDA IPC puller, next.
 pub(crate) const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint = 0x1;
 /// `CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE` (a `CUmemorytype`).
 pub(crate) const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;
@@ -58,11 +57,11 @@ pub(crate) struct IpcMemHandle {
 
 const _: () = assert!(std::mem::size_of::<IpcMemHandle>() == 64);
 
-/// The driver's functions, resolved from one loaded `libcuda`. The IPC
-/// calls and `cuMemcpyDtoD` are for the same-host CUDA IPC puller, next
-/// (`docs/gpu.md`): resolved now so that a driver lacking them is refused
-/// at load rather than halfway through a transfer.
-// Some fields are read only once the IPC puller exists.
+/// The driver's functions, resolved from one loaded `libcuda`, all at load,
+/// so that a driver lacking one is refused then rather than halfway
+/// through a transfer (the IPC calls are the CUDA IPC puller's:
+/// `cuda/ipc.rs`).
+// Some fields (the synchronous device-to-device copy) are not read yet.
 #[allow(dead_code)]
 pub(crate) struct Api {
     pub(crate) init: unsafe extern "C" fn(c_uint) -> CuResult,
@@ -82,6 +81,8 @@ pub(crate) struct Api {
         unsafe extern "C" fn(CuDevicePtr, *const c_void, usize, CuStream) -> CuResult,
     pub(crate) memcpy_dtoh_async:
         unsafe extern "C" fn(*mut c_void, CuDevicePtr, usize, CuStream) -> CuResult,
+    pub(crate) memcpy_dtod_async:
+        unsafe extern "C" fn(CuDevicePtr, CuDevicePtr, usize, CuStream) -> CuResult,
     pub(crate) mem_host_alloc: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CuResult,
     pub(crate) mem_free_host: unsafe extern "C" fn(*mut c_void) -> CuResult,
     pub(crate) stream_create: unsafe extern "C" fn(*mut CuStream, c_uint) -> CuResult,
@@ -143,6 +144,7 @@ impl Api {
             memcpy_dtod: sym!("cuMemcpyDtoD_v2"),
             memcpy_htod_async: sym!("cuMemcpyHtoDAsync_v2"),
             memcpy_dtoh_async: sym!("cuMemcpyDtoHAsync_v2"),
+            memcpy_dtod_async: sym!("cuMemcpyDtoDAsync_v2"),
             mem_host_alloc: sym!("cuMemHostAlloc"),
             mem_free_host: sym!("cuMemFreeHost"),
             stream_create: sym!("cuStreamCreate"),

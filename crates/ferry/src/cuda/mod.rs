@@ -1,16 +1,19 @@
-//! CUDA, loaded at run time: the foundation of GPU memory support.
+//! CUDA, loaded at run time: GPU memory support.
 //!
-//! Ferry does not move GPU memory yet. Device memory can be described
-//! ([`Descriptor::from_cuda_ptr`](crate::Descriptor::from_cuda_ptr), or a
-//! [`CudaBuffer`] of one's own), but creating an operation over it is
-//! refused with a typed error: [`Error::CudaUnavailable`](crate::Error::CudaUnavailable)
-//! where this host has no CUDA ([`status`] says why), else
-//! [`Error::NoDeviceTransport`](crate::Error::NoDeviceTransport). What is
-//! here is the part that does not depend on a transport: the driver API
-//! loaded from `libcuda` when present (no CUDA toolkit needed to build,
-//! nothing fatal when it is missing), [`status`] and [`available`] to say
-//! what was found, and owned device memory. `docs/gpu.md` says what exists,
-//! what is verified and what comes next.
+//! Device memory is described with
+//! [`Descriptor::from_cuda_ptr`](crate::Descriptor::from_cuda_ptr) (or a
+//! [`CudaBuffer`] of one's own) and moves by CUDA IPC between two processes
+//! of one host (GPU to GPU, GPU to host), on a TCP connection where cross
+//! memory attach was set up. Where this host has no CUDA, an operation over
+//! it is refused with [`Error::CudaUnavailable`](crate::Error::CudaUnavailable)
+//! ([`status`] says why); a pairing no transport carries (another host, no
+//! attach, host memory into GPU memory, one process) with
+//! [`Error::NoDeviceTransport`](crate::Error::NoDeviceTransport). Here:
+//! the driver API loaded from `libcuda` when present (no CUDA toolkit
+//! needed to build, nothing fatal when it is missing), [`status`] and
+//! [`available`] to say what was found, owned device memory, the IPC calls
+//! (`ipc`) and which pairings are accepted (`policy`). `docs/gpu.md` says
+//! what exists, what is verified and what is not.
 //!
 //! The library is looked for, in order, at the path in `FERRY_CUDA_LIB`
 //! ([`LIB_ENV`]) alone where it is set, else as `libcuda.so.1` then
@@ -23,12 +26,14 @@ use ferry_proto::{Device, DeviceKind};
 mod buffer;
 mod driver;
 mod engine;
+pub(crate) mod ipc;
 mod memory;
+pub(crate) mod policy;
 mod staging;
 
 pub use buffer::CudaBuffer;
 pub(crate) use driver::Driver;
-pub(crate) use memory::DeviceBuffer;
+pub(crate) use memory::{DeviceBuffer, PrimaryCtx};
 
 /// The environment variable that names the `libcuda` to load (a path).
 pub const LIB_ENV: &str = driver::LIB_ENV;
@@ -95,10 +100,9 @@ pub(crate) fn driver_or_unavailable() -> Result<&'static Driver, CudaError> {
 /// Whether CUDA is usable here: the driver loaded, `cuInit` succeeded, and
 /// it sees at least one device ([`status`] says which, or why not).
 ///
-/// This is not whether Ferry moves GPU memory: no connector does yet, and
-/// [`Connector::is_cuda_available`](crate::Connector::is_cuda_available)
-/// says `false` until one does (it will answer with this then). Tests that
-/// need a GPU skip where this is false.
+/// This is what [`Connector::is_cuda_available`](crate::Connector::is_cuda_available)
+/// answers: with CUDA, connectors move GPU memory by CUDA IPC between
+/// processes of one host. Tests that need a GPU skip where this is false.
 pub fn available() -> bool {
     driver()
         .ok()
@@ -107,25 +111,24 @@ pub fn available() -> bool {
 }
 
 /// Why a connector refuses descriptor `index`, on `device` (not host
-/// memory): no CUDA on this host (with what [`status`] says), or CUDA but
-/// no transport that carries device memory (none does yet). Where a
-/// transport gains device memory (`Puller::memory_kinds`), this is where
-/// the connector will ask its transports instead.
-pub(crate) fn refusal(index: usize, device: Device) -> crate::Error {
+/// memory): no CUDA on this host (with what [`status`] says). `None` where
+/// CUDA is available: device memory then moves by CUDA IPC, and
+/// [`policy`] checks the operation's pairing with its remote.
+pub(crate) fn refusal(index: usize, device: Device) -> Option<crate::Error> {
     if device.kind() != DeviceKind::Cuda {
-        return crate::Error::UnsupportedDevice { index, device };
+        return Some(crate::Error::UnsupportedDevice { index, device });
     }
     if !available() {
         let reason = status()
             .err()
             .unwrap_or_else(|| "the CUDA driver sees no device".into());
-        return crate::Error::CudaUnavailable {
+        return Some(crate::Error::CudaUnavailable {
             index,
             device,
             reason,
-        };
+        });
     }
-    crate::Error::NoDeviceTransport { index, device }
+    None
 }
 
 /// The CUDA driver this process loaded (library, driver version, devices

@@ -51,7 +51,7 @@ impl Snapshots {
         bytes: bool,
     ) -> fmt::Result {
         self.family(enc, name, help, MetricType::Counter, |m, s| {
-            for t in &TRANSPORTS[..4] {
+            for t in &TRANSPORTS[..TRANSPORTS.len() - 1] {
                 let v: u64 = s
                     .operations
                     .iter()

@@ -23,11 +23,12 @@ pub const XFER_TIME_BUCKETS_US: [u64; 19] = [
 
 /// Transport label values, by index: a transport, or `none` for an
 /// operation that ended before any transport carried it.
-pub(crate) const TRANSPORTS: [Option<TransportKind>; 5] = [
+pub(crate) const TRANSPORTS: [Option<TransportKind>; 6] = [
     Some(TransportKind::Local),
     Some(TransportKind::Cma),
     Some(TransportKind::Tcp),
     Some(TransportKind::Ucx),
+    Some(TransportKind::CudaIpc),
     None,
 ];
 
@@ -37,7 +38,8 @@ pub(crate) fn transport_index(t: Option<TransportKind>) -> usize {
         Some(TransportKind::Cma) => 1,
         Some(TransportKind::Tcp) => 2,
         Some(TransportKind::Ucx) => 3,
-        None => 4,
+        Some(TransportKind::CudaIpc) => 4,
+        None => 5,
     }
 }
 

@@ -101,6 +101,17 @@ impl Transport for LocalTransport {
                 addresses: "this process".into(),
                 cause: "the connector has shut down".into(),
             })?;
+            if let Some(device) = job.region.device() {
+                // CUDA IPC does not open a process's own memory, and this
+                // copier dereferences host memory only.
+                return Err(Error::NoDeviceTransport {
+                    index: 0,
+                    device,
+                    reason: "the remote is a connector of this same process, and device memory \
+                             moves only between processes (CUDA IPC)"
+                        .into(),
+                });
+            }
             job.shared.set_transport(TransportKind::Local);
             job.shared.start();
             job.shared.opened(None);
@@ -118,7 +129,10 @@ impl Transport for LocalTransport {
                 None => Ok(Arc::new(LocalBinding) as Arc<dyn PassiveLink>),
                 Some(_) => Err((ferry_proto::wire::AbortReason::Busy, String::new())),
             };
-            let exposure = match inner.exposures.open(&open, None, &mut bind) {
+            // No lending between connectors of one process: device memory
+            // is refused by the table (and never reaches `copy`).
+            let caps = ferry_proto::session::Caps::default();
+            let exposure = match inner.exposures.open(&open, None, caps, &mut bind) {
                 Ok((e, _)) => e,
                 Err((reason, detail)) => {
                     job.region.close();
@@ -177,8 +191,11 @@ fn copy(
                     stopped = true;
                     break 'outer;
                 }
-                Ok(Err(Denied::OutOfBounds)) | Err(Denied::OutOfBounds) => {
-                    // Sizes were checked against the exposure; cannot happen.
+                Ok(Err(Denied::OutOfBounds | Denied::NotHostMemory))
+                | Err(Denied::OutOfBounds | Denied::NotHostMemory) => {
+                    // Sizes were checked against the exposure, and device
+                    // memory never reaches this transport (refused before
+                    // the copy starts); cannot happen.
                     stopped = true;
                     break 'outer;
                 }

@@ -12,6 +12,7 @@ use crate::wire::{Data, Hello, PROTOCOL_VERSION};
 use crate::Token;
 
 mod answers;
+mod device;
 mod rdma;
 mod violations;
 
@@ -23,6 +24,7 @@ struct Flags {
     sealed: Cell<bool>,
     open: Cell<bool>,
     commit: Cell<bool>,
+    host: Cell<bool>,
 }
 
 /// The handle of one operation: shared flags, compared by identity.
@@ -35,6 +37,7 @@ impl F {
             sealed: Cell::new(false),
             open: Cell::new(true),
             commit: Cell::new(true),
+            host: Cell::new(true),
         }))
     }
     fn seal(&self) {
@@ -45,6 +48,10 @@ impl F {
     }
     fn set_commit(&self, can: bool) {
         self.0.commit.set(can);
+    }
+    /// Its memory is device (GPU) memory.
+    fn on_device(&self) {
+        self.0.host.set(false);
     }
     fn is(&self, other: &F) -> bool {
         Rc::ptr_eq(&self.0, &other.0)
@@ -60,6 +67,9 @@ impl Fence for F {
     }
     fn can_commit(&self) -> bool {
         self.0.commit.get()
+    }
+    fn is_host_memory(&self) -> bool {
+        self.0.host.get()
     }
 }
 

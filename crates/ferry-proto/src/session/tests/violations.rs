@@ -178,6 +178,20 @@ fn unexpected_data() -> Violation {
     v
 }
 
+fn data_for_device_memory() -> Violation {
+    // A READ into device memory asked for a lease; the source streams
+    // instead (as it may for host memory).
+    let mut s = active(ATTACH);
+    let f = F::new();
+    f.on_device();
+    let (req, _) = s.open(params(OperationKind::Read, &[8], true, (0, 1)), f);
+    take(&mut s);
+    let v = s.handle_frame(data(req, 0, 0, 8)).unwrap_err();
+    assert_eq!(v, Violation::DataForDeviceMemory { req });
+    assert!(acts(&mut s).is_empty(), "no payload is landed");
+    v
+}
+
 fn data_out_of_order() -> Violation {
     let mut s = passive(NO_CAPS);
     let f = bind(&mut s, &open(1, OperationKind::Write, &[8]));
@@ -323,9 +337,10 @@ fn variant(v: &Violation) -> usize {
         Violation::LeaseShapeMismatch { .. } => 16,
         Violation::RdmaToActiveSide => 17,
         Violation::RdmaOutOfTurn => 18,
+        Violation::DataForDeviceMemory { .. } => 19,
     }
 }
-const VARIANTS: usize = 19;
+const VARIANTS: usize = 20;
 
 type Provoker = fn() -> Violation;
 
@@ -349,6 +364,7 @@ const PROVOKERS: [(&str, Provoker); VARIANTS] = [
     ("lease_shape_mismatch", lease_shape_mismatch),
     ("rdma_to_active_side", rdma_to_active_side),
     ("rdma_out_of_turn", rdma_out_of_turn),
+    ("data_for_device_memory", data_for_device_memory),
 ];
 
 /// The documented mapping: only the authentication violations are told
@@ -398,6 +414,7 @@ violation_tests!(
     unasked_lease,
     lease_shape_mismatch,
     rdma_to_active_side,
+    data_for_device_memory,
     rdma_out_of_turn,
 );
 

@@ -6,7 +6,7 @@ use std::io;
 
 use ferry_proto::DeviceKind;
 
-use super::{share, LeaseBlob, PullEnd, Puller};
+use super::{not_host_memory, share, LeaseBlob, PullEnd, Puller};
 use crate::kind::TransportKind;
 use crate::outcome::OpShared;
 use crate::region::{Denied, Region};
@@ -56,6 +56,10 @@ impl Puller for CmaPuller {
         let failed = |e: io::Error| {
             PullEnd::Failed(format!("cross-memory copy from process {pid} failed: {e}"))
         };
+        // The kernel would write device addresses as host memory.
+        if !region.is_host() {
+            return not_host_memory();
+        }
         if let Err(e) = peer.check() {
             return failed(e);
         }
@@ -112,6 +116,7 @@ impl Puller for CmaPuller {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(e)) => Err(failed(e)),
                 Err(Denied::Closed) => Err(PullEnd::Closed),
+                Err(Denied::NotHostMemory) => Err(not_host_memory()),
                 Err(Denied::OutOfBounds) => {
                     Err(PullEnd::Failed("lease larger than the destination".into()))
                 }

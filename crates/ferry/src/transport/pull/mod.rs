@@ -1,5 +1,5 @@
 //! The destination's owner copies from memory the source lends: the plug
-//! point for cross-memory attach today, and for RDMA READ or CUDA IPC later.
+//! point for cross-memory attach, RDMA READ (UCX) and CUDA IPC.
 //!
 //! The source *lends* its memory: it describes it in a [`LeaseBlob`]
 //! ([`Puller::lend`]) that travels to the destination over the control
@@ -18,7 +18,8 @@
 //! attach); what the probe yields is the backend's [`Puller::Peer`].
 //!
 //! The TCP driver executes the session's `Pull` and `Lend` actions through
-//! a puller ([`cma::CmaPuller`] today).
+//! a puller ([`cma::CmaPuller`], [`ucx::UcxPuller`],
+//! [`cuda_ipc::CudaIpcPuller`]).
 
 use std::io;
 
@@ -31,6 +32,7 @@ use crate::region::Region;
 pub(crate) mod cma;
 #[cfg(test)]
 mod conformance;
+pub(crate) mod cuda_ipc;
 pub(crate) mod share;
 #[cfg(test)]
 mod testing;
@@ -50,6 +52,17 @@ pub(crate) enum PullEnd {
     /// have. Not sealed; the operation must fail on both sides (today the
     /// caller closes the connection, which fails every operation on it).
     Failed(String),
+}
+
+/// The end of a pull whose destination refused an access as device memory
+/// (`Denied::NotHostMemory`): a backend that copies with the host (cross
+/// memory attach, UCX here) never writes GPU memory.
+pub(crate) fn not_host_memory() -> PullEnd {
+    PullEnd::Failed(
+        "the destination is device memory, which this backend does not write: GPU memory \
+         moves only by CUDA IPC between processes of one host in this version"
+            .into(),
+    )
 }
 
 /// What a source lends: enough for the destination's backend to copy the
@@ -169,8 +182,8 @@ pub(crate) trait Puller: Send + Sync + 'static {
 
     /// The kinds of memory it can pull into and lend (NIXL's
     /// `getSupportedMems`).
-    // Consulted once device memory reaches the transports (until then the
-    // connector refuses every descriptor that is not in host memory).
+    // Which puller carries device memory is decided per connection
+    // (`tcp/lending.rs`); this is what each declares, checked by its tests.
     #[cfg_attr(not(test), allow(dead_code))]
     fn memory_kinds(&self) -> &'static [DeviceKind];
 

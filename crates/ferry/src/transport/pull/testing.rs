@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use ferry_proto::DeviceKind;
 
-use super::{LeaseBlob, PullEnd, Puller};
+use super::{not_host_memory, LeaseBlob, PullEnd, Puller};
 use crate::kind::TransportKind;
 use crate::outcome::OpShared;
 use crate::region::{Denied, Region};
@@ -157,6 +157,7 @@ impl Puller for TestPuller {
                 match r {
                     Ok(()) => off += n as u64,
                     Err(Denied::Closed) => return PullEnd::Closed,
+                    Err(Denied::NotHostMemory) => return not_host_memory(),
                     Err(Denied::OutOfBounds) => {
                         return PullEnd::Failed("lease larger than the destination".into())
                     }

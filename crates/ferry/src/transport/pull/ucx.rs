@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use ferry_proto::DeviceKind;
 
-use super::{LeaseBlob, PullEnd, Puller};
+use super::{not_host_memory, LeaseBlob, PullEnd, Puller};
 use crate::kind::TransportKind;
 use crate::outcome::OpShared;
 use crate::region::{Denied, Region};
@@ -129,6 +129,9 @@ impl Puller for UcxPuller {
         region: &Region,
         shared: &OpShared,
     ) -> PullEnd {
+        if !region.is_host() {
+            return not_host_memory();
+        }
         let keys = match decode_keys(lease.opaque()) {
             Ok(k) => k,
             Err(e) => return PullEnd::Failed(format!("a lease with bad keys: {e}")),
@@ -169,6 +172,7 @@ impl Puller for UcxPuller {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return PullEnd::Failed(e),
                 Err(Denied::Closed) => return PullEnd::Closed,
+                Err(Denied::NotHostMemory) => return not_host_memory(),
                 Err(Denied::OutOfBounds) => {
                     return PullEnd::Failed("lease larger than the destination".into())
                 }

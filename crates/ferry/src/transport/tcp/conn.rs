@@ -28,6 +28,7 @@ use super::conn_io::*;
 use super::error::*;
 use super::request::*;
 use super::util::*;
+use crate::transport::pull::cuda_ipc::{self, CudaIpcPuller, IpcPeer};
 use crate::transport::pull::{cma::CmaPuller, ucx::UcxPuller, LeaseBlob, PullEnd, Puller};
 
 /// The `Open` behind `opened` is on the wire (or never will be): an
@@ -68,6 +69,7 @@ pub(super) fn try_write_sealed(
 enum PullPeer {
     Cma(Arc<cma::Peer>),
     Ucx(Arc<Endpoint>),
+    CudaIpc(Arc<IpcPeer>),
 }
 
 /// Registers the destination with `puller`, pulls, deregisters.
@@ -102,6 +104,9 @@ pub(crate) struct Conn {
     /// The peer's process (its pid, and the program it runs), once this
     /// process has proven it can copy from it.
     pub(super) peer_pid: OnceLock<Arc<cma::Peer>>,
+    /// The peer's allocations this side opened by CUDA IPC (see
+    /// `lending.rs`), once a lease of GPU memory came.
+    pub(super) ipc_peer: OnceLock<Arc<IpcPeer>>,
     /// An endpoint to the peer's UCX worker, once this side reached it.
     pub(super) ucx_ep: OnceLock<Arc<Endpoint>>,
     /// Lending on this connection goes through UCX (see `lending.rs`).
@@ -143,6 +148,7 @@ impl Conn {
             queued: AtomicUsize::new(0),
             handle,
             peer_pid: OnceLock::new(),
+            ipc_peer: OnceLock::new(),
             ucx_ep: OnceLock::new(),
             via_ucx: AtomicBool::new(false),
             tuple: OnceLock::new(),
@@ -205,7 +211,7 @@ impl Conn {
                 self.stream_from(req, target, cursor, Vec::new(), None, last)
             }
             Action::Via { target, lent } => target.shared.set_transport(if lent {
-                self.lending_kind()
+                self.lending_kind(&target.region)
             } else {
                 TransportKind::Tcp
             }),
@@ -305,6 +311,12 @@ impl Conn {
             }
         } else {
             match self.peer_pid.get().cloned() {
+                // The source lent GPU memory (on a connection where the
+                // attach probe proved it a process of this host).
+                Some(p) if cuda_ipc::lease::is_ipc(lease.opaque()) => {
+                    shared.lent_by(TransportKind::CudaIpc);
+                    PullPeer::CudaIpc(self.ipc_peer(p))
+                }
                 Some(p) => PullPeer::Cma(p),
                 None => {
                     return self
@@ -325,6 +337,7 @@ impl Conn {
                 match &peer {
                     PullPeer::Cma(p) => pull_with(&CmaPuller, p, &lease, &region, &shared),
                     PullPeer::Ucx(ep) => pull_with(&UcxPuller, ep, &lease, &region, &shared),
+                    PullPeer::CudaIpc(p) => pull_with(&CudaIpcPuller, p, &lease, &region, &shared),
                 }
             };
             drop(slot);

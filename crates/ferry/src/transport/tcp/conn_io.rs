@@ -203,6 +203,7 @@ impl FrameReader {
                         Ok(Err(e)) => return Err(e.into()),
                         Err(Denied::Closed) => dst = None,
                         Err(Denied::OutOfBounds) => return Err(outside()),
+                        Err(Denied::NotHostMemory) => return Err(not_host()),
                     }
                 }
                 None => {
@@ -221,6 +222,17 @@ impl FrameReader {
 
 fn outside() -> ConnError {
     ConnError::Channel("data outside the descriptors".into())
+}
+
+/// In-band bytes for device memory: never landed (the host would
+/// dereference GPU memory). The session refuses them first; this is the
+/// safety net behind it.
+fn not_host() -> ConnError {
+    ConnError::Channel(
+        "data frames for device memory: GPU memory moves only by CUDA IPC between processes \
+         of one host in this version"
+            .into(),
+    )
 }
 
 /// A payload's destination: the region, and where in it the next byte goes.
@@ -248,6 +260,7 @@ fn land<'a>(
         });
         match r {
             Ok(0) | Err(Denied::OutOfBounds) => return Err(outside()),
+            Err(Denied::NotHostMemory) => return Err(not_host()),
             Ok(n) => {
                 src = &src[n..];
                 (seg, off) = region.advance(seg, off, n);

@@ -1,13 +1,18 @@
 //! Which backend lends and pulls on a connection: cross-memory attach
 //! (same host, probed), or UCX (set up by the `Rdma` exchange). A
 //! connection sets up at most one of them; the session decides *whether*
-//! bytes move by lending, this decides *how*.
+//! bytes move by lending, this decides *how*. On a connection with cross
+//! memory attach, device memory is lent by CUDA IPC instead, and a
+//! destination copies a lease with the puller its opaque bytes name.
 
 use std::io;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use crate::kind::TransportKind;
 use crate::region::Region;
+use crate::transport::cma;
+use crate::transport::pull::cuda_ipc::{CudaIpcPuller, IpcPeer};
 use crate::transport::pull::{cma::CmaPuller, ucx::UcxPuller, LeaseBlob, Puller};
 
 use super::conn::Conn;
@@ -18,13 +23,26 @@ impl Conn {
         self.via_ucx.load(Ordering::Acquire)
     }
 
-    /// The transport that lent bytes travel by on this connection.
-    pub(super) fn lending_kind(&self) -> TransportKind {
+    /// The transport that lent bytes of `region` travel by on this
+    /// connection (a host destination of GPU memory learns it from the
+    /// lease: `OpShared::lent_by`).
+    pub(super) fn lending_kind(&self, region: &Region) -> TransportKind {
         if self.by_ucx() {
             UcxPuller.kind()
+        } else if !region.is_host() {
+            CudaIpcPuller.kind()
         } else {
             CmaPuller.kind()
         }
+    }
+
+    /// The CUDA IPC view of the attach-probed peer `process`: one per
+    /// connection, holding the peer's allocations it opened until the
+    /// connection (and every copy from it) is gone.
+    pub(super) fn ipc_peer(&self, process: Arc<cma::Peer>) -> Arc<IpcPeer> {
+        self.ipc_peer
+            .get_or_init(|| Arc::new(IpcPeer::new(process)))
+            .clone()
     }
 
     /// Prepares `region` to be lent (UCX: registers it, see
@@ -35,7 +53,14 @@ impl Conn {
                 .ucx_ep
                 .get()
                 .map_or(true, |ep| ep.worker.strict_registration);
+            if !region.is_host() {
+                return Err(io::Error::other(
+                    "device memory is not lent over UCX: it moves only by CUDA IPC",
+                ));
+            }
             UcxPuller.register_source(region, strict)
+        } else if !region.is_host() {
+            CudaIpcPuller.register(region)
         } else {
             CmaPuller.register(region)
         }
@@ -45,6 +70,8 @@ impl Conn {
     pub(super) fn lease_of(&self, region: &Region) -> LeaseBlob {
         if self.by_ucx() {
             UcxPuller.lend(region)
+        } else if !region.is_host() {
+            CudaIpcPuller.lend(region)
         } else {
             CmaPuller.lend(region)
         }

@@ -178,12 +178,40 @@ impl Transport for TcpTransport {
         Box::pin(async move {
             let conn = self.conn_for(&job.remote, 0).await?;
             let caps = lock(&conn.session).caps();
+            // Device memory on either side moves only by lending (a host
+            // destination of the remote's GPU memory pulls it by CUDA IPC).
+            let device = job.region.device().or_else(|| {
+                job.remote
+                    .descriptors()
+                    .iter()
+                    .map(|d| d.device)
+                    .find(|d| !d.is_cpu())
+            });
             let thresholds = Thresholds {
-                pull_from: self.local.cma_threshold,
+                // Device memory moves only by lending, whatever its size.
+                pull_from: if device.is_some() {
+                    0
+                } else {
+                    self.local.cma_threshold
+                },
                 stripe_from: self.local.stripe_threshold,
                 streams: self.streams_to(&job.remote),
             };
             let plan = session::plan(job.kind, &job.sizes, caps, &thresholds);
+            if let Some(device) = device.filter(|_| plan != Plan::Pull || conn.by_ucx()) {
+                // Never streamed: the socket would read or write GPU memory
+                // as host memory. Refused before the request exists.
+                return Err(Error::NoDeviceTransport {
+                    index: 0,
+                    device,
+                    reason: format!(
+                        "{} (no cross-memory attach with {} on this connection: another host, a \
+                         process that may not be attached to, or attach disabled)",
+                        session::DEVICE_MEMORY_BY_IPC_ONLY,
+                        conn.peer
+                    ),
+                });
+            }
             if let Plan::Striped { parts } = plan {
                 let mut conns = vec![conn.clone()];
                 for i in 1..parts {

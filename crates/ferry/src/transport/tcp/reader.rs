@@ -260,7 +260,13 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Served>, o: Open) {
     let mut bind =
         |bound: Option<&Arc<dyn PassiveLink>>| bind_request(conn, &o, bound, &mut joined);
     let table = &inner.host.exposures;
-    let verdict = match table.open(&o, Some(&conn.peer), &mut bind) {
+    let mut caps = lock(&conn.session).caps();
+    if conn.by_ucx() {
+        // Lending here goes through UCX, which does not carry device
+        // memory: for the table's device check, nothing is lent.
+        caps.attach = false;
+    }
+    let verdict = match table.open(&o, Some(&conn.peer), caps, &mut bind) {
         Ok((e, _)) => {
             conn.prove();
             Ok(Target::passive(e, table.clone(), joined))

@@ -39,6 +39,10 @@ impl Fence for Target {
     fn can_commit(&self) -> bool {
         self.stripe.as_ref().map_or(true, |s| s.all_done())
     }
+
+    fn is_host_memory(&self) -> bool {
+        self.region.is_host()
+    }
 }
 
 impl Target {

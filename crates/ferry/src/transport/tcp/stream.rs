@@ -53,6 +53,9 @@ impl Conn {
         opened: Option<Arc<watch::Sender<bool>>>,
         last: SessionLast,
     ) {
+        if let Some(device) = target.region.device() {
+            return self.refuse_in_band(req, target, device, prefix, opened);
+        }
         let last = match (last, &target.stripe) {
             (SessionLast::Seal, _) => {
                 return self.spawn_stream(
@@ -79,6 +82,39 @@ impl Conn {
             target.shared,
             last,
         );
+    }
+
+    /// The net behind the session and the exposure table, which refuse a
+    /// request that would stream device memory before it exists: ends the
+    /// operation (`NoDeviceTransport`) and tells the peer after `prefix`
+    /// (an `Open`) with `Abort(DeviceMemory)`, sending no byte of it.
+    fn refuse_in_band(
+        self: &Arc<Self>,
+        req: u64,
+        target: Target,
+        device: ferry_proto::Device,
+        prefix: Vec<u8>,
+        opened: Option<Arc<watch::Sender<bool>>>,
+    ) {
+        let reason = ferry_proto::session::DEVICE_MEMORY_BY_IPC_ONLY;
+        tracing::warn!(peer = self.peer, req, "refused to stream device memory");
+        lock(&self.session).forget(req);
+        target.end(
+            ferry_proto::OperationStatus::Errored,
+            Some(crate::Error::NoDeviceTransport {
+                index: 0,
+                device,
+                reason: reason.into(),
+            }),
+        );
+        let mut frames = prefix;
+        Message::Abort(Abort {
+            req,
+            reason: AbortReason::DeviceMemory,
+            detail: reason.into(),
+        })
+        .encode(&mut frames);
+        self.send_soon(frames, opened, false);
     }
 
     /// Writes the last frame of a transfer (its `Finish`, or a whole small

@@ -1,0 +1,260 @@
+//! The driver calls of CUDA IPC: exporting the allocations under device
+//! memory (`cuMemGetAddressRange`, `cuIpcGetMemHandle`), opening a peer's
+//! handles (`cuIpcOpenMemHandle_v2`, closed on drop), and a copy stream
+//! (`cuMemcpyDtoDAsync_v2` / `cuMemcpyDtoHAsync_v2`, `cuStreamSynchronize`).
+//! The puller that uses them is `transport::pull::cuda_ipc`.
+//!
+//! **Unverified on real hardware**: written from `cuda.h` and the driver
+//! API's documentation on a machine with no GPU. Without CUDA every entry
+//! point is `CudaError::Unavailable`.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use super::driver::{
+    CuDevicePtr, CuStream, IpcMemHandle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, CU_STREAM_NON_BLOCKING,
+};
+use super::memory::PrimaryCtx;
+use super::CudaError;
+
+/// An IPC handle's bytes (a `CUipcMemHandle`).
+pub(crate) type Handle = [u8; 64];
+
+fn to_handle(h: &IpcMemHandle) -> Handle {
+    h.reserved.map(|c| c as u8)
+}
+
+fn from_handle(h: &Handle) -> IpcMemHandle {
+    IpcMemHandle {
+        reserved: h.map(|b| b as std::ffi::c_char),
+    }
+}
+
+/// What a source exports of its device memory: each allocation (its handle
+/// and size), and for each segment its allocation and offset in it
+/// (`u32::MAX`, 0 for an empty segment, which lies in none).
+pub(crate) struct Exported {
+    pub(crate) allocs: Vec<(Handle, u64)>,
+    pub(crate) at: Vec<(u32, u64)>,
+}
+
+/// Exports the segments `(device address, length)` of memory on
+/// `cuda:ordinal`: one `cuIpcGetMemHandle` per distinct allocation (found
+/// with `cuMemGetAddressRange`). A segment that does not lie inside one
+/// allocation is `OutOfRange`.
+pub(crate) fn export(ordinal: u32, segs: &[(u64, u64)]) -> Result<Exported, CudaError> {
+    let ctx = PrimaryCtx::retain(ordinal)?;
+    ctx.make_current()?;
+    let api = &ctx.drv.api;
+    let mut allocs: Vec<(Handle, u64)> = Vec::new();
+    let mut by_base: HashMap<CuDevicePtr, u32> = HashMap::new();
+    let mut at = Vec::with_capacity(segs.len());
+    // The allocation of the previous segment: (index, base, size).
+    let mut last: Option<(u32, u64, u64)> = None;
+    for &(addr, len) in segs {
+        if len == 0 {
+            at.push((u32::MAX, 0));
+            continue;
+        }
+        let inside = |base: u64, size: u64| {
+            addr >= base
+                && addr
+                    .checked_add(len)
+                    .is_some_and(|end| end <= base.saturating_add(size))
+        };
+        if let Some((idx, base, size)) = last.filter(|&(_, b, s)| inside(b, s)) {
+            at.push((idx, addr - base));
+            last = Some((idx, base, size));
+            continue;
+        }
+        let (mut base, mut size): (CuDevicePtr, usize) = (0, 0);
+        // SAFETY: both out pointers are writable; the context is current;
+        // the driver only reads its own tables for `addr`.
+        let r = unsafe { (api.mem_get_address_range)(&mut base, &mut size, addr) };
+        ctx.drv.check("cuMemGetAddressRange_v2", r)?;
+        let size = size as u64;
+        if !inside(base, size) {
+            return Err(CudaError::OutOfRange {
+                offset: addr.saturating_sub(base) as usize,
+                len: len as usize,
+                size: size as usize,
+            });
+        }
+        let idx = match by_base.get(&base) {
+            Some(&i) => i,
+            None => {
+                let mut h = IpcMemHandle { reserved: [0; 64] };
+                // SAFETY: `h` is writable; `base` is the start of a live
+                // allocation of the current context's device (the driver
+                // just said so).
+                let r = unsafe { (api.ipc_get_mem_handle)(&mut h, base) };
+                ctx.drv.check("cuIpcGetMemHandle", r)?;
+                let i = u32::try_from(allocs.len()).unwrap_or(u32::MAX - 1);
+                allocs.push((to_handle(&h), size));
+                by_base.insert(base, i);
+                i
+            }
+        };
+        at.push((idx, addr - base));
+        last = Some((idx, base, size));
+    }
+    Ok(Exported { allocs, at })
+}
+
+/// A peer's allocation opened in one context (`cuIpcOpenMemHandle_v2`),
+/// closed (`cuIpcCloseMemHandle`) when dropped: whoever copies from it
+/// holds an `Arc`, so it is never closed under a copy.
+pub(crate) struct Opened {
+    ctx: Arc<PrimaryCtx>,
+    base: CuDevicePtr,
+}
+
+// SAFETY: a device address mapped in a primary context (a process-wide
+// driver object, itself `Send + Sync`); the driver API is thread safe, and
+// every call here makes the context current first.
+unsafe impl Send for Opened {}
+// SAFETY: see `Send`; `&Opened` only reads the address.
+unsafe impl Sync for Opened {}
+
+impl Opened {
+    /// Opens `handle` in `ctx`, enabling peer access lazily where the
+    /// memory lives on another device.
+    pub(crate) fn open(ctx: &Arc<PrimaryCtx>, handle: &Handle) -> Result<Opened, CudaError> {
+        ctx.make_current()?;
+        let mut base: CuDevicePtr = 0;
+        // SAFETY: `base` is writable; the handle is passed by value (64
+        // bytes, as `cuda.h` declares it); the driver validates it (a
+        // handle of a freed allocation, or of this very process, is an
+        // error, not undefined behaviour).
+        let r = unsafe {
+            (ctx.drv.api.ipc_open_mem_handle)(
+                &mut base,
+                from_handle(handle),
+                CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS,
+            )
+        };
+        ctx.drv.check("cuIpcOpenMemHandle_v2", r)?;
+        Ok(Opened {
+            ctx: ctx.clone(),
+            base,
+        })
+    }
+
+    /// Where the allocation is mapped in this process.
+    pub(crate) fn base(&self) -> u64 {
+        self.base
+    }
+}
+
+impl Drop for Opened {
+    fn drop(&mut self) {
+        let r = self.ctx.make_current().and_then(|()| {
+            // SAFETY: opened once by `open`, closed once here; nobody
+            // copies from it any more (copiers hold an `Arc` of `self`).
+            let r = unsafe { (self.ctx.drv.api.ipc_close_mem_handle)(self.base) };
+            self.ctx.drv.check("cuIpcCloseMemHandle", r)
+        });
+        if let Err(e) = r {
+            tracing::warn!("a peer's CUDA allocation not closed: {e}");
+        }
+    }
+}
+
+/// Where a copy lands.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Dst {
+    /// Device memory of the stream's device.
+    Device(u64),
+    /// Host memory.
+    Host(*mut u8),
+}
+
+/// A non-blocking stream of one context, for copies out of opened IPC
+/// memory; synchronized and destroyed on drop.
+pub(crate) struct CopyStream {
+    ctx: Arc<PrimaryCtx>,
+    stream: CuStream,
+}
+
+impl CopyStream {
+    /// A stream of its own in `ctx`.
+    pub(crate) fn new(ctx: &Arc<PrimaryCtx>) -> Result<CopyStream, CudaError> {
+        ctx.make_current()?;
+        let mut stream: CuStream = std::ptr::null_mut();
+        // SAFETY: `stream` is writable; the context is current.
+        let r = unsafe { (ctx.drv.api.stream_create)(&mut stream, CU_STREAM_NON_BLOCKING) };
+        ctx.drv.check("cuStreamCreate", r)?;
+        Ok(CopyStream {
+            ctx: ctx.clone(),
+            stream,
+        })
+    }
+
+    /// Makes the stream's context current on this thread (once per thread
+    /// that queues copies).
+    pub(crate) fn enter(&self) -> Result<(), CudaError> {
+        self.ctx.make_current()
+    }
+
+    /// Queues a copy of `n` bytes from `src` to `dst`. It may still run
+    /// when this returns: [`sync`](Self::sync) waits for it.
+    ///
+    /// # Safety
+    ///
+    /// The stream's context is current on this thread ([`enter`](Self::enter));
+    /// `src..src + n` lies inside an allocation opened in that context
+    /// (an [`Opened`] kept alive until `sync` returns); `dst` is valid for
+    /// `n` bytes of writes (device memory of the context's device, or host
+    /// memory), and nothing else accesses it until `sync` returns.
+    pub(crate) unsafe fn queue(&self, dst: Dst, src: u64, n: usize) -> Result<(), CudaError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let api = &self.ctx.drv.api;
+        let (r, call) = match dst {
+            // SAFETY: the caller's contract: both ranges are valid for the
+            // copy, in the current context, until the stream is synced.
+            Dst::Device(d) => (
+                unsafe { (api.memcpy_dtod_async)(d, src, n, self.stream) },
+                "cuMemcpyDtoDAsync_v2",
+            ),
+            // SAFETY: as above, `dst` is host memory valid for `n` bytes.
+            Dst::Host(p) => (
+                unsafe { (api.memcpy_dtoh_async)(p.cast::<c_void>(), src, n, self.stream) },
+                "cuMemcpyDtoHAsync_v2",
+            ),
+        };
+        self.ctx.drv.check(call, r)
+    }
+
+    /// Waits until every copy queued so far has finished (or failed).
+    pub(crate) fn sync(&self) -> Result<(), CudaError> {
+        // SAFETY: a live stream of this context.
+        let r = unsafe { (self.ctx.drv.api.stream_synchronize)(self.stream) };
+        self.ctx.drv.check("cuStreamSynchronize", r)
+    }
+}
+
+impl Drop for CopyStream {
+    fn drop(&mut self) {
+        let api = &self.ctx.drv.api;
+        let r = self.ctx.make_current().and_then(|()| {
+            // SAFETY: a live stream; nothing is left on it (every copy is
+            // synced before its callback returns), this only makes sure.
+            let r = unsafe { (api.stream_synchronize)(self.stream) };
+            self.ctx.drv.check("cuStreamSynchronize", r)?;
+            // SAFETY: created in `new`, destroyed once, now idle.
+            let r = unsafe { (api.stream_destroy)(self.stream) };
+            self.ctx.drv.check("cuStreamDestroy_v2", r)
+        });
+        if let Err(e) = r {
+            tracing::warn!("CUDA IPC copy stream not destroyed: {e}");
+        }
+    }
+}
+
+// SAFETY: a stream handle of a retained context; the driver API is thread
+// safe, and a stream may be used from any thread once its context is
+// current (`enter`).
+unsafe impl Send for CopyStream {}

@@ -1,0 +1,467 @@
+//! CUDA IPC as a [`Puller`]: GPU memory between two processes of one host.
+//!
+//! The source lends the allocations under its device memory: one
+//! `cuIpcGetMemHandle` per allocation, and for each segment its allocation
+//! and offset ([`lease`] encodes them in the lease's opaque bytes; the
+//! lease's segments keep the device addresses and lengths). The destination
+//! opens each handle once per peer (`cuIpcOpenMemHandle_v2`, kept in the
+//! peer's cache and closed when the connection goes, never under a copy)
+//! and copies every segment in chunks of at most [`CHUNK`] bytes (or runs
+//! of small segments totalling no more), each inside one
+//! [`Region::copy_into`]: the copy is queued on the puller's own
+//! non-blocking stream and the stream synchronized before the callback
+//! returns, so a cancel waits for one chunk at most and nothing lands
+//! after `Region::close` has returned. Into host memory (a GPU→CPU pair)
+//! the copies are device-to-host.
+//!
+//! It runs on connections where cross-memory attach was set up (the
+//! attach probe proved the peer is a process of this host that this one
+//! may attach to); the peer's process handle is checked before the first
+//! copy and confirmed before the seal, as for cross-memory attach.
+//!
+//! **Unverified on real hardware**: every driver call (`cuda::ipc`) was
+//! written on a machine with no GPU; the lease codec and the no-CUDA
+//! behaviour are what is tested here.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use ferry_proto::DeviceKind;
+
+use super::{LeaseBlob, PullEnd, Puller};
+use crate::cuda::ipc::{self, CopyStream, Dst, Handle, Opened};
+use crate::cuda::{CudaError, PrimaryCtx};
+use crate::kind::TransportKind;
+use crate::outcome::OpShared;
+use crate::region::{Denied, Region};
+use crate::sync::lock;
+use crate::transport::cma;
+
+pub(crate) mod lease;
+
+/// The most bytes one copy (one callback of the region) moves.
+pub(crate) const CHUNK: u64 = 2 << 20;
+
+/// How many opened allocations a peer keeps: beyond this, the oldest are
+/// closed once no copy uses them (an opened allocation keeps the source's
+/// memory alive after the source freed it).
+const KEEP_OPEN: usize = 64;
+
+/// The device whose primary context copies into host memory (a GPU→CPU
+/// pair): the lease does not say which device of this process sees the
+/// source's memory best, and peer access is enabled lazily where needed.
+const HOST_COPY_DEVICE: u32 = 0;
+
+/// CUDA IPC between two processes of one host (see the module
+/// documentation).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct CudaIpcPuller;
+
+/// What a destination holds of one source: the process that passed the
+/// attach probe, and the source's allocations it opened.
+pub(crate) struct IpcPeer {
+    process: Arc<cma::Peer>,
+    opened: Mutex<Cache>,
+}
+
+/// Opened allocations by (handle, device of the context), and their keys
+/// oldest first.
+type Cache = (HashMap<Key, Arc<Opened>>, VecDeque<Key>);
+
+/// An opened allocation: its handle, and the device of the context it is
+/// opened in.
+type Key = (Handle, u32);
+
+impl IpcPeer {
+    /// A peer over `process` (the connection's attach-probed peer).
+    pub(crate) fn new(process: Arc<cma::Peer>) -> IpcPeer {
+        IpcPeer {
+            process,
+            opened: Mutex::new((HashMap::new(), VecDeque::new())),
+        }
+    }
+
+    /// `handle` opened in `ctx`: from this peer's cache, or from another
+    /// peer's that still holds it (a handle is opened once per context in
+    /// this process), or opened now.
+    fn open(&self, ctx: &Arc<PrimaryCtx>, handle: &Handle) -> Result<Arc<Opened>, CudaError> {
+        let key = (*handle, ctx.ordinal());
+        let mut mine = lock(&self.opened);
+        if let Some(o) = mine.0.get(&key) {
+            return Ok(o.clone());
+        }
+        let o = {
+            let mut all = lock(everyone());
+            all.retain(|_, w| w.strong_count() > 0);
+            match all.get(&key).and_then(Weak::upgrade) {
+                Some(o) => o,
+                None => {
+                    let o = Arc::new(Opened::open(ctx, handle)?);
+                    all.insert(key, Arc::downgrade(&o));
+                    o
+                }
+            }
+        };
+        mine.0.insert(key, o.clone());
+        mine.1.push_back(key);
+        // Beyond the bound, the oldest leave the cache. One that a copy
+        // still uses stays open until that copy drops its `Arc`: the close
+        // (`Opened::drop`) never runs under a copy.
+        while mine.0.len() > KEEP_OPEN {
+            let Some(k) = mine.1.pop_front() else { break };
+            mine.0.remove(&k);
+        }
+        Ok(o)
+    }
+}
+
+/// Every allocation this process has opened, by (handle, device), held
+/// weakly: the peers' caches own them.
+fn everyone() -> &'static Mutex<HashMap<Key, Weak<Opened>>> {
+    static ALL: OnceLock<Mutex<HashMap<Key, Weak<Opened>>>> = OnceLock::new();
+    ALL.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// What a source keeps while its device memory is lent: the lease's
+/// opaque bytes, made once by `register`.
+struct Exported(Vec<u8>);
+
+impl Puller for CudaIpcPuller {
+    type Peer = IpcPeer;
+
+    fn kind(&self) -> TransportKind {
+        TransportKind::CudaIpc
+    }
+
+    fn memory_kinds(&self) -> &'static [DeviceKind] {
+        // Lends device memory; pulls into device memory or host memory.
+        &[DeviceKind::Cuda, DeviceKind::Cpu]
+    }
+
+    /// At the source (a region that is not written): exports its device
+    /// memory (one IPC handle per allocation), kept until the last lease
+    /// ends. Nothing at a destination.
+    fn register(&self, region: &Region) -> io::Result<()> {
+        if region.is_writable() {
+            return Ok(());
+        }
+        let Some(device) = region.device() else {
+            return Err(io::Error::other(
+                "host memory is lent by cross-memory attach, not CUDA IPC",
+            ));
+        };
+        region.lease_state(|state| {
+            if state.as_ref().is_some_and(|s| s.is::<Exported>()) {
+                return Ok(());
+            }
+            let segs = region.segments();
+            let e = ipc::export(device.id(), &segs).map_err(io::Error::other)?;
+            let allocs: Vec<lease::Alloc> = e
+                .allocs
+                .iter()
+                .map(|&(handle, size)| lease::Alloc { handle, size })
+                .collect();
+            let lens: Vec<u64> = segs.iter().map(|s| s.1).collect();
+            *state = Some(Box::new(Exported(lease::encode(&allocs, &e.at, &lens))));
+            Ok(())
+        })
+    }
+
+    /// The segments' device addresses and lengths, with the exported
+    /// handles ([`register`](Self::register) first; without it the opaque
+    /// bytes are empty and the destination refuses the lease).
+    fn lend(&self, region: &Region) -> LeaseBlob {
+        let opaque = region.lease_state(|state| {
+            state
+                .as_ref()
+                .and_then(|s| s.downcast_ref::<Exported>())
+                .map(|e| e.0.clone())
+                .unwrap_or_default()
+        });
+        LeaseBlob::new(region.segments(), opaque)
+    }
+
+    fn pull(
+        &self,
+        peer: &IpcPeer,
+        lease: &LeaseBlob,
+        region: &Region,
+        shared: &OpShared,
+    ) -> PullEnd {
+        let failed = |what: &str, e: &dyn std::fmt::Display| {
+            PullEnd::Failed(format!(
+                "CUDA IPC copy from process {} failed: {what}: {e}",
+                peer.process.pid()
+            ))
+        };
+        if let Err(e) = peer.process.check() {
+            return failed("the source process", &e);
+        }
+        let lens: Vec<u64> = lease.segments().iter().map(|s| s.1).collect();
+        let l = match lease::decode(lease.opaque(), &lens) {
+            Ok(l) => l,
+            Err(e) => return failed("bad lease", &e),
+        };
+        let (ordinal, host) = match region.device() {
+            Some(d) if d.kind() == DeviceKind::Cuda => (d.id(), false),
+            Some(d) => return failed("destination", &format!("{d} is not CUDA memory")),
+            None => (HOST_COPY_DEVICE, true),
+        };
+        let setup = PrimaryCtx::retain(ordinal).and_then(|ctx| {
+            let stream = CopyStream::new(&ctx)?;
+            let opened = l
+                .allocs
+                .iter()
+                .map(|a| peer.open(&ctx, &a.handle))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((stream, opened))
+        });
+        let (stream, opened) = match setup {
+            Ok(s) => s,
+            Err(e) => return failed("set-up", &e),
+        };
+        // Where segment `i` starts in this process (its allocation's
+        // mapping plus its offset): `decode` checked offset + length
+        // against the allocation's size.
+        let src = |i: usize| -> u64 {
+            let (a, off) = l.at[i];
+            opened
+                .get(a as usize)
+                .map_or(0, |o| o.base().wrapping_add(off))
+        };
+        for unit in units(&lens) {
+            let r = match unit {
+                Unit::Run { first, count } => region.copy_into(first, count, None, |local| {
+                    if local
+                        .iter()
+                        .zip(&lens[first..])
+                        .any(|(d, &n)| d.1 as u64 != n)
+                    {
+                        return Err(CudaError::Copy("lease larger than the destination".into()));
+                    }
+                    let jobs = local
+                        .iter()
+                        .enumerate()
+                        .map(|(k, &(p, n))| (p, src(first + k), n));
+                    // SAFETY: `copy_into` hands out whole segments of the
+                    // region, valid for writes and touched by nothing else
+                    // until we return; each source range lies inside an
+                    // allocation opened in the stream's context and held
+                    // (`opened`) past the sync; the lengths match pairwise.
+                    unsafe { copy(&stream, host, jobs) }
+                }),
+                Unit::Part { seg, off, len } => {
+                    region.copy_into(seg, 1, Some((off, len)), |local| {
+                        let jobs = local
+                            .iter()
+                            .map(|&(p, n)| (p, src(seg).wrapping_add(off), n));
+                        // SAFETY: as above, for `len` bytes at `off` of
+                        // segment `seg` (bounds checked by `copy_into`, and
+                        // by `decode` in the source's allocation).
+                        unsafe { copy(&stream, host, jobs) }
+                    })
+                }
+            };
+            match r {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return failed("copy", &e),
+                Err(Denied::Closed) => return PullEnd::Closed,
+                Err(Denied::OutOfBounds) => {
+                    return PullEnd::Failed("lease larger than the destination".into())
+                }
+                Err(Denied::NotHostMemory) => return super::not_host_memory(),
+            }
+        }
+        if let Err(e) = peer.process.confirm() {
+            return failed("the source process", &e);
+        }
+        if region.seal_if_open(|| shared.seal()) {
+            PullEnd::Done
+        } else {
+            PullEnd::Closed
+        }
+    }
+}
+
+/// Queues one copy per `(destination, source, length)` on `stream`, then
+/// waits for all of them, also after a failure to queue one (so that no
+/// copy is in flight when this returns).
+///
+/// # Safety
+///
+/// Every destination is valid for its length of writes (device memory of
+/// the stream's device, or host memory where `host`) and accessed by
+/// nothing else until this returns; every source range lies inside an
+/// allocation opened in the stream's context that stays open until this
+/// returns.
+unsafe fn copy(
+    stream: &CopyStream,
+    host: bool,
+    jobs: impl Iterator<Item = (*mut u8, u64, usize)>,
+) -> Result<(), CudaError> {
+    stream.enter()?;
+    let mut r = Ok(());
+    for (p, src, n) in jobs {
+        let dst = if host {
+            Dst::Host(p)
+        } else {
+            Dst::Device(p as usize as u64)
+        };
+        // SAFETY: the caller's contract, for this one range.
+        r = unsafe { stream.queue(dst, src, n) };
+        if r.is_err() {
+            break;
+        }
+    }
+    let synced = stream.sync();
+    r.and(synced)
+}
+
+/// One copy of a pull: one `Region::copy_into`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unit {
+    /// Whole segments `first..first + count`, [`CHUNK`] bytes at most.
+    Run { first: usize, count: usize },
+    /// `len` bytes at `off` of segment `seg`, larger than a chunk.
+    Part { seg: usize, off: u64, len: usize },
+}
+
+/// The copies of a lease of segments of lengths `lens`, in order: runs of
+/// small segments totalling at most [`CHUNK`] bytes, and each larger
+/// segment cut into chunks.
+fn units(lens: &[u64]) -> Vec<Unit> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lens.len() {
+        if lens[i] > CHUNK {
+            let mut off = 0;
+            while off < lens[i] {
+                let len = (lens[i] - off).min(CHUNK);
+                out.push(Unit::Part {
+                    seg: i,
+                    off,
+                    len: len as usize,
+                });
+                off += len;
+            }
+            i += 1;
+            continue;
+        }
+        let (first, mut bytes) = (i, 0u64);
+        while i < lens.len() && lens[i] <= CHUNK - bytes && (i == first || bytes < CHUNK) {
+            bytes += lens[i];
+            i += 1;
+        }
+        out.push(Unit::Run {
+            first,
+            count: i - first,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Descriptor;
+
+    #[test]
+    fn units_are_chunks_or_runs_of_at_most_a_chunk() {
+        let c = CHUNK;
+        let u = units(&[1, 2, c - 3, 1, c + 1, 0, 5]);
+        assert_eq!(
+            u,
+            vec![
+                Unit::Run { first: 0, count: 3 },
+                Unit::Run { first: 3, count: 1 },
+                Unit::Part {
+                    seg: 4,
+                    off: 0,
+                    len: c as usize
+                },
+                Unit::Part {
+                    seg: 4,
+                    off: c,
+                    len: 1
+                },
+                Unit::Run { first: 5, count: 2 },
+            ]
+        );
+        // Every segment exactly once; no unit over a chunk.
+        let lens: Vec<u64> = (0..300u64).map(|i| (i * 7919) % (3 * c)).collect();
+        let mut seen = vec![0u64; lens.len()];
+        for u in units(&lens) {
+            match u {
+                Unit::Run { first, count } => {
+                    assert!(count >= 1);
+                    let bytes: u64 = lens[first..first + count].iter().sum();
+                    assert!(bytes <= c || count == 1);
+                    for (k, s) in seen[first..first + count].iter_mut().enumerate() {
+                        *s += lens[first + k];
+                    }
+                }
+                Unit::Part { seg, len, .. } => {
+                    assert!(len as u64 <= c);
+                    seen[seg] += len as u64;
+                }
+            }
+        }
+        assert_eq!(seen, lens);
+        assert!(units(&[]).is_empty());
+    }
+
+    /// Without CUDA (this machine): the puller says what it is, lends
+    /// nothing it cannot export, and a pull fails with a reason before
+    /// touching the region (made-up device addresses, never dereferenced).
+    #[test]
+    fn without_cuda_lending_and_pulling_fail_cleanly() {
+        let p = CudaIpcPuller;
+        assert_eq!(p.kind(), TransportKind::CudaIpc);
+        assert!(p.supports(DeviceKind::Cuda) && p.supports(DeviceKind::Cpu));
+        if crate::cuda::available() {
+            println!("skipped: CUDA is available here (tests/cuda_ipc.rs runs the real thing)");
+            return;
+        }
+        // SAFETY: never dereferenced: nothing here copies (no CUDA).
+        let descs = vec![unsafe { Descriptor::from_cuda_ptr(0x7f00_0000_0000, 4096, 0, false) }];
+        // SAFETY: as above.
+        let src = unsafe { Region::new(&descs, false) };
+        let e = p.register(&src).unwrap_err();
+        assert!(e.to_string().contains("CUDA unavailable"), "{e}");
+        let lease = p.lend(&src);
+        assert!(lease.opaque().is_empty(), "nothing exported");
+        assert_eq!(lease.segments(), &[(0x7f00_0000_0000, 4096)]);
+        // Host memory is not lent by CUDA IPC.
+        let host = vec![Descriptor::from_vec(vec![0; 8])];
+        // SAFETY: the vector outlives the region.
+        let h = unsafe { Region::new(&host, false) };
+        assert!(p.register(&h).is_err());
+        h.close();
+        src.close();
+    }
+
+    /// A lease the destination cannot read fails before any copy.
+    #[test]
+    fn a_bad_lease_fails_before_any_copy() {
+        let peer = IpcPeer::new(Arc::new(
+            cma::Peer::open(cma::pid()).expect("attach to this process"),
+        ));
+        let mut buf = vec![0u8; 16];
+        let descs = vec![Descriptor::from_mut_slice(&mut buf)];
+        // SAFETY: the buffer outlives the region; nothing else touches it.
+        let r = unsafe { Region::new(&descs, true) };
+        let shared = OpShared::new(ferry_proto::OperationStatus::InProgress);
+        for opaque in [Vec::new(), b"FCIP".to_vec(), b"garbage".to_vec()] {
+            let lease = LeaseBlob::new(vec![(0x1000, 16)], opaque);
+            match CudaIpcPuller.pull(&peer, &lease, &r, &shared) {
+                PullEnd::Failed(why) => assert!(why.contains("bad lease"), "{why}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(!shared.is_sealed());
+        r.close();
+        drop(descs);
+        assert_eq!(buf, [0; 16], "nothing landed");
+    }
+}
