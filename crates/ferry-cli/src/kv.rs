@@ -14,7 +14,9 @@
 //!
 //! Columns: GB/s and blocks per second over the wall time from the first
 //! operation's creation to the last one's completion (median of the
-//! rounds); the metadata's JSON bytes; the time to create one operation
+//! rounds; a shape's rows take turns with its contiguous row, round by
+//! round, so that the machine's drift weighs on the two alike); the
+//! metadata's JSON bytes; the time to create one operation
 //! (taking the blocks from the pool and `begin_read`/`begin_write` until
 //! it returns); the median end-to-end latency of one operation.
 //!
@@ -326,21 +328,58 @@ fn median(v: &mut [f64]) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// One shape at `inflight` requests over `target`: `rounds` rounds.
+/// What the rounds of one row measured.
+#[derive(Default)]
+struct Rounds {
+    walls: Vec<f64>,
+    creates: Vec<f64>,
+    lats: Vec<f64>,
+    meta_bytes: usize,
+}
+
+impl Rounds {
+    /// The row: medians over the rounds.
+    fn row(mut self, shape: String, transport: TransportKind, s: &Shape, inflight: usize) -> KvRow {
+        let wall = median(&mut self.walls);
+        let n = s.blocks as usize;
+        KvRow {
+            shape,
+            transport: transport.to_string(),
+            op: if s.write { "write" } else { "read" },
+            inflight,
+            blocks: s.blocks,
+            block: s.block,
+            gbps: (s.block * n) as f64 / wall / 1e9,
+            blocks_per_s: n as f64 / wall,
+            metadata_bytes: self.meta_bytes,
+            create_us: median(&mut self.creates),
+            lat_us_p50: median(&mut self.lats),
+            ratio: None,
+        }
+    }
+}
+
+/// Round `round` of shape `s` at `inflight` requests over `target` (the
+/// first checks every byte), added to `acc`.
 #[allow(clippy::too_many_arguments)]
 async fn measure(
     c: &Connector,
     target: &mut Target,
     pool: &Pool,
     s: &Shape,
-    run: u32,
     inflight: usize,
-    rounds: usize,
+    round: usize,
     transport: TransportKind,
-) -> anyhow::Result<KvRow> {
-    let (mut walls, mut creates, mut lats, mut meta_bytes) = (vec![], vec![], vec![], 0);
-    let n = s.blocks as usize;
-    for round in 0..rounds {
+    acc: &mut Rounds,
+) -> anyhow::Result<()> {
+    let Rounds {
+        walls,
+        creates,
+        lats,
+        meta_bytes,
+    } = acc;
+    let (run, n) = (s.run, s.blocks as usize);
+    {
         let seed = 0x5eed + round as u64;
         let local_ids = ids(s.blocks, run, seed ^ LOCAL);
         let remote_ids = ids(s.blocks, run, seed);
@@ -365,7 +404,7 @@ async fn measure(
                 raw: false,
             };
             let (m, done) = target.request(req).await?;
-            meta_bytes = m.len();
+            *meta_bytes = m.len();
             metas.push((RdmaMetadata::from_json(&m)?, done, from, to));
         }
         let start = Instant::now();
@@ -404,22 +443,7 @@ async fn measure(
             }
         }
     }
-    let wall = median(&mut walls);
-    let bytes = (s.block * n) as f64;
-    Ok(KvRow {
-        shape: s.name.to_string(),
-        transport: transport.to_string(),
-        op: if s.write { "write" } else { "read" },
-        inflight,
-        blocks: s.blocks,
-        block: s.block,
-        gbps: bytes / wall / 1e9,
-        blocks_per_s: n as f64 / wall,
-        metadata_bytes: meta_bytes,
-        create_us: median(&mut creates),
-        lat_us_p50: median(&mut lats),
-        ratio: None,
-    })
+    Ok(())
 }
 
 /// Which shapes and transports [`run`] measures: empty lists mean all.
@@ -431,82 +455,64 @@ pub struct Only {
     pub transports: Vec<TransportKind>,
 }
 
-/// The `contiguous` row of shape `s`: the same bytes as one plain
-/// descriptor on each side, one operation at a time, `rounds` rounds (the
-/// first checks every byte).
+/// Round `round` of the `contiguous` row of shape `s`: the same bytes as
+/// one plain descriptor on each side, `mine` here (the first round checks
+/// every byte), added to `acc`.
 async fn measure_contiguous(
     c: &Connector,
     target: &mut Target,
     s: &Shape,
-    rounds: usize,
+    round: usize,
     transport: TransportKind,
-) -> anyhow::Result<KvRow> {
-    let (mut walls, mut creates, mut lats, mut meta_bytes) = (vec![], vec![], vec![], 0);
-    // Ours: the destination of a READ, the source of a WRITE.
-    let mut mine = Some(contiguous_buffer(s.block, s.blocks, s.write)?);
-    for round in 0..rounds {
-        let check = round == 0;
-        let req = Req {
-            id: 0,
-            write: s.write,
-            block: s.block,
-            blocks: s.blocks,
-            seed: 0,
-            run: s.blocks,
-            from: 0,
-            to: s.blocks,
-            verify: check && s.write,
-            contiguous: true,
-            raw: false,
-        };
-        let (m, done) = target.request(req).await?;
-        meta_bytes = m.len();
-        let m = RdmaMetadata::from_json(&m)?;
-        let d = mine
-            .take()
-            .ok_or_else(|| anyhow!("the buffer was not handed back"))?;
-        let start = Instant::now();
-        let op: Box<dyn ferry::Operation<'static>> = if s.write {
-            Box::new(c.begin_write(vec![d], &m).await?)
-        } else {
-            Box::new(c.begin_read(&m, vec![d]).await?)
-        };
-        creates.push(start.elapsed().as_secs_f64() * 1e6);
-        op.wait_for_completion().await?;
-        let wall = start.elapsed().as_secs_f64();
-        walls.push(wall);
-        lats.push(wall * 1e6);
-        if op.transport() != Some(transport) {
-            return Err(anyhow!("{} carried by {:?}", s.name, op.transport()));
-        }
-        let d = op.into_descriptors().pop();
-        if check && !s.write {
-            if let Some(d) = &d {
-                verify_contiguous(d, s.block)?;
-            }
-        }
-        mine = d;
-        let a = done.await.map_err(|_| anyhow!("the kv target exited"))?;
-        if let Some(e) = a.error {
-            return Err(anyhow!("kv target: {e}"));
+    mine: &mut Option<ferry::Descriptor<'static>>,
+    acc: &mut Rounds,
+) -> anyhow::Result<()> {
+    let check = round == 0;
+    let req = Req {
+        id: 0,
+        write: s.write,
+        block: s.block,
+        blocks: s.blocks,
+        seed: 0,
+        run: s.blocks,
+        from: 0,
+        to: s.blocks,
+        verify: check && s.write,
+        contiguous: true,
+        raw: false,
+    };
+    let (m, done) = target.request(req).await?;
+    acc.meta_bytes = m.len();
+    let m = RdmaMetadata::from_json(&m)?;
+    let d = mine
+        .take()
+        .ok_or_else(|| anyhow!("the buffer was not handed back"))?;
+    let start = Instant::now();
+    let op: Box<dyn ferry::Operation<'static>> = if s.write {
+        Box::new(c.begin_write(vec![d], &m).await?)
+    } else {
+        Box::new(c.begin_read(&m, vec![d]).await?)
+    };
+    acc.creates.push(start.elapsed().as_secs_f64() * 1e6);
+    op.wait_for_completion().await?;
+    let wall = start.elapsed().as_secs_f64();
+    acc.walls.push(wall);
+    acc.lats.push(wall * 1e6);
+    if op.transport() != Some(transport) {
+        return Err(anyhow!("{} carried by {:?}", s.name, op.transport()));
+    }
+    let d = op.into_descriptors().pop();
+    if check && !s.write {
+        if let Some(d) = &d {
+            verify_contiguous(d, s.block)?;
         }
     }
-    let wall = median(&mut walls);
-    let n = s.blocks as usize;
-    Ok(KvRow {
-        shape: format!("{}/contiguous", s.name),
-        transport: transport.to_string(),
-        op: if s.write { "write" } else { "read" },
-        inflight: 1,
-        blocks: s.blocks,
-        block: s.block,
-        gbps: (s.block * n) as f64 / wall / 1e9,
-        blocks_per_s: n as f64 / wall,
-        metadata_bytes: meta_bytes,
-        create_us: median(&mut creates),
-        lat_us_p50: median(&mut lats),
-        ratio: None,
-    })
+    *mine = d;
+    let a = done.await.map_err(|_| anyhow!("the kv target exited"))?;
+    if let Some(e) = a.error {
+        return Err(anyhow!("kv target: {e}"));
+    }
+    Ok(())
 }
 
 /// Runs the KV workload and prints its rows (and writes them as JSON lines
@@ -596,10 +602,23 @@ pub async fn run(
                     tokio::task::spawn_blocking(move || raw::measure(&src, &s, rounds)).await??;
                 shape_rows.extend(rows);
             }
-            let base = measure_contiguous(&c, &mut target, s, rounds, transport).await?;
+            // The contiguous reference and the paged rows take turns, round
+            // by round, so that the machine's drift (up to 2x within an
+            // hour here) weighs on both alike.
+            let mut mine = Some(contiguous_buffer(s.block, s.blocks, s.write)?);
+            let mut base = Rounds::default();
+            let mut paged: Vec<Rounds> = inflights.iter().map(|_| Rounds::default()).collect();
+            for round in 0..rounds {
+                measure_contiguous(&c, &mut target, s, round, transport, &mut mine, &mut base)
+                    .await?;
+                for (&k, acc) in inflights.iter().zip(&mut paged) {
+                    measure(&c, &mut target, &pool, s, k, round, transport, acc).await?;
+                }
+            }
+            let base = base.row(format!("{}/contiguous", s.name), transport, s, 1);
             shape_rows.push(base.clone());
-            for &k in inflights {
-                let mut r = measure(&c, &mut target, &pool, s, s.run, k, rounds, transport).await?;
+            for (&k, acc) in inflights.iter().zip(paged) {
+                let mut r = acc.row(s.name.to_string(), transport, s, k);
                 r.ratio = Some(r.gbps / base.gbps);
                 shape_rows.push(r);
             }
