@@ -108,6 +108,9 @@ pub(crate) fn export(ordinal: u32, segs: &[(u64, u64)]) -> Result<Exported, Cuda
 pub(crate) struct Opened {
     ctx: Arc<PrimaryCtx>,
     base: CuDevicePtr,
+    /// How many bytes the driver mapped at `base` (what the source's
+    /// lease may name, whatever size it claims).
+    size: u64,
 }
 
 // SAFETY: a device address mapped in a primary context (a process-wide
@@ -135,10 +138,34 @@ impl Opened {
             )
         };
         ctx.drv.check("cuIpcOpenMemHandle_v2", r)?;
-        Ok(Opened {
+        let mut opened = Opened {
             ctx: ctx.clone(),
             base,
-        })
+            size: 0,
+        };
+        // The mapping's real size: a lease that claims a larger allocation
+        // is refused against it (a copy past the mapping would fault the
+        // context, which the application shares). Closed by `drop` if this
+        // fails.
+        let (mut start, mut size): (CuDevicePtr, usize) = (0, 0);
+        // SAFETY: both out pointers are writable; the context is current
+        // (`make_current` above); the driver only reads its own tables.
+        let r = unsafe { (ctx.drv.api.mem_get_address_range)(&mut start, &mut size, base) };
+        ctx.drv.check("cuMemGetAddressRange_v2", r)?;
+        if start != base {
+            return Err(CudaError::OutOfRange {
+                offset: base.saturating_sub(start) as usize,
+                len: 0,
+                size,
+            });
+        }
+        opened.size = size as u64;
+        Ok(opened)
+    }
+
+    /// How many bytes are mapped at [`base`](Self::base).
+    pub(crate) fn size(&self) -> u64 {
+        self.size
     }
 
     /// Where the allocation is mapped in this process.

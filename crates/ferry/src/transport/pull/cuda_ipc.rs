@@ -221,6 +221,23 @@ impl Puller for CudaIpcPuller {
             Ok(s) => s,
             Err(e) => return failed("set-up", &e),
         };
+        // `decode` checked each segment against the allocation size the
+        // source declared; the driver says what was really mapped.
+        if let Some((a, o)) = l
+            .allocs
+            .iter()
+            .zip(&opened)
+            .find(|(a, o)| a.size > o.size())
+        {
+            return failed(
+                "bad lease",
+                &format!(
+                    "an allocation of {} bytes declared, {} mapped",
+                    a.size,
+                    o.size()
+                ),
+            );
+        }
         // Where segment `i` starts in this process (its allocation's
         // mapping plus its offset): `decode` checked offset + length
         // against the allocation's size.

@@ -230,7 +230,7 @@ impl Conn {
             } => {
                 target.shared.first_byte();
                 let lease = LeaseBlob::new(segments, key);
-                self.spawn_pull(req, target.region, target.shared, lease)
+                self.spawn_pull(req, target, lease)
             }
             Action::PartDone { target } => {
                 if let Some(s) = &target.stripe {
@@ -293,13 +293,8 @@ impl Conn {
     /// (its memory went away) or lent memory it does not have: either way
     /// the connection is closed, which fails every operation on it, on both
     /// sides, with [`Error::ConnectionLost`] and the cause.
-    pub(super) fn spawn_pull(
-        self: &Arc<Self>,
-        req: u64,
-        region: Arc<Region>,
-        shared: Arc<OpShared>,
-        lease: LeaseBlob,
-    ) {
+    pub(super) fn spawn_pull(self: &Arc<Self>, req: u64, target: Target, lease: LeaseBlob) {
+        let (region, shared) = (target.region.clone(), target.shared.clone());
         let peer = if self.by_ucx() {
             match self.ucx_ep.get().cloned() {
                 Some(ep) => PullPeer::Ucx(ep),
@@ -353,6 +348,18 @@ impl Conn {
                     if let Some(m) = m {
                         conn.send_soon(m.to_vec(), None, false);
                     }
+                }
+                // A CUDA IPC copy fails for reasons of this request (no GPU
+                // here, no peer access between the two devices, memory the
+                // driver would not map): it ends alone, both sides told; a
+                // source that went away ends the connection on its own.
+                PullEnd::Failed(why) if matches!(peer, PullPeer::CudaIpc(_)) => {
+                    lock(&conn.session).forget(req);
+                    target.end(
+                        OperationStatus::Errored,
+                        Some(Error::Io(Arc::new(io::Error::other(why.clone())))),
+                    );
+                    conn.abort_detached(req, AbortReason::DeviceMemory, why);
                 }
                 PullEnd::Failed(why) => conn.kill(why),
             }

@@ -198,18 +198,37 @@ impl Transport for TcpTransport {
                 streams: self.streams_to(&job.remote),
             };
             let plan = session::plan(job.kind, &job.sizes, caps, &thresholds);
-            if let Some(device) = device.filter(|_| plan != Plan::Pull || conn.by_ucx()) {
+            // CUDA refuses to open a process's own IPC handles: two
+            // connectors of one process share GPU memory by the local
+            // transport, never by a connection to themselves.
+            let to_itself = conn
+                .peer_pid
+                .get()
+                .is_some_and(|p| p.pid() == crate::transport::cma::pid());
+            if let Some(device) =
+                device.filter(|_| plan != Plan::Pull || conn.by_ucx() || to_itself)
+            {
                 // Never streamed: the socket would read or write GPU memory
                 // as host memory. Refused before the request exists.
                 return Err(Error::NoDeviceTransport {
                     index: 0,
                     device,
-                    reason: format!(
-                        "{} (no cross-memory attach with {} on this connection: another host, a \
-                         process that may not be attached to, or attach disabled)",
-                        session::DEVICE_MEMORY_BY_IPC_ONLY,
-                        conn.peer
-                    ),
+                    reason: if to_itself {
+                        format!(
+                            "{} ({} is this very process, and CUDA IPC does not work within the \
+                             same process: no path moves GPU memory between connectors of one \
+                             process yet)",
+                            session::DEVICE_MEMORY_BY_IPC_ONLY,
+                            conn.peer
+                        )
+                    } else {
+                        format!(
+                            "{} (no cross-memory attach with {} on this connection: another \
+                             host, a process that may not be attached to, or attach disabled)",
+                            session::DEVICE_MEMORY_BY_IPC_ONLY,
+                            conn.peer
+                        )
+                    },
                 });
             }
             if let Plan::Striped { parts } = plan {
