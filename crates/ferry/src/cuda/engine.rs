@@ -45,11 +45,14 @@ impl CudaEngine {
     /// An engine on `cuda:device`, with a stream of its own.
     pub(crate) fn new(device: u32) -> Result<CudaEngine, CudaError> {
         let ctx = PrimaryCtx::retain(device)?;
-        ctx.make_current()?;
-        let mut stream: CuStream = std::ptr::null_mut();
-        // SAFETY: `stream` is writable; the device's context is current.
-        let r = unsafe { (ctx.drv.api.stream_create)(&mut stream, CU_STREAM_NON_BLOCKING) };
-        ctx.drv.check("cuStreamCreate", r)?;
+        let stream = {
+            let _cur = ctx.make_current()?;
+            let mut stream: CuStream = std::ptr::null_mut();
+            // SAFETY: `stream` is writable; the device's context is current.
+            let r = unsafe { (ctx.drv.api.stream_create)(&mut stream, CU_STREAM_NON_BLOCKING) };
+            ctx.drv.check("cuStreamCreate", r)?;
+            stream
+        };
         Ok(CudaEngine { ctx, stream })
     }
 
@@ -99,9 +102,11 @@ impl CudaEngine {
                 }
             })
             .and_then(|()| self.ctx.make_current());
-        if let Err(e) = checks {
-            return Err((staging, e));
-        }
+        // Current until the copy is queued and its event recorded.
+        let _cur = match checks {
+            Ok(cur) => cur,
+            Err(e) => return Err((staging, e)),
+        };
         if len > 0 {
             let r = issue(&mut staging, mem.as_device_ptr() + offset as u64);
             if let Err(e) = self.ctx.drv.check(call, r) {
@@ -129,7 +134,7 @@ impl CudaEngine {
 impl Drop for CudaEngine {
     fn drop(&mut self) {
         let api = &self.ctx.drv.api;
-        let r = self.ctx.make_current().and_then(|()| {
+        let r = self.ctx.make_current().and_then(|_cur| {
             // SAFETY: a live stream; every pending copy owns its staging
             // buffer and waits on drop, so this only drains what is left.
             let r = unsafe { (api.stream_synchronize)(self.stream) };
@@ -166,7 +171,7 @@ unsafe impl Send for Event {}
 
 impl Event {
     fn synchronize(&mut self) -> Result<(), CudaError> {
-        self.ctx.make_current()?;
+        let _cur = self.ctx.make_current()?;
         // SAFETY: a live event, recorded after the copy.
         let r = unsafe { (self.ctx.drv.api.event_synchronize)(self.event) };
         // An error here is the copy's own (or an earlier one on the stream,
@@ -270,7 +275,7 @@ impl CopyEngine for CudaEngine {
 
     fn poll(&self, pending: &mut CudaPending) -> Result<bool, CudaError> {
         let ev = &pending.event;
-        ev.ctx.make_current()?;
+        let _cur = ev.ctx.make_current()?;
         // SAFETY: a live event recorded after the copy.
         let r = unsafe { (ev.ctx.drv.api.event_query)(ev.event) };
         match r {

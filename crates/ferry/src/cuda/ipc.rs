@@ -45,7 +45,7 @@ pub(crate) struct Exported {
 /// allocation is `OutOfRange`.
 pub(crate) fn export(ordinal: u32, segs: &[(u64, u64)]) -> Result<Exported, CudaError> {
     let ctx = PrimaryCtx::retain(ordinal)?;
-    ctx.make_current()?;
+    let _cur = ctx.make_current()?;
     let api = &ctx.drv.api;
     let mut allocs: Vec<(Handle, u64)> = Vec::new();
     let mut by_base: HashMap<CuDevicePtr, u32> = HashMap::new();
@@ -124,7 +124,7 @@ impl Opened {
     /// Opens `handle` in `ctx`, enabling peer access lazily where the
     /// memory lives on another device.
     pub(crate) fn open(ctx: &Arc<PrimaryCtx>, handle: &Handle) -> Result<Opened, CudaError> {
-        ctx.make_current()?;
+        let _cur = ctx.make_current()?;
         let mut base: CuDevicePtr = 0;
         // SAFETY: `base` is writable; the handle is passed by value (64
         // bytes, as `cuda.h` declares it); the driver validates it (a
@@ -176,7 +176,7 @@ impl Opened {
 
 impl Drop for Opened {
     fn drop(&mut self) {
-        let r = self.ctx.make_current().and_then(|()| {
+        let r = self.ctx.make_current().and_then(|_cur| {
             // SAFETY: opened once by `open`, closed once here; nobody
             // copies from it any more (copiers hold an `Arc` of `self`).
             let r = unsafe { (self.ctx.drv.api.ipc_close_mem_handle)(self.base) };
@@ -207,7 +207,7 @@ pub(crate) struct CopyStream {
 impl CopyStream {
     /// A stream of its own in `ctx`.
     pub(crate) fn new(ctx: &Arc<PrimaryCtx>) -> Result<CopyStream, CudaError> {
-        ctx.make_current()?;
+        let _cur = ctx.make_current()?;
         let mut stream: CuStream = std::ptr::null_mut();
         // SAFETY: `stream` is writable; the context is current.
         let r = unsafe { (ctx.drv.api.stream_create)(&mut stream, CU_STREAM_NON_BLOCKING) };
@@ -220,7 +220,7 @@ impl CopyStream {
 
     /// Makes the stream's context current on this thread (once per thread
     /// that queues copies).
-    pub(crate) fn enter(&self) -> Result<(), CudaError> {
+    pub(crate) fn enter(&self) -> Result<crate::cuda::memory::Current<'_>, CudaError> {
         self.ctx.make_current()
     }
 
@@ -266,7 +266,7 @@ impl CopyStream {
 impl Drop for CopyStream {
     fn drop(&mut self) {
         let api = &self.ctx.drv.api;
-        let r = self.ctx.make_current().and_then(|()| {
+        let r = self.ctx.make_current().and_then(|_cur| {
             // SAFETY: a live stream; nothing is left on it (every copy is
             // synced before its callback returns), this only makes sure.
             let r = unsafe { (api.stream_synchronize)(self.stream) };

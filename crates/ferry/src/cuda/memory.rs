@@ -58,16 +58,57 @@ impl PrimaryCtx {
         }))
     }
 
-    /// Makes this context current on the calling thread.
-    pub(crate) fn make_current(&self) -> Result<(), CudaError> {
-        // SAFETY: the context is retained (alive) until `self` drops.
-        let r = unsafe { (self.drv.api.ctx_set_current)(self.ctx) };
-        self.drv.check("cuCtxSetCurrent", r)
+    /// Makes this context current on the calling thread until the guard
+    /// drops, which restores the context that was current before: Ferry's
+    /// calls may run on a caller's thread (an active WRITE lends from the
+    /// thread that called `begin_write`), whose framework (PyTorch's
+    /// current device) must find its own context afterwards.
+    pub(crate) fn make_current(&self) -> Result<Current<'_>, CudaError> {
+        let mut prev: CuContext = std::ptr::null_mut();
+        // SAFETY: `prev` is writable; the call only reads this thread's
+        // context stack.
+        let r = unsafe { (self.drv.api.ctx_get_current)(&mut prev) };
+        self.drv.check("cuCtxGetCurrent", r)?;
+        if prev != self.ctx {
+            // SAFETY: the context is retained (alive) until `self` drops,
+            // which the guard's borrow outlives.
+            let r = unsafe { (self.drv.api.ctx_set_current)(self.ctx) };
+            self.drv.check("cuCtxSetCurrent", r)?;
+        }
+        Ok(Current {
+            drv: self.drv,
+            prev: (prev != self.ctx).then_some(prev),
+            _ctx: std::marker::PhantomData,
+        })
     }
 
     /// The `N` of `cuda:N`.
     pub(crate) fn ordinal(&self) -> u32 {
         self.ordinal
+    }
+}
+
+/// This thread's current context while a [`PrimaryCtx`] is entered; the one
+/// before is current again when this drops.
+#[must_use = "the context is current only while the guard lives"]
+pub(crate) struct Current<'a> {
+    drv: &'static Driver,
+    /// The context to restore (possibly none: null), if it was changed.
+    prev: Option<CuContext>,
+    _ctx: std::marker::PhantomData<&'a PrimaryCtx>,
+}
+
+impl Drop for Current<'_> {
+    fn drop(&mut self) {
+        if let Some(prev) = self.prev {
+            // SAFETY: `prev` was current on this thread when the guard was
+            // made (or null: none); a context a caller made current stays
+            // alive while it is current, as the driver requires of it.
+            let r = unsafe { (self.drv.api.ctx_set_current)(prev) };
+            if let Err(e) = self.drv.check("cuCtxSetCurrent", r) {
+                tracing::warn!("the caller's CUDA context not restored: {e}");
+            }
+        }
     }
 }
 
@@ -109,7 +150,7 @@ impl DeviceBuffer {
         let ctx = PrimaryCtx::retain(device)?;
         let mut ptr: CuDevicePtr = 0;
         if len > 0 {
-            ctx.make_current()?;
+            let _cur = ctx.make_current()?;
             // SAFETY: `ptr` is writable; the device's context is current.
             let r = unsafe { (ctx.drv.api.mem_alloc)(&mut ptr, len) };
             ctx.drv.check("cuMemAlloc_v2", r)?;
@@ -150,7 +191,7 @@ impl DeviceBuffer {
         if src.is_empty() {
             return Ok(());
         }
-        self.ctx.make_current()?;
+        let _cur = self.ctx.make_current()?;
         // SAFETY: the destination range lies inside this allocation
         // (checked), the source is a live slice of that length, and the
         // synchronous copy has read all of it when it returns.
@@ -166,7 +207,7 @@ impl DeviceBuffer {
         if dst.is_empty() {
             return Ok(());
         }
-        self.ctx.make_current()?;
+        let _cur = self.ctx.make_current()?;
         // SAFETY: the source range lies inside this allocation (checked),
         // `dst` is a live, exclusively borrowed slice of that length, and
         // the synchronous copy has finished writing it when it returns.
@@ -183,7 +224,7 @@ impl DeviceBuffer {
             return Ok(true);
         }
         let api = &self.ctx.drv.api;
-        self.ctx.make_current()?;
+        let _cur = self.ctx.make_current()?;
         let mut kind: std::ffi::c_uint = 0;
         // SAFETY: the attribute is a `CUmemorytype` (an unsigned int), the
         // out pointer is writable, and the address is a live allocation.
@@ -222,7 +263,7 @@ impl Drop for DeviceBuffer {
         if self.len == 0 {
             return;
         }
-        let r = self.ctx.make_current().and_then(|()| {
+        let r = self.ctx.make_current().and_then(|_cur| {
             // SAFETY: `ptr` came from `cuMemAlloc_v2` and is freed once;
             // every copy into or out of it through this type was
             // synchronous, and the staging pipelines wait for their copies
@@ -264,7 +305,7 @@ impl PinnedBuf {
                 len,
             });
         }
-        ctx.make_current()?;
+        let _cur = ctx.make_current()?;
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: `p` is writable; the context is current.
         let r = unsafe { (ctx.drv.api.mem_host_alloc)(&mut p, len, CU_MEMHOSTALLOC_PORTABLE) };
@@ -308,7 +349,7 @@ impl Drop for PinnedBuf {
         if self.len == 0 {
             return;
         }
-        let r = self.ctx.make_current().and_then(|()| {
+        let r = self.ctx.make_current().and_then(|_cur| {
             // SAFETY: allocated by `cuMemHostAlloc`, freed once; a copy in
             // flight on it owns it (the engine's pending copy), so none is
             // running when it drops.

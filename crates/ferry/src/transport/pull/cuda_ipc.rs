@@ -317,7 +317,7 @@ unsafe fn copy(
     host: bool,
     jobs: impl Iterator<Item = (*mut u8, u64, usize)>,
 ) -> Result<(), CudaError> {
-    stream.enter()?;
+    let _cur = stream.enter()?;
     let mut r = Ok(());
     for (p, src, n) in jobs {
         let dst = if host {
