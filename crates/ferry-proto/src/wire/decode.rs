@@ -1,0 +1,259 @@
+//! Decoding frames: headers checked first, then bodies, never panicking and
+//! never allocating more than the checked bounds (see the module above).
+
+use super::*;
+
+/// A checked frame header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    ty: u8,
+    /// Body length, at most [`MAX_BODY`].
+    pub body_len: u32,
+}
+
+/// Checks a frame header.
+pub fn decode_header(h: &[u8; HEADER_LEN]) -> Result<Header, WireError> {
+    let ty = h[0];
+    if !(T_HELLO..=T_RDMA).contains(&ty) {
+        return Err(WireError::UnknownType(ty));
+    }
+    if h[1..4] != [0, 0, 0] {
+        return Err(WireError::Reserved);
+    }
+    let body_len = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
+    if body_len > max_body(ty) {
+        return Err(WireError::BodyTooLarge(body_len));
+    }
+    Ok(Header { ty, body_len })
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        if self.0.len() < n {
+            return Err(WireError::Truncated);
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, WireError> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().unwrap()))
+    }
+    fn u32(&mut self) -> Result<u32, WireError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    fn u64(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+    fn string(&mut self, max: usize, field: &'static str) -> Result<String, WireError> {
+        let n = self.u16()? as usize;
+        if n > max {
+            return Err(WireError::InvalidField(field));
+        }
+        let b = self.take(n)?;
+        String::from_utf8(b.to_vec()).map_err(|_| WireError::InvalidField(field))
+    }
+    /// Sizes written by `put_runs`: at least one, at most `max` in all.
+    fn runs(&mut self, max: usize, field: &'static str) -> Result<Vec<u64>, WireError> {
+        let n = self.u32()? as usize;
+        if n == 0 || n > MAX_RUNS {
+            return Err(WireError::InvalidField(field));
+        }
+        if self.0.len() < n * 12 {
+            return Err(WireError::Truncated);
+        }
+        let runs = (0..n)
+            .map(|_| Ok((self.u64()?, self.u32()?)))
+            .collect::<Result<Vec<_>, WireError>>()?;
+        runs::expand(&runs, max).map_err(|_| WireError::InvalidField(field))
+    }
+    /// The rest of the body: the addresses of segments of lengths `lens`,
+    /// in either form (see [`Lease::segments`]). Allocates the `lens.len()`
+    /// segments (bounded by the caller) once; a run that claims more
+    /// segments than there are, or whose addresses overflow, is refused.
+    fn addresses(&mut self, lens: Vec<u64>) -> Result<Vec<(u64, u64)>, WireError> {
+        let n = lens.len();
+        let exact = |r: &Self, want: usize| match r.0.len() {
+            l if l < want => Err(WireError::Truncated),
+            l if l > want => Err(WireError::Trailing(l - want)),
+            _ => Ok(()),
+        };
+        match self.u8()? {
+            ADDRESSES_EACH => {
+                exact(self, n * 8)?;
+                Ok(self
+                    .take(n * 8)?
+                    .chunks_exact(8)
+                    .zip(lens)
+                    .map(|(a, len)| (u64::from_le_bytes(a.try_into().expect("8 bytes")), len))
+                    .collect())
+            }
+            ADDRESSES_RUNS => {
+                let m = self.u32()? as usize;
+                if m == 0 || m > n {
+                    return Err(WireError::InvalidField("address run count"));
+                }
+                exact(self, m * 12)?;
+                let mut out = Vec::with_capacity(n);
+                let mut lens = lens.into_iter();
+                for _ in 0..m {
+                    let (mut addr, count) = (self.u64()?, self.u32()?);
+                    if count == 0 || count as usize > n - out.len() {
+                        return Err(WireError::InvalidField("address run count"));
+                    }
+                    for k in 0..count {
+                        let len = lens
+                            .next()
+                            .ok_or(WireError::InvalidField("address run count"))?;
+                        out.push((addr, len));
+                        if k + 1 < count {
+                            addr = addr
+                                .checked_add(len)
+                                .ok_or(WireError::InvalidField("lease address"))?;
+                        }
+                    }
+                }
+                if out.len() != n {
+                    return Err(WireError::InvalidField("address run count"));
+                }
+                Ok(out)
+            }
+            _ => Err(WireError::InvalidField("lease address form")),
+        }
+    }
+    fn end(self) -> Result<(), WireError> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(WireError::Trailing(self.0.len()))
+        }
+    }
+}
+
+/// Decodes the body of a frame whose header was checked by [`decode_header`].
+pub fn decode_body(h: Header, body: &[u8]) -> Result<Message, WireError> {
+    if body.len() != h.body_len as usize {
+        return Err(WireError::Truncated);
+    }
+    let mut r = Reader(body);
+    let msg = match h.ty {
+        T_HELLO => {
+            if r.take(MAGIC.len()).map_err(|_| WireError::BadMagic)? != MAGIC {
+                return Err(WireError::BadMagic);
+            }
+            let version = r.u16()?;
+            let worker_id = r.string(MAX_WORKER_ID, "worker_id")?;
+            Message::Hello(Hello { version, worker_id })
+        }
+        T_OPEN => {
+            let req = r.u64()?;
+            let op_id = r.u64()?;
+            let token = Token::from_bytes(r.take(16)?.try_into().unwrap());
+            let kind = OperationKind::from_u8(r.u8()?).ok_or(WireError::InvalidField("kind"))?;
+            let pull = match r.u8()? {
+                0 => false,
+                1 => true,
+                _ => return Err(WireError::InvalidField("pull")),
+            };
+            let (part, parts) = (r.u16()?, r.u16()?);
+            if parts == 0 || parts > MAX_PARTS || part >= parts || (pull && parts > 1) {
+                return Err(WireError::InvalidField("part"));
+            }
+            let sizes = r.runs(MAX_DESCRIPTORS, "descriptor count")?;
+            Message::Open(Open {
+                req,
+                op_id,
+                token,
+                kind,
+                sizes,
+                pull,
+                part,
+                parts,
+            })
+        }
+        T_DATA => {
+            let d = Data {
+                req: r.u64()?,
+                desc: r.u32()?,
+                offset: r.u64()?,
+                len: r.u32()?,
+            };
+            if d.len > MAX_CHUNK {
+                return Err(WireError::InvalidField("data length"));
+            }
+            Message::Data(d)
+        }
+        T_FINISH => Message::Finish { req: r.u64()? },
+        T_ABORT => {
+            let req = r.u64()?;
+            let reason = AbortReason::from_code(r.u8()?);
+            let detail = r.string(MAX_DETAIL, "detail")?;
+            Message::Abort(Abort {
+                req,
+                reason,
+                detail,
+            })
+        }
+        T_AUTH => {
+            let n = r.u16()? as usize;
+            if n > MAX_HANDSHAKE {
+                return Err(WireError::InvalidField("handshake"));
+            }
+            Message::Auth(Auth {
+                handshake: r.take(n)?.to_vec(),
+            })
+        }
+        T_LEASE => {
+            let req = r.u64()?;
+            let n = r.u32()? as usize;
+            if n > MAX_LEASE_KEY {
+                return Err(WireError::InvalidField("lease key"));
+            }
+            let key = r.take(n)?.to_vec();
+            let lens = r.runs(MAX_LEASE_SEGMENTS, "segment count")?;
+            let segments = r.addresses(lens)?;
+            Message::Lease(Lease { req, segments, key })
+        }
+        T_ATTACH => Message::Attach(Attach {
+            pid: r.u32()?,
+            addr: r.u64()?,
+            cookie: r.take(16)?.try_into().unwrap(),
+            verdict: verdict_of(r.u8()?)?,
+        }),
+        T_RDMA => {
+            let n = r.u32()? as usize;
+            if n > MAX_RDMA_ADDRESS {
+                return Err(WireError::InvalidField("rdma address"));
+            }
+            let address = r.take(n)?.to_vec();
+            Message::Rdma(Rdma {
+                address,
+                verdict: verdict_of(r.u8()?)?,
+            })
+        }
+        T_RELEASE => Message::Release { req: r.u64()? },
+        other => return Err(WireError::UnknownType(other)),
+    };
+    r.end()?;
+    Ok(msg)
+}
+
+/// Decodes one frame from the front of `buf`: `Ok(None)` if more bytes are
+/// needed, else the message and the number of bytes used (for `Data`, the
+/// payload is not included).
+pub fn decode_frame(buf: &[u8]) -> Result<Option<(Message, usize)>, WireError> {
+    let Some(h) = buf.get(..HEADER_LEN) else {
+        return Ok(None);
+    };
+    let header = decode_header(h.try_into().unwrap())?;
+    let end = HEADER_LEN + header.body_len as usize;
+    let Some(body) = buf.get(HEADER_LEN..end) else {
+        return Ok(None);
+    };
+    Ok(Some((decode_body(header, body)?, end)))
+}

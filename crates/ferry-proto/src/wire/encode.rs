@@ -1,0 +1,158 @@
+//! Encoding frames: [`Message::encode`] and the lists it writes compactly
+//! (sizes as runs, lease addresses in the shorter of two forms).
+
+use super::*;
+
+fn put_header(out: &mut Vec<u8>, ty: u8, body_len: usize) {
+    out.extend_from_slice(&[ty, 0, 0, 0]);
+    out.extend_from_slice(&(body_len as u32).to_le_bytes());
+}
+
+/// Sizes as a run count (u32) and `(size u64, count u32)` per run.
+pub(super) fn put_runs(out: &mut Vec<u8>, sizes: impl IntoIterator<Item = u64>) {
+    let runs = runs::runs(sizes);
+    out.extend_from_slice(&(runs.len() as u32).to_le_bytes());
+    for (size, count) in runs {
+        out.extend_from_slice(&size.to_le_bytes());
+        out.extend_from_slice(&count.to_le_bytes());
+    }
+}
+
+/// The runs of `segments` that follow each other in memory: `(first
+/// address, segments)`.
+fn address_runs(segments: &[(u64, u64)]) -> Vec<(u64, u32)> {
+    let mut out: Vec<(u64, u32)> = Vec::new();
+    let mut next = None;
+    for &(addr, len) in segments {
+        match out.last_mut() {
+            Some((_, n)) if next == Some(addr) && *n < u32::MAX => *n += 1,
+            _ => out.push((addr, 1)),
+        }
+        next = addr.checked_add(len);
+    }
+    out
+}
+
+/// The addresses of a lease, in the shorter form.
+fn put_addresses(out: &mut Vec<u8>, segments: &[(u64, u64)]) {
+    let runs = address_runs(segments);
+    if 4 + runs.len() * 12 < segments.len() * 8 {
+        out.push(ADDRESSES_RUNS);
+        out.reserve(4 + runs.len() * 12);
+        out.extend_from_slice(&(runs.len() as u32).to_le_bytes());
+        for (addr, n) in runs {
+            out.extend_from_slice(&addr.to_le_bytes());
+            out.extend_from_slice(&n.to_le_bytes());
+        }
+    } else {
+        out.push(ADDRESSES_EACH);
+        // Reserved at once: a lease of many blocks is megabytes, and
+        // growing by doubling would copy (and fault in) it repeatedly.
+        out.reserve(segments.len() * 8);
+        for (addr, _) in segments {
+            out.extend_from_slice(&addr.to_le_bytes());
+        }
+    }
+}
+
+fn truncate_utf8(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+impl Message {
+    /// Appends this frame (header and body; never a `Data` payload) to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        put_header(out, 0, 0);
+        let ty = match self {
+            Message::Hello(h) => {
+                out.extend_from_slice(&MAGIC);
+                out.extend_from_slice(&h.version.to_le_bytes());
+                let id = truncate_utf8(&h.worker_id, MAX_WORKER_ID);
+                out.extend_from_slice(&(id.len() as u16).to_le_bytes());
+                out.extend_from_slice(id.as_bytes());
+                T_HELLO
+            }
+            Message::Open(o) => {
+                out.extend_from_slice(&o.req.to_le_bytes());
+                out.extend_from_slice(&o.op_id.to_le_bytes());
+                out.extend_from_slice(o.token.as_bytes());
+                out.push(o.kind.as_u8());
+                out.push(u8::from(o.pull));
+                out.extend_from_slice(&o.part.to_le_bytes());
+                out.extend_from_slice(&o.parts.to_le_bytes());
+                put_runs(out, o.sizes.iter().copied());
+                T_OPEN
+            }
+            Message::Data(d) => {
+                out.extend_from_slice(&d.req.to_le_bytes());
+                out.extend_from_slice(&d.desc.to_le_bytes());
+                out.extend_from_slice(&d.offset.to_le_bytes());
+                out.extend_from_slice(&d.len.to_le_bytes());
+                T_DATA
+            }
+            Message::Finish { req } => {
+                out.extend_from_slice(&req.to_le_bytes());
+                T_FINISH
+            }
+            Message::Abort(a) => {
+                out.extend_from_slice(&a.req.to_le_bytes());
+                out.push(a.reason.code());
+                let d = truncate_utf8(&a.detail, MAX_DETAIL);
+                out.extend_from_slice(&(d.len() as u16).to_le_bytes());
+                out.extend_from_slice(d.as_bytes());
+                T_ABORT
+            }
+            Message::Auth(a) => {
+                let n = a.handshake.len().min(MAX_HANDSHAKE);
+                out.extend_from_slice(&(n as u16).to_le_bytes());
+                out.extend_from_slice(&a.handshake[..n]);
+                T_AUTH
+            }
+            Message::Lease(l) => {
+                out.extend_from_slice(&l.req.to_le_bytes());
+                let key = &l.key[..l.key.len().min(MAX_LEASE_KEY)];
+                out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+                out.extend_from_slice(key);
+                put_runs(out, l.segments.iter().map(|s| s.1));
+                put_addresses(out, &l.segments);
+                T_LEASE
+            }
+            Message::Attach(a) => {
+                out.extend_from_slice(&a.pid.to_le_bytes());
+                out.extend_from_slice(&a.addr.to_le_bytes());
+                out.extend_from_slice(&a.cookie);
+                out.push(verdict_code(a.verdict));
+                T_ATTACH
+            }
+            Message::Rdma(r) => {
+                let a = &r.address[..r.address.len().min(MAX_RDMA_ADDRESS)];
+                out.extend_from_slice(&(a.len() as u32).to_le_bytes());
+                out.extend_from_slice(a);
+                out.push(verdict_code(r.verdict));
+                T_RDMA
+            }
+            Message::Release { req } => {
+                out.extend_from_slice(&req.to_le_bytes());
+                T_RELEASE
+            }
+        };
+        let body_len = out.len() - start - HEADER_LEN;
+        out[start] = ty;
+        out[start + 4..start + 8].copy_from_slice(&(body_len as u32).to_le_bytes());
+    }
+
+    /// This frame as a new buffer.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(32);
+        self.encode(&mut v);
+        v
+    }
+}
