@@ -10,11 +10,8 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use super::driver::{
-    CuEvent, CuStream, CUDA_ERROR_NOT_READY, CUDA_SUCCESS, CU_EVENT_DISABLE_TIMING,
-    CU_STREAM_NON_BLOCKING,
-};
-use super::memory::{DeviceBuffer, PinnedBuf, PrimaryCtx};
+use super::driver::{CuEvent, CUDA_ERROR_NOT_READY, CUDA_SUCCESS, CU_EVENT_DISABLE_TIMING};
+use super::memory::{DeviceBuffer, PinnedBuf, PrimaryCtx, Stream};
 use super::staging::CopyEngine;
 use super::CudaError;
 
@@ -31,28 +28,14 @@ pub(crate) use host::{Faults, HostEngine, HostMem};
 /// only where CUDA is available).
 pub(crate) struct CudaEngine {
     ctx: Arc<PrimaryCtx>,
-    stream: CuStream,
+    stream: Stream,
 }
-
-// SAFETY: the stream is a driver object usable from any thread once its
-// context is current (every method makes it current first); the driver
-// API is thread safe.
-unsafe impl Send for CudaEngine {}
-// SAFETY: see `Send`; methods only pass the stream handle to the driver.
-unsafe impl Sync for CudaEngine {}
 
 impl CudaEngine {
     /// An engine on `cuda:device`, with a stream of its own.
     pub(crate) fn new(device: u32) -> Result<CudaEngine, CudaError> {
         let ctx = PrimaryCtx::retain(device)?;
-        let stream = {
-            let _cur = ctx.make_current()?;
-            let mut stream: CuStream = std::ptr::null_mut();
-            // SAFETY: `stream` is writable; the device's context is current.
-            let r = unsafe { (ctx.drv.api.stream_create)(&mut stream, CU_STREAM_NON_BLOCKING) };
-            ctx.drv.check("cuStreamCreate", r)?;
-            stream
-        };
+        let stream = Stream::new(&ctx)?;
         Ok(CudaEngine { ctx, stream })
     }
 
@@ -64,7 +47,7 @@ impl CudaEngine {
         let r = unsafe { (api.event_create)(&mut ev, CU_EVENT_DISABLE_TIMING) };
         self.ctx.drv.check("cuEventCreate", r)?;
         // SAFETY: a live event and a live stream of the current context.
-        let r = unsafe { (api.event_record)(ev, self.stream) };
+        let r = unsafe { (api.event_record)(ev, self.stream.raw()) };
         if let Err(e) = self.ctx.drv.check("cuEventRecord", r) {
             // SAFETY: the event was created above and is used nowhere else.
             unsafe { (api.event_destroy)(ev) };
@@ -123,28 +106,10 @@ impl CudaEngine {
                 staging,
             }),
             Err(e) => {
-                // SAFETY: a live stream; waits for the copy just queued.
-                unsafe { (self.ctx.drv.api.stream_synchronize)(self.stream) };
+                // Waits for the copy just queued.
+                let _ = self.stream.sync();
                 Err((staging, e))
             }
-        }
-    }
-}
-
-impl Drop for CudaEngine {
-    fn drop(&mut self) {
-        let api = &self.ctx.drv.api;
-        let r = self.ctx.make_current().and_then(|_cur| {
-            // SAFETY: a live stream; every pending copy owns its staging
-            // buffer and waits on drop, so this only drains what is left.
-            let r = unsafe { (api.stream_synchronize)(self.stream) };
-            self.ctx.drv.check("cuStreamSynchronize", r)?;
-            // SAFETY: created in `new`, destroyed once, now idle.
-            let r = unsafe { (api.stream_destroy)(self.stream) };
-            self.ctx.drv.check("cuStreamDestroy_v2", r)
-        });
-        if let Err(e) = r {
-            tracing::warn!("cuda:{} stream: {e}", self.ctx.ordinal());
         }
     }
 }
@@ -234,7 +199,7 @@ impl CopyEngine for CudaEngine {
                         buf.as_mut_ptr().cast::<c_void>(),
                         src,
                         len,
-                        self.stream,
+                        self.stream.raw(),
                     )
                 }
             },
@@ -265,7 +230,7 @@ impl CopyEngine for CudaEngine {
                         dst,
                         buf.as_mut_ptr().cast::<c_void>().cast_const(),
                         len,
-                        self.stream,
+                        self.stream.raw(),
                     )
                 }
             },

@@ -12,10 +12,8 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use super::driver::{
-    CuDevicePtr, CuStream, IpcMemHandle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, CU_STREAM_NON_BLOCKING,
-};
-use super::memory::PrimaryCtx;
+use super::driver::{CuDevicePtr, IpcMemHandle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS};
+use super::memory::{PrimaryCtx, Stream};
 use super::CudaError;
 
 /// An IPC handle's bytes (a `CUipcMemHandle`).
@@ -198,30 +196,23 @@ pub(crate) enum Dst {
 }
 
 /// A non-blocking stream of one context, for copies out of opened IPC
-/// memory; synchronized and destroyed on drop.
+/// memory (a [`Stream`], drained and destroyed on drop).
 pub(crate) struct CopyStream {
-    ctx: Arc<PrimaryCtx>,
-    stream: CuStream,
+    stream: Stream,
 }
 
 impl CopyStream {
     /// A stream of its own in `ctx`.
     pub(crate) fn new(ctx: &Arc<PrimaryCtx>) -> Result<CopyStream, CudaError> {
-        let _cur = ctx.make_current()?;
-        let mut stream: CuStream = std::ptr::null_mut();
-        // SAFETY: `stream` is writable; the context is current.
-        let r = unsafe { (ctx.drv.api.stream_create)(&mut stream, CU_STREAM_NON_BLOCKING) };
-        ctx.drv.check("cuStreamCreate", r)?;
         Ok(CopyStream {
-            ctx: ctx.clone(),
-            stream,
+            stream: Stream::new(ctx)?,
         })
     }
 
     /// Makes the stream's context current on this thread (once per thread
     /// that queues copies).
     pub(crate) fn enter(&self) -> Result<crate::cuda::memory::Current<'_>, CudaError> {
-        self.ctx.make_current()
+        self.stream.ctx().make_current()
     }
 
     /// Queues a copy of `n` bytes from `src` to `dst`. It may still run
@@ -238,50 +229,26 @@ impl CopyStream {
         if n == 0 {
             return Ok(());
         }
-        let api = &self.ctx.drv.api;
+        let (ctx, stream) = (self.stream.ctx(), self.stream.raw());
+        let api = &ctx.drv.api;
         let (r, call) = match dst {
             // SAFETY: the caller's contract: both ranges are valid for the
             // copy, in the current context, until the stream is synced.
             Dst::Device(d) => (
-                unsafe { (api.memcpy_dtod_async)(d, src, n, self.stream) },
+                unsafe { (api.memcpy_dtod_async)(d, src, n, stream) },
                 "cuMemcpyDtoDAsync_v2",
             ),
             // SAFETY: as above, `dst` is host memory valid for `n` bytes.
             Dst::Host(p) => (
-                unsafe { (api.memcpy_dtoh_async)(p.cast::<c_void>(), src, n, self.stream) },
+                unsafe { (api.memcpy_dtoh_async)(p.cast::<c_void>(), src, n, stream) },
                 "cuMemcpyDtoHAsync_v2",
             ),
         };
-        self.ctx.drv.check(call, r)
+        ctx.drv.check(call, r)
     }
 
     /// Waits until every copy queued so far has finished (or failed).
     pub(crate) fn sync(&self) -> Result<(), CudaError> {
-        // SAFETY: a live stream of this context.
-        let r = unsafe { (self.ctx.drv.api.stream_synchronize)(self.stream) };
-        self.ctx.drv.check("cuStreamSynchronize", r)
+        self.stream.sync()
     }
 }
-
-impl Drop for CopyStream {
-    fn drop(&mut self) {
-        let api = &self.ctx.drv.api;
-        let r = self.ctx.make_current().and_then(|_cur| {
-            // SAFETY: a live stream; nothing is left on it (every copy is
-            // synced before its callback returns), this only makes sure.
-            let r = unsafe { (api.stream_synchronize)(self.stream) };
-            self.ctx.drv.check("cuStreamSynchronize", r)?;
-            // SAFETY: created in `new`, destroyed once, now idle.
-            let r = unsafe { (api.stream_destroy)(self.stream) };
-            self.ctx.drv.check("cuStreamDestroy_v2", r)
-        });
-        if let Err(e) = r {
-            tracing::warn!("CUDA IPC copy stream not destroyed: {e}");
-        }
-    }
-}
-
-// SAFETY: a stream handle of a retained context; the driver API is thread
-// safe, and a stream may be used from any thread once its context is
-// current (`enter`).
-unsafe impl Send for CopyStream {}

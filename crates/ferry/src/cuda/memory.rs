@@ -15,7 +15,9 @@ use std::ffi::{c_int, c_void};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use super::driver::{CuContext, CuDevice, CuDevicePtr, CU_MEMHOSTALLOC_PORTABLE};
+use super::driver::{
+    CuContext, CuDevice, CuDevicePtr, CuStream, CU_MEMHOSTALLOC_PORTABLE, CU_STREAM_NON_BLOCKING,
+};
 use super::{driver_or_unavailable, CudaError, Driver};
 
 /// A retained primary context of one device, released on drop. Every call
@@ -366,6 +368,72 @@ impl Drop for PinnedBuf {
 unsafe impl Send for PinnedBuf {}
 // SAFETY: `&PinnedBuf` only reads; writes need `&mut`.
 unsafe impl Sync for PinnedBuf {}
+
+/// A non-blocking stream of its own in one context: drained and destroyed
+/// on drop (the staging engine's and the CUDA IPC puller's).
+pub(crate) struct Stream {
+    ctx: Arc<PrimaryCtx>,
+    raw: CuStream,
+}
+
+impl Stream {
+    /// A new stream in `ctx`.
+    pub(crate) fn new(ctx: &Arc<PrimaryCtx>) -> Result<Stream, CudaError> {
+        let _cur = ctx.make_current()?;
+        let mut raw: CuStream = std::ptr::null_mut();
+        // SAFETY: `raw` is writable; the context is current.
+        let r = unsafe { (ctx.drv.api.stream_create)(&mut raw, CU_STREAM_NON_BLOCKING) };
+        ctx.drv.check("cuStreamCreate", r)?;
+        Ok(Stream {
+            ctx: ctx.clone(),
+            raw,
+        })
+    }
+
+    /// The context the stream belongs to.
+    pub(crate) fn ctx(&self) -> &Arc<PrimaryCtx> {
+        &self.ctx
+    }
+
+    /// The driver's handle, for calls that queue work on the stream; live
+    /// as long as `self`.
+    pub(crate) fn raw(&self) -> CuStream {
+        self.raw
+    }
+
+    /// Waits until everything queued so far has finished (or failed).
+    pub(crate) fn sync(&self) -> Result<(), CudaError> {
+        // SAFETY: a live stream of this context.
+        let r = unsafe { (self.ctx.drv.api.stream_synchronize)(self.raw) };
+        self.ctx.drv.check("cuStreamSynchronize", r)
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let api = &self.ctx.drv.api;
+        let r = self.ctx.make_current().and_then(|_cur| {
+            // SAFETY: a live stream; its users wait for their own work
+            // (each copy owns what it uses and is waited for), so this only
+            // drains what is left.
+            let r = unsafe { (api.stream_synchronize)(self.raw) };
+            self.ctx.drv.check("cuStreamSynchronize", r)?;
+            // SAFETY: created in `new`, destroyed once, now idle.
+            let r = unsafe { (api.stream_destroy)(self.raw) };
+            self.ctx.drv.check("cuStreamDestroy_v2", r)
+        });
+        if let Err(e) = r {
+            tracing::warn!("cuda:{} stream not destroyed: {e}", self.ctx.ordinal());
+        }
+    }
+}
+
+// SAFETY: a stream handle of a retained context (kept alive by `ctx`); the
+// driver API is thread safe, and a stream may be used from any thread once
+// its context is current.
+unsafe impl Send for Stream {}
+// SAFETY: see `Send`; `&Stream` only hands the handle to the driver.
+unsafe impl Sync for Stream {}
 
 #[cfg(test)]
 mod tests {
