@@ -76,12 +76,7 @@ pub async fn target(connector: Connector) -> anyhow::Result<()> {
         };
         match made {
             Ok((m, op)) => {
-                let _ = tx.send(Answer {
-                    id: r.id,
-                    metadata: Some(m),
-                    error: None,
-                    done: false,
-                });
+                send_metadata(&tx, r.id, m);
                 let check = r.verify.then(|| {
                     let theirs = ids(r.blocks, r.run, r.seed ^ LOCAL);
                     let mine = mine.to_vec();
@@ -97,21 +92,11 @@ pub async fn target(connector: Connector) -> anyhow::Result<()> {
                     if let (None, Some((pool, mine, theirs))) = (&error, check) {
                         error = verify(&pool, &mine, &theirs).err().map(|e| e.to_string());
                     }
-                    let _ = tx.send(Answer {
-                        id: r.id,
-                        metadata: None,
-                        error,
-                        done: true,
-                    });
+                    send_done(&tx, r.id, error);
                 });
             }
             Err(e) => {
-                let _ = tx.send(Answer {
-                    id: r.id,
-                    metadata: None,
-                    error: Some(e.to_string()),
-                    done: true,
-                });
+                send_done(&tx, r.id, Some(e.to_string()));
             }
         }
     }
@@ -148,21 +133,11 @@ async fn contiguous_target(
     let (m, op) = match made {
         Ok(x) => x,
         Err(e) => {
-            let _ = tx.send(Answer {
-                id: r.id,
-                metadata: None,
-                error: Some(e.to_string()),
-                done: true,
-            });
+            send_done(tx, r.id, Some(e.to_string()));
             return Ok(());
         }
     };
-    let _ = tx.send(Answer {
-        id: r.id,
-        metadata: Some(m),
-        error: None,
-        done: false,
-    });
+    send_metadata(tx, r.id, m);
     let (tx, contig) = (tx.clone(), contig.clone());
     tokio::spawn(async move {
         let mut error = op.wait_for_completion().await.err().map(|e| e.to_string());
@@ -173,12 +148,7 @@ async fn contiguous_target(
         if let Some(d) = back.pop() {
             contig.lock().await.insert(key, d);
         }
-        let _ = tx.send(Answer {
-            id: r.id,
-            metadata: None,
-            error,
-            done: true,
-        });
+        send_done(&tx, r.id, error);
     });
     Ok(())
 }
@@ -209,4 +179,24 @@ async fn raw_target(
         });
     }
     Ok(())
+}
+
+/// Answers request `id` with the metadata of its operation.
+fn send_metadata(tx: &mpsc::UnboundedSender<Answer>, id: u64, metadata: String) {
+    let _ = tx.send(Answer {
+        id,
+        metadata: Some(metadata),
+        error: None,
+        done: false,
+    });
+}
+
+/// Answers that request `id` has ended, with why it failed, if it did.
+fn send_done(tx: &mpsc::UnboundedSender<Answer>, id: u64, error: Option<String>) {
+    let _ = tx.send(Answer {
+        id,
+        metadata: None,
+        error,
+        done: true,
+    });
 }
