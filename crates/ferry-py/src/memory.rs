@@ -123,11 +123,14 @@ pub(crate) fn descriptors(
         // - Exclusivity: Python code must not use the memory while an
         //   operation is in progress, as with any buffer handed to native
         //   code (NIXL's, DMA engines'); the package documents it.
-        // - Device memory (`cuda:N`) is never dereferenced: the connector
-        //   refuses an operation over it (`CudaUnavailable` or
-        //   `NoDeviceTransport`) before any region exists, the descriptor's
-        //   `as_slice` is `None`, and claims cover host memory only.
-        //   The descriptor holds a reference of its own to `owner`, so that
+        // - Device memory (`cuda:N`) is never dereferenced on the host: the
+        //   descriptor's `as_slice` is `None`, a region over it refuses
+        //   every host access (`Denied::NotHostMemory`), and only the CUDA
+        //   IPC puller copies it, with the driver. Claims cover host memory
+        //   only, so two Python operations over one GPU tensor are not kept
+        //   apart here: as with host memory, the caller must not use it
+        //   twice at once.
+        // - The descriptor holds a reference of its own to `owner`, so that
         //   an operation dropped while a copy into its memory is stalled by
         //   a same-host peer keeps the memory alive instead of waiting (with
         //   the GIL held) for the copy to return.
