@@ -8,18 +8,17 @@
 //! 0.0.0.0:7000` on one and `ferry bench --control HOST:7000` on the other.
 
 use std::collections::HashMap;
-use std::hint::black_box;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use ferry::{Connector, ConnectorBuilder, Descriptor, RdmaMetadata, TransportKind};
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::peer::{self, Cmd, PeerProcess, Request};
 
+mod rows;
 mod ucx;
 
 /// What to measure.
@@ -56,7 +55,7 @@ impl Options {
             batches: vec![1, 16, 64],
             max_op_bytes: 256 << 20,
             budget: 1 << 30,
-            iters: (20, 2000),
+            iters: (40, 2000),
             row_time: Duration::from_secs(2),
             idle: Duration::from_secs(5),
             json: None,
@@ -72,7 +71,7 @@ impl Options {
             batches: vec![1, 64],
             max_op_bytes: 64 << 20,
             budget: 128 << 20,
-            iters: (5, 300),
+            iters: (8, 300),
             row_time: Duration::from_millis(700),
             idle: Duration::from_secs(1),
             ..Options::full()
@@ -228,234 +227,6 @@ impl Bench {
         }
         self.rows.push(r);
         Ok(())
-    }
-
-    /// One Ferry operation, end to end: the target creates the passive
-    /// side, hands its metadata over the control pipe, this process runs the
-    /// active side, and both report completion.
-    async fn one(
-        &mut self,
-        via: Lane,
-        op: &str,
-        block: u64,
-        batch: usize,
-    ) -> anyhow::Result<(Duration, Option<TransportKind>)> {
-        let t = Instant::now();
-        let cmd = if op == "read" {
-            Cmd::Readable
-        } else {
-            Cmd::Writable
-        };
-        let mut r = Request::new(0, cmd);
-        r.sizes = vec![block; batch];
-        r.reuse = true;
-        if via == Lane::Ucx {
-            r.lane = Some("ucx".into());
-        }
-        let mut a = self.peer.request(r).await?;
-        let m = a.expect("metadata").await?;
-        let meta = RdmaMetadata::from_json(m.metadata.as_deref().unwrap_or_default())?;
-        if self.target_host.is_none() {
-            self.target_host = Some(meta.host_id().to_string());
-        }
-        let created = m.created_ns;
-        let descs = self.pool.take(block, batch)?;
-        let local = match via {
-            Lane::Cma => &self.cma,
-            Lane::Tcp => &self.tcp,
-            Lane::Striped => &self.striped,
-            Lane::Ucx => match &self.ucx {
-                Some(u) => &u.connector,
-                None => bail!("no UCX lane"),
-            },
-        };
-        let ours;
-        let (descs, used) = if op == "read" {
-            let o = local.begin_read(&meta, descs).await?;
-            o.wait_for_completion().await?;
-            ours = crate::clock::monotonic_ns();
-            let used = o.transport();
-            (o.into_descriptors(), used)
-        } else {
-            let o = local.begin_write(descs, &meta).await?;
-            o.wait_for_completion().await?;
-            ours = crate::clock::monotonic_ns();
-            let used = o.transport();
-            (o.into_descriptors(), used)
-        };
-        let done = a.expect("done").await?;
-        let mut elapsed = t.elapsed();
-        if let Some(e) = done.error {
-            bail!("the target's side failed: {e}");
-        }
-        // End to end as defined: from the passive side's creation to the
-        // later of the two completions (one clock on one host; otherwise
-        // from this side's request to the target's answer, which is longer).
-        if let (true, Some(c), Some(theirs)) = (self.same_clock, created, done.done_ns) {
-            if c > 0 && theirs > 0 {
-                elapsed = Duration::from_nanos(ours.max(theirs).saturating_sub(c));
-            }
-        }
-        self.pool.put(descs);
-        Ok((elapsed, used))
-    }
-
-    async fn ferry_row(
-        &mut self,
-        via: Lane,
-        op: &str,
-        block: u64,
-        batch: usize,
-    ) -> anyhow::Result<Row> {
-        let iters = self.iters_for(block * batch as u64);
-        // One warm-up operation (allocates the pooled buffers on both sides).
-        self.one(via, op, block, batch).await?;
-        let mut lat = Vec::with_capacity(iters);
-        let mut used = None;
-        let start = Instant::now();
-        while lat.len() < iters
-            && (lat.len() < self.opts.iters.0 || start.elapsed() < self.opts.row_time)
-        {
-            let (d, t) = self.one(via, op, block, batch).await?;
-            lat.push(d);
-            used = t;
-        }
-        Ok(row(
-            "ferry",
-            used.map(|t| t.name()).unwrap_or("?"),
-            op,
-            block,
-            batch,
-            &mut lat,
-            start.elapsed(),
-        ))
-    }
-
-    async fn tcp_row(&mut self, op: &str, block: u64, batch: usize) -> anyhow::Result<Row> {
-        let bytes = block * batch as u64;
-        let mut r = Request::new(0, Cmd::TcpStream);
-        r.sizes = vec![bytes];
-        let mut a = self.peer.request(r).await?;
-        let addr = a.expect("listening").await?.address.unwrap_or_default();
-        let mut s = tokio::net::TcpStream::connect(&addr).await?;
-        s.set_nodelay(true)?;
-        let mut d = peer::host_buffer(bytes as usize)?;
-        let buf = d.as_mut_slice().unwrap_or_default();
-        let iters = self.iters_for(bytes);
-        let mut lat = Vec::with_capacity(iters);
-        let mut ack = [0u8; 1];
-        let mut one =
-            async |s: &mut tokio::net::TcpStream, buf: &mut [u8]| -> std::io::Result<Duration> {
-                let t = Instant::now();
-                if op == "write" {
-                    s.write_all(b"w").await?;
-                    s.write_all(buf).await?;
-                    s.read_exact(&mut ack).await?;
-                } else {
-                    s.write_all(b"r").await?;
-                    s.read_exact(buf).await?;
-                }
-                Ok(t.elapsed())
-            };
-        one(&mut s, buf).await?;
-        let start = Instant::now();
-        while lat.len() < iters
-            && (lat.len() < self.opts.iters.0 || start.elapsed() < self.opts.row_time)
-        {
-            lat.push(one(&mut s, buf).await?);
-        }
-        let wall = start.elapsed();
-        drop(s);
-        a.expect("done").await?;
-        Ok(row("tcp_stream", "tcp", op, block, batch, &mut lat, wall))
-    }
-
-    /// The raw cross-memory-attach loop between the two processes: the
-    /// destination copies with `process_vm_readv`, as Ferry's `cma` does
-    /// (for `read` this process copies from the target, for `write` the
-    /// target copies from this process). No control messages.
-    async fn cma_row(&mut self, op: &str, block: u64, batch: usize) -> anyhow::Result<Row> {
-        let bytes = block * batch as u64;
-        let iters = self.iters_for(bytes).min(
-            // about `row_time` worth at 2 GB/s, at least the fewest
-            ((self.opts.row_time.as_secs_f64() * 2e9 / bytes as f64) as usize)
-                .max(self.opts.iters.0),
-        );
-        let (mut lat, wall) = if op == "read" {
-            let mut r = Request::new(0, Cmd::Lend);
-            r.sizes = vec![bytes];
-            let lent = self.peer.request(r).await?.expect("lent").await?;
-            let pid = lent.pid.unwrap_or(0);
-            let addr: u64 = lent.address.as_deref().unwrap_or("0").parse()?;
-            let mut d = peer::host_buffer(bytes as usize)?;
-            let buf = d.as_mut_slice().unwrap_or_default();
-            peer::copy_in_chunks(pid, addr, buf)?;
-            let mut lat = Vec::with_capacity(iters);
-            let start = Instant::now();
-            for _ in 0..iters {
-                let t = Instant::now();
-                peer::copy_in_chunks(pid, addr, black_box(&mut *buf))?;
-                lat.push(t.elapsed());
-            }
-            (lat, start.elapsed())
-        } else {
-            let buf = peer::host_buffer(bytes as usize)?;
-            let mut r = Request::new(0, Cmd::Pull);
-            r.sizes = vec![bytes];
-            r.pid = Some(std::process::id());
-            r.address = Some(buf.as_slice().map_or(0, |b| b.as_ptr() as usize) as u64);
-            r.count = Some(iters + 1);
-            let done = self.peer.request(r).await?.expect("done").await?;
-            drop(buf);
-            if let Some(e) = done.error {
-                bail!("the target could not copy from this process: {e}");
-            }
-            // The first copy warms up.
-            let lat: Vec<Duration> = done
-                .lat_ns
-                .unwrap_or_default()
-                .into_iter()
-                .skip(1)
-                .map(Duration::from_nanos)
-                .collect();
-            let wall = lat.iter().sum();
-            (lat, wall)
-        };
-        if lat.is_empty() {
-            bail!("the target measured no copy");
-        }
-        Ok(row("cma", "cma", op, block, batch, &mut lat, wall))
-    }
-
-    fn memcpy_row(&self, block: u64, batch: usize) -> anyhow::Result<Row> {
-        let bytes = (block * batch as u64) as usize;
-        let s = peer::host_buffer(bytes)?;
-        let mut d = peer::host_buffer(bytes)?;
-        let (src, dst) = (
-            s.as_slice().unwrap_or_default(),
-            d.as_mut_slice().unwrap_or_default(),
-        );
-        let iters = self.iters_for(bytes as u64);
-        let mut lat = Vec::with_capacity(iters);
-        dst.copy_from_slice(src);
-        let start = Instant::now();
-        while lat.len() < iters
-            && (lat.len() < self.opts.iters.0 || start.elapsed() < self.opts.row_time)
-        {
-            let t = Instant::now();
-            dst.copy_from_slice(black_box(src));
-            black_box(&mut *dst);
-            lat.push(t.elapsed());
-        }
-        Ok(row(
-            "memcpy",
-            "local",
-            "copy",
-            block,
-            batch,
-            &mut lat,
-            start.elapsed(),
-        ))
     }
 
     async fn cold_start(&mut self, exe: Option<&Path>) -> anyhow::Result<Option<Row>> {
@@ -670,34 +441,20 @@ pub async fn initiator(
                 pairs.push((Lane::Ucx, "ucx_get"));
             }
             for (via, base_name) in pairs {
-                progress(base_name, op, block, batch);
-                let base = match via {
-                    Lane::Cma => b.cma_row(op, block, batch).await?,
-                    Lane::Ucx => b.ucx_row(op, block, batch).await?,
-                    _ => b.tcp_row(op, block, batch).await?,
-                };
                 let name = match via {
-                    Lane::Cma => "cma",
-                    Lane::Ucx => "ucx",
-                    _ => "tcp",
+                    Lane::Cma => "ferry cma",
+                    Lane::Ucx => "ferry ucx",
+                    _ => "ferry tcp",
                 };
-                progress(&format!("ferry {name}"), op, block, batch);
-                let mut r = b.ferry_row(via, op, block, batch).await?;
-                r.baseline = Some(format!("{base_name} {op}"));
-                r.ratio = Some(r.gbps / base.gbps.max(1e-12));
-                let mut striped = None;
-                if via == Lane::Tcp && striped_rows && block * batch as u64 >= STRIPE_MIN {
+                let striped =
+                    via == Lane::Tcp && striped_rows && block * batch as u64 >= STRIPE_MIN;
+                progress(base_name, op, block, batch);
+                progress(name, op, block, batch);
+                if striped {
                     progress("ferry tcp x4", op, block, batch);
-                    let mut s = b.ferry_row(Lane::Striped, op, block, batch).await?;
-                    s.streams = Some(STREAMS);
-                    s.baseline = r.baseline.clone();
-                    s.ratio = Some(s.gbps / base.gbps.max(1e-12));
-                    striped = Some(s);
                 }
-                b.emit(base)?;
-                b.emit(r)?;
-                if let Some(s) = striped {
-                    b.emit(s)?;
+                for r in b.pair(via, op, block, batch, striped).await? {
+                    b.emit(r)?;
                 }
             }
         }

@@ -12,7 +12,8 @@ use anyhow::{anyhow, bail};
 use ferry::ucx::baseline::{Lent, Node};
 use ferry::{Connector, TransportKind};
 
-use super::{builder, human, row, Bench, Lane, Options, Row};
+use super::rows::{Samples, Slice};
+use super::{builder, human, Bench, Lane, Options, Row};
 use crate::peer::{self, Cmd, Request};
 
 /// Registrations timed per buffer (the median is reported).
@@ -57,7 +58,7 @@ impl Side {
     }
 }
 
-fn median_us(ns: &mut [u64]) -> Option<f64> {
+pub(super) fn median_us(ns: &mut [u64]) -> Option<f64> {
     ns.sort_unstable();
     ns.get(ns.len() / 2).map(|&n| n as f64 / 1e3)
 }
@@ -85,23 +86,23 @@ impl Bench {
         false
     }
 
-    /// The raw UCX row: `ucp_get_nbx` of block x batch bytes (one buffer,
-    /// registered by the other process), by the destination, timed get by
-    /// get; the first get warms up and is not counted.
-    pub(super) async fn ucx_row(
+    /// One slice of the raw UCX row: `ucp_get_nbx` of block x batch bytes
+    /// (one buffer, registered by the other process), by the destination,
+    /// timed get by get; the first get of a slice warms up and is not
+    /// counted. Also the registration times of the buffer (nanoseconds).
+    pub(super) async fn ucx_slice(
         &mut self,
         op: &str,
         block: u64,
         batch: usize,
-    ) -> anyhow::Result<Row> {
+        sl: Slice,
+    ) -> anyhow::Result<(Samples, Vec<u64>)> {
         let bytes = block * batch as u64;
-        let iters = self.iters_for(bytes).min(
-            // about `row_time` worth at 2 GB/s, at least the fewest
-            ((self.opts.row_time.as_secs_f64() * 2e9 / bytes as f64) as usize)
-                .max(self.opts.iters.0),
-        );
+        // The loop has no clock: about the slice's time at 2 GB/s at most.
+        let iters =
+            sl.n.min(((sl.time.as_secs_f64() * 2e9 / bytes as f64) as usize).max(sl.min));
         let side = self.ucx.as_mut().ok_or_else(|| anyhow!("no UCX lane"))?;
-        let (lat, mut reg) = if op == "read" {
+        let (lat, reg) = if op == "read" {
             let mut r = Request::new(0, Cmd::UcxLend);
             r.sizes = vec![bytes];
             r.count = Some(REG_SAMPLES);
@@ -130,14 +131,12 @@ impl Bench {
             let lat = done.lat_ns.unwrap_or_default();
             (lat.into_iter().map(Duration::from_nanos).collect(), reg)
         };
-        let mut lat: Vec<Duration> = lat.into_iter().skip(1).collect();
+        let lat: Vec<Duration> = lat.into_iter().skip(1).collect();
         if lat.is_empty() {
             bail!("no raw UCX get measured");
         }
         let wall = lat.iter().sum();
-        let mut r = row("ucx_get", "ucx", op, block, batch, &mut lat, wall);
-        r.reg_us = median_us(&mut reg);
-        Ok(r)
+        Ok((Samples { lat, wall }, reg))
     }
 }
 

@@ -1,0 +1,347 @@
+//! The measured rows of the sweep, each run in slices. A Ferry row and its
+//! baseline take turns slice by slice ([`ROUNDS`] each, see
+//! [`Bench::pair`]): this machine's speed drifts within minutes, and rows
+//! measured one after the other would compare two moments as much as two
+//! ways of copying.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use ferry::{RdmaMetadata, TransportKind};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::{row, Bench, Lane, Row, STREAMS};
+use crate::peer::{self, Cmd, Request};
+
+/// How many slices a Ferry row and its baseline each run in, taking turns.
+pub(super) const ROUNDS: usize = 4;
+
+/// How much one slice of a row measures: `n` operations, or fewer once
+/// `time` has passed (at least `min`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Slice {
+    pub(super) n: usize,
+    pub(super) min: usize,
+    pub(super) time: Duration,
+}
+
+/// Operations measured (their latencies) and the wall time they took.
+#[derive(Debug, Default)]
+pub(super) struct Samples {
+    pub(super) lat: Vec<Duration>,
+    pub(super) wall: Duration,
+}
+
+impl Samples {
+    fn add(&mut self, other: Samples) {
+        self.lat.extend(other.lat);
+        self.wall += other.wall;
+    }
+
+    fn into_row(mut self, kind: &str, via: &str, op: &str, block: u64, batch: usize) -> Row {
+        row(kind, via, op, block, batch, &mut self.lat, self.wall)
+    }
+}
+
+impl Bench {
+    /// One slice of a row of `bytes` per operation: a [`ROUNDS`]th of the
+    /// row's operations and time.
+    pub(super) fn slice(&self, bytes: u64) -> Slice {
+        Slice {
+            n: self.iters_for(bytes).div_ceil(ROUNDS),
+            min: self.opts.iters.0.div_ceil(ROUNDS),
+            time: self.opts.row_time / ROUNDS as u32,
+        }
+    }
+
+    /// A Ferry row over `via` and its baseline (`cma`, `ucx_get` or
+    /// `tcp_stream`), taking turns slice by slice; with `striped`, also
+    /// the striped TCP row against the same baseline. The rows in the
+    /// order they are printed: the baseline first.
+    pub(super) async fn pair(
+        &mut self,
+        via: Lane,
+        op: &str,
+        block: u64,
+        batch: usize,
+        striped: bool,
+    ) -> anyhow::Result<Vec<Row>> {
+        let sl = self.slice(block * batch as u64);
+        let (mut base, mut ferry, mut split) = <(Samples, Samples, Samples)>::default();
+        let (mut used, mut reg) = (None, Vec::new());
+        for _ in 0..ROUNDS {
+            match via {
+                Lane::Cma => base.add(self.cma_slice(op, block, batch, sl).await?),
+                Lane::Ucx => {
+                    let (s, r) = self.ucx_slice(op, block, batch, sl).await?;
+                    base.add(s);
+                    reg.extend(r);
+                }
+                _ => base.add(self.tcp_slice(op, block, batch, sl).await?),
+            }
+            let (s, t) = self.ferry_slice(via, op, block, batch, sl).await?;
+            ferry.add(s);
+            used = used.or(t);
+            if striped {
+                split.add(
+                    self.ferry_slice(Lane::Striped, op, block, batch, sl)
+                        .await?
+                        .0,
+                );
+            }
+        }
+        let (base_name, via_name) = match via {
+            Lane::Cma => ("cma", "cma"),
+            Lane::Ucx => ("ucx_get", "ucx"),
+            _ => ("tcp_stream", "tcp"),
+        };
+        let mut b = base.into_row(base_name, via_name, op, block, batch);
+        if via == Lane::Ucx {
+            b.reg_us = super::ucx::median_us(&mut reg);
+        }
+        let used = used.map(|t| t.name()).unwrap_or("?");
+        let mut rows = vec![ferry.into_row("ferry", used, op, block, batch)];
+        if striped {
+            let mut s = split.into_row("ferry", "tcp", op, block, batch);
+            s.streams = Some(STREAMS);
+            rows.push(s);
+        }
+        for r in &mut rows {
+            r.baseline = Some(format!("{base_name} {op}"));
+            r.ratio = Some(r.gbps / b.gbps.max(1e-12));
+        }
+        rows.insert(0, b);
+        Ok(rows)
+    }
+
+    /// One Ferry operation, end to end: the target creates the passive
+    /// side, hands its metadata over the control pipe, this process runs the
+    /// active side, and both report completion.
+    pub(super) async fn one(
+        &mut self,
+        via: Lane,
+        op: &str,
+        block: u64,
+        batch: usize,
+    ) -> anyhow::Result<(Duration, Option<TransportKind>)> {
+        let t = Instant::now();
+        let cmd = if op == "read" {
+            Cmd::Readable
+        } else {
+            Cmd::Writable
+        };
+        let mut r = Request::new(0, cmd);
+        r.sizes = vec![block; batch];
+        r.reuse = true;
+        if via == Lane::Ucx {
+            r.lane = Some("ucx".into());
+        }
+        let mut a = self.peer.request(r).await?;
+        let m = a.expect("metadata").await?;
+        let meta = RdmaMetadata::from_json(m.metadata.as_deref().unwrap_or_default())?;
+        if self.target_host.is_none() {
+            self.target_host = Some(meta.host_id().to_string());
+        }
+        let created = m.created_ns;
+        let descs = self.pool.take(block, batch)?;
+        let local = match via {
+            Lane::Cma => &self.cma,
+            Lane::Tcp => &self.tcp,
+            Lane::Striped => &self.striped,
+            Lane::Ucx => match &self.ucx {
+                Some(u) => &u.connector,
+                None => bail!("no UCX lane"),
+            },
+        };
+        let ours;
+        let (descs, used) = if op == "read" {
+            let o = local.begin_read(&meta, descs).await?;
+            o.wait_for_completion().await?;
+            ours = crate::clock::monotonic_ns();
+            let used = o.transport();
+            (o.into_descriptors(), used)
+        } else {
+            let o = local.begin_write(descs, &meta).await?;
+            o.wait_for_completion().await?;
+            ours = crate::clock::monotonic_ns();
+            let used = o.transport();
+            (o.into_descriptors(), used)
+        };
+        let done = a.expect("done").await?;
+        let mut elapsed = t.elapsed();
+        if let Some(e) = done.error {
+            bail!("the target's side failed: {e}");
+        }
+        // End to end as defined: from the passive side's creation to the
+        // later of the two completions (one clock on one host; otherwise
+        // from this side's request to the target's answer, which is longer).
+        if let (true, Some(c), Some(theirs)) = (self.same_clock, created, done.done_ns) {
+            if c > 0 && theirs > 0 {
+                elapsed = Duration::from_nanos(ours.max(theirs).saturating_sub(c));
+            }
+        }
+        self.pool.put(descs);
+        Ok((elapsed, used))
+    }
+
+    /// One slice of a Ferry row: a warm-up operation (it allocates the
+    /// pooled buffers on both sides the first time), then operations back
+    /// to back; and the transport the last one used.
+    async fn ferry_slice(
+        &mut self,
+        via: Lane,
+        op: &str,
+        block: u64,
+        batch: usize,
+        sl: Slice,
+    ) -> anyhow::Result<(Samples, Option<TransportKind>)> {
+        self.one(via, op, block, batch).await?;
+        let mut lat = Vec::with_capacity(sl.n);
+        let mut used = None;
+        let start = Instant::now();
+        while lat.len() < sl.n && (lat.len() < sl.min || start.elapsed() < sl.time) {
+            let (d, t) = self.one(via, op, block, batch).await?;
+            lat.push(d);
+            used = t;
+        }
+        let wall = start.elapsed();
+        Ok((Samples { lat, wall }, used))
+    }
+
+    /// One slice of the `tcp_stream` row: a fresh connection to the
+    /// target, one warm-up exchange, then exchanges back to back.
+    async fn tcp_slice(
+        &mut self,
+        op: &str,
+        block: u64,
+        batch: usize,
+        sl: Slice,
+    ) -> anyhow::Result<Samples> {
+        let bytes = block * batch as u64;
+        let mut r = Request::new(0, Cmd::TcpStream);
+        r.sizes = vec![bytes];
+        let mut a = self.peer.request(r).await?;
+        let addr = a.expect("listening").await?.address.unwrap_or_default();
+        let mut s = tokio::net::TcpStream::connect(&addr).await?;
+        s.set_nodelay(true)?;
+        let mut d = peer::host_buffer(bytes as usize)?;
+        let buf = d.as_mut_slice().unwrap_or_default();
+        let mut lat = Vec::with_capacity(sl.n);
+        let mut ack = [0u8; 1];
+        let mut one =
+            async |s: &mut tokio::net::TcpStream, buf: &mut [u8]| -> std::io::Result<Duration> {
+                let t = Instant::now();
+                if op == "write" {
+                    s.write_all(b"w").await?;
+                    s.write_all(buf).await?;
+                    s.read_exact(&mut ack).await?;
+                } else {
+                    s.write_all(b"r").await?;
+                    s.read_exact(buf).await?;
+                }
+                Ok(t.elapsed())
+            };
+        one(&mut s, buf).await?;
+        let start = Instant::now();
+        while lat.len() < sl.n && (lat.len() < sl.min || start.elapsed() < sl.time) {
+            lat.push(one(&mut s, buf).await?);
+        }
+        let wall = start.elapsed();
+        drop(s);
+        a.expect("done").await?;
+        Ok(Samples { lat, wall })
+    }
+
+    /// One slice of the raw cross-memory-attach loop between the two
+    /// processes: the destination copies with `process_vm_readv`, as
+    /// Ferry's `cma` does (for `read` this process copies from the target,
+    /// for `write` the target copies from this process). No control
+    /// messages are timed. The first copy of a slice warms up.
+    async fn cma_slice(
+        &mut self,
+        op: &str,
+        block: u64,
+        batch: usize,
+        sl: Slice,
+    ) -> anyhow::Result<Samples> {
+        let bytes = block * batch as u64;
+        // The loop has no clock: about the slice's time at 2 GB/s at most.
+        let iters =
+            sl.n.min(((sl.time.as_secs_f64() * 2e9 / bytes as f64) as usize).max(sl.min));
+        let (lat, wall) = if op == "read" {
+            let mut r = Request::new(0, Cmd::Lend);
+            r.sizes = vec![bytes];
+            let lent = self.peer.request(r).await?.expect("lent").await?;
+            let pid = lent.pid.unwrap_or(0);
+            let addr: u64 = lent.address.as_deref().unwrap_or("0").parse()?;
+            let mut d = peer::host_buffer(bytes as usize)?;
+            let buf = d.as_mut_slice().unwrap_or_default();
+            peer::copy_in_chunks(pid, addr, buf)?;
+            let mut lat = Vec::with_capacity(iters);
+            let start = Instant::now();
+            for _ in 0..iters {
+                let t = Instant::now();
+                peer::copy_in_chunks(pid, addr, black_box(&mut *buf))?;
+                lat.push(t.elapsed());
+            }
+            (lat, start.elapsed())
+        } else {
+            let buf = peer::host_buffer(bytes as usize)?;
+            let mut r = Request::new(0, Cmd::Pull);
+            r.sizes = vec![bytes];
+            r.pid = Some(std::process::id());
+            r.address = Some(buf.as_slice().map_or(0, |b| b.as_ptr() as usize) as u64);
+            r.count = Some(iters + 1);
+            let done = self.peer.request(r).await?.expect("done").await?;
+            drop(buf);
+            if let Some(e) = done.error {
+                bail!("the target could not copy from this process: {e}");
+            }
+            let lat: Vec<Duration> = done
+                .lat_ns
+                .unwrap_or_default()
+                .into_iter()
+                .skip(1)
+                .map(Duration::from_nanos)
+                .collect();
+            let wall = lat.iter().sum();
+            (lat, wall)
+        };
+        if lat.is_empty() {
+            bail!("the target measured no copy");
+        }
+        Ok(Samples { lat, wall })
+    }
+
+    pub(super) fn memcpy_row(&self, block: u64, batch: usize) -> anyhow::Result<Row> {
+        let bytes = (block * batch as u64) as usize;
+        let s = peer::host_buffer(bytes)?;
+        let mut d = peer::host_buffer(bytes)?;
+        let (src, dst) = (
+            s.as_slice().unwrap_or_default(),
+            d.as_mut_slice().unwrap_or_default(),
+        );
+        let iters = self.iters_for(bytes as u64);
+        let mut lat = Vec::with_capacity(iters);
+        dst.copy_from_slice(src);
+        let start = Instant::now();
+        while lat.len() < iters
+            && (lat.len() < self.opts.iters.0 || start.elapsed() < self.opts.row_time)
+        {
+            let t = Instant::now();
+            dst.copy_from_slice(black_box(src));
+            black_box(&mut *dst);
+            lat.push(t.elapsed());
+        }
+        Ok(row(
+            "memcpy",
+            "local",
+            "copy",
+            block,
+            batch,
+            &mut lat,
+            start.elapsed(),
+        ))
+    }
+}
