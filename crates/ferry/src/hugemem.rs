@@ -52,6 +52,19 @@ impl Mapping {
     pub(crate) fn ptr(&self) -> *mut u8 {
         self.ptr
     }
+
+    /// The mapping's bytes (at least one).
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` is `len` initialized (zeroed) bytes owned by this
+        // value until it is dropped; shared for the borrow of `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// The mapping's bytes, to write (at least one).
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as for `as_slice`, borrowed exclusively with `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
 }
 
 impl Drop for Mapping {

@@ -19,6 +19,7 @@ use tokio::runtime::Handle;
 use tokio::sync::watch;
 
 use super::{decode_keys, encode_keys, post_get, ucx, Batch, Endpoint, MemReg, RemoteKeys};
+use crate::hugemem::Mapping;
 
 /// The longest one get may take before the getter gives up on it.
 const GET_TIMEOUT: Duration = Duration::from_secs(20);
@@ -55,16 +56,15 @@ impl Node {
             [(base, len, _)] if *len > 0 && *len <= isize::MAX as u64 => (*base, *len),
             k => return Err(format!("an offer of {} keys (one, not empty)", k.len())),
         };
-        let mut dst = Vec::new();
-        dst.try_reserve_exact(len as usize)
-            .map_err(|e| format!("an offer of {len} bytes: {e}"))?;
-        dst.resize(len as usize, 1);
+        let mut dst =
+            Mapping::new(len as usize).map_err(|e| format!("an offer of {len} bytes: {e}"))?;
+        dst.as_mut_slice().fill(1);
         let ep = self.worker.connect(address)?;
         Ok(Getter {
             ep,
             keys: keys.to_vec(),
             base,
-            dst,
+            dst: Some(dst),
         })
     }
 }
@@ -97,9 +97,10 @@ pub struct Lent {
     reg: Option<Arc<MemReg>>,
     /// The packed key list of the registration.
     keys: Vec<u8>,
-    /// The lent memory (only the tests read it; kept until the end).
+    /// The lent memory (only the tests read it; kept until the end),
+    /// allocated as the bench's other buffers are.
     #[cfg_attr(not(test), allow(dead_code))]
-    buf: Vec<u8>,
+    buf: Mapping,
     took: Vec<Duration>,
 }
 
@@ -112,8 +113,9 @@ impl Lent {
             return Err("nothing to lend".into());
         }
         let ucx = ucx().map_err(str::to_string)?;
-        let buf = vec![1u8; len];
-        let base = buf.as_ptr() as u64;
+        let mut buf = Mapping::new(len).map_err(|e| format!("{len} bytes: {e}"))?;
+        buf.as_mut_slice().fill(1);
+        let base = buf.ptr() as u64;
         let mut took = Vec::new();
         loop {
             let t = Instant::now();
@@ -161,8 +163,9 @@ pub struct Getter {
     ep: Endpoint,
     keys: Vec<u8>,
     base: u64,
-    /// Empty once a get was given up on (its memory is then leaked).
-    dst: Vec<u8>,
+    /// Allocated as the bench's other buffers are; `None` once a get was
+    /// given up on (its memory is then leaked).
+    dst: Option<Mapping>,
 }
 
 impl Getter {
@@ -174,25 +177,25 @@ impl Getter {
 
     /// Bytes one get moves.
     pub fn len(&self) -> usize {
-        self.dst.len()
+        self.dst.as_ref().map_or(0, |d| d.as_slice().len())
     }
 
     /// Whether the lent buffer is empty (never: an offer lends at least a
     /// byte; kept for symmetry with [`len`](Self::len)).
     pub fn is_empty(&self) -> bool {
-        self.dst.is_empty()
+        self.len() == 0
     }
 
     /// `n` gets of the whole lent buffer, one at a time: each is posted
     /// (`ucp_get_nbx`), then waited for as the UCX backend waits for its
     /// gets. The time of each, from the post to its end.
     pub fn run(&mut self, n: usize) -> Result<Vec<Duration>, String> {
-        if self.dst.is_empty() {
+        let Some(dst) = self.dst.as_ref().map(|d| d.ptr()) else {
             return Err("an earlier get never ended".into());
-        }
+        };
         let decoded = decode_keys(&self.keys)?;
         let keys = RemoteKeys::unpack(&self.ep, &decoded)?;
-        let len = self.dst.len();
+        let len = self.len();
         let rkey = keys
             .find(self.base, len as u64)
             .ok_or("the offer's key does not cover its buffer")?;
@@ -205,16 +208,7 @@ impl Getter {
             // SAFETY: `dst` is `len` bytes of this getter's buffer, and the
             // key is unpacked in `keys`: both stay until the get ended
             // (polled below), or are leaked if it never does.
-            let posted = unsafe {
-                post_get(
-                    &self.ep,
-                    &batch,
-                    self.dst.as_mut_ptr(),
-                    len,
-                    self.base,
-                    rkey,
-                )
-            };
+            let posted = unsafe { post_get(&self.ep, &batch, dst, len, self.base, rkey) };
             if let Err(s) = posted {
                 return Err(format!("ucp_get_nbx: {}", api.describe(s)));
             }
@@ -222,7 +216,7 @@ impl Getter {
                 // UCX may still write into the buffer and read the key: both
                 // are leaked, never freed.
                 std::mem::forget(keys);
-                std::mem::forget(std::mem::take(&mut self.dst));
+                std::mem::forget(self.dst.take());
                 return Err(format!("a UCX get did not end within {GET_TIMEOUT:?}"));
             };
             lat.push(t.elapsed());
@@ -257,6 +251,7 @@ mod tests {
         let mut lent = Lent::new(3 << 20, 3).unwrap();
         assert_eq!(lent.registrations().len(), 3);
         lent.buf
+            .as_mut_slice()
             .iter_mut()
             .enumerate()
             .for_each(|(i, x)| *x = i as u8);
@@ -269,7 +264,7 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(lat.unwrap().len(), 3);
-        assert!(g.dst == lent.buf);
+        assert!(g.dst.as_ref().unwrap().as_slice() == lent.buf.as_slice());
         let lanes = g.lanes();
         assert!(
             !lanes.is_empty() && lanes.iter().all(|l| l.contains('/')),
