@@ -304,9 +304,28 @@ fn lanes() -> Vec<TransportKind> {
         .collect()
 }
 
+/// The lanes of the tests where the peer killed is the *destination* and
+/// this process the source: not UCX here. UCX runs here without an `rma`
+/// lane, so each get is emulated by a handler in the source's process, and
+/// UCX 1.13 aborts that process ("Fatal: unexpected error: Endpoint
+/// timeout" from `ucp_get_req_handler`) when it answers a get of a
+/// destination that died (seen once in CI; docs/transports.md). That is
+/// the emulation's defect, with no counterpart on an RDMA lane, where the
+/// source runs no handler; Ferry declines emulated gets by default.
+fn lanes_killing_the_destination() -> Vec<TransportKind> {
+    let l = lanes();
+    if l.contains(&TransportKind::Ucx) {
+        eprintln!(
+            "skipped: the ucx lane (UCX here emulates gets in the source, which \
+             UCX 1.13 aborts when the destination dies; see docs/transports.md)"
+        );
+    }
+    l.into_iter().filter(|&t| t != TransportKind::Ucx).collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remote_killed_mid_read_of_this_process_memory() {
-    for t in lanes() {
+    for t in lanes_killing_the_destination() {
         remote_killed_mid_read_of_this_process_memory_over(t).await;
     }
 }
@@ -348,7 +367,7 @@ async fn remote_killed_mid_read_of_this_process_memory_over(t: TransportKind) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remote_killed_mid_write_into_its_memory() {
-    for t in lanes() {
+    for t in lanes_killing_the_destination() {
         remote_killed_mid_write_into_its_memory_over(t).await;
     }
 }
