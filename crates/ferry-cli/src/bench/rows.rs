@@ -26,6 +26,21 @@ pub(super) struct Slice {
     pub(super) time: Duration,
 }
 
+impl Slice {
+    /// Whether a slice that measured `done` operations since `start` goes on.
+    fn more(&self, done: usize, start: Instant) -> bool {
+        done < self.n && (done < self.min || start.elapsed() < self.time)
+    }
+
+    /// How many operations of `bytes` a loop without a clock runs (it
+    /// cannot stop at `time`): about `time` worth at 2 GB/s at most, at
+    /// least `min`.
+    pub(super) fn unclocked(&self, bytes: u64) -> usize {
+        let at_2gbps = (self.time.as_secs_f64() * 2e9 / bytes.max(1) as f64) as usize;
+        self.n.min(at_2gbps.max(self.min))
+    }
+}
+
 /// Operations measured (their latencies) and the wall time they took.
 #[derive(Debug, Default)]
 pub(super) struct Samples {
@@ -200,7 +215,7 @@ impl Bench {
         let mut lat = Vec::with_capacity(sl.n);
         let mut used = None;
         let start = Instant::now();
-        while lat.len() < sl.n && (lat.len() < sl.min || start.elapsed() < sl.time) {
+        while sl.more(lat.len(), start) {
             let (d, t) = self.one(via, op, block, batch).await?;
             lat.push(d);
             used = t;
@@ -244,7 +259,7 @@ impl Bench {
             };
         one(&mut s, buf).await?;
         let start = Instant::now();
-        while lat.len() < sl.n && (lat.len() < sl.min || start.elapsed() < sl.time) {
+        while sl.more(lat.len(), start) {
             lat.push(one(&mut s, buf).await?);
         }
         let wall = start.elapsed();
@@ -266,9 +281,7 @@ impl Bench {
         sl: Slice,
     ) -> anyhow::Result<Samples> {
         let bytes = block * batch as u64;
-        // The loop has no clock: about the slice's time at 2 GB/s at most.
-        let iters =
-            sl.n.min(((sl.time.as_secs_f64() * 2e9 / bytes as f64) as usize).max(sl.min));
+        let iters = sl.unclocked(bytes);
         let (lat, wall) = if op == "read" {
             let mut r = Request::new(0, Cmd::Lend);
             r.sizes = vec![bytes];

@@ -98,9 +98,7 @@ impl Bench {
         sl: Slice,
     ) -> anyhow::Result<(Samples, Vec<u64>)> {
         let bytes = block * batch as u64;
-        // The loop has no clock: about the slice's time at 2 GB/s at most.
-        let iters =
-            sl.n.min(((sl.time.as_secs_f64() * 2e9 / bytes as f64) as usize).max(sl.min));
+        let iters = sl.unclocked(bytes);
         let side = self.ucx.as_mut().ok_or_else(|| anyhow!("no UCX lane"))?;
         let (lat, reg) = if op == "read" {
             let mut r = Request::new(0, Cmd::UcxLend);
