@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use ferry_proto::Device;
 
+use crate::cuda::CudaError;
 use crate::regcache::RegCache;
 use crate::Descriptor;
 
@@ -506,6 +507,79 @@ impl Region {
             .map(|(p, n)| IoSlice::new(unsafe { std::slice::from_raw_parts(p, n) }))
             .collect();
         Ok(f(&slices))
+    }
+
+    /// For *device* memory, what [`write_span`](Self::write_span) is for
+    /// host memory: copies `src` into the span from `off` of segment `seg`
+    /// on (into the segments that follow) through the device's copy engine
+    /// (`cuda::stage`), under the lock, and returns how many bytes went
+    /// (all of `src`, unless the span needed more than [`SPAN_SLICES`]
+    /// pieces) once they are on the device: a [`close`](Self::close), which
+    /// waits for the lock, is never followed by a staged byte.
+    /// `OutOfBounds` for host memory (the locked host accesses serve it),
+    /// for read-only memory, and past the segments; the engine's failure is
+    /// the inner error.
+    pub(crate) fn stage_in(
+        &self,
+        seg: usize,
+        off: u64,
+        src: &[u8],
+    ) -> Result<Result<usize, CudaError>, Denied> {
+        if !self.writable {
+            return Err(Denied::OutOfBounds);
+        }
+        self.device_span(seg, off, src.len(), |device, pieces| {
+            let n: usize = pieces.iter().map(|p| p.1).sum();
+            // SAFETY: the pieces lie within the region's segments (`span`
+            // checked them), which `Region::new`'s contract keeps valid,
+            // writable and unaliased while the region is open, and it is
+            // open and locked until the copy returns (`device_span`); the
+            // region's segments are device memory of `device` (every
+            // descriptor of a device region is on one device:
+            // `policy::one_memory`), or host memory in a simulated process.
+            unsafe { crate::cuda::stage::to_device(device, pieces, &src[..n]) }.map(|()| n)
+        })
+    }
+
+    /// [`stage_in`](Self::stage_in) the other way: copies from the span
+    /// into `dst`, returning how many bytes came.
+    pub(crate) fn stage_out(
+        &self,
+        seg: usize,
+        off: u64,
+        dst: &mut [u8],
+    ) -> Result<Result<usize, CudaError>, Denied> {
+        let len = dst.len();
+        self.device_span(seg, off, len, |device, pieces| {
+            let n: usize = pieces.iter().map(|p| p.1).sum();
+            // SAFETY: as in `stage_in`, for reads: nothing writes the
+            // region's memory but the region (its contract), and every
+            // access through it is excluded while the lock is held.
+            unsafe { crate::cuda::stage::from_device(device, pieces, &mut dst[..n]) }.map(|()| n)
+        })
+    }
+
+    /// The device addresses and lengths of up to `len` bytes from `off` of
+    /// segment `seg` on (at most [`SPAN_SLICES`] pieces), handed to `f`
+    /// with the device's ordinal under the lock. Nothing here dereferences
+    /// them.
+    fn device_span<R>(
+        &self,
+        seg: usize,
+        off: u64,
+        len: usize,
+        f: impl FnOnce(u32, &[(u64, usize)]) -> R,
+    ) -> Result<R, Denied> {
+        let Some(device) = self.device else {
+            return Err(Denied::OutOfBounds);
+        };
+        let raw = self.span(seg, off, len)?;
+        if self.closing.load(Ordering::Acquire) {
+            return Err(Denied::Closed);
+        }
+        let _held = self.access()?;
+        let pieces: Vec<(u64, usize)> = raw.into_iter().map(|(p, n)| (p as u64, n)).collect();
+        Ok(f(device.id(), &pieces))
     }
 
     /// Runs `f` with the raw `(pointer, length)` of the bytes `off..off +

@@ -29,11 +29,14 @@ mod engine;
 pub(crate) mod ipc;
 mod memory;
 pub(crate) mod policy;
+pub(crate) mod stage;
 mod staging;
 
 pub use buffer::CudaBuffer;
 pub(crate) use driver::Driver;
 pub(crate) use memory::{DeviceBuffer, PrimaryCtx};
+#[doc(hidden)]
+pub use stage::simulate_with_host_memory;
 
 /// The environment variable that names the `libcuda` to load (a path).
 pub const LIB_ENV: &str = driver::LIB_ENV;
@@ -104,10 +107,23 @@ pub(crate) fn driver_or_unavailable() -> Result<&'static Driver, CudaError> {
 /// answers: with CUDA, connectors move GPU memory by CUDA IPC between
 /// processes of one host. Tests that need a GPU skip where this is false.
 pub fn available() -> bool {
+    stage::simulated() || driver_sees_a_device()
+}
+
+/// Whether the CUDA driver itself is here and sees a device (what
+/// [`available`] says, less a simulation).
+fn driver_sees_a_device() -> bool {
     driver()
         .ok()
         .and_then(|d| d.device_count().ok())
         .is_some_and(|n| n > 0)
+}
+
+/// Whether this process may lend its device memory by CUDA IPC, and open
+/// what a peer lends: the driver is here (not a simulation, whose "device
+/// memory" is host memory that only the staged paths move).
+pub(crate) fn lends_device_memory() -> bool {
+    !stage::simulated() && driver_sees_a_device()
 }
 
 /// Why a connector refuses descriptor `index`, on `device` (not host
@@ -142,6 +158,11 @@ pub(crate) fn refusal(index: usize, device: Device) -> Option<crate::Error> {
 /// }
 /// ```
 pub fn status() -> Result<String, String> {
+    if stage::simulated() {
+        return Ok("simulated: device memory is host memory in this process \
+                   (ferry::cuda::simulate_with_host_memory)"
+            .into());
+    }
     let d = driver()?;
     describe(d).map_err(|e| format!("{}: {e}", d.path.display()))
 }

@@ -214,3 +214,66 @@ fn spans_join_blocks_of_one_pool_only() {
     );
     r.close();
 }
+
+#[test]
+fn staged_accesses_are_for_device_memory_in_bounds_and_open_only() {
+    use crate::cuda::CudaError;
+    // Host memory: never handed to the device's copy engine.
+    let host = vec![Descriptor::from_vec(vec![0u8; 64])];
+    // SAFETY: owned memory, alive as long as `host`.
+    let h = unsafe { Region::new(&host, true) };
+    assert_eq!(
+        h.stage_in(0, 0, &[1; 8]).map(|_| ()),
+        Err(Denied::OutOfBounds)
+    );
+    assert_eq!(
+        h.stage_out(0, 0, &mut [0; 8]).map(|_| ()),
+        Err(Denied::OutOfBounds)
+    );
+
+    const FAKE: u64 = 0x7f00_dead_0000;
+    // SAFETY: nothing dereferences these addresses: every access below is
+    // refused before a copy, or reaches a copy engine that is not here
+    // (the test returns early where CUDA is).
+    let descs = unsafe {
+        vec![
+            Descriptor::from_cuda_ptr(FAKE, 4096, 1, true),
+            Descriptor::from_cuda_ptr(FAKE + 8192, 100, 1, true),
+        ]
+    };
+    // SAFETY: as above.
+    let r = unsafe { Region::new(&descs, true) };
+    // SAFETY: as above, read-only.
+    let ro = unsafe { Region::new(&descs, false) };
+    assert_eq!(
+        ro.stage_in(0, 0, &[1; 8]).map(|_| ()),
+        Err(Denied::OutOfBounds)
+    );
+    // Past the segments.
+    assert_eq!(
+        r.stage_in(1, 96, &[1; 8]).map(|_| ()),
+        Err(Denied::OutOfBounds)
+    );
+    assert_eq!(
+        r.stage_out(2, 0, &mut [0; 1]).map(|_| ()),
+        Err(Denied::OutOfBounds)
+    );
+    if crate::cuda::available() {
+        return println!("the rest needs a machine without CUDA (the addresses are made up)");
+    }
+    // In bounds and open: handed to the engine, which is not here.
+    match r.stage_in(0, 4090, &[1; 16]) {
+        Ok(Err(CudaError::Unavailable(_))) => {}
+        other => panic!("{other:?}"),
+    }
+    match ro.stage_out(0, 0, &mut [0; 16]) {
+        Ok(Err(CudaError::Unavailable(_))) => {}
+        other => panic!("{other:?}"),
+    }
+    r.close();
+    assert_eq!(r.stage_in(0, 0, &[1; 8]).map(|_| ()), Err(Denied::Closed));
+    assert_eq!(
+        r.stage_out(0, 0, &mut [0; 8]).map(|_| ()),
+        Err(Denied::Closed)
+    );
+}

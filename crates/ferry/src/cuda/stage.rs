@@ -1,0 +1,269 @@
+//! Device memory in band: synchronous copies between host bytes and device
+//! addresses, for the transports that carry bytes through the host (TCP
+//! frames, the copy within one process) where no direct path reaches the
+//! memory (another host, no cross-memory attach, host memory into GPU
+//! memory).
+//!
+//! The transports call [`to_device`] and [`from_device`] inside
+//! `Region::device_span`, under the region's lock, and each returns only
+//! once its copy has finished on the device (the copy is queued on a stream
+//! of its own and the stream synchronized): once `Region::close` has
+//! returned, no staged byte lands any more. That is the same fence the
+//! region keeps for host memory, at the price of one synchronization per
+//! frame (no copy overlaps the next frame's receive; see `docs/gpu.md`).
+//!
+//! `simulate_with_host_memory` (tests of processes without a GPU) makes
+//! "device memory" host memory copied with `memcpy`, so that the staged
+//! paths run end to end everywhere.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use super::memory::{PrimaryCtx, Stream};
+use super::CudaError;
+
+/// Set once by [`simulate_with_host_memory`]; never cleared.
+static SIMULATED: AtomicBool = AtomicBool::new(false);
+
+/// Makes this process treat device memory as host memory: every "device"
+/// address Ferry is given is copied with `memcpy`, CUDA is reported
+/// available ([`available`](super::available)), and device memory never
+/// moves by CUDA IPC (nothing calls the driver). For tests of the staged
+/// paths on machines without a GPU; never in a program that has real
+/// device memory.
+///
+/// # Safety
+///
+/// From this call on, for the rest of the process, every address given to
+/// Ferry as device memory ([`Descriptor::from_cuda_ptr`]) must be host
+/// memory that satisfies that constructor's contract as if it were device
+/// memory: valid for reads (and writes, if writable) of its size for the
+/// descriptor's life, and used by nothing else meanwhile. Real device
+/// addresses would be dereferenced on the host.
+///
+/// [`Descriptor::from_cuda_ptr`]: crate::Descriptor::from_cuda_ptr
+#[doc(hidden)]
+pub unsafe fn simulate_with_host_memory() {
+    SIMULATED.store(true, Ordering::Release);
+}
+
+/// Whether [`simulate_with_host_memory`] was called in this process.
+pub(crate) fn simulated() -> bool {
+    SIMULATED.load(Ordering::Acquire)
+}
+
+/// One stream per device for staged copies, behind a lock: copies of one
+/// device are queued and waited for one at a time.
+struct Staging {
+    ctx: Arc<PrimaryCtx>,
+    stream: Mutex<Stream>,
+}
+
+/// The staging stream of `cuda:device`, made on first use and kept for the
+/// process.
+fn staging(device: u32) -> Result<Arc<Staging>, CudaError> {
+    static ALL: OnceLock<Mutex<HashMap<u32, Arc<Staging>>>> = OnceLock::new();
+    let all = ALL.get_or_init(Default::default);
+    let mut map = all.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(s) = map.get(&device) {
+        return Ok(s.clone());
+    }
+    let ctx = PrimaryCtx::retain(device)?;
+    let stream = Stream::new(&ctx)?;
+    let s = Arc::new(Staging {
+        ctx,
+        stream: Mutex::new(stream),
+    });
+    map.insert(device, s.clone());
+    Ok(s)
+}
+
+/// Runs `issue` for each `(device address, length, offset into the host
+/// bytes)` on `device`'s staging stream, then waits for the stream: on
+/// return (also after an error) no copy queued here runs any more.
+fn on_stream(
+    device: u32,
+    pieces: &[(u64, usize)],
+    call: &'static str,
+    issue: impl Fn(u64, usize, usize, &Stream) -> i32,
+) -> Result<(), CudaError> {
+    let s = staging(device)?;
+    let _cur = s.ctx.make_current()?;
+    let stream = s.stream.lock().unwrap_or_else(|p| p.into_inner());
+    let mut at = 0;
+    let mut queued = Ok(());
+    for &(addr, len) in pieces {
+        if len > 0 {
+            queued = s.ctx.drv.check(call, issue(addr, len, at, &stream));
+            if queued.is_err() {
+                break;
+            }
+        }
+        at += len;
+    }
+    // Waited for even after a failure to queue: copies queued before it may
+    // still be running.
+    let synced = stream.sync();
+    queued.and(synced)
+}
+
+/// Total length of `pieces`, checked against the host bytes' `len`.
+fn check_len(pieces: &[(u64, usize)], len: usize) -> Result<(), CudaError> {
+    let total = pieces.iter().map(|p| p.1).sum::<usize>();
+    if total != len {
+        return Err(CudaError::OutOfRange {
+            offset: 0,
+            len: total,
+            size: len,
+        });
+    }
+    Ok(())
+}
+
+/// Copies `src` into the device memory `dst` (device addresses and
+/// lengths, laid end to end: their lengths add up to `src.len()`) of
+/// `cuda:device`, and returns once the bytes are on the device.
+///
+/// # Safety
+///
+/// Each `(address, length)` of `dst` must be device memory of `cuda:device`
+/// (host memory where [`simulate_with_host_memory`] was called) valid for
+/// writes of that length, which nothing else accesses until this returns.
+pub(crate) unsafe fn to_device(
+    device: u32,
+    dst: &[(u64, usize)],
+    src: &[u8],
+) -> Result<(), CudaError> {
+    check_len(dst, src.len())?;
+    if simulated() {
+        let mut at = 0;
+        for &(addr, len) in dst {
+            // SAFETY: in a simulated process device addresses are host
+            // memory (`simulate_with_host_memory`'s contract), valid for
+            // `len` bytes of writes and unaliased (this function's); `src`
+            // holds `at + len` bytes (checked by `check_len`).
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().add(at), addr as *mut u8, len) };
+            at += len;
+        }
+        return Ok(());
+    }
+    on_stream(
+        device,
+        dst,
+        "cuMemcpyHtoDAsync_v2",
+        |addr, len, at, stream| {
+            // SAFETY: `addr..addr + len` is device memory of this device
+            // (the caller's contract); `src[at..at + len]` is in bounds
+            // (`check_len`) and outlives the copy, which `on_stream` waits
+            // for before returning.
+            unsafe {
+                (stream.ctx().drv.api.memcpy_htod_async)(
+                    addr,
+                    src.as_ptr().add(at).cast::<c_void>(),
+                    len,
+                    stream.raw(),
+                )
+            }
+        },
+    )
+}
+
+/// Copies the device memory `src` (laid end to end) of `cuda:device` into
+/// `dst`, and returns once the bytes are there.
+///
+/// # Safety
+///
+/// Each `(address, length)` of `src` must be device memory of `cuda:device`
+/// (host memory where [`simulate_with_host_memory`] was called) valid for
+/// reads of that length until this returns, and written by nothing
+/// meanwhile.
+pub(crate) unsafe fn from_device(
+    device: u32,
+    src: &[(u64, usize)],
+    dst: &mut [u8],
+) -> Result<(), CudaError> {
+    check_len(src, dst.len())?;
+    if simulated() {
+        let mut at = 0;
+        for &(addr, len) in src {
+            // SAFETY: as in `to_device`, the other way round: host memory
+            // valid for reads of `len` bytes (the contracts), into `dst`'s
+            // bounds (`check_len`); `dst` is a unique borrow, so the two
+            // do not overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr().add(at), len)
+            };
+            at += len;
+        }
+        return Ok(());
+    }
+    let out = dst.as_mut_ptr();
+    on_stream(
+        device,
+        src,
+        "cuMemcpyDtoHAsync_v2",
+        |addr, len, at, stream| {
+            // SAFETY: as in `to_device`, the other way round: `dst` is
+            // borrowed mutably until `on_stream` has waited for the copy.
+            unsafe {
+                (stream.ctx().drv.api.memcpy_dtoh_async)(
+                    out.add(at).cast::<c_void>(),
+                    addr,
+                    len,
+                    stream.raw(),
+                )
+            }
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lengths_that_do_not_add_up_are_refused_before_any_copy() {
+        // Null addresses: a copy would crash, so reaching one fails the test.
+        let pieces = [(0u64, 4usize), (0, 4)];
+        // SAFETY: refused before any address is used.
+        let e = unsafe { to_device(0, &pieces, &[0u8; 7]) }.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                CudaError::OutOfRange {
+                    len: 8,
+                    size: 7,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let mut dst = [0u8; 9];
+        // SAFETY: as above.
+        let e = unsafe { from_device(0, &pieces, &mut dst) }.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                CudaError::OutOfRange {
+                    len: 8,
+                    size: 9,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn without_cuda_a_copy_says_why() {
+        if simulated() || super::super::driver().is_ok() {
+            return println!("skipped: CUDA (or its simulation) is here");
+        }
+        let mut dst = [0u8; 4];
+        // SAFETY: no driver: refused before any address is used.
+        let e = unsafe { from_device(0, &[(0x1000, 4)], &mut dst) }.unwrap_err();
+        assert!(matches!(e, CudaError::Unavailable(_)), "{e}");
+    }
+}
