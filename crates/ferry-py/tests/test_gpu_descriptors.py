@@ -4,7 +4,8 @@ an operation is created, with an error that says why.
 
 These run without a GPU: the objects are fakes whose addresses nothing ever
 reads. Where this host has no CUDA the refusal is a CudaUnavailableError;
-where it has CUDA (no transport carries device memory yet), a
+where it has CUDA, operations accept it (it moves by CUDA IPC or staged
+through host memory), except mixed with host memory: a
 NoDeviceTransportError. The torch test needs torch and a GPU, and skips
 otherwise.
 """
@@ -277,7 +278,8 @@ def test_cuda_tensors_where_torch_and_a_gpu_are():
     async def main():
         a = Connector(listen="127.0.0.1:0")
         assert a.is_cuda_available is True
-        # Accepted: it moves by CUDA IPC between processes of one host.
+        # Accepted: it moves by CUDA IPC between processes of one host, or
+        # staged through host memory over TCP.
         op = await a.create_readable(d)
         op.cancel()
         # Mixed with host memory in one operation: refused.

@@ -645,9 +645,7 @@ impl Connector {
             return Err(Error::wrong_pairing(kind, remote.kind()));
         }
         check_pairing(descs, remote)?;
-        let local = crate::cuda::policy::one_memory(descs)?;
-        let same_host = remote.host_id() == self.inner.host_id;
-        crate::cuda::policy::check_pair(kind, local, remote, same_host)?;
+        crate::cuda::policy::one_memory(descs)?;
         self.inner
             .transports
             .for_remote(remote)

@@ -188,7 +188,9 @@ impl Exposures {
                 format!("descriptor {i}: {a} bytes exposed, {b} requested"),
             ));
         }
-        if !e.region.is_host() {
+        // Device memory moves in band where CUDA stages it here (always,
+        // where a device region could be made at all); else only by lending.
+        if !e.region.is_host() && !crate::cuda::available() {
             if let Some(why) = session::device_refusal(o, caps) {
                 return Err((AbortReason::DeviceMemory, why));
             }

@@ -12,10 +12,13 @@ pub trait Fence: Clone {
     /// For part 0 of a striped transfer: every other part is done. True
     /// for a transfer that is not striped.
     fn can_commit(&self) -> bool;
-    /// The memory is host memory (the default). Device (GPU) memory never
-    /// moves in band: a request over it that would is refused
-    /// ([`device_refusal`](super::device_refusal)), and `Data` for it is a violation.
-    fn is_host_memory(&self) -> bool {
+    /// The memory may move in band (the default): host memory, or device
+    /// (GPU) memory that this side stages through host memory. Memory that
+    /// may not (device memory where this side cannot stage it) moves only
+    /// by lending: a request over it that would move it in band is refused
+    /// ([`device_refusal`](super::device_refusal)), and `Data` for it is a
+    /// violation.
+    fn moves_in_band(&self) -> bool {
         true
     }
 }

@@ -203,9 +203,10 @@ impl<T: Fence> Session<T> {
                 if r.side != Side::Destination || !in_band {
                     return Err(Violation::UnexpectedData { req: d.req });
                 }
-                if !r.target.is_host_memory() {
-                    // A READ into device memory asked for a lease; the
-                    // source must not fall back to streaming.
+                if !r.target.moves_in_band() {
+                    // A READ into device memory that this side cannot
+                    // stage asked for a lease; the source must not fall
+                    // back to streaming.
                     return Err(Violation::DataForDeviceMemory { req: d.req });
                 }
                 r.cursor.accept(d.desc, d.offset, d.len)?;
@@ -363,7 +364,7 @@ impl<T: Fence> Session<T> {
             Ok(t) => t,
             Err((reason, detail)) => return self.abort(o.req, reason, detail),
         };
-        if !target.is_host_memory() {
+        if !target.moves_in_band() {
             if let Some(why) = device_refusal(o, self.caps) {
                 // The driver refuses this before it binds the operation
                 // (so that it stays free for a peer that can lend); here it

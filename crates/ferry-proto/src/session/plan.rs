@@ -7,9 +7,11 @@ use crate::runs::{run_count, MAX_RUNS};
 use crate::wire::{Open, MAX_LEASE_SEGMENTS, MAX_PARTS};
 use crate::OperationKind;
 
-/// What every refusal of device memory in band says: the one way it moves.
+/// What every refusal of device memory in band says: the one way it moves
+/// where the side that holds it cannot stage it.
 pub const DEVICE_MEMORY_BY_IPC_ONLY: &str =
-    "GPU memory moves only by CUDA IPC between processes of one host in this version";
+    "GPU memory that its holder cannot stage through host memory moves only by CUDA IPC \
+     between processes of one host";
 
 /// The thresholds of a connector (from its builder and environment).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,8 +71,10 @@ pub fn can_lend(sizes: &[u64], caps: Caps) -> bool {
     caps.attach && caps.peer_pulls && fits_lease(sizes)
 }
 
-/// Why the passive side refuses request `o` over its *device* memory (GPU),
-/// on a connection whose handshake found `caps`; `None` where the request
+/// Why the passive side refuses request `o` over *device* memory (GPU) that
+/// it cannot stage through host memory (see
+/// [`Fence::moves_in_band`](super::Fence::moves_in_band)), on a connection
+/// whose handshake found `caps`; `None` where the request
 /// moves it by lending, the one way device memory moves: a READ that asked
 /// for a lease and that this side can lend ([`can_lend`]: else it would
 /// fall back to streaming), or a WRITE that will lend to this side (which

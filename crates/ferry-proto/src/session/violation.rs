@@ -89,9 +89,10 @@ pub enum Violation {
         /// The request.
         req: u64,
     },
-    /// `Data` for a request whose memory here is device memory: it moves
-    /// only by lending (see [`AbortReason::DeviceMemory`]), never in band.
-    #[error("data sent for request {req}, whose memory is device memory (it moves only by CUDA IPC between processes of one host)")]
+    /// `Data` for a request whose memory here is device memory that this
+    /// side cannot stage: it moves only by lending (see
+    /// [`AbortReason::DeviceMemory`]), never in band.
+    #[error("data sent for request {req}, whose memory is device memory that this side cannot stage (it moves only by CUDA IPC between processes of one host)")]
     DataForDeviceMemory {
         /// The request.
         req: u64,

@@ -78,11 +78,13 @@ class Descriptor(_Registrable):
     ``strides``, if any, must be those of a C-contiguous array, and it must
     have no ``mask``; ``read_only`` memory is a read-only descriptor.
 
-    CUDA memory is described, never touched on the host, and moves by CUDA
-    IPC between processes of one host where :attr:`Connector.is_cuda_available`
-    is ``True``; else an operation over it raises a
-    :class:`CudaUnavailableError` (the message says why). A pairing that no
-    transport carries raises :class:`NoDeviceTransportError` (both
+    CUDA memory is described, never touched on the host, and moves where
+    :attr:`Connector.is_cuda_available` is ``True``: by CUDA IPC between
+    processes of one host, else over TCP staged through host memory (another
+    host, no cross-memory attach, host memory into GPU memory); without CUDA
+    an operation over it raises a :class:`CudaUnavailableError` (the message
+    says why). A pairing that no transport carries (one process, mixed
+    memory) raises :class:`NoDeviceTransportError` (both
     :class:`DeviceMemoryError`, a :class:`ValueError`).
 
     The descriptor keeps the object alive, and a buffer exported (a

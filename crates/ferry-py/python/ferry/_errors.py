@@ -139,10 +139,9 @@ class CudaUnavailableError(DeviceMemoryError):
 
 class NoDeviceTransportError(DeviceMemoryError, NotImplementedError):
     """A descriptor of CUDA memory, on a host where CUDA is available, but
-    no transport of this connector carries it here: the remote is on
-    another host, the connection has no cross-memory attach, both sides are
-    in one process, host memory would go into GPU memory, or host and CUDA
-    memory are mixed in one operation (the message says which). Also a
+    no transport of this connector carries it here: both sides are in one
+    process (the local transport does not move GPU memory), or host and
+    CUDA memory are mixed in one operation (the message says which). Also a
     :class:`NotImplementedError`."""
 
 

@@ -1,7 +1,9 @@
-//! Device (GPU) memory never moves in band: the passive side refuses a
-//! request over it that would (`AbortReason::DeviceMemory`), lends it to a
-//! peer that pulls, and copies into it from a lease; the active side
-//! refuses `Data` into it. Host memory is unchanged.
+//! Device (GPU) memory that its side cannot stage through host memory
+//! never moves in band: the passive side refuses a request over it that
+//! would (`AbortReason::DeviceMemory`), lends it to a peer that pulls, and
+//! copies into it from a lease; the active side refuses `Data` into it.
+//! Host memory, and device memory that stages
+//! (`Fence::moves_in_band`), are unchanged.
 
 use super::*;
 

@@ -49,7 +49,8 @@ impl F {
     fn set_commit(&self, can: bool) {
         self.0.commit.set(can);
     }
-    /// Its memory is device (GPU) memory.
+    /// Its memory is device (GPU) memory that this side cannot stage
+    /// (does not move in band).
     fn on_device(&self) {
         self.0.host.set(false);
     }
@@ -68,7 +69,7 @@ impl Fence for F {
     fn can_commit(&self) -> bool {
         self.0.commit.get()
     }
-    fn is_host_memory(&self) -> bool {
+    fn moves_in_band(&self) -> bool {
         self.0.host.get()
     }
 }

@@ -18,6 +18,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 use super::error::ConnError;
 use super::secure::{Opener, Sealer};
+use super::staged::{land_device, read_device, send_device, STAGE};
 use crate::region::{Denied, Region};
 
 /// A new reader's buffer: room for the largest valid first frame (a
@@ -35,7 +36,7 @@ const BULK_PAYLOAD: u32 = 32 * 1024;
 const BULK_READ_AHEAD: usize = 512;
 /// The most plaintext the secure writer encrypts before it writes.
 const BATCH: usize = 256 * 1024;
-static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+pub(super) static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
 
 /// Reads frames, keeping a buffer for headers and small bodies. The buffer
 /// grows with bytes received, never with bytes announced, and shrinks back
@@ -54,6 +55,9 @@ pub(crate) struct FrameReader {
     first: bool,
     /// The secure channel, once set up.
     sec: Option<Box<Opener>>,
+    /// Payload bytes for device memory on their way to it (see
+    /// `staged.rs`); empty until the first.
+    stage: Vec<u8>,
 }
 
 impl FrameReader {
@@ -66,6 +70,7 @@ impl FrameReader {
             bulk: false,
             first: true,
             sec: None,
+            stage: Vec::new(),
         }
     }
 
@@ -185,6 +190,16 @@ impl FrameReader {
         }
         while left > 0 {
             match dst {
+                Some((region, seg, off)) if !region.is_host() => {
+                    // Device memory: through a host buffer.
+                    let n = left.min(STAGE);
+                    if self.stage.len() < n {
+                        self.stage.resize(n, 0);
+                    }
+                    self.rd.read_exact(&mut self.stage[..n]).await?;
+                    dst = land(region, seg, off, &self.stage[..n])?;
+                    left -= n;
+                }
                 Some((region, seg, off)) => {
                     self.rd.readable().await?;
                     let rd = &self.rd;
@@ -220,7 +235,7 @@ impl FrameReader {
     }
 }
 
-fn outside() -> ConnError {
+pub(super) fn outside() -> ConnError {
     ConnError::Channel("data outside the descriptors".into())
 }
 
@@ -236,7 +251,7 @@ fn not_host() -> ConnError {
 }
 
 /// A payload's destination: the region, and where in it the next byte goes.
-type Dst<'a> = Option<(&'a Region, usize, u64)>;
+pub(super) type Dst<'a> = Option<(&'a Region, usize, u64)>;
 
 /// Copies `src` into the region from `off` of segment `seg` on, into the
 /// segments that follow: where the next byte goes, or `None` if the
@@ -247,6 +262,9 @@ fn land<'a>(
     off: u64,
     mut src: &[u8],
 ) -> Result<Dst<'a>, ConnError> {
+    if !region.is_host() {
+        return land_device(region, seg, off, src);
+    }
     let (mut seg, mut off) = (seg, off);
     while !src.is_empty() {
         let r = region.write_span(seg, off, src.len(), |d| {
@@ -295,6 +313,9 @@ async fn secure_payload(
 pub(crate) struct ConnWriter {
     w: OwnedWriteHalf,
     sec: Option<Box<SecureOut>>,
+    /// Device memory's bytes on their way to the socket (see `staged.rs`);
+    /// empty until the first.
+    stage: Vec<u8>,
 }
 
 /// The secure channel's side of a writer.
@@ -361,7 +382,11 @@ impl SecureOut {
 
 impl ConnWriter {
     pub(crate) fn new(w: OwnedWriteHalf) -> Self {
-        ConnWriter { w, sec: None }
+        ConnWriter {
+            w,
+            sec: None,
+            stage: Vec::new(),
+        }
     }
 
     /// From now on the stream is the secure channel's.
@@ -427,7 +452,12 @@ impl ConnWriter {
         len: u32,
     ) -> io::Result<bool> {
         if let Some(s) = &mut self.sec {
-            return send_data_sealed(s, &mut self.w, header, region, desc, offset, len).await;
+            let tmp = &mut self.stage;
+            return send_data_sealed(s, &mut self.w, tmp, header, region, desc, offset, len).await;
+        }
+        if !region.is_host() {
+            let tmp = &mut self.stage;
+            return send_device(&mut self.w, tmp, header, region, desc, offset, len).await;
         }
         let w = &mut self.w;
         let len = len as usize;
@@ -480,9 +510,11 @@ impl ConnWriter {
 /// [`ConnWriter::send_data`] through the secure channel: the payload is
 /// encrypted from the source memory, [`BATCH`] bytes per hold of the
 /// region's lock, and written outside it.
+#[allow(clippy::too_many_arguments)]
 async fn send_data_sealed(
     s: &mut SecureOut,
     w: &mut OwnedWriteHalf,
+    tmp: &mut Vec<u8>,
     header: &[u8],
     region: &Region,
     desc: u32,
@@ -496,7 +528,7 @@ async fn send_data_sealed(
     while !started || sent < len {
         let n = (len - sent).min(BATCH);
         if open {
-            let r = region.read_span(seg, off, n, |src| {
+            let seal = |src: &[IoSlice<'_>], s: &mut SecureOut| {
                 if !started {
                     s.seal(header)?;
                 }
@@ -506,7 +538,19 @@ async fn send_data_sealed(
                     took += piece.len();
                 }
                 io::Result::Ok(took)
-            });
+            };
+            let r = if region.is_host() {
+                region.read_span(seg, off, n, |src| seal(src, s))
+            } else {
+                // Device memory: copied off the device first.
+                if tmp.len() < n {
+                    tmp.resize(n, 0);
+                }
+                match read_device(region, seg, off, &mut tmp[..n])? {
+                    Some(took) => Ok(seal(&[IoSlice::new(&tmp[..took])], s)),
+                    None => Err(Denied::Closed),
+                }
+            };
             match r {
                 Ok(r) => {
                     let took = r?;

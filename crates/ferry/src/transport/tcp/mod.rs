@@ -21,7 +21,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, Weak};
 
 use ferry_proto::session::{self, OpenParams, Plan, Thresholds};
-use ferry_proto::RdmaMetadata;
+use ferry_proto::{OperationKind, RdmaMetadata};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -39,6 +39,7 @@ mod listen;
 mod reader;
 mod request;
 mod secure;
+mod staged;
 mod stream;
 mod util;
 
@@ -178,59 +179,42 @@ impl Transport for TcpTransport {
         Box::pin(async move {
             let conn = self.conn_for(&job.remote, 0).await?;
             let caps = lock(&conn.session).caps();
-            // Device memory on either side moves only by lending (a host
-            // destination of the remote's GPU memory pulls it by CUDA IPC).
-            let device = job.region.device().or_else(|| {
-                job.remote
-                    .descriptors()
-                    .iter()
-                    .map(|d| d.device)
-                    .find(|d| !d.is_cpu())
-            });
+            // Device memory on either side moves by CUDA IPC where the
+            // source is GPU memory that can be lent to the destination: a
+            // process of this host reached with attach (the plan checks
+            // `caps`), not over UCX, not this very process (CUDA does not
+            // open a process's own IPC handles), with the driver here (not
+            // a simulation). Everything else moves in band, each side
+            // staging its own GPU memory through host memory (`staged.rs`),
+            // whatever the size: another host, no attach, host memory into
+            // GPU memory, a connection to itself.
+            let local_dev = job.region.device();
+            let remote_dev = job
+                .remote
+                .descriptors()
+                .iter()
+                .map(|d| d.device)
+                .find(|d| !d.is_cpu());
+            let source_on_gpu = match job.kind {
+                OperationKind::Read => remote_dev.is_some(),
+                OperationKind::Write => local_dev.is_some(),
+            };
+            let to_itself = conn
+                .peer_pid
+                .get()
+                .is_some_and(|p| p.pid() == crate::transport::cma::pid());
+            let by_ipc =
+                source_on_gpu && crate::cuda::lends_device_memory() && !conn.by_ucx() && !to_itself;
             let thresholds = Thresholds {
-                // Device memory moves only by lending, whatever its size.
-                pull_from: if device.is_some() {
-                    0
-                } else {
-                    self.local.cma_threshold
+                pull_from: match (local_dev.or(remote_dev), by_ipc) {
+                    (None, _) => self.local.cma_threshold,
+                    (Some(_), true) => 0,
+                    (Some(_), false) => u64::MAX,
                 },
                 stripe_from: self.local.stripe_threshold,
                 streams: self.streams_to(&job.remote),
             };
             let plan = session::plan(job.kind, &job.sizes, caps, &thresholds);
-            // CUDA refuses to open a process's own IPC handles: two
-            // connectors of one process share GPU memory by the local
-            // transport, never by a connection to themselves.
-            let to_itself = conn
-                .peer_pid
-                .get()
-                .is_some_and(|p| p.pid() == crate::transport::cma::pid());
-            if let Some(device) =
-                device.filter(|_| plan != Plan::Pull || conn.by_ucx() || to_itself)
-            {
-                // Never streamed: the socket would read or write GPU memory
-                // as host memory. Refused before the request exists.
-                return Err(Error::NoDeviceTransport {
-                    index: 0,
-                    device,
-                    reason: if to_itself {
-                        format!(
-                            "{} ({} is this very process, and CUDA IPC does not work within the \
-                             same process: no path moves GPU memory between connectors of one \
-                             process yet)",
-                            session::DEVICE_MEMORY_BY_IPC_ONLY,
-                            conn.peer
-                        )
-                    } else {
-                        format!(
-                            "{} (no cross-memory attach with {} on this connection: another \
-                             host, a process that may not be attached to, or attach disabled)",
-                            session::DEVICE_MEMORY_BY_IPC_ONLY,
-                            conn.peer
-                        )
-                    },
-                });
-            }
             if let Plan::Striped { parts } = plan {
                 let mut conns = vec![conn.clone()];
                 for i in 1..parts {

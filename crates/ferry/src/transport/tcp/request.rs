@@ -40,8 +40,11 @@ impl Fence for Target {
         self.stripe.as_ref().map_or(true, |s| s.all_done())
     }
 
-    fn is_host_memory(&self) -> bool {
-        self.region.is_host()
+    fn moves_in_band(&self) -> bool {
+        // Device memory is staged through host memory where CUDA is here
+        // (`staged.rs`); a device region exists only where it is (the
+        // connector refuses it otherwise), so this is the net behind that.
+        self.region.is_host() || crate::cuda::available()
     }
 }
 

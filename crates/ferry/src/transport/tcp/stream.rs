@@ -54,7 +54,9 @@ impl Conn {
         last: SessionLast,
     ) {
         if let Some(device) = target.region.device() {
-            return self.refuse_in_band(req, target, device, prefix, opened);
+            if !crate::cuda::available() {
+                return self.refuse_in_band(req, target, device, prefix, opened);
+            }
         }
         let last = match (last, &target.stripe) {
             (SessionLast::Seal, _) => {
@@ -329,7 +331,9 @@ impl Conn {
         opened: Option<Arc<watch::Sender<bool>>>,
         shared: Arc<OpShared>,
     ) {
-        if cursor.sizes().iter().sum::<u64>() <= SMALL {
+        // Device memory goes through a host buffer a frame at a time
+        // (`send_data`), never in the one-write path.
+        if cursor.sizes().iter().sum::<u64>() <= SMALL && region.is_host() {
             // Cancelled before a byte went out: still send the `Open` (if
             // this is a write) followed by the `Abort`, so that the remote
             // learns of the cancel as it would mid-transfer.

@@ -1,0 +1,508 @@
+//! GPU memory in band over TCP between two processes: each side stages its
+//! own device memory through host memory (`transport/tcp/staged.rs`).
+//! READ and WRITE, GPU→GPU, GPU→CPU and CPU→GPU, 1 byte to 64 MiB, 16
+//! mixed descriptors, striped over 4 streams, through the secure channel, a
+//! cancel mid-transfer after which no byte changes, and a peer killed
+//! mid-transfer; byte for byte on the destination.
+//!
+//! Each test spawns a real second process (this test binary, run again for
+//! the same test with `ROLE` set) that serves one operation and prints its
+//! metadata; this process is the active side. The connectors use TCP only
+//! (no cross-memory attach, so no CUDA IPC): the staged path.
+//!
+//! **Where there is a GPU** the memory is `CudaBuffer`s and the copies are
+//! the driver's. **Where there is none** (CI, the machine this was written
+//! on), both processes call `ferry::cuda::simulate_with_host_memory()`:
+//! "device memory" is host memory described as `cuda:0` and the device's
+//! copies are `memcpy`s, so everything but the driver's calls runs here.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+use ferry::cuda::CudaBuffer;
+use ferry::{Connector, Descriptor, OperationStatus, RdmaMetadata, TransportKind};
+
+/// The environment variable that makes this binary a server process.
+const ROLE: &str = "FERRY_STAGED_TEST_SERVE";
+/// What untouched destination memory holds.
+const SENTINEL: u8 = 0xEE;
+/// How long any one operation may take.
+const LIMIT: Duration = Duration::from_secs(120);
+const MIB: usize = 1 << 20;
+
+/// Real GPU memory where CUDA is here, else the simulation (once per
+/// process, before any connector).
+fn init() -> bool {
+    static REAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *REAL.get_or_init(|| {
+        let real = ferry::cuda::available();
+        if !real {
+            // SAFETY: every "device" address this process gives Ferry is
+            // host memory (`make`'s boxed slices), alive and unaliased for
+            // its descriptor's life.
+            unsafe { ferry::cuda::simulate_with_host_memory() };
+        }
+        real
+    })
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// How the two connectors are set up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Opts {
+    Plain,
+    Striped,
+    Secret,
+}
+
+async fn connector(opts: Opts) -> Connector {
+    let b = Connector::builder()
+        .listen("127.0.0.1:0".parse().unwrap())
+        .transports(&[TransportKind::Tcp]);
+    let b = match opts {
+        Opts::Plain => b.tcp_streams(1),
+        Opts::Striped => b.tcp_streams(4).stripe_threshold(MIB as u64),
+        Opts::Secret => b.tcp_streams(1).secret([7u8; 32]),
+    };
+    b.build().await.expect("connector starts")
+}
+
+/// The bytes descriptor `i` of a transfer seeded `seed` carries.
+fn pattern(seed: u64, i: usize, len: usize) -> Vec<u8> {
+    let mut x = seed
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .wrapping_add(i as u64 + 1);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mem {
+    Gpu,
+    Host,
+}
+
+/// The memory behind one side's GPU descriptors where it is simulated: kept
+/// until the operation has given its descriptors back.
+#[derive(Default)]
+struct Keep(Vec<Box<[u8]>>);
+
+/// Descriptors of `sizes` in `mem`, holding `pattern(seed, i, ..)` where
+/// `seed` is given, else [`SENTINEL`] bytes.
+fn make(mem: Mem, sizes: &[usize], seed: Option<u64>) -> (Vec<Descriptor<'static>>, Keep) {
+    let real = init();
+    let mut keep = Keep::default();
+    let descs = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| {
+            let bytes = match seed {
+                Some(s) => pattern(s, i, len),
+                None => vec![SENTINEL; len],
+            };
+            match (mem, real) {
+                (Mem::Host, _) => Descriptor::from_vec(bytes),
+                (Mem::Gpu, true) => {
+                    let mut b = CudaBuffer::new(0, len).expect("GPU memory");
+                    b.copy_from_host(&bytes).unwrap();
+                    b.into_descriptor()
+                }
+                (Mem::Gpu, false) => {
+                    let mut b = bytes.into_boxed_slice();
+                    let ptr = b.as_mut_ptr() as u64;
+                    keep.0.push(b);
+                    // SAFETY: simulated device memory is host memory
+                    // (`init`): this boxed slice, which `keep` holds (its
+                    // heap storage does not move) until the operation has
+                    // given the descriptor back.
+                    unsafe { Descriptor::from_cuda_ptr(ptr, len, 0, true) }
+                }
+            }
+        })
+        .collect();
+    (descs, keep)
+}
+
+/// The bytes of every descriptor, once the operation gave them back.
+fn read_back(descs: Vec<Descriptor<'static>>, keep: &Keep) -> Vec<Vec<u8>> {
+    let mut sim = keep.0.iter();
+    descs
+        .into_iter()
+        .map(|d| {
+            if let Some(s) = d.as_slice() {
+                return s.to_vec();
+            }
+            match d.into_owner::<CudaBuffer>() {
+                Ok(b) => {
+                    let mut out = vec![0u8; b.len()];
+                    b.copy_to_host(&mut out).unwrap();
+                    out
+                }
+                Err(_) => sim.next().expect("simulated memory").to_vec(),
+            }
+        })
+        .collect()
+}
+
+/// Checks that descriptor bytes `got` are `pattern(seed, ..)`.
+fn check(got: &[Vec<u8>], seed: u64) -> Result<(), String> {
+    for (i, g) in got.iter().enumerate() {
+        let want = pattern(seed, i, g.len());
+        if let Some(at) = g.iter().zip(&want).position(|(a, b)| a != b) {
+            return Err(format!(
+                "descriptor {i} ({} bytes) differs at byte {at}: {:#04x}, not {:#04x}",
+                g.len(),
+                g[at],
+                want[at]
+            ));
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// The server process.
+
+/// What the server process serves.
+struct Spec {
+    readable: bool,
+    mem: Mem,
+    sizes: Vec<usize>,
+    seed: u64,
+    opts: Opts,
+}
+
+impl Spec {
+    fn encode(&self) -> String {
+        let sizes: Vec<String> = self.sizes.iter().map(|s| s.to_string()).collect();
+        format!(
+            "{};{:?};{};{};{:?}",
+            self.readable,
+            self.mem,
+            sizes.join(","),
+            self.seed,
+            self.opts
+        )
+    }
+
+    fn decode(s: &str) -> Spec {
+        let f: Vec<&str> = s.split(';').collect();
+        Spec {
+            readable: f[0] == "true",
+            mem: if f[1] == "Gpu" { Mem::Gpu } else { Mem::Host },
+            sizes: f[2].split(',').map(|x| x.parse().unwrap()).collect(),
+            seed: f[3].parse().unwrap(),
+            opts: match f[4] {
+                "Striped" => Opts::Striped,
+                "Secret" => Opts::Secret,
+                _ => Opts::Plain,
+            },
+        }
+    }
+}
+
+/// Serves one operation, printing `META <json>`, then `DONE <status>
+/// <transport>` and, for a writable, `CHECK ok` or `CHECK <what differs>`;
+/// exits once its standard input closes.
+fn serve(spec: &str) {
+    let spec = Spec::decode(spec);
+    init();
+    runtime().block_on(async {
+        let c = connector(spec.opts).await;
+        let out = std::io::stdout();
+        let say = |s: String| {
+            writeln!(out.lock(), "{s}").unwrap();
+            out.lock().flush().unwrap();
+        };
+        if spec.readable {
+            let (descs, keep) = make(spec.mem, &spec.sizes, Some(spec.seed));
+            let op = c.create_readable(descs).await.unwrap();
+            say(format!("META {}", op.metadata().to_json()));
+            let _ = op.wait_for_completion_timeout(LIMIT).await;
+            let t = op.transport().map_or("none", |t| t.name());
+            say(format!("DONE {:?} {t}", op.status()));
+            drop(op.into_descriptors());
+            drop(keep);
+        } else {
+            let (descs, keep) = make(spec.mem, &spec.sizes, None);
+            let op = c.create_writable(descs).await.unwrap();
+            say(format!("META {}", op.metadata().to_json()));
+            let _ = op.wait_for_completion_timeout(LIMIT).await;
+            let t = op.transport().map_or("none", |t| t.name());
+            say(format!("DONE {:?} {t}", op.status()));
+            let got = read_back(op.into_descriptors(), &keep);
+            match check(&got, spec.seed) {
+                Ok(()) => say("CHECK ok".into()),
+                Err(e) => say(format!("CHECK {e}")),
+            }
+        }
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+    });
+}
+
+/// A server process for test `name`; killed when dropped.
+struct Server {
+    child: Child,
+    out: BufReader<ChildStdout>,
+}
+
+impl Server {
+    fn start(name: &str, spec: &Spec) -> Server {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--nocapture", "--test-threads=1"])
+            .env(ROLE, spec.encode())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        Server { child, out }
+    }
+
+    /// The rest of the next line that holds `tag`.
+    fn after(&mut self, tag: &str) -> String {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if self.out.read_line(&mut line).unwrap() == 0 {
+                panic!("the server process ended before it said {tag:?}");
+            }
+            if let Some((_, rest)) = line.split_once(tag) {
+                return rest.trim().to_string();
+            }
+        }
+    }
+
+    fn metadata(&mut self) -> RdmaMetadata {
+        RdmaMetadata::from_json(&self.after("META ")).expect("the server's metadata")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        for _ in 0..50 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the server role if this process is one; true if it was.
+fn served() -> bool {
+    match std::env::var(ROLE) {
+        Ok(spec) => {
+            serve(&spec);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Transfers.
+
+/// One READ and one WRITE of `sizes`, `local` memory here and `remote`
+/// memory there, checked byte for byte on the destination.
+fn round_trip(name: &str, sizes: &[usize], local: Mem, remote: Mem, opts: Opts, seed: u64) {
+    let rt = runtime();
+    let what = format!("{sizes:?} here {local:?}, there {remote:?}, {opts:?}");
+    let mut spec = Spec {
+        readable: true,
+        mem: remote,
+        sizes: sizes.to_vec(),
+        seed,
+        opts,
+    };
+    let mut server = Server::start(name, &spec);
+    let meta = server.metadata();
+    rt.block_on(async {
+        let c = connector(opts).await;
+        let (descs, keep) = make(local, sizes, None);
+        let op = c.begin_read(&meta, descs).await.expect("the READ starts");
+        op.wait_for_completion_timeout(LIMIT)
+            .await
+            .unwrap_or_else(|e| panic!("READ {what}: {e}"));
+        assert_eq!(op.transport(), Some(TransportKind::Tcp), "READ {what}");
+        let got = read_back(op.into_descriptors(), &keep);
+        if let Err(e) = check(&got, seed) {
+            panic!("READ {what}: {e}");
+        }
+    });
+    assert_eq!(server.after("DONE "), "Complete tcp", "READ {what}");
+    drop(server);
+
+    spec.readable = false;
+    spec.seed = seed + 1;
+    let mut server = Server::start(name, &spec);
+    let meta = server.metadata();
+    rt.block_on(async {
+        let c = connector(opts).await;
+        let (descs, keep) = make(local, sizes, Some(seed + 1));
+        let op = c.begin_write(descs, &meta).await.expect("the WRITE starts");
+        op.wait_for_completion_timeout(LIMIT)
+            .await
+            .unwrap_or_else(|e| panic!("WRITE {what}: {e}"));
+        assert_eq!(op.transport(), Some(TransportKind::Tcp), "WRITE {what}");
+        drop(op.into_descriptors());
+        drop(keep);
+    });
+    assert_eq!(server.after("DONE "), "Complete tcp", "WRITE {what}");
+    assert_eq!(server.after("CHECK "), "ok", "WRITE {what}");
+}
+
+#[test]
+fn gpu_to_gpu_from_one_byte_to_64_mib() {
+    if served() {
+        return;
+    }
+    let name = "gpu_to_gpu_from_one_byte_to_64_mib";
+    for (i, size) in [1, 4097, 64 * 1024 + 1, 3 * MIB + 5, 64 * MIB]
+        .into_iter()
+        .enumerate()
+    {
+        round_trip(
+            name,
+            &[size],
+            Mem::Gpu,
+            Mem::Gpu,
+            Opts::Plain,
+            10 + i as u64,
+        );
+    }
+}
+
+#[test]
+fn gpu_and_host_memory_pair_both_ways() {
+    if served() {
+        return;
+    }
+    let name = "gpu_and_host_memory_pair_both_ways";
+    let sizes = [3 * MIB + 5, 4096, 17];
+    round_trip(name, &sizes, Mem::Gpu, Mem::Host, Opts::Plain, 20);
+    round_trip(name, &sizes, Mem::Host, Mem::Gpu, Opts::Plain, 30);
+}
+
+#[test]
+fn sixteen_mixed_descriptors() {
+    if served() {
+        return;
+    }
+    let sizes: Vec<usize> = (0..16).map(|i| 1 + i * 37_123 + (i % 3) * MIB).collect();
+    round_trip(
+        "sixteen_mixed_descriptors",
+        &sizes,
+        Mem::Gpu,
+        Mem::Gpu,
+        Opts::Plain,
+        40,
+    );
+}
+
+#[test]
+fn striped_and_through_the_secure_channel() {
+    if served() {
+        return;
+    }
+    let name = "striped_and_through_the_secure_channel";
+    round_trip(
+        name,
+        &[40 * MIB + 3, 5],
+        Mem::Gpu,
+        Mem::Gpu,
+        Opts::Striped,
+        50,
+    );
+    round_trip(
+        name,
+        &[3 * MIB + 1, 100],
+        Mem::Gpu,
+        Mem::Gpu,
+        Opts::Secret,
+        60,
+    );
+}
+
+/// Starts a READ of 256 MiB of the server's GPU memory into GPU memory
+/// here, lets it run `after`, then calls `end` (a cancel, or killing the
+/// server); returns the operation's status and whether the destination
+/// changed after the operation had ended.
+fn interrupted(name: &str, after: Duration, kill: bool) -> (OperationStatus, bool) {
+    let spec = Spec {
+        readable: true,
+        mem: Mem::Gpu,
+        sizes: vec![256 * MIB],
+        seed: 70,
+        opts: Opts::Plain,
+    };
+    let mut server = Server::start(name, &spec);
+    let meta = server.metadata();
+    let rt = runtime();
+    rt.block_on(async {
+        let c = connector(Opts::Plain).await;
+        let (descs, keep) = make(Mem::Gpu, &spec.sizes, None);
+        let op = c.begin_read(&meta, descs).await.expect("the READ starts");
+        tokio::time::sleep(after).await;
+        if kill {
+            server.child.kill().unwrap();
+            let r = op.wait_for_completion_timeout(LIMIT).await;
+            assert!(r.is_err(), "a READ from a killed peer completed");
+        } else {
+            op.cancel();
+        }
+        let status = op.status();
+        let first = read_back(op.into_descriptors(), &keep);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The simulated memory is in `keep`; real memory was read back
+        // above and is freed: only the simulation can be looked at twice.
+        let changed = !keep.0.is_empty() && keep.0[0][..] != first[0][..];
+        (status, changed)
+    })
+}
+
+#[test]
+fn a_cancel_mid_transfer_leaves_no_late_byte() {
+    if served() {
+        return;
+    }
+    let (status, changed) = interrupted(
+        "a_cancel_mid_transfer_leaves_no_late_byte",
+        Duration::from_millis(30),
+        false,
+    );
+    assert_eq!(status, OperationStatus::Cancelled);
+    assert!(!changed, "bytes landed after the cancel returned");
+}
+
+#[test]
+fn a_peer_killed_mid_transfer_fails_the_operation() {
+    if served() {
+        return;
+    }
+    let (status, changed) = interrupted(
+        "a_peer_killed_mid_transfer_fails_the_operation",
+        Duration::from_millis(30),
+        true,
+    );
+    assert_eq!(status, OperationStatus::Errored);
+    assert!(!changed, "bytes landed after the operation ended");
+}
