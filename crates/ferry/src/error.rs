@@ -58,10 +58,9 @@ pub enum Error {
         reason: String,
     },
     /// A descriptor of CUDA memory, on a host where CUDA is available, but
-    /// no transport of this connector carries it to or from this remote:
-    /// device memory moves only by CUDA IPC between two processes of one
-    /// host, on a connection where cross-memory attach works
-    /// (`docs/gpu.md`). `reason` says what is missing.
+    /// no transport of this connector carries it to or from this remote
+    /// (`docs/gpu.md`): host and GPU memory mixed in one operation, or a
+    /// transport that does not move device memory. `reason` says which.
     #[error(
         "descriptor {index} is on {device}, but no transport of this connector carries it \
          here: {reason}. Copy the data to host memory (e.g. tensor.cpu()) and describe that"
@@ -71,8 +70,8 @@ pub enum Error {
         index: usize,
         /// Its device.
         device: Device,
-        /// What is missing (another host, no cross-memory attach, the same
-        /// process, a pairing this version does not move).
+        /// What is missing (mixed memory, a transport without device
+        /// memory).
         reason: String,
     },
     /// A device string that does not parse.
@@ -155,6 +154,13 @@ pub enum Error {
         peer: String,
         /// What happened.
         cause: String,
+    },
+    /// A copy between GPU memory and host memory failed on this side (the
+    /// CUDA driver's error): the operation ended, and its peer was told.
+    #[error("a copy to or from GPU memory failed: {reason}")]
+    DeviceCopy {
+        /// The driver's error.
+        reason: String,
     },
     /// The remote broke the protocol; the connection was closed.
     #[error("worker {peer:?} broke the Ferry protocol: {detail}")]

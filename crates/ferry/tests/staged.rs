@@ -506,3 +506,69 @@ fn a_peer_killed_mid_transfer_fails_the_operation() {
     assert_eq!(status, OperationStatus::Errored);
     assert!(!changed, "bytes landed after the operation ended");
 }
+
+/// Both connectors in this process: the local transport moves GPU memory
+/// through a host buffer, every pairing, both ways; with TCP only, a
+/// connection to itself stages it (CUDA IPC does not open a process's own
+/// memory).
+#[test]
+fn within_one_process_through_a_host_buffer() {
+    if served() {
+        return;
+    }
+    let local = || async {
+        Connector::builder()
+            .listen("127.0.0.1:0".parse().unwrap())
+            .build()
+            .await
+            .unwrap()
+    };
+    runtime().block_on(async {
+        let (a, b) = (local().await, local().await);
+        one_process(&a, &b, TransportKind::Local).await;
+        let (a, b) = (connector(Opts::Plain).await, connector(Opts::Plain).await);
+        one_process(&a, &b, TransportKind::Tcp).await;
+    });
+}
+
+async fn one_process(a: &Connector, b: &Connector, via: TransportKind) {
+    {
+        let sizes = [9 * MIB + 7, 1, 4096];
+        for (k, (here, there)) in [
+            (Mem::Gpu, Mem::Gpu),
+            (Mem::Gpu, Mem::Host),
+            (Mem::Host, Mem::Gpu),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let seed = 80 + 10 * k as u64;
+            let what = format!("here {here:?}, there {there:?}, {via:?}");
+            // READ: there -> here.
+            let (src, keep_src) = make(there, &sizes, Some(seed));
+            let r = b.create_readable(src).await.unwrap();
+            let (dst, keep) = make(here, &sizes, None);
+            let op = a.begin_read(r.metadata(), dst).await.unwrap();
+            op.wait_for_completion_timeout(LIMIT)
+                .await
+                .unwrap_or_else(|e| panic!("READ {what}: {e}"));
+            assert_eq!(op.transport(), Some(via), "{what}");
+            check(&read_back(op.into_descriptors(), &keep), seed)
+                .unwrap_or_else(|e| panic!("READ {what}: {e}"));
+            r.wait_for_completion_timeout(LIMIT).await.unwrap();
+            drop((r.into_descriptors(), keep_src));
+            // WRITE: here -> there.
+            let (dst, keep_dst) = make(there, &sizes, None);
+            let w = b.create_writable(dst).await.unwrap();
+            let (src, keep) = make(here, &sizes, Some(seed + 1));
+            let op = a.begin_write(src, w.metadata()).await.unwrap();
+            op.wait_for_completion_timeout(LIMIT)
+                .await
+                .unwrap_or_else(|e| panic!("WRITE {what}: {e}"));
+            drop((op.into_descriptors(), keep));
+            w.wait_for_completion_timeout(LIMIT).await.unwrap();
+            check(&read_back(w.into_descriptors(), &keep_dst), seed + 1)
+                .unwrap_or_else(|e| panic!("WRITE {what}: {e}"));
+        }
+    }
+}

@@ -49,7 +49,7 @@ pub(crate) fn transport_name(t: Option<TransportKind>) -> &'static str {
 
 /// The values of the `cause` label of `ferry_errors_total`, one per
 /// [`Error`] variant, in snake case.
-pub const ERROR_CAUSES: [&str; 23] = [
+pub const ERROR_CAUSES: [&str; 24] = [
     "no_descriptors",
     "too_many_descriptors",
     "read_only_descriptor",
@@ -73,6 +73,7 @@ pub const ERROR_CAUSES: [&str; 23] = [
     "timeout",
     "cuda_unavailable",
     "no_device_transport",
+    "device_copy",
 ];
 
 /// The index of `e`'s cause in [`ERROR_CAUSES`].
@@ -101,6 +102,7 @@ pub(crate) fn cause_index(e: &Error) -> usize {
         Error::Timeout(_) => 20,
         Error::CudaUnavailable { .. } => 21,
         Error::NoDeviceTransport { .. } => 22,
+        Error::DeviceCopy { .. } => 23,
     }
 }
 

@@ -6,6 +6,9 @@
 //! locks, so a cancel on either side is fenced within one chunk; the last
 //! chunk seals both operations under both locks, so a cancel either stops
 //! the transfer or finds it sealed and both sides agree on the outcome.
+//! Device (GPU) memory on either side goes through a host buffer, each
+//! region's access under its own lock (`through_host`): the same fence,
+//! with the device's copies finished before each lock is let go.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -15,6 +18,7 @@ use ferry_proto::{OperationKind, OperationStatus, RdmaMetadata};
 
 use super::api::{ActiveJob, ActiveLink, BoxFuture, Host, Transport};
 use crate::auth::Secret;
+use crate::cuda::CudaError;
 use crate::exposure::{Exposure, PassiveLink, Refusal};
 use crate::kind::TransportKind;
 use crate::outcome::OpShared;
@@ -101,17 +105,6 @@ impl Transport for LocalTransport {
                 addresses: "this process".into(),
                 cause: "the connector has shut down".into(),
             })?;
-            if let Some(device) = job.region.device() {
-                // CUDA IPC does not open a process's own memory, and this
-                // copier dereferences host memory only.
-                return Err(Error::NoDeviceTransport {
-                    index: 0,
-                    device,
-                    reason: "the remote is a connector of this same process, and device memory \
-                             moves only between processes (CUDA IPC)"
-                        .into(),
-                });
-            }
             job.shared.set_transport(TransportKind::Local);
             job.shared.start();
             job.shared.opened(None);
@@ -162,6 +155,48 @@ impl Transport for LocalTransport {
     }
 }
 
+/// Copies `n` bytes of segment `i` from `off` between two regions of which
+/// one or both are device memory, through `tmp`: each region's own access
+/// (host memory under its lock, device memory staged under its lock, see
+/// `Region::stage_in`), one after the other. The outer `Err` is a failed
+/// device copy; the inner results are the regions' answers, as for host
+/// memory.
+fn through_host(
+    src: &Region,
+    dst: &Region,
+    i: usize,
+    off: u64,
+    n: usize,
+    tmp: &mut Vec<u8>,
+) -> std::result::Result<std::result::Result<std::result::Result<(), Denied>, Denied>, CudaError> {
+    tmp.resize(n, 0);
+    let got = if src.is_host() {
+        src.read_at(i, off, n, |s| tmp.copy_from_slice(s))
+            .map(|()| Ok(n))
+    } else {
+        src.stage_out(i, off, tmp)
+    };
+    match got {
+        // One chunk lies within one segment: all of it comes at once.
+        Ok(Ok(k)) if k == n => {}
+        Ok(Ok(_)) => return Ok(Err(Denied::OutOfBounds)),
+        Ok(Err(e)) => return Err(e),
+        Err(d) => return Ok(Err(d)),
+    }
+    let put = if dst.is_host() {
+        dst.write_at(i, off, n, |d| d.copy_from_slice(tmp))
+            .map(|()| Ok(n))
+    } else {
+        dst.stage_in(i, off, tmp)
+    };
+    match put {
+        Ok(Ok(k)) if k == n => Ok(Ok(Ok(()))),
+        Ok(Ok(_)) => Ok(Ok(Err(Denied::OutOfBounds))),
+        Ok(Err(e)) => Err(e),
+        Err(d) => Ok(Ok(Err(d))),
+    }
+}
+
 /// Copies every byte between the two regions, then ends both operations.
 fn copy(
     inner: &Host,
@@ -178,13 +213,26 @@ fn copy(
     shared.first_byte();
     exposure.shared.first_byte();
     let mut stopped = false;
+    // Device memory on either side goes through this host buffer.
+    let mut tmp = Vec::new();
+    let mut failed = None;
     'outer: for (i, &size) in sizes.iter().enumerate() {
         let mut off = 0usize;
         while (off as u64) < size {
             let n = CHUNK.min(size as usize - off);
-            let r = src.read_at(i, off as u64, n, |s| {
-                dst.write_at(i, off as u64, n, |d| d.copy_from_slice(s))
-            });
+            let r = if src.is_host() && dst.is_host() {
+                src.read_at(i, off as u64, n, |s| {
+                    dst.write_at(i, off as u64, n, |d| d.copy_from_slice(s))
+                })
+            } else {
+                match through_host(src, dst, i, off as u64, n, &mut tmp) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        failed = Some(e);
+                        break 'outer;
+                    }
+                }
+            };
             match r {
                 Ok(Ok(())) => off += n,
                 Ok(Err(Denied::Closed)) | Err(Denied::Closed) => {
@@ -201,6 +249,17 @@ fn copy(
                 }
             }
         }
+    }
+    if let Some(e) = failed {
+        let error = Error::DeviceCopy {
+            reason: e.to_string(),
+        };
+        active.close();
+        shared.fail(error.clone());
+        inner
+            .exposures
+            .finish(exposure, OperationStatus::Errored, Some(error));
+        return;
     }
     let sealed = !stopped
         && src.seal_if_open(|| {
