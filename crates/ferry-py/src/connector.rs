@@ -55,7 +55,8 @@ impl Connector {
     }
 
     /// Whether this connector moves CUDA memory: True where the CUDA driver
-    /// loads and sees a device (by CUDA IPC between processes of one host);
+    /// loads and sees a device (by CUDA IPC between processes of one host,
+    /// staged through host memory everywhere else);
     /// where False, an operation over CUDA memory raises
     /// `CudaUnavailableError`.
     #[getter]

@@ -364,11 +364,12 @@ impl Connector {
     /// driver loads and sees a device ([`cuda::available`](crate::cuda::available);
     /// [`cuda::status`](crate::cuda::status) says what was found, or why
     /// not). GPU memory then moves by CUDA IPC between processes of one host
-    /// (GPU to GPU, GPU to host), on a connection where cross-memory attach
-    /// works. Where this is false, an operation over a `cuda:N` descriptor is
-    /// refused with [`Error::CudaUnavailable`]; a pairing that no transport
-    /// carries (another host, no attach, host memory into GPU memory, a
-    /// remote in this process) with [`Error::NoDeviceTransport`].
+    /// (GPU to GPU, GPU to host) on a connection where cross-memory attach
+    /// works, and staged through host memory everywhere else (another host,
+    /// no attach, host memory into GPU memory, one process). Where this is
+    /// false, an operation over a `cuda:N` descriptor is refused with
+    /// [`Error::CudaUnavailable`]; host and GPU memory mixed in one
+    /// operation is refused with [`Error::NoDeviceTransport`].
     /// `docs/gpu.md` says what is verified.
     pub fn is_cuda_available(&self) -> bool {
         crate::cuda::available()

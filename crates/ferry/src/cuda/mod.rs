@@ -3,17 +3,19 @@
 //! Device memory is described with
 //! [`Descriptor::from_cuda_ptr`](crate::Descriptor::from_cuda_ptr) (or a
 //! [`CudaBuffer`] of one's own) and moves by CUDA IPC between two processes
-//! of one host (GPU to GPU, GPU to host), on a TCP connection where cross
-//! memory attach was set up. Where this host has no CUDA, an operation over
-//! it is refused with [`Error::CudaUnavailable`](crate::Error::CudaUnavailable)
-//! ([`status`] says why); a pairing no transport carries (another host, no
-//! attach, host memory into GPU memory, one process) with
+//! of one host (GPU to GPU, GPU to host) where cross-memory attach was set
+//! up, and in band everywhere else, each side staging its own GPU memory
+//! through host memory (`stage`). Where this host has no CUDA, an operation
+//! over it is refused with
+//! [`Error::CudaUnavailable`](crate::Error::CudaUnavailable) ([`status`]
+//! says why); host and GPU memory mixed in one operation with
 //! [`Error::NoDeviceTransport`](crate::Error::NoDeviceTransport). Here:
 //! the driver API loaded from `libcuda` when present (no CUDA toolkit
 //! needed to build, nothing fatal when it is missing), [`status`] and
 //! [`available`] to say what was found, owned device memory, the IPC calls
-//! (`ipc`) and which pairings are accepted (`policy`). `docs/gpu.md` says
-//! what exists, what is verified and what is not.
+//! (`ipc`), the staged copies (`stage`) and what an operation may mix
+//! (`policy`). `docs/gpu.md` says what exists, what is verified and what
+//! is not.
 //!
 //! The library is looked for, in order, at the path in `FERRY_CUDA_LIB`
 //! ([`LIB_ENV`]) alone where it is set, else as `libcuda.so.1` then
@@ -128,8 +130,8 @@ pub(crate) fn lends_device_memory() -> bool {
 
 /// Why a connector refuses descriptor `index`, on `device` (not host
 /// memory): no CUDA on this host (with what [`status`] says). `None` where
-/// CUDA is available: device memory then moves by CUDA IPC, and
-/// [`policy`] checks the operation's pairing with its remote.
+/// CUDA is available: device memory then moves (by CUDA IPC or staged),
+/// and [`policy`] checks that the operation does not mix memories.
 pub(crate) fn refusal(index: usize, device: Device) -> Option<crate::Error> {
     if device.kind() != DeviceKind::Cuda {
         return Some(crate::Error::UnsupportedDevice { index, device });
