@@ -18,6 +18,7 @@ use serde::Serialize;
 
 use crate::peer::{self, Cmd, PeerProcess, Request};
 
+mod device;
 mod rows;
 mod ucx;
 
@@ -45,6 +46,9 @@ pub struct Options {
     /// A shared secret for every connector of the run, the target's
     /// included (`None`: `FERRY_SECRET` if set, as for any connector).
     pub secret: Option<String>,
+    /// GPU memory on both sides (`cuda:N`, or `sim`): the device sweep
+    /// (see `bench/device.rs`) instead of the host one.
+    pub device: Option<String>,
 }
 
 impl Options {
@@ -61,6 +65,7 @@ impl Options {
             json: None,
             listen: "127.0.0.1:0".into(),
             secret: None,
+            device: None,
         }
     }
 
@@ -156,21 +161,32 @@ fn row(
 /// Local buffers reused across iterations, allocated as NumPy allocates
 /// large arrays (see [`peer::host_buffer`]).
 #[derive(Default)]
-struct Pool(HashMap<u64, Vec<Descriptor<'static>>>);
+struct Pool(HashMap<(bool, u64), Vec<Descriptor<'static>>>);
 
 impl Pool {
-    fn take(&mut self, block: u64, batch: usize) -> std::io::Result<Vec<Descriptor<'static>>> {
+    /// `batch` buffers of `block` bytes, in host memory or on `device`.
+    fn take(
+        &mut self,
+        block: u64,
+        batch: usize,
+        device: Option<&str>,
+    ) -> std::io::Result<Vec<Descriptor<'static>>> {
+        let key = (device.is_some(), block);
         (0..batch)
-            .map(|_| match self.0.get_mut(&block).and_then(|l| l.pop()) {
+            .map(|_| match self.0.get_mut(&key).and_then(|l| l.pop()) {
                 Some(d) => Ok(d),
-                None => peer::host_buffer(block as usize),
+                None => match device {
+                    None => peer::host_buffer(block as usize),
+                    Some(dev) => crate::gpu::device_buffer(dev, block as usize),
+                },
             })
             .collect()
     }
 
     fn put(&mut self, descs: Vec<Descriptor<'static>>) {
         for d in descs {
-            self.0.entry(d.size() as u64).or_default().push(d);
+            let key = (!d.device().is_cpu(), d.size() as u64);
+            self.0.entry(key).or_default().push(d);
         }
     }
 }
@@ -191,6 +207,9 @@ enum Lane {
     Striped,
     /// UCX for every size, on both sides ([`peer::ucx_lane`]).
     Ucx,
+    /// TCP with device memory on both sides (`--device`): staged through
+    /// host memory.
+    Staged,
 }
 
 struct Bench {
@@ -279,10 +298,15 @@ fn builder(opts: &Options) -> ConnectorBuilder {
 
 /// The environment of a target process this run starts.
 fn target_env(opts: &Options) -> Vec<(&'static str, &str)> {
-    opts.secret
+    let mut env: Vec<(&'static str, &str)> = opts
+        .secret
         .iter()
         .map(|s| (ferry::SECRET_ENV, s.as_str()))
-        .collect()
+        .collect();
+    if opts.device.as_deref() == Some("sim") {
+        env.push((crate::gpu::SIMULATED_GPU_ENV, "1"));
+    }
+    env
 }
 
 /// `listen` with port 0: one more connector on the same address.
@@ -383,6 +407,15 @@ pub async fn initiator(
         json,
     };
 
+    if let Some(d) = &opts.device {
+        if d == "sim" {
+            crate::gpu::simulate_gpu();
+        } else if let Err(why) = ferry::cuda::status() {
+            anyhow::bail!("--device {d}: CUDA unavailable here: {why} (--device sim measures the staging path with host memory standing in)");
+        }
+        b.device_sweep().await?;
+        return Ok(b.rows);
+    }
     if opts.secret.is_some() || std::env::var_os(ferry::SECRET_ENV).is_some() {
         eprintln!("with a shared secret: every TCP connection is authenticated and encrypted");
     }

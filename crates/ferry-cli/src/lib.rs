@@ -1,13 +1,15 @@
 //! The `ferry` command's library: the peer process that the demo, the
 //! benchmark and the cross-process tests drive over a pipe, and the data
 //! patterns they check bytes with.
-// Only `clock` calls into libc (with its own `allow`).
+// Only `clock` calls into libc and `gpu` describes simulated device
+// memory (each with its own `allow`).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod bench;
 pub mod clock;
 pub mod demo;
+pub mod gpu;
 pub mod kv;
 pub mod pattern;
 pub mod peer;

@@ -74,6 +74,13 @@ enum Cmd {
         /// (default: both).
         #[arg(long, value_delimiter = ',')]
         via: Vec<ferry::TransportKind>,
+        /// For the sweep: GPU memory on both sides, `cuda:N` (or `sim`:
+        /// host memory standing in for a GPU, to measure the staging path
+        /// without one). Measures Ferry over TCP with device memory
+        /// (staged through host memory) against Ferry over TCP with host
+        /// memory, turn by turn, and the device's copies.
+        #[arg(long)]
+        device: Option<String>,
     },
     /// The target of `ferry bench --workload kv` (JSON lines on stdin).
     #[command(hide = true)]
@@ -148,6 +155,7 @@ async fn main() -> anyhow::Result<()> {
             inflight,
             shapes,
             via,
+            device,
         } => {
             if workload == "kv" {
                 let exe = std::env::current_exe()?;
@@ -181,6 +189,7 @@ async fn main() -> anyhow::Result<()> {
             opts.json = json;
             opts.listen = listen.clone();
             opts.secret = secret.clone();
+            opts.device = device;
             match role.as_str() {
                 "initiator" => {
                     let exe = std::env::current_exe()?;
@@ -206,6 +215,7 @@ async fn main() -> anyhow::Result<()> {
             if deny_cma {
                 sandbox::deny_cross_memory_attach()?;
             }
+            ferry_cli::gpu::simulate_gpu_if_asked();
             let mut b = ferry::Connector::builder().listen(listen);
             if let Some(id) = worker_id {
                 b = b.worker_id(id);

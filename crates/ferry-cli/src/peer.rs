@@ -10,11 +10,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ferry::{Connector, ConnectorBuilder, Descriptor, Operation, RdmaMetadata, TransportKind};
+use ferry::{
+    Connector, ConnectorBuilder, Descriptor, Device, Operation, RdmaMetadata, TransportKind,
+};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::gpu::{device_buffer, device_of};
 use crate::pattern;
 
 mod driver;
@@ -106,6 +109,12 @@ pub struct Request {
     /// its main one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lane: Option<String>,
+    /// Pooled buffers (`reuse`) in device memory: `cuda:N`, or `sim` (host
+    /// memory described as `cuda:0`, in a peer started with
+    /// [`SIMULATED_GPU_ENV`](crate::gpu::SIMULATED_GPU_ENV)); see
+    /// [`device_buffer`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
     /// For `ucx_pull`: the offer of the lender's `lent`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ucx: Option<Vec<u8>>,
@@ -128,6 +137,7 @@ impl Request {
             count: None,
             lane: None,
             ucx: None,
+            device: None,
         }
     }
 }
@@ -247,7 +257,7 @@ struct PeerState {
     out: mpsc::UnboundedSender<Event>,
     cancels: Mutex<HashMap<u64, oneshot::Sender<()>>>,
     kept: Mutex<HashMap<u64, Vec<Descriptor<'static>>>>,
-    pool: Mutex<HashMap<u64, Vec<Descriptor<'static>>>>,
+    pool: Mutex<HashMap<(Device, u64), Vec<Descriptor<'static>>>>,
     lent: Mutex<Option<Descriptor<'static>>>,
 }
 
@@ -275,13 +285,24 @@ impl PeerState {
     }
 
     /// Pooled buffers of these sizes (see [`host_buffer`]).
-    fn pooled(&self, sizes: &[u64]) -> std::io::Result<Vec<Descriptor<'static>>> {
+    fn pooled(
+        &self,
+        sizes: &[u64],
+        device: Option<&str>,
+    ) -> std::io::Result<Vec<Descriptor<'static>>> {
         let mut pool = self.pool.lock().unwrap();
+        let key = match device {
+            None => Device::CPU,
+            Some(d) => device_of(d)?,
+        };
         sizes
             .iter()
-            .map(|&s| match pool.get_mut(&s).and_then(|l| l.pop()) {
+            .map(|&s| match pool.get_mut(&(key, s)).and_then(|l| l.pop()) {
                 Some(d) => Ok(d),
-                None => host_buffer(s as usize),
+                None => match device {
+                    None => host_buffer(s as usize),
+                    Some(d) => device_buffer(d, s as usize),
+                },
             })
             .collect()
     }
@@ -290,14 +311,17 @@ impl PeerState {
         let mut pool = self.pool.lock().unwrap();
         for d in descs {
             if d.is_writable() && !d.is_paged() {
-                pool.entry(d.size() as u64).or_default().push(d);
+                pool.entry((d.device(), d.size() as u64))
+                    .or_default()
+                    .push(d);
             }
         }
     }
 
     fn bufs(&self, r: &Request, seed: Option<u64>) -> Result<Vec<Descriptor<'static>>, String> {
         if r.reuse {
-            self.pooled(&r.sizes).map_err(|e| e.to_string())
+            self.pooled(&r.sizes, r.device.as_deref())
+                .map_err(|e| e.to_string())
         } else {
             Ok(buffers(&r.sizes, seed))
         }

@@ -186,11 +186,12 @@ impl Descriptor<'static> {
     /// Ferry never dereferences device memory on the host:
     /// [`as_slice`](Self::as_slice) and [`as_mut_slice`](Self::as_mut_slice)
     /// are `None` for it, and pools and regions of host memory never take
-    /// it. No connector moves device memory yet: creating an operation
-    /// over this descriptor is refused with
-    /// [`Error::CudaUnavailable`](crate::Error::CudaUnavailable) (no CUDA
-    /// on this host) or [`Error::NoDeviceTransport`](crate::Error::NoDeviceTransport)
-    /// (CUDA here, but no transport carries device memory); see
+    /// it: it moves by CUDA IPC or through the driver's copies to and from
+    /// host memory. Without CUDA on this host, creating an operation over
+    /// this descriptor is refused with
+    /// [`Error::CudaUnavailable`](crate::Error::CudaUnavailable); mixed
+    /// with host memory in one operation, with
+    /// [`Error::NoDeviceTransport`](crate::Error::NoDeviceTransport); see
     /// `docs/gpu.md`. An owned buffer to test with is
     /// [`cuda::CudaBuffer`](crate::cuda::CudaBuffer).
     ///

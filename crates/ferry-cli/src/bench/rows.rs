@@ -49,12 +49,19 @@ pub(super) struct Samples {
 }
 
 impl Samples {
-    fn add(&mut self, other: Samples) {
+    pub(super) fn add(&mut self, other: Samples) {
         self.lat.extend(other.lat);
         self.wall += other.wall;
     }
 
-    fn into_row(mut self, kind: &str, via: &str, op: &str, block: u64, batch: usize) -> Row {
+    pub(super) fn into_row(
+        mut self,
+        kind: &str,
+        via: &str,
+        op: &str,
+        block: u64,
+        batch: usize,
+    ) -> Row {
         row(kind, via, op, block, batch, &mut self.lat, self.wall)
     }
 }
@@ -152,6 +159,12 @@ impl Bench {
         if via == Lane::Ucx {
             r.lane = Some("ucx".into());
         }
+        // Device memory on both sides for the staged lane.
+        let device = match via {
+            Lane::Staged => self.opts.device.clone(),
+            _ => None,
+        };
+        r.device = device.clone();
         let mut a = self.peer.request(r).await?;
         let m = a.expect("metadata").await?;
         let meta = RdmaMetadata::from_json(m.metadata.as_deref().unwrap_or_default())?;
@@ -159,10 +172,10 @@ impl Bench {
             self.target_host = Some(meta.host_id().to_string());
         }
         let created = m.created_ns;
-        let descs = self.pool.take(block, batch)?;
+        let descs = self.pool.take(block, batch, device.as_deref())?;
         let local = match via {
             Lane::Cma => &self.cma,
-            Lane::Tcp => &self.tcp,
+            Lane::Tcp | Lane::Staged => &self.tcp,
             Lane::Striped => &self.striped,
             Lane::Ucx => match &self.ucx {
                 Some(u) => &u.connector,
@@ -203,7 +216,7 @@ impl Bench {
     /// One slice of a Ferry row: a warm-up operation (it allocates the
     /// pooled buffers on both sides the first time), then operations back
     /// to back; and the transport the last one used.
-    async fn ferry_slice(
+    pub(super) async fn ferry_slice(
         &mut self,
         via: Lane,
         op: &str,

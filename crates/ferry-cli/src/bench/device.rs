@@ -1,0 +1,157 @@
+//! The device sweep (`ferry bench --device cuda:N`, or `sim`): GPU memory
+//! on both sides, moved by Ferry over TCP (staged through host memory on
+//! each side), against Ferry over TCP with host memory, slice by slice in
+//! turns; and the device's own copies of the same size (`cuMemcpyDtoH`
+//! and `cuMemcpyHtoD` through a `CudaBuffer`; with `sim`, `memcpy`), so
+//! that the staging's cost can be read against both.
+//!
+//! The staged row's ratio is to Ferry's host TCP row of the same run (the
+//! issue's figure: at least 0.8). With `sim` the device's copies are
+//! `memcpy`s, so the figure is the staging path's cost less the PCIe
+//! copies: a floor for what a GPU would show, not that figure.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use super::rows::{Samples, ROUNDS};
+use super::{row, Bench, Lane, Row};
+
+impl Bench {
+    /// The whole device sweep: per shape, the device's copies, then READ
+    /// and WRITE staged against host memory; printed as a table.
+    pub(super) async fn device_sweep(&mut self) -> anyhow::Result<()> {
+        let dev = self.opts.device.clone().unwrap_or_default();
+        // One staged operation first: a refusal (no CUDA here or there)
+        // says why before anything is measured.
+        let (_, used) = self.one(Lane::Staged, "read", 4096, 1).await?;
+        eprintln!(
+            "device sweep on {dev}: GPU memory on both sides moves over {}, staged through \
+             host memory",
+            used.map_or("?", |t| t.name())
+        );
+        let shapes: Vec<(u64, usize)> = self
+            .opts
+            .blocks
+            .iter()
+            .flat_map(|&bl| self.opts.batches.iter().map(move |&ba| (bl, ba)))
+            .filter(|&(bl, ba)| bl * ba as u64 <= self.opts.max_op_bytes)
+            .collect();
+        for (i, &(block, batch)) in shapes.iter().enumerate() {
+            eprint!(
+                "\r[{:>3}/{}] {:>7} x{batch:<3}",
+                i + 1,
+                shapes.len(),
+                super::human(block)
+            );
+            for r in self.device_copy_rows(block, batch)? {
+                self.emit(r)?;
+            }
+            for op in ["read", "write"] {
+                for r in self.device_pair(op, block, batch).await? {
+                    self.emit(r)?;
+                }
+            }
+        }
+        eprintln!("\r{:<60}", "device sweep done");
+        super::print_table(&self.rows);
+        println!("{}", super::buffers_line());
+        if dev == "sim" {
+            println!(
+                "device sim: host memory stood in for the GPU on both sides, its copies are \
+                 memcpy: the staged rows show the staging path's cost without PCIe, not a GPU's \
+                 figure"
+            );
+        }
+        Ok(())
+    }
+
+    /// The host TCP row and the staged row for one shape, taking turns.
+    pub(super) async fn device_pair(
+        &mut self,
+        op: &str,
+        block: u64,
+        batch: usize,
+    ) -> anyhow::Result<Vec<Row>> {
+        let sl = self.slice(block * batch as u64);
+        let (mut host, mut staged) = <(Samples, Samples)>::default();
+        let mut used = None;
+        for _ in 0..ROUNDS {
+            host.add(self.ferry_slice(Lane::Tcp, op, block, batch, sl).await?.0);
+            let (s, t) = self.ferry_slice(Lane::Staged, op, block, batch, sl).await?;
+            staged.add(s);
+            used = used.or(t);
+        }
+        let base = host.into_row("ferry", "tcp", op, block, batch);
+        let dev = self.opts.device.clone().unwrap_or_default();
+        let used = used.map(|t| t.name()).unwrap_or("?");
+        let mut r = staged.into_row(&format!("ferry {dev}"), used, op, block, batch);
+        r.baseline = Some(format!("ferry tcp {op} (host memory)"));
+        r.ratio = Some(r.gbps / base.gbps.max(1e-12));
+        Ok(vec![base, r])
+    }
+
+    /// The device's copies of one operation's bytes, each way:
+    /// `cuMemcpyDtoH` and `cuMemcpyHtoD` (synchronous, pageable host
+    /// memory, as the staging path copies), or `memcpy` with `sim`.
+    pub(super) fn device_copy_rows(&self, block: u64, batch: usize) -> anyhow::Result<Vec<Row>> {
+        let bytes = (block * batch as u64) as usize;
+        let iters = self.iters_for(bytes as u64);
+        let device = self.opts.device.clone().unwrap_or_default();
+        let mut host = vec![1u8; bytes];
+        let mut rows = Vec::new();
+        if device == "sim" {
+            let src = crate::peer::host_buffer(bytes)?;
+            let s = src.as_slice().unwrap_or_default();
+            let r = self.timed(iters, "memcpy (sim)", "copy", block, batch, || {
+                host.copy_from_slice(black_box(s));
+                black_box(&mut host);
+                Ok(())
+            })?;
+            rows.push(r);
+            return Ok(rows);
+        }
+        let d = crate::gpu::device_of(&device)?;
+        let mut buf = ferry::cuda::CudaBuffer::new(d.id(), bytes)?;
+        buf.copy_from_host(&host)?;
+        rows.push(self.timed(iters, "cuMemcpyDtoH", "copy", block, batch, || {
+            buf.copy_to_host(&mut host).map_err(Into::into)
+        })?);
+        let src = host.clone();
+        rows.push(self.timed(iters, "cuMemcpyHtoD", "copy", block, batch, || {
+            buf.copy_from_host(&src).map_err(Into::into)
+        })?);
+        Ok(rows)
+    }
+
+    /// `f` once to warm up, then up to `iters` times (at least the
+    /// fewest, at most the row's time), as a row.
+    fn timed(
+        &self,
+        iters: usize,
+        kind: &str,
+        op: &str,
+        block: u64,
+        batch: usize,
+        mut f: impl FnMut() -> anyhow::Result<()>,
+    ) -> anyhow::Result<Row> {
+        f()?;
+        let mut lat: Vec<Duration> = Vec::with_capacity(iters);
+        let start = Instant::now();
+        while lat.len() < iters
+            && (lat.len() < self.opts.iters.0 || start.elapsed() < self.opts.row_time)
+        {
+            let t = Instant::now();
+            f()?;
+            lat.push(t.elapsed());
+        }
+        Ok(row(
+            kind,
+            "local",
+            op,
+            block,
+            batch,
+            &mut lat,
+            start.elapsed(),
+        ))
+    }
+}
