@@ -409,7 +409,13 @@ pub async fn initiator(
 
     if let Some(d) = &opts.device {
         if d == "sim" {
-            crate::gpu::simulate_gpu();
+            // SAFETY: no device descriptor exists yet in this process (the
+            // sweeps before this make none), and the device sweep makes
+            // them only through `gpu::device_buffer`.
+            #[allow(unsafe_code)]
+            unsafe {
+                crate::gpu::simulate_gpu()
+            };
         } else if let Err(why) = ferry::cuda::status() {
             anyhow::bail!("--device {d}: CUDA unavailable here: {why} (--device sim measures the staging path with host memory standing in)");
         }

@@ -15,20 +15,30 @@ use crate::peer::host_buffer;
 pub const SIMULATED_GPU_ENV: &str = "FERRY_BENCH_SIMULATED_GPU";
 
 /// Turns the simulation on where [`SIMULATED_GPU_ENV`] is `1`; true if so.
-pub fn simulate_gpu_if_asked() -> bool {
+///
+/// # Safety
+///
+/// As for [`simulate_gpu`].
+pub unsafe fn simulate_gpu_if_asked() -> bool {
     let asked = std::env::var(SIMULATED_GPU_ENV).as_deref() == Ok("1");
     if asked {
-        simulate_gpu();
+        // SAFETY: the caller's promise.
+        unsafe { simulate_gpu() };
     }
     asked
 }
 
 /// Makes this process simulate a GPU with host memory, for good.
-pub fn simulate_gpu() {
-    // SAFETY: the only device memory this process describes comes from
-    // `device_buffer`, which with the simulation on (device `sim`) is host
-    // memory owned by its descriptor; `cuda:N` buffers are refused there
-    // while simulating.
+///
+/// # Safety
+///
+/// No device descriptor exists in the process when this is called, and
+/// every one made afterwards describes host memory: those of
+/// [`device_buffer`] do (device `sim`; `cuda:N` is refused while
+/// simulating, and so is every `CudaBuffer`), and the caller makes no
+/// other.
+pub unsafe fn simulate_gpu() {
+    // SAFETY: the caller's promise is `simulate_with_host_memory`'s.
     unsafe { ferry::cuda::simulate_with_host_memory() };
 }
 

@@ -215,7 +215,10 @@ async fn main() -> anyhow::Result<()> {
             if deny_cma {
                 sandbox::deny_cross_memory_attach()?;
             }
-            ferry_cli::gpu::simulate_gpu_if_asked();
+            // SAFETY: at the start of the peer process, before any device
+            // descriptor; the peer describes device memory only through
+            // `gpu::device_buffer`.
+            unsafe { ferry_cli::gpu::simulate_gpu_if_asked() };
             let mut b = ferry::Connector::builder().listen(listen);
             if let Some(id) = worker_id {
                 b = b.worker_id(id);

@@ -40,6 +40,15 @@ unsafe impl Sync for PrimaryCtx {}
 impl PrimaryCtx {
     /// Retains the primary context of `cuda:ordinal`.
     pub(crate) fn retain(ordinal: u32) -> Result<Arc<PrimaryCtx>, CudaError> {
+        if super::stage::simulated() {
+            // Every driver use goes through a context: none in a process
+            // whose "device memory" is host memory, so no real device
+            // memory is made there (`CudaBuffer::new` fails) and nothing
+            // hands a host address to the driver.
+            return Err(CudaError::Unavailable(
+                "this process simulates a GPU with host memory: the CUDA driver is not used".into(),
+            ));
+        }
         let drv = driver_or_unavailable()?;
         let n = drv.device_count()?;
         if n == 0 {

@@ -29,19 +29,21 @@ static SIMULATED: AtomicBool = AtomicBool::new(false);
 
 /// Makes this process treat device memory as host memory: every "device"
 /// address Ferry is given is copied with `memcpy`, CUDA is reported
-/// available ([`available`](super::available)), and device memory never
-/// moves by CUDA IPC (nothing calls the driver). For tests of the staged
-/// paths on machines without a GPU; never in a program that has real
-/// device memory.
+/// available ([`available`](super::available)), the driver is never used
+/// (every call that needs a context fails, so `CudaBuffer::new` is
+/// `Unavailable`), and this side never plans to move device memory by
+/// CUDA IPC. For tests of the staged paths on machines without a GPU;
+/// never in a program that has real device memory.
 ///
 /// # Safety
 ///
-/// From this call on, for the rest of the process, every address given to
-/// Ferry as device memory ([`Descriptor::from_cuda_ptr`]) must be host
-/// memory that satisfies that constructor's contract as if it were device
-/// memory: valid for reads (and writes, if writable) of its size for the
-/// descriptor's life, and used by nothing else meanwhile. Real device
-/// addresses would be dereferenced on the host.
+/// Every device descriptor that exists when this is called, or is made
+/// afterwards for the rest of the process
+/// ([`Descriptor::from_cuda_ptr`], a `CudaBuffer` made before), must
+/// describe host memory that satisfies `from_cuda_ptr`'s contract as if it
+/// were device memory: valid for reads (and writes, if writable) of its
+/// size for the descriptor's life, and used by nothing else meanwhile.
+/// Real device addresses would be dereferenced on the host.
 ///
 /// [`Descriptor::from_cuda_ptr`]: crate::Descriptor::from_cuda_ptr
 #[doc(hidden)]
