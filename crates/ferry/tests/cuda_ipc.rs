@@ -506,8 +506,8 @@ fn gpu_to_cpu_pairs() {
     }
 }
 
-/// A READ into host memory here from the server's GPU, and a WRITE from
-/// this GPU into the server's host memory.
+/// A READ into host memory here from the server's GPU (by CUDA IPC), and a
+/// WRITE from this GPU into the server's host memory (in band, staged here).
 fn gpu_to_cpu(sizes: &[usize], seed: u64) {
     let rt = runtime();
     let carve: Vec<bool> = (0..sizes.len()).map(|i| i % 2 == 1).collect();
@@ -548,12 +548,12 @@ fn gpu_to_cpu(sizes: &[usize], seed: u64) {
         op.wait_for_completion_timeout(LIMIT)
             .await
             .expect("the WRITE completes");
-        assert_eq!(op.transport(), Some(TransportKind::CudaIpc));
+        // In band: the peer, which would pull it, may have no CUDA.
+        assert_eq!(op.transport(), Some(TransportKind::Tcp));
         drop(op.into_descriptors());
         drop(side);
     });
-    // The server's operation learns from the lease that it came by CUDA IPC.
-    assert_eq!(server.after("DONE "), "Complete cuda-ipc");
+    assert_eq!(server.after("DONE "), "Complete tcp");
     assert_eq!(server.after("CHECK "), "ok");
 }
 

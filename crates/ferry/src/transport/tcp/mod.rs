@@ -203,8 +203,14 @@ impl Transport for TcpTransport {
                 .peer_pid
                 .get()
                 .is_some_and(|p| p.pid() == crate::transport::cma::pid());
-            let by_ipc =
-                source_on_gpu && crate::cuda::lends_device_memory() && !conn.by_ucx() && !to_itself;
+            // A WRITE is pulled by the peer: only into its GPU memory (it
+            // then has CUDA); into its host memory it may have none, so
+            // that goes in band.
+            let by_ipc = source_on_gpu
+                && (job.kind == OperationKind::Read || remote_dev.is_some())
+                && crate::cuda::lends_device_memory()
+                && !conn.by_ucx()
+                && !to_itself;
             let thresholds = Thresholds {
                 pull_from: match (local_dev.or(remote_dev), by_ipc) {
                     (None, _) => self.local.cma_threshold,
