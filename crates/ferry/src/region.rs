@@ -61,8 +61,10 @@ pub(crate) struct Region {
     /// `None`: host memory (every descriptor on the CPU), which the locked
     /// accesses may dereference. `Some`: the device of the first descriptor
     /// that is not (device memory), which no access here dereferences:
-    /// only [`copy_into`](Region::copy_into) hands its addresses out, to a
-    /// puller that copies with the device's own engine.
+    /// only [`copy_into`](Region::copy_into) hands its addresses out (to a
+    /// puller that copies with the device's own engine), and
+    /// [`stage_in`](Region::stage_in)/[`stage_out`](Region::stage_out)
+    /// give them to the driver's copies.
     device: Option<Device>,
     /// Source memory lent to a peer's cross-memory attach (see `lend`), and
     /// destination memory that an unlocked copy still targets.
@@ -109,7 +111,8 @@ pub(crate) enum Denied {
     OutOfBounds,
     /// The region is device memory (GPU): the host must not dereference
     /// it, so no locked access (which builds slices) is made. Only a
-    /// puller's [`copy_into`](Region::copy_into) reaches it.
+    /// puller's [`copy_into`](Region::copy_into) and the driver's staged
+    /// copies ([`stage_in`](Region::stage_in)) reach it.
     NotHostMemory,
 }
 

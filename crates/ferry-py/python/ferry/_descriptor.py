@@ -81,10 +81,10 @@ class Descriptor(_Registrable):
     CUDA memory is described, never touched on the host, and moves where
     :attr:`Connector.is_cuda_available` is ``True``: by CUDA IPC between
     processes of one host, else over TCP staged through host memory (another
-    host, no cross-memory attach, host memory into GPU memory); without CUDA
-    an operation over it raises a :class:`CudaUnavailableError` (the message
-    says why). A pairing that no transport carries (one process, mixed
-    memory) raises :class:`NoDeviceTransportError` (both
+    host, no cross-memory attach, host memory into GPU memory, one
+    process); without CUDA an operation over it raises a
+    :class:`CudaUnavailableError` (the message says why). Host and CUDA
+    memory mixed in one operation raises :class:`NoDeviceTransportError` (both
     :class:`DeviceMemoryError`, a :class:`ValueError`).
 
     The descriptor keeps the object alive, and a buffer exported (a

@@ -139,9 +139,8 @@ class CudaUnavailableError(DeviceMemoryError):
 
 class NoDeviceTransportError(DeviceMemoryError, NotImplementedError):
     """A descriptor of CUDA memory, on a host where CUDA is available, but
-    no transport of this connector carries it here: both sides are in one
-    process (the local transport does not move GPU memory), or host and
-    CUDA memory are mixed in one operation (the message says which). Also a
+    no transport of this connector carries it here: host and CUDA memory
+    (or two GPUs) mixed in one operation (the message says which). Also a
     :class:`NotImplementedError`."""
 
 

@@ -106,8 +106,10 @@ pub(crate) fn driver_or_unavailable() -> Result<&'static Driver, CudaError> {
 /// it sees at least one device ([`status`] says which, or why not).
 ///
 /// This is what [`Connector::is_cuda_available`](crate::Connector::is_cuda_available)
-/// answers: with CUDA, connectors move GPU memory by CUDA IPC between
-/// processes of one host. Tests that need a GPU skip where this is false.
+/// answers: with CUDA, connectors move GPU memory (by CUDA IPC between
+/// processes of one host, staged through host memory elsewhere). Also true
+/// in a process that simulates a GPU (`simulate_with_host_memory`). Tests
+/// that need a GPU skip where this is false.
 pub fn available() -> bool {
     stage::simulated() || driver_sees_a_device()
 }

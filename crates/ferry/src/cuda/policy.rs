@@ -8,8 +8,7 @@
 //! another host, no attach, host memory into GPU memory, a connection to
 //! itself; see `transport/tcp/staged.rs`). So every pairing moves, and what
 //! is left to refuse is an operation whose descriptors mix host memory and
-//! GPU memory, or two GPUs (one operation is one memory). The local
-//! transport (a remote in this same process) still refuses GPU memory.
+//! GPU memory, or two GPUs (one operation is one memory).
 use ferry_proto::Device;
 
 use crate::{Descriptor, Error, Result};

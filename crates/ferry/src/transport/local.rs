@@ -122,8 +122,8 @@ impl Transport for LocalTransport {
                 None => Ok(Arc::new(LocalBinding) as Arc<dyn PassiveLink>),
                 Some(_) => Err((ferry_proto::wire::AbortReason::Busy, String::new())),
             };
-            // No lending between connectors of one process: device memory
-            // is refused by the table (and never reaches `copy`).
+            // No lending between connectors of one process: every copy
+            // goes through `copy` (device memory through a host buffer).
             let caps = ferry_proto::session::Caps::default();
             let exposure = match inner.exposures.open(&open, None, caps, &mut bind) {
                 Ok((e, _)) => e,
@@ -242,8 +242,8 @@ fn copy(
                 Ok(Err(Denied::OutOfBounds | Denied::NotHostMemory))
                 | Err(Denied::OutOfBounds | Denied::NotHostMemory) => {
                     // Sizes were checked against the exposure, and device
-                    // memory never reaches this transport (refused before
-                    // the copy starts); cannot happen.
+                    // memory goes through `through_host`, never the host
+                    // accesses; cannot happen.
                     stopped = true;
                     break 'outer;
                 }

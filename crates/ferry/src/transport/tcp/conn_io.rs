@@ -239,15 +239,11 @@ pub(super) fn outside() -> ConnError {
     ConnError::Channel("data outside the descriptors".into())
 }
 
-/// In-band bytes for device memory: never landed (the host would
-/// dereference GPU memory). The session refuses them first; this is the
-/// safety net behind it.
+/// In-band bytes for device memory that reached a host access: never
+/// landed (the host would dereference GPU memory). Device regions take
+/// `land_device`; this is the safety net behind it.
 fn not_host() -> ConnError {
-    ConnError::Channel(
-        "data frames for device memory: GPU memory moves only by CUDA IPC between processes \
-         of one host in this version"
-            .into(),
-    )
+    ConnError::Channel("data frames for device memory reached a host access".into())
 }
 
 /// A payload's destination: the region, and where in it the next byte goes.
