@@ -14,12 +14,15 @@
 //! here has run. On a machine with a GPU:
 //! `cargo test -p ferry --test cuda_ipc -- --test-threads=1`.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::io::Write;
 use std::time::Duration;
 
 use ferry::cuda::CudaBuffer;
-use ferry::{Connector, Descriptor, Error, OperationStatus, RdmaMetadata, TransportKind};
+use ferry::{Connector, Descriptor, Error, OperationStatus, TransportKind};
+
+#[path = "support/spawned.rs"]
+mod spawned;
+use spawned::{pattern, Server};
 
 /// The environment variable that makes this binary a server process.
 const ROLE: &str = "FERRY_CUDA_IPC_TEST_SERVE";
@@ -62,21 +65,6 @@ async fn connector(attach: bool) -> Connector {
         .build()
         .await
         .expect("connector starts")
-}
-
-/// The bytes descriptor `i` of a transfer seeded `seed` carries.
-fn pattern(seed: u64, i: usize, len: usize) -> Vec<u8> {
-    let mut x = seed
-        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-        .wrapping_add(i as u64 + 1);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
 }
 
 // ---------------------------------------------------------------------------
@@ -296,68 +284,14 @@ fn serve(spec: &str) {
     });
 }
 
-/// A server process for test `name`; killed when dropped.
-struct Server {
-    child: Child,
-    out: BufReader<ChildStdout>,
-}
-
-impl Server {
-    fn start(name: &str, spec: &Spec) -> Server {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", name, "--nocapture", "--test-threads=1"])
-            .env(ROLE, spec.encode())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let out = BufReader::new(child.stdout.take().unwrap());
-        Server { child, out }
-    }
-
-    /// The rest of the next line that holds `tag`.
-    fn after(&mut self, tag: &str) -> String {
-        let mut line = String::new();
-        loop {
-            line.clear();
-            if self.out.read_line(&mut line).unwrap() == 0 {
-                panic!("the server process ended before it said {tag:?}");
-            }
-            if let Some((_, rest)) = line.split_once(tag) {
-                return rest.trim().to_string();
-            }
-        }
-    }
-
-    fn metadata(&mut self) -> RdmaMetadata {
-        RdmaMetadata::from_json(&self.after("META ")).expect("the server's metadata")
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // Closing its standard input lets it exit; killed if it does not.
-        drop(self.child.stdin.take());
-        for _ in 0..50 {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A server process for test `name`, serving `spec`.
+fn start(name: &str, spec: &Spec) -> Server {
+    Server::start(name, ROLE, &spec.encode())
 }
 
 /// Runs the server role if this process is one; true if it was.
 fn served() -> bool {
-    match std::env::var(ROLE) {
-        Ok(spec) => {
-            serve(&spec);
-            true
-        }
-        Err(_) => false,
-    }
+    spawned::served(ROLE, serve)
 }
 
 // ---------------------------------------------------------------------------
@@ -376,7 +310,7 @@ fn round_trip(name: &str, sizes: &[usize], carve: &[bool], local: Mem, remote: M
         carve: carve.to_vec(),
         seed,
     };
-    let mut server = Server::start(name, &spec);
+    let mut server = start(name, &spec);
     let meta = server.metadata();
     rt.block_on(async {
         let c = connector(true).await;
@@ -402,7 +336,7 @@ fn round_trip(name: &str, sizes: &[usize], carve: &[bool], local: Mem, remote: M
         seed: seed + 1,
         ..spec
     };
-    let mut server = Server::start(name, &spec);
+    let mut server = start(name, &spec);
     let meta = server.metadata();
     rt.block_on(async {
         let c = connector(true).await;
@@ -518,7 +452,7 @@ fn gpu_to_cpu(sizes: &[usize], seed: u64) {
         carve: carve.clone(),
         seed,
     };
-    let mut server = Server::start("gpu_to_cpu_pairs", &spec);
+    let mut server = start("gpu_to_cpu_pairs", &spec);
     let meta = server.metadata();
     rt.block_on(async {
         let c = connector(true).await;
@@ -538,7 +472,7 @@ fn gpu_to_cpu(sizes: &[usize], seed: u64) {
         seed: seed + 1,
         ..spec
     };
-    let mut server = Server::start("gpu_to_cpu_pairs", &spec);
+    let mut server = start("gpu_to_cpu_pairs", &spec);
     let meta = server.metadata();
     let flipped: Vec<bool> = carve.iter().map(|c| !c).collect();
     rt.block_on(async {
@@ -572,7 +506,7 @@ fn cancel_after(name: &str, local: Mem, len: usize, delay: Duration) -> Option<u
         carve: vec![false],
         seed,
     };
-    let mut server = Server::start(name, &spec);
+    let mut server = start(name, &spec);
     let meta = server.metadata();
     let landed = rt.block_on(async {
         let c = connector(true).await;
@@ -683,7 +617,7 @@ fn without_cuda_ipc_gpu_memory_is_staged_or_refused_with_a_reason() {
         carve: vec![false],
         seed: 900,
     };
-    let mut server = Server::start(
+    let mut server = start(
         "without_cuda_ipc_gpu_memory_is_staged_or_refused_with_a_reason",
         &spec,
     );
@@ -705,7 +639,7 @@ fn without_cuda_ipc_gpu_memory_is_staged_or_refused_with_a_reason() {
         seed: 901,
         ..spec
     };
-    let mut server = Server::start(
+    let mut server = start(
         "without_cuda_ipc_gpu_memory_is_staged_or_refused_with_a_reason",
         &spec,
     );

@@ -16,12 +16,15 @@
 //! "device memory" is host memory described as `cuda:0` and the device's
 //! copies are `memcpy`s, so everything but the driver's calls runs here.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::io::Write;
 use std::time::Duration;
 
 use ferry::cuda::CudaBuffer;
-use ferry::{Connector, Descriptor, OperationStatus, RdmaMetadata, TransportKind};
+use ferry::{Connector, Descriptor, OperationStatus, TransportKind};
+
+#[path = "support/spawned.rs"]
+mod spawned;
+use spawned::{pattern, Server};
 
 /// The environment variable that makes this binary a server process.
 const ROLE: &str = "FERRY_STAGED_TEST_SERVE";
@@ -73,21 +76,6 @@ async fn connector(opts: Opts) -> Connector {
         Opts::Secret => b.tcp_streams(1).secret([7u8; 32]),
     };
     b.build().await.expect("connector starts")
-}
-
-/// The bytes descriptor `i` of a transfer seeded `seed` carries.
-fn pattern(seed: u64, i: usize, len: usize) -> Vec<u8> {
-    let mut x = seed
-        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-        .wrapping_add(i as u64 + 1);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -275,67 +263,14 @@ fn serve(spec: &str) {
     });
 }
 
-/// A server process for test `name`; killed when dropped.
-struct Server {
-    child: Child,
-    out: BufReader<ChildStdout>,
-}
-
-impl Server {
-    fn start(name: &str, spec: &Spec) -> Server {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", name, "--nocapture", "--test-threads=1"])
-            .env(ROLE, spec.encode())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let out = BufReader::new(child.stdout.take().unwrap());
-        Server { child, out }
-    }
-
-    /// The rest of the next line that holds `tag`.
-    fn after(&mut self, tag: &str) -> String {
-        let mut line = String::new();
-        loop {
-            line.clear();
-            if self.out.read_line(&mut line).unwrap() == 0 {
-                panic!("the server process ended before it said {tag:?}");
-            }
-            if let Some((_, rest)) = line.split_once(tag) {
-                return rest.trim().to_string();
-            }
-        }
-    }
-
-    fn metadata(&mut self) -> RdmaMetadata {
-        RdmaMetadata::from_json(&self.after("META ")).expect("the server's metadata")
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        drop(self.child.stdin.take());
-        for _ in 0..50 {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A server process for test `name`, serving `spec`.
+fn start(name: &str, spec: &Spec) -> Server {
+    Server::start(name, ROLE, &spec.encode())
 }
 
 /// Runs the server role if this process is one; true if it was.
 fn served() -> bool {
-    match std::env::var(ROLE) {
-        Ok(spec) => {
-            serve(&spec);
-            true
-        }
-        Err(_) => false,
-    }
+    spawned::served(ROLE, serve)
 }
 
 // ---------------------------------------------------------------------------
@@ -353,7 +288,7 @@ fn round_trip(name: &str, sizes: &[usize], local: Mem, remote: Mem, opts: Opts, 
         seed,
         opts,
     };
-    let mut server = Server::start(name, &spec);
+    let mut server = start(name, &spec);
     let meta = server.metadata();
     rt.block_on(async {
         let c = connector(opts).await;
@@ -373,7 +308,7 @@ fn round_trip(name: &str, sizes: &[usize], local: Mem, remote: Mem, opts: Opts, 
 
     spec.readable = false;
     spec.seed = seed + 1;
-    let mut server = Server::start(name, &spec);
+    let mut server = start(name, &spec);
     let meta = server.metadata();
     rt.block_on(async {
         let c = connector(opts).await;
@@ -482,7 +417,7 @@ fn interrupted(name: &str, after: Duration, kill: bool) -> Interrupted {
         seed: 70,
         opts: Opts::Plain,
     };
-    let mut server = Server::start(name, &spec);
+    let mut server = start(name, &spec);
     let meta = server.metadata();
     let rt = runtime();
     rt.block_on(async {

@@ -1,0 +1,95 @@
+//! A second process for the tests that cross a process boundary: this test
+//! binary run again for one test, with an environment variable that says
+//! what to serve. The server prints tagged lines (`META <json>`, ...) that
+//! [`Server::after`] reads; it exits once its standard input closes.
+//!
+//! Included by path (`#[path = "support/spawned.rs"] mod spawned;`) by
+//! `cuda_ipc.rs` and `staged.rs`.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+use ferry::RdmaMetadata;
+
+/// A server process for one test; killed when dropped.
+pub struct Server {
+    pub child: Child,
+    out: BufReader<ChildStdout>,
+}
+
+impl Server {
+    /// Runs test `name` of this binary again with `role` set to `spec`.
+    pub fn start(name: &str, role: &str, spec: &str) -> Server {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--nocapture", "--test-threads=1"])
+            .env(role, spec)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        Server { child, out }
+    }
+
+    /// The rest of the next line that holds `tag`.
+    pub fn after(&mut self, tag: &str) -> String {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if self.out.read_line(&mut line).unwrap() == 0 {
+                panic!("the server process ended before it said {tag:?}");
+            }
+            if let Some((_, rest)) = line.split_once(tag) {
+                return rest.trim().to_string();
+            }
+        }
+    }
+
+    /// The metadata of its `META` line.
+    pub fn metadata(&mut self) -> RdmaMetadata {
+        RdmaMetadata::from_json(&self.after("META ")).expect("the server's metadata")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // Closing its standard input lets it exit; killed if it does not.
+        drop(self.child.stdin.take());
+        for _ in 0..50 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `serve` on the spec in `role` if this process is a server; true if
+/// it was.
+pub fn served(role: &str, serve: impl FnOnce(&str)) -> bool {
+    match std::env::var(role) {
+        Ok(spec) => {
+            serve(&spec);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// The bytes descriptor `i` of a transfer seeded `seed` carries.
+pub fn pattern(seed: u64, i: usize, len: usize) -> Vec<u8> {
+    let mut x = seed
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .wrapping_add(i as u64 + 1);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
