@@ -11,10 +11,9 @@
 //! copies: a floor for what a GPU would show, not that figure.
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
 
 use super::rows::{Samples, ROUNDS};
-use super::{row, Bench, Lane, Row};
+use super::{Bench, Lane, Row};
 
 impl Bench {
     /// The whole device sweep: per shape, the device's copies, then READ
@@ -95,14 +94,13 @@ impl Bench {
     /// memory, as the staging path copies), or `memcpy` with `sim`.
     pub(super) fn device_copy_rows(&self, block: u64, batch: usize) -> anyhow::Result<Vec<Row>> {
         let bytes = (block * batch as u64) as usize;
-        let iters = self.iters_for(bytes as u64);
         let device = self.opts.device.clone().unwrap_or_default();
         let mut host = vec![1u8; bytes];
         let mut rows = Vec::new();
         if device == "sim" {
             let src = crate::peer::host_buffer(bytes)?;
             let s = src.as_slice().unwrap_or_default();
-            let r = self.timed(iters, "memcpy (sim)", "copy", block, batch, || {
+            let r = self.timed("memcpy (sim)", "copy", block, batch, || {
                 host.copy_from_slice(black_box(s));
                 black_box(&mut host);
                 Ok(())
@@ -113,45 +111,13 @@ impl Bench {
         let d = crate::gpu::device_of(&device)?;
         let mut buf = ferry::cuda::CudaBuffer::new(d.id(), bytes)?;
         buf.copy_from_host(&host)?;
-        rows.push(self.timed(iters, "cuMemcpyDtoH", "copy", block, batch, || {
+        rows.push(self.timed("cuMemcpyDtoH", "copy", block, batch, || {
             buf.copy_to_host(&mut host).map_err(Into::into)
         })?);
         let src = host.clone();
-        rows.push(self.timed(iters, "cuMemcpyHtoD", "copy", block, batch, || {
+        rows.push(self.timed("cuMemcpyHtoD", "copy", block, batch, || {
             buf.copy_from_host(&src).map_err(Into::into)
         })?);
         Ok(rows)
-    }
-
-    /// `f` once to warm up, then up to `iters` times (at least the
-    /// fewest, at most the row's time), as a row.
-    fn timed(
-        &self,
-        iters: usize,
-        kind: &str,
-        op: &str,
-        block: u64,
-        batch: usize,
-        mut f: impl FnMut() -> anyhow::Result<()>,
-    ) -> anyhow::Result<Row> {
-        f()?;
-        let mut lat: Vec<Duration> = Vec::with_capacity(iters);
-        let start = Instant::now();
-        while lat.len() < iters
-            && (lat.len() < self.opts.iters.0 || start.elapsed() < self.opts.row_time)
-        {
-            let t = Instant::now();
-            f()?;
-            lat.push(t.elapsed());
-        }
-        Ok(row(
-            kind,
-            "local",
-            op,
-            block,
-            batch,
-            &mut lat,
-            start.elapsed(),
-        ))
     }
 }

@@ -348,22 +348,39 @@ impl Bench {
             s.as_slice().unwrap_or_default(),
             d.as_mut_slice().unwrap_or_default(),
         );
-        let iters = self.iters_for(bytes as u64);
-        let mut lat = Vec::with_capacity(iters);
-        dst.copy_from_slice(src);
+        self.timed("memcpy", "copy", block, batch, || {
+            dst.copy_from_slice(black_box(src));
+            black_box(&mut *dst);
+            Ok(())
+        })
+    }
+
+    /// A row of `f` on this process alone (`local`): once to warm up, then
+    /// as many times as a row of `block * batch` bytes runs (at least the
+    /// fewest, at most the row's time).
+    pub(super) fn timed(
+        &self,
+        kind: &str,
+        op: &str,
+        block: u64,
+        batch: usize,
+        mut f: impl FnMut() -> anyhow::Result<()>,
+    ) -> anyhow::Result<Row> {
+        let iters = self.iters_for(block * batch as u64);
+        f()?;
+        let mut lat: Vec<Duration> = Vec::with_capacity(iters);
         let start = Instant::now();
         while lat.len() < iters
             && (lat.len() < self.opts.iters.0 || start.elapsed() < self.opts.row_time)
         {
             let t = Instant::now();
-            dst.copy_from_slice(black_box(src));
-            black_box(&mut *dst);
+            f()?;
             lat.push(t.elapsed());
         }
         Ok(row(
-            "memcpy",
+            kind,
             "local",
-            "copy",
+            op,
             block,
             batch,
             &mut lat,
