@@ -116,11 +116,16 @@ pub fn available() -> bool {
 
 /// Whether the CUDA driver itself is here and sees a device (what
 /// [`available`] says, less a simulation).
+/// Asked of the driver once: the answer is read on hot paths (every frame
+/// of a staged transfer asks whether its memory moves in band).
 fn driver_sees_a_device() -> bool {
-    driver()
-        .ok()
-        .and_then(|d| d.device_count().ok())
-        .is_some_and(|n| n > 0)
+    static SEES: OnceLock<bool> = OnceLock::new();
+    *SEES.get_or_init(|| {
+        driver()
+            .ok()
+            .and_then(|d| d.device_count().ok())
+            .is_some_and(|n| n > 0)
+    })
 }
 
 /// Whether this process may lend its device memory by CUDA IPC, and open

@@ -159,8 +159,7 @@ impl Transport for LocalTransport {
 /// one or both are device memory, through `tmp`: each region's own access
 /// (host memory under its lock, device memory staged under its lock, see
 /// `Region::stage_in`), one after the other. The outer `Err` is a failed
-/// device copy; the inner results are the regions' answers, as for host
-/// memory.
+/// device copy; the inner one the regions' answer, as for host memory.
 fn through_host(
     src: &Region,
     dst: &Region,
@@ -168,7 +167,7 @@ fn through_host(
     off: u64,
     n: usize,
     tmp: &mut Vec<u8>,
-) -> std::result::Result<std::result::Result<std::result::Result<(), Denied>, Denied>, CudaError> {
+) -> std::result::Result<std::result::Result<(), Denied>, CudaError> {
     tmp.resize(n, 0);
     let got = if src.is_host() {
         src.read_at(i, off, n, |s| tmp.copy_from_slice(s))
@@ -176,8 +175,8 @@ fn through_host(
     } else {
         src.stage_out(i, off, tmp)
     };
+    // One chunk lies within one segment: all of it comes at once.
     match got {
-        // One chunk lies within one segment: all of it comes at once.
         Ok(Ok(k)) if k == n => {}
         Ok(Ok(_)) => return Ok(Err(Denied::OutOfBounds)),
         Ok(Err(e)) => return Err(e),
@@ -190,10 +189,10 @@ fn through_host(
         dst.stage_in(i, off, tmp)
     };
     match put {
-        Ok(Ok(k)) if k == n => Ok(Ok(Ok(()))),
-        Ok(Ok(_)) => Ok(Ok(Err(Denied::OutOfBounds))),
+        Ok(Ok(k)) if k == n => Ok(Ok(())),
+        Ok(Ok(_)) => Ok(Err(Denied::OutOfBounds)),
         Ok(Err(e)) => Err(e),
-        Err(d) => Ok(Ok(Err(d))),
+        Err(d) => Ok(Err(d)),
     }
 }
 
@@ -224,6 +223,7 @@ fn copy(
                 src.read_at(i, off as u64, n, |s| {
                     dst.write_at(i, off as u64, n, |d| d.copy_from_slice(s))
                 })
+                .and_then(|r| r)
             } else {
                 match through_host(src, dst, i, off as u64, n, &mut tmp) {
                     Ok(r) => r,
@@ -234,13 +234,12 @@ fn copy(
                 }
             };
             match r {
-                Ok(Ok(())) => off += n,
-                Ok(Err(Denied::Closed)) | Err(Denied::Closed) => {
+                Ok(()) => off += n,
+                Err(Denied::Closed) => {
                     stopped = true;
                     break 'outer;
                 }
-                Ok(Err(Denied::OutOfBounds | Denied::NotHostMemory))
-                | Err(Denied::OutOfBounds | Denied::NotHostMemory) => {
+                Err(Denied::OutOfBounds | Denied::NotHostMemory) => {
                     // Sizes were checked against the exposure, and device
                     // memory goes through `through_host`, never the host
                     // accesses; cannot happen.

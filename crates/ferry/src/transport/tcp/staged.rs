@@ -23,7 +23,7 @@ pub(super) const STAGE: usize = 1 << 20;
 /// What a failed device copy does to the connection: it is closed, and
 /// both sides learn why.
 pub(super) fn failed(e: CudaError) -> ConnError {
-    ConnError::Channel(format!("staging GPU memory through the host failed: {e}"))
+    ConnError::Channel(failed_text(&e))
 }
 
 /// [`land`](super::conn_io) for device memory: copies `src` into the region
