@@ -9,8 +9,10 @@
 //! once its copy has finished on the device (the copy is queued on a stream
 //! of its own and the stream synchronized): once `Region::close` has
 //! returned, no staged byte lands any more. That is the same fence the
-//! region keeps for host memory, at the price of one synchronization per
-//! frame (no copy overlaps the next frame's receive; see `docs/gpu.md`).
+//! region keeps for host memory. The TCP transport overlaps these copies
+//! with the socket by running them on blocking threads, one buffer ahead
+//! (`transport/tcp/staged.rs`), from and into [`HostBuf`]s: pinned memory
+//! where the driver is here, which its copy engine reaches directly.
 //!
 //! `simulate_with_host_memory` (tests of processes without a GPU) makes
 //! "device memory" host memory copied with `memcpy`, so that the staged
@@ -18,10 +20,11 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::memory::{PrimaryCtx, Stream};
+use super::memory::{PinnedBuf, PrimaryCtx, Stream};
 use super::CudaError;
 
 /// Set once by [`simulate_with_host_memory`]; never cleared.
@@ -80,6 +83,54 @@ fn staging(device: u32) -> Result<Arc<Staging>, CudaError> {
     });
     map.insert(device, s.clone());
     Ok(s)
+}
+
+/// A host buffer for bytes on their way to or from device memory: pinned
+/// (`cuMemHostAlloc`) where the driver is here, so that the device copies
+/// it without a bounce through the driver's own buffers; plain memory in a
+/// simulated process, or where pinning failed.
+pub(crate) enum HostBuf {
+    Plain(Vec<u8>),
+    Pinned(PinnedBuf),
+}
+
+impl HostBuf {
+    /// `len` zeroed bytes, pinned for `cuda:device` where that works.
+    pub(crate) fn new(device: u32, len: usize) -> HostBuf {
+        if !simulated() {
+            match staging(device).and_then(|s| PinnedBuf::new(&s.ctx, len)) {
+                Ok(p) => return HostBuf::Pinned(p),
+                Err(e) => tracing::debug!("staging through unpinned memory: {e}"),
+            }
+        }
+        HostBuf::Plain(vec![0; len])
+    }
+
+    /// Whether the copy engine reaches it directly.
+    #[cfg(test)]
+    fn is_pinned(&self) -> bool {
+        matches!(self, HostBuf::Pinned(_))
+    }
+}
+
+impl Deref for HostBuf {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            HostBuf::Plain(v) => v,
+            HostBuf::Pinned(p) => p.as_ref(),
+        }
+    }
+}
+
+impl DerefMut for HostBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            HostBuf::Plain(v) => v,
+            HostBuf::Pinned(p) => p.as_mut(),
+        }
+    }
 }
 
 /// Runs `issue` for each `(device address, length, offset into the host
@@ -256,6 +307,14 @@ mod tests {
             ),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_host_buffer_is_pinned_where_the_driver_is() {
+        let b = HostBuf::new(0, 4096);
+        assert_eq!(b.len(), 4096);
+        assert!(b.iter().all(|&x| x == 0));
+        assert_eq!(b.is_pinned(), super::super::lends_device_memory());
     }
 
     #[test]

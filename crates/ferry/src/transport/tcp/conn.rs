@@ -128,6 +128,9 @@ pub(crate) struct Conn {
     /// Set before the operations of a connection that broke the protocol
     /// end, just before it closes.
     pub(super) closing: AtomicBool,
+    /// Host buffers for device memory on its way out (`staged.rs`), kept
+    /// between operations.
+    pub(super) staging: Mutex<Vec<crate::cuda::stage::HostBuf>>,
 }
 
 pub(super) type CloseHook = Box<dyn FnOnce() + Send>;
@@ -158,6 +161,7 @@ impl Conn {
             ticket: OnceLock::new(),
             last_active: AtomicU64::new(now_ms()),
             closing: AtomicBool::new(false),
+            staging: Mutex::new(Vec::new()),
         })
     }
 

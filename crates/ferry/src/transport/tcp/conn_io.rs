@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 use std::io::{self, IoSlice};
+use std::sync::Arc;
 
 use ferry_proto::wire::{self, Message};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -18,7 +19,8 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 use super::error::ConnError;
 use super::secure::{Opener, Sealer};
-use super::staged::{land_device, read_device, send_device, STAGE};
+use super::staged::{host_buf, land_device, Landing, STAGE};
+use crate::cuda::stage::HostBuf;
 use crate::region::{Denied, Region};
 
 /// A new reader's buffer: room for the largest valid first frame (a
@@ -55,9 +57,11 @@ pub(crate) struct FrameReader {
     first: bool,
     /// The secure channel, once set up.
     sec: Option<Box<Opener>>,
-    /// Payload bytes for device memory on their way to it (see
-    /// `staged.rs`); empty until the first.
-    stage: Vec<u8>,
+    /// Host buffers for payload bytes on their way to device memory
+    /// (see `staged.rs`): at most two, one filling while the other lands.
+    free: Vec<HostBuf>,
+    /// The copy into device memory running while the next bytes are read.
+    landing: Option<Landing>,
 }
 
 impl FrameReader {
@@ -70,8 +74,21 @@ impl FrameReader {
             bulk: false,
             first: true,
             sec: None,
-            stage: Vec::new(),
+            free: Vec::new(),
+            landing: None,
         }
+    }
+
+    /// Waits for the copy into device memory that is still running, if one
+    /// is: a frame that is not `Data` (a `Finish`, an `Abort`) is handled
+    /// only after every byte before it has landed, or failed to.
+    pub(crate) async fn settle(&mut self) -> Result<(), ConnError> {
+        let Some(landing) = self.landing.take() else {
+            return Ok(());
+        };
+        let (buf, r) = landing.wait().await;
+        self.free.extend(buf);
+        r
     }
 
     /// From now on the stream is the secure channel's; bytes already read
@@ -171,10 +188,11 @@ impl FrameReader {
     pub(crate) async fn payload(
         &mut self,
         len: u32,
-        dst: Option<(&Region, u32, u64)>,
+        dst: Option<(&Arc<Region>, u32, u64)>,
     ) -> Result<(), ConnError> {
         self.bulk = len >= BULK_PAYLOAD;
-        let mut dst = dst.map(|(r, seg, off)| (r, seg as usize, off));
+        let owner = dst.map(|d| d.0);
+        let mut dst = dst.map(|(r, seg, off)| (&**r, seg as usize, off));
         let mut left = len as usize;
         let buffered = left.min(self.end - self.start);
         if buffered > 0 {
@@ -189,18 +207,29 @@ impl FrameReader {
             return secure_payload(sec, &mut self.rd, left, dst).await;
         }
         while left > 0 {
-            match dst {
-                Some((region, seg, off)) if !region.is_host() => {
-                    // Device memory: through a host buffer.
+            match (dst, owner) {
+                (Some((region, seg, off)), Some(owner)) if !region.is_host() => {
+                    // Device memory: read into a host buffer while the one
+                    // before lands, then lands from it in turn.
                     let n = left.min(STAGE);
-                    if self.stage.len() < n {
-                        self.stage.resize(n, 0);
+                    let mut buf = host_buf(region, self.free.pop(), STAGE);
+                    let read = self.rd.read_exact(&mut buf[..n]).await;
+                    let settled = self.settle().await;
+                    if let Err(e) = read {
+                        return Err(e.into());
                     }
-                    self.rd.read_exact(&mut self.stage[..n]).await?;
-                    dst = land(region, seg, off, &self.stage[..n])?;
+                    settled?;
                     left -= n;
+                    if !region.is_open() {
+                        self.free.push(buf);
+                        dst = None;
+                        continue;
+                    }
+                    self.landing = Some(Landing::start(owner, seg, off, buf, n));
+                    let (seg, off) = region.advance(seg, off, n);
+                    dst = Some((region, seg, off));
                 }
-                Some((region, seg, off)) => {
+                (Some((region, seg, off)), _) => {
                     self.rd.readable().await?;
                     let rd = &self.rd;
                     // Straight from the socket into as many blocks as one
@@ -221,7 +250,7 @@ impl FrameReader {
                         Err(Denied::NotHostMemory) => return Err(not_host()),
                     }
                 }
-                None => {
+                (None, _) => {
                     // The buffer is empty here: everything buffered was consumed above.
                     let n = left.min(self.buf.len());
                     self.rd.read_exact(&mut self.buf[..n]).await?;
@@ -309,9 +338,6 @@ async fn secure_payload(
 pub(crate) struct ConnWriter {
     w: OwnedWriteHalf,
     sec: Option<Box<SecureOut>>,
-    /// Device memory's bytes on their way to the socket (see `staged.rs`);
-    /// empty until the first.
-    stage: Vec<u8>,
 }
 
 /// The secure channel's side of a writer.
@@ -378,11 +404,7 @@ impl SecureOut {
 
 impl ConnWriter {
     pub(crate) fn new(w: OwnedWriteHalf) -> Self {
-        ConnWriter {
-            w,
-            sec: None,
-            stage: Vec::new(),
-        }
+        ConnWriter { w, sec: None }
     }
 
     /// From now on the stream is the secure channel's.
@@ -438,7 +460,9 @@ impl ConnWriter {
     /// the region from `offset` of segment `desc` on, running into the
     /// segments that follow. If the region closes meanwhile, the rest of
     /// the payload is zeros (the frame must be completed) and `Ok(false)` is
-    /// returned; if it was closed before, nothing is sent.
+    /// returned; if it was closed before, nothing is sent. Host memory
+    /// only: device memory is copied off the device first
+    /// (`Conn::stream_device`).
     pub(crate) async fn send_data(
         &mut self,
         header: &[u8],
@@ -447,13 +471,13 @@ impl ConnWriter {
         offset: u64,
         len: u32,
     ) -> io::Result<bool> {
-        if let Some(s) = &mut self.sec {
-            let tmp = &mut self.stage;
-            return send_data_sealed(s, &mut self.w, tmp, header, region, desc, offset, len).await;
-        }
         if !region.is_host() {
-            let tmp = &mut self.stage;
-            return send_device(&mut self.w, tmp, header, region, desc, offset, len).await;
+            return Err(io::Error::other(
+                "device memory reached the host memory's send path",
+            ));
+        }
+        if let Some(s) = &mut self.sec {
+            return send_data_sealed(s, &mut self.w, header, region, desc, offset, len).await;
         }
         let w = &mut self.w;
         let len = len as usize;
@@ -506,11 +530,9 @@ impl ConnWriter {
 /// [`ConnWriter::send_data`] through the secure channel: the payload is
 /// encrypted from the source memory, [`BATCH`] bytes per hold of the
 /// region's lock, and written outside it.
-#[allow(clippy::too_many_arguments)]
 async fn send_data_sealed(
     s: &mut SecureOut,
     w: &mut OwnedWriteHalf,
-    tmp: &mut Vec<u8>,
     header: &[u8],
     region: &Region,
     desc: u32,
@@ -535,19 +557,7 @@ async fn send_data_sealed(
                 }
                 io::Result::Ok(took)
             };
-            let r = if region.is_host() {
-                region.read_span(seg, off, n, |src| seal(src, s))
-            } else {
-                // Device memory: copied off the device first.
-                if tmp.len() < n {
-                    tmp.resize(n, 0);
-                }
-                match read_device(region, seg, off, &mut tmp[..n])? {
-                    Some(took) => Ok(seal(&[IoSlice::new(&tmp[..took])], s)),
-                    None => Err(Denied::Closed),
-                }
-            };
-            match r {
+            match region.read_span(seg, off, n, |src| seal(src, s)) {
                 Ok(r) => {
                     let took = r?;
                     started = true;

@@ -127,6 +127,10 @@ pub(super) async fn step(
     inner: Option<&Arc<Served>>,
 ) -> Result<(), ConnError> {
     let msg = rd.next().await?;
+    if !matches!(msg, Message::Data(_)) {
+        // Whatever it says about a transfer comes after its bytes.
+        rd.settle().await?;
+    }
     match conn.with_session(|s| s.handle_frame(msg))? {
         Step::Done => Ok(()),
         Step::Payload {

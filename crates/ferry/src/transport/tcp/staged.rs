@@ -1,29 +1,61 @@
-//! Device (GPU) memory in band: its bytes go through a host buffer, copied
+//! Device (GPU) memory in band: its bytes go through host buffers, copied
 //! to and from the device by `Region::stage_in` and `Region::stage_out`
 //! (`cuda::stage`), which hold the region's lock until the device's copy
 //! has finished. The frames are those of host memory; only the last step
 //! into or out of the memory differs, so a peer cannot tell (and needs no
 //! GPU of its own: a host on the other side reads a GPU's memory as bytes).
+//!
+//! Both directions are pipelined, two host buffers deep: the copy to or
+//! from the device runs on a blocking thread ([`Landing`], [`Staging`])
+//! while the connection's task moves the previous (or next) buffer through
+//! the socket. Each copy is one locked region access, so the fence is that
+//! of host memory: once `Region::close` has returned, no copy starts, and
+//! the one running has ended (close waits for the lock).
 #![forbid(unsafe_code)]
 
 use std::io;
+use std::sync::Arc;
 
-use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::OwnedWriteHalf;
+use ferry_proto::wire::{Data, Message};
+use ferry_proto::Cursor;
+use tokio::task::JoinHandle;
 
-use super::conn_io::{outside, Dst, ZEROS};
+use super::conn::Conn;
+use super::conn_io::{outside, ConnWriter, Dst};
 use super::error::ConnError;
+use super::util::{lock, CHUNK};
+use crate::cuda::stage::HostBuf;
 use crate::cuda::CudaError;
 use crate::region::{Denied, Region};
 
-/// The most bytes staged at once: one copy to or from the device per this
-/// much payload.
+/// The most bytes landed at once on the receiving side: one copy to the
+/// device per this much payload.
 pub(super) const STAGE: usize = 1 << 20;
+
+/// Copies smaller than this run on the connection's task: handing them to
+/// a blocking thread would cost more than it overlaps.
+pub(super) const INLINE: usize = 64 * 1024;
+
+/// A host buffer of at least `len` bytes for device memory of `region`:
+/// `kept`, if it is large enough, else a new one.
+pub(super) fn host_buf(region: &Region, kept: Option<HostBuf>, len: usize) -> HostBuf {
+    match kept {
+        Some(b) if b.len() >= len => b,
+        _ => {
+            let device = region.device().map_or(0, |d| d.id());
+            HostBuf::new(device, len)
+        }
+    }
+}
 
 /// What a failed device copy does to the connection: it is closed, and
 /// both sides learn why.
 pub(super) fn failed(e: CudaError) -> ConnError {
     ConnError::Channel(failed_text(&e))
+}
+
+fn failed_text(e: &CudaError) -> String {
+    format!("staging GPU memory through the host failed: {e}")
 }
 
 /// [`land`](super::conn_io) for device memory: copies `src` into the region
@@ -52,75 +84,166 @@ pub(super) fn land_device<'a>(
     Ok(Some((region, seg, off)))
 }
 
-/// Copies up to `tmp.len()` bytes of the region from `off` of segment
-/// `seg` on into `tmp`: how many came (0 only where `tmp` is empty), or
-/// `None` if the region is closed.
-pub(super) fn read_device(
-    region: &Region,
-    seg: usize,
-    off: u64,
-    tmp: &mut [u8],
-) -> io::Result<Option<usize>> {
-    match region.stage_out(seg, off, tmp) {
-        Ok(Ok(n)) => Ok(Some(n)),
-        Ok(Err(e)) => Err(io::Error::other(failed_text(&e))),
-        Err(Denied::Closed) => Ok(None),
-        Err(Denied::OutOfBounds | Denied::NotHostMemory) => Err(io::Error::other(
-            "device memory to send lies outside the descriptors",
-        )),
-    }
-}
-
-fn failed_text(e: &CudaError) -> String {
-    format!("staging GPU memory through the host failed: {e}")
-}
-
-/// [`ConnWriter::send_data`](super::conn_io::ConnWriter::send_data) for
-/// device memory, in plaintext: the payload is copied off the device
-/// [`STAGE`] bytes at a time into `tmp` and written from there. If the
-/// region closes meanwhile, the rest of the payload is zeros and
-/// `Ok(false)` is returned; if it was closed before, nothing is sent.
-pub(super) async fn send_device(
-    w: &mut OwnedWriteHalf,
-    tmp: &mut Vec<u8>,
-    header: &[u8],
-    region: &Region,
-    desc: u32,
-    offset: u64,
-    len: u32,
-) -> io::Result<bool> {
-    let len = len as usize;
-    let (mut seg, mut off) = (desc as usize, offset);
-    let (mut started, mut sent, mut open) = (false, 0usize, true);
-    while !started || sent < len {
-        let n = (len - sent).min(STAGE);
-        if open {
-            if tmp.len() < n {
-                tmp.resize(n, 0);
+/// Fills all of `dst` from the region, from `off` of segment `seg` on:
+/// `Ok(false)` if the region is (or became) closed.
+fn fill_from_device(region: &Region, seg: usize, off: u64, dst: &mut [u8]) -> io::Result<bool> {
+    let (mut seg, mut off, mut at) = (seg, off, 0);
+    while at < dst.len() {
+        match region.stage_out(seg, off, &mut dst[at..]) {
+            Ok(Ok(0)) => return Err(io::Error::other("no device bytes where some were due")),
+            Ok(Ok(n)) => {
+                at += n;
+                (seg, off) = region.advance(seg, off, n);
             }
-            match read_device(region, seg, off, &mut tmp[..n])? {
-                Some(took) => {
-                    if !started {
-                        w.write_all(header).await?;
-                        started = true;
-                    }
-                    w.write_all(&tmp[..took]).await?;
-                    sent += took;
-                    (seg, off) = region.advance(seg, off, took);
-                    if took == 0 && n > 0 {
-                        return Err(io::Error::other("no device bytes where some were due"));
-                    }
-                }
-                // Closed before the frame started: send nothing of it.
-                None if !started => return Ok(false),
-                None => open = false,
+            Ok(Err(e)) => return Err(io::Error::other(failed_text(&e))),
+            Err(Denied::Closed) => return Ok(false),
+            Err(Denied::OutOfBounds | Denied::NotHostMemory) => {
+                return Err(io::Error::other(
+                    "device memory to send lies outside the descriptors",
+                ))
             }
-        } else {
-            // Closed mid-frame: complete it with zeros.
-            let n = n.min(ZEROS.len());
-            w.write_all(&ZEROS[..n]).await?;
-            sent += n;
         }
     }
-    Ok(open)
+    Ok(true)
+}
+
+/// A buffer of received bytes on its way into device memory, copied on a
+/// blocking thread while the reader reads on (a small one at once, on the
+/// reader's task). Dropped unawaited (the connection ended), the copy
+/// still runs to its end, under the region's lock like any other, or finds
+/// the region closed.
+pub(super) enum Landing {
+    Done(HostBuf, Result<(), ConnError>),
+    Running(JoinHandle<(HostBuf, Result<(), ConnError>)>),
+}
+
+impl Landing {
+    /// Starts copying `buf[..n]` into `region` from `off` of segment `seg`
+    /// on.
+    pub(super) fn start(
+        region: &Arc<Region>,
+        seg: usize,
+        off: u64,
+        buf: HostBuf,
+        n: usize,
+    ) -> Self {
+        if n < INLINE {
+            let r = land_device(region, seg, off, &buf[..n]).map(|_| ());
+            return Landing::Done(buf, r);
+        }
+        let region = region.clone();
+        Landing::Running(tokio::task::spawn_blocking(move || {
+            let r = land_device(&region, seg, off, &buf[..n]).map(|_| ());
+            (buf, r)
+        }))
+    }
+
+    /// Waits for the copy: its buffer back (unless the copy panicked), and
+    /// how it went.
+    pub(super) async fn wait(self) -> (Option<HostBuf>, Result<(), ConnError>) {
+        match self {
+            Landing::Done(buf, r) => (Some(buf), r),
+            Landing::Running(job) => match job.await {
+                Ok((buf, r)) => (Some(buf), r),
+                Err(e) => (
+                    None,
+                    Err(ConnError::Channel(format!("a device copy failed: {e}"))),
+                ),
+            },
+        }
+    }
+}
+
+/// One frame's bytes being copied off the device on a blocking thread:
+/// the span, its buffer, and whether the region was still open.
+struct Staging {
+    span: (u32, u64, u32),
+    job: Job,
+}
+
+/// A copy off the device: run already (a small one), or running.
+enum Job {
+    Done((HostBuf, io::Result<bool>)),
+    Running(JoinHandle<(HostBuf, io::Result<bool>)>),
+}
+
+impl Staging {
+    fn start(region: &Arc<Region>, span: (u32, u64, u32), kept: Option<HostBuf>) -> Self {
+        let n = span.2 as usize;
+        let buf = host_buf(region, kept, CHUNK as usize);
+        let copy = move |region: &Region, mut buf: HostBuf| {
+            let r = fill_from_device(region, span.0 as usize, span.1, &mut buf[..n]);
+            (buf, r)
+        };
+        let job = if n < INLINE {
+            Job::Done(copy(region, buf))
+        } else {
+            let region = region.clone();
+            Job::Running(tokio::task::spawn_blocking(move || copy(&region, buf)))
+        };
+        Staging { span, job }
+    }
+
+    async fn wait(self) -> io::Result<((u32, u64, u32), HostBuf, bool)> {
+        let (buf, r) = match self.job {
+            Job::Done(done) => done,
+            Job::Running(job) => job
+                .await
+                .map_err(|e| io::Error::other(format!("a device copy failed: {e}")))?,
+        };
+        Ok((self.span, buf, r?))
+    }
+}
+
+impl Conn {
+    /// Sends the device memory under `cursor` as `Data` frames of up to
+    /// [`CHUNK`] bytes, each copied off the device while the previous one
+    /// is written. `Ok(false)` if the region closed on the way: the frame
+    /// whose copy found it closed, and those after it, are not sent (a
+    /// frame already copied still is: its bytes were read before the
+    /// close, whole).
+    pub(super) async fn stream_device(
+        &self,
+        req: u64,
+        region: &Arc<Region>,
+        cursor: &mut Cursor,
+    ) -> io::Result<bool> {
+        let next_span = |cursor: &mut Cursor| {
+            let span = cursor.next_span(CHUNK)?;
+            let _ = cursor.accept(span.0, span.1, span.2);
+            Some(span)
+        };
+        let take = || lock(&self.staging).pop();
+        let mut next = next_span(cursor).map(|s| Staging::start(region, s, take()));
+        while let Some(staging) = next.take() {
+            let ((desc, offset, len), buf, open) = staging.wait().await?;
+            if !open {
+                return Ok(false);
+            }
+            next = next_span(cursor).map(|s| Staging::start(region, s, take()));
+            let header = Message::Data(Data {
+                req,
+                desc,
+                offset,
+                len,
+            })
+            .to_vec();
+            self.unless_dead(async {
+                let mut w = self.writer.lock().await;
+                send_staged(&mut w, &header, &buf[..len as usize]).await
+            })
+            .await?;
+            let mut kept = lock(&self.staging);
+            if kept.len() < 2 {
+                kept.push(buf);
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// Writes one whole frame whose payload is already in host memory.
+async fn send_staged(w: &mut ConnWriter, header: &[u8], payload: &[u8]) -> io::Result<()> {
+    w.write_all(header).await?;
+    w.write_all(payload).await
 }

@@ -190,7 +190,7 @@ impl Conn {
     pub(super) async fn stream(
         self: &Arc<Self>,
         req: u64,
-        region: &Region,
+        region: &Arc<Region>,
         cursor: Cursor,
         prefix: Vec<u8>,
         opened: Option<&watch::Sender<bool>>,
@@ -210,7 +210,7 @@ impl Conn {
     pub(super) async fn stream_inner(
         self: &Arc<Self>,
         req: u64,
-        region: &Region,
+        region: &Arc<Region>,
         mut cursor: Cursor,
         prefix: &[u8],
         opened: Option<&watch::Sender<bool>>,
@@ -231,6 +231,12 @@ impl Conn {
         }
         if let Some(o) = opened {
             o.send_replace(true);
+        }
+        if !region.is_host() {
+            // Device memory: copied off the device a frame ahead.
+            if !self.stream_device(req, region, &mut cursor).await? {
+                return closed(self);
+            }
         }
         // Each frame as large as a chunk, over as many blocks as it takes.
         while let Some((d, o, l)) = cursor.next_span(CHUNK) {
