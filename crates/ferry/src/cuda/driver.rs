@@ -4,8 +4,8 @@
 //!
 //! Signatures are those of `cuda.h` (CUDA 11 and 12); the `_v2` names are
 //! the symbols `cuda.h` maps the plain names to. `CUresult` is an `int`,
-//! `CUdevice` an `int`, `CUdeviceptr` a 64-bit integer, contexts, streams and
-//! events opaque pointers, and `CUipcMemHandle` 64 bytes passed by value.
+//! `CUdevice` an `int`, `CUdeviceptr` a 64-bit integer, contexts and streams
+//! opaque pointers, and `CUipcMemHandle` 64 bytes passed by value.
 //!
 //! Unverified on real hardware: this machine has no GPU; only the loading
 //! failures (no library, a library that is not `libcuda`) are tested here.
@@ -22,20 +22,15 @@ pub(crate) type CuDevice = c_int;
 pub(crate) type CuDevicePtr = u64;
 pub(crate) type CuContext = *mut c_void;
 pub(crate) type CuStream = *mut c_void;
-pub(crate) type CuEvent = *mut c_void;
 
 pub(crate) const CUDA_SUCCESS: CuResult = 0;
 /// `cuInit`: the driver found no CUDA-capable device.
 pub(crate) const CUDA_ERROR_NO_DEVICE: CuResult = 100;
-/// `cuEventQuery`: the work before the event has not completed yet.
-pub(crate) const CUDA_ERROR_NOT_READY: CuResult = 600;
 
 /// `cuMemHostAlloc`: pinned memory usable from every context.
 pub(crate) const CU_MEMHOSTALLOC_PORTABLE: c_uint = 0x01;
 /// `cuStreamCreate`: no implicit synchronisation with the legacy stream.
 pub(crate) const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
-/// `cuEventCreate`: no timing data (cheaper to record and query).
-pub(crate) const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
 /// `cuIpcOpenMemHandle`: enable peer access lazily where devices differ.
 pub(crate) const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint = 0x1;
 /// `CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE` (a `CUmemorytype`).
@@ -89,11 +84,6 @@ pub(crate) struct Api {
     pub(crate) stream_create: unsafe extern "C" fn(*mut CuStream, c_uint) -> CuResult,
     pub(crate) stream_destroy: unsafe extern "C" fn(CuStream) -> CuResult,
     pub(crate) stream_synchronize: unsafe extern "C" fn(CuStream) -> CuResult,
-    pub(crate) event_create: unsafe extern "C" fn(*mut CuEvent, c_uint) -> CuResult,
-    pub(crate) event_record: unsafe extern "C" fn(CuEvent, CuStream) -> CuResult,
-    pub(crate) event_query: unsafe extern "C" fn(CuEvent) -> CuResult,
-    pub(crate) event_synchronize: unsafe extern "C" fn(CuEvent) -> CuResult,
-    pub(crate) event_destroy: unsafe extern "C" fn(CuEvent) -> CuResult,
     pub(crate) pointer_get_attribute:
         unsafe extern "C" fn(*mut c_void, c_int, CuDevicePtr) -> CuResult,
     pub(crate) ipc_get_mem_handle: unsafe extern "C" fn(*mut IpcMemHandle, CuDevicePtr) -> CuResult,
@@ -152,11 +142,6 @@ impl Api {
             stream_create: sym!("cuStreamCreate"),
             stream_destroy: sym!("cuStreamDestroy_v2"),
             stream_synchronize: sym!("cuStreamSynchronize"),
-            event_create: sym!("cuEventCreate"),
-            event_record: sym!("cuEventRecord"),
-            event_query: sym!("cuEventQuery"),
-            event_synchronize: sym!("cuEventSynchronize"),
-            event_destroy: sym!("cuEventDestroy_v2"),
             pointer_get_attribute: sym!("cuPointerGetAttribute"),
             ipc_get_mem_handle: sym!("cuIpcGetMemHandle"),
             ipc_open_mem_handle: sym!("cuIpcOpenMemHandle_v2"),

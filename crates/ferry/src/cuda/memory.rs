@@ -333,11 +333,6 @@ impl PinnedBuf {
             len,
         })
     }
-
-    /// Its host address (for an asynchronous copy).
-    pub(crate) fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.ptr.as_ptr()
-    }
 }
 
 impl AsRef<[u8]> for PinnedBuf {

@@ -27,12 +27,10 @@ use ferry_proto::{Device, DeviceKind};
 
 mod buffer;
 mod driver;
-mod engine;
 pub(crate) mod ipc;
 mod memory;
 pub(crate) mod policy;
 pub(crate) mod stage;
-mod staging;
 
 pub use buffer::CudaBuffer;
 pub(crate) use driver::Driver;
