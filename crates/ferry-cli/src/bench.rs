@@ -210,6 +210,9 @@ enum Lane {
     /// TCP with device memory on both sides (`--device`): staged through
     /// host memory.
     Staged,
+    /// Device memory on both sides (`--device cuda:N`) with the
+    /// cross-memory attach connector: CUDA IPC where the driver lends.
+    Ipc,
 }
 
 struct Bench {

@@ -78,7 +78,8 @@ enum Cmd {
         /// host memory standing in for a GPU, to measure the staging path
         /// without one). Measures Ferry over TCP with device memory
         /// (staged through host memory) against Ferry over TCP with host
-        /// memory, turn by turn, and the device's copies.
+        /// memory, turn by turn, and the device's copies; on a GPU also
+        /// CUDA IPC against `cuMemcpyDtoD`.
         #[arg(long)]
         device: Option<String>,
     },
@@ -181,6 +182,10 @@ async fn main() -> anyhow::Result<()> {
                 ferry_cli::bench::Options::full()
             };
             if !blocks.is_empty() {
+                // Blocks asked for by name run at least once (batch 1),
+                // however large.
+                let largest = blocks.iter().copied().max().unwrap_or(0);
+                opts.max_op_bytes = opts.max_op_bytes.max(largest);
                 opts.blocks = blocks;
             }
             if !batches.is_empty() {

@@ -9,6 +9,13 @@
 //! issue's figure: at least 0.8). With `sim` the device's copies are
 //! `memcpy`s, so the figure is the staging path's cost less the PCIe
 //! copies: a floor for what a GPU would show, not that figure.
+//!
+//! On a real GPU each shape also gets the CUDA IPC rows: READ and WRITE
+//! with device memory on both sides through the cross-memory attach
+//! connector (the target's memory lent by CUDA IPC and copied on the
+//! device), against `cuMemcpyDtoD` between two buffers of this process
+//! (the issue's figure: at least 0.8 at 1 GiB). `sim` has none: a
+//! simulated GPU lends nothing.
 
 use std::hint::black_box;
 
@@ -50,6 +57,11 @@ impl Bench {
                     self.emit(r)?;
                 }
             }
+            if dev != "sim" {
+                for r in self.ipc_rows(block, batch).await? {
+                    self.emit(r)?;
+                }
+            }
         }
         eprintln!("\r{:<60}", "device sweep done");
         super::print_table(&self.rows);
@@ -58,7 +70,7 @@ impl Bench {
             println!(
                 "device sim: host memory stood in for the GPU on both sides, its copies are \
                  memcpy: the staged rows show the staging path's cost without PCIe, not a GPU's \
-                 figure"
+                 figure; no CUDA IPC rows (a simulated GPU lends nothing)"
             );
         }
         Ok(())
@@ -87,6 +99,39 @@ impl Bench {
         r.baseline = Some(format!("ferry tcp {op} (host memory)"));
         r.ratio = Some(r.gbps / base.gbps.max(1e-12));
         Ok(vec![base, r])
+    }
+
+    /// `cuMemcpyDtoD` of one operation's bytes within this process, then
+    /// READ and WRITE with device memory on both sides through the
+    /// cross-memory attach connector (CUDA IPC), each against it.
+    pub(super) async fn ipc_rows(&mut self, block: u64, batch: usize) -> anyhow::Result<Vec<Row>> {
+        let bytes = (block * batch as u64) as usize;
+        let device = self.opts.device.clone().unwrap_or_default();
+        let d = crate::gpu::device_of(&device)?;
+        let dtod = {
+            let src = ferry::cuda::CudaBuffer::new(d.id(), bytes)?;
+            let mut dst = ferry::cuda::CudaBuffer::new(d.id(), bytes)?;
+            self.timed("cuMemcpyDtoD", "copy", block, batch, || {
+                dst.copy_from(&src).map_err(Into::into)
+            })?
+        };
+        let mut rows = vec![dtod.clone()];
+        let sl = self.slice(block * batch as u64);
+        for op in ["read", "write"] {
+            let mut ipc = Samples::default();
+            let mut used = None;
+            for _ in 0..ROUNDS {
+                let (s, t) = self.ferry_slice(Lane::Ipc, op, block, batch, sl).await?;
+                ipc.add(s);
+                used = used.or(t);
+            }
+            let used = used.map(|t| t.name()).unwrap_or("?");
+            let mut r = ipc.into_row(&format!("ferry {device}"), used, op, block, batch);
+            r.baseline = Some("cuMemcpyDtoD (one process)".into());
+            r.ratio = Some(r.gbps / dtod.gbps.max(1e-12));
+            rows.push(r);
+        }
+        Ok(rows)
     }
 
     /// The device's copies of one operation's bytes, each way:

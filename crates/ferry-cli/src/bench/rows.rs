@@ -159,9 +159,9 @@ impl Bench {
         if via == Lane::Ucx {
             r.lane = Some("ucx".into());
         }
-        // Device memory on both sides for the staged lane.
+        // Device memory on both sides for the device lanes.
         let device = match via {
-            Lane::Staged => self.opts.device.clone(),
+            Lane::Staged | Lane::Ipc => self.opts.device.clone(),
             _ => None,
         };
         r.device = device.clone();
@@ -174,7 +174,7 @@ impl Bench {
         let created = m.created_ns;
         let descs = self.pool.take(block, batch, device.as_deref())?;
         let local = match via {
-            Lane::Cma => &self.cma,
+            Lane::Cma | Lane::Ipc => &self.cma,
             Lane::Tcp | Lane::Staged => &self.tcp,
             Lane::Striped => &self.striped,
             Lane::Ucx => match &self.ucx {

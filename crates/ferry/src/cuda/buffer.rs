@@ -74,6 +74,13 @@ impl CudaBuffer {
         self.0.copy_to_host(dst)
     }
 
+    /// Copies all of `src` into the start of this buffer, device to device
+    /// (`cuMemcpyDtoD`), and waits for the copy. `CudaError::OutOfRange` if
+    /// it does not fit.
+    pub fn copy_from(&mut self, src: &CudaBuffer) -> Result<(), CudaError> {
+        self.0.copy_from_device(&src.0)
+    }
+
     /// A writable descriptor of the whole buffer, which owns it (freed when
     /// the descriptor, and any operation it was given to, is dropped).
     pub fn into_descriptor(self) -> Descriptor<'static> {
@@ -120,9 +127,19 @@ mod tests {
             (Device::cuda(0), 1 << 16, Some(ptr), true)
         );
         assert!(d.as_slice().is_none() && d.as_mut_slice().is_none());
-        let buf: CudaBuffer = d.into_owner().unwrap();
+        let mut buf: CudaBuffer = d.into_owner().unwrap();
         let mut back = vec![0u8; src.len()];
         buf.copy_to_host(&mut back).unwrap();
         assert!(back == src);
+        // Device to device, into a larger buffer's start.
+        let mut other = CudaBuffer::new(0, 1 << 17).unwrap();
+        other.copy_from(&buf).unwrap();
+        let mut again = vec![0u8; src.len()];
+        other.copy_to_host(&mut again).unwrap();
+        assert!(again == src);
+        assert!(matches!(
+            buf.copy_from(&other),
+            Err(CudaError::OutOfRange { .. })
+        ));
     }
 }

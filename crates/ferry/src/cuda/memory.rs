@@ -228,6 +228,28 @@ impl DeviceBuffer {
         self.ctx.drv.check("cuMemcpyDtoH_v2", r)
     }
 
+    /// Copies all of `src` into the start of the buffer
+    /// (`cuMemcpyDtoD_v2`, then a wait for the legacy stream it runs on:
+    /// device-to-device copies do not wait on their own).
+    pub(crate) fn copy_from_device(&mut self, src: &DeviceBuffer) -> Result<(), CudaError> {
+        self.check_range(0, src.len())?;
+        if src.len() == 0 {
+            return Ok(());
+        }
+        let _cur = self.ctx.make_current()?;
+        let api = &self.ctx.drv.api;
+        // SAFETY: both ranges lie inside live allocations (`src` whole,
+        // the destination checked above), distinct ones (`&mut self` and
+        // `&src` cannot be the same buffer), and the wait below ends the
+        // copy before either borrow does.
+        let r = unsafe { (api.memcpy_dtod)(self.ptr, src.ptr, src.len()) };
+        self.ctx.drv.check("cuMemcpyDtoD_v2", r)?;
+        // SAFETY: the null stream is the context's legacy stream, on which
+        // the copy above was queued.
+        let r = unsafe { (api.stream_synchronize)(std::ptr::null_mut()) };
+        self.ctx.drv.check("cuStreamSynchronize", r)
+    }
+
     /// Whether the driver agrees that its address is device memory of its
     /// device (`cuPointerGetAttribute`): a self-check for a real GPU.
     pub(crate) fn verify_attributes(&self) -> Result<bool, CudaError> {
