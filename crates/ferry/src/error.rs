@@ -218,7 +218,7 @@ fn describe(r: AbortReason) -> &'static str {
         AbortReason::ShuttingDown => "the remote connector is shutting down",
         AbortReason::Unauthenticated => "the peers do not share the same secret",
         AbortReason::PartFailed => "another part of this striped transfer failed",
-        AbortReason::DeviceMemory => "the remote's memory is on a GPU and moves only by CUDA IPC between processes of one host",
+        AbortReason::DeviceMemory => "the remote's GPU memory could not be moved: no path reaches it, or a copy to or from it failed (the detail says which)",
         _ => "unknown reason",
     }
 }

@@ -2,8 +2,9 @@
 //! own device memory through host memory (`transport/tcp/staged.rs`).
 //! READ and WRITE, GPU→GPU, GPU→CPU and CPU→GPU, 1 byte to 64 MiB, 16
 //! mixed descriptors, striped over 4 streams, through the secure channel, a
-//! cancel mid-transfer after which no byte changes, and a peer killed
-//! mid-transfer; byte for byte on the destination.
+//! cancel mid-transfer after which no byte changes, a peer killed
+//! mid-transfer, and a failed device copy that ends its operation alone;
+//! byte for byte on the destination.
 //!
 //! Each test spawns a real second process (this test binary, run again for
 //! the same test with `ROLE` set) that serves one operation and prints its
@@ -584,4 +585,94 @@ async fn one_process(a: &Connector, b: &Connector, via: TransportKind) {
                 .unwrap_or_else(|e| panic!("WRITE {what}: {e}"));
         }
     }
+}
+
+/// A device copy that fails (simulated: `simulate_copy_failure` over one
+/// MiB in the middle of a 3 MiB buffer) ends its one operation, on either
+/// side and in either direction: `DeviceCopy` where it failed, the
+/// remote's refusal (`DeviceMemory`) on the other side; the connection
+/// stays, and the next operation on it completes.
+#[test]
+fn a_failed_device_copy_ends_its_request_not_the_connection() {
+    if served() {
+        return;
+    }
+    if init() {
+        return println!("skipped: failures are injected only into simulated device copies");
+    }
+    let sizes = [3 * MIB];
+    runtime().block_on(async {
+        let (a, b) = (connector(Opts::Plain).await, connector(Opts::Plain).await);
+        let mut connections = None;
+        for (read, fail_here) in [(true, true), (true, false), (false, true), (false, false)] {
+            let what = format!(
+                "{}, failing {}",
+                if read { "READ" } else { "WRITE" },
+                if fail_here { "here" } else { "there" }
+            );
+            let (mine, keep_mine) = make(Mem::Gpu, &sizes, (!read).then_some(5));
+            let (theirs, keep_theirs) = make(Mem::Gpu, &sizes, read.then_some(5));
+            let failing = if fail_here { &keep_mine } else { &keep_theirs };
+            let start = failing.0[0].0 as u64 + MIB as u64;
+            ferry::cuda::simulate_copy_failure(Some(start..start + MIB as u64));
+            let (here, there, statuses) = if read {
+                let r = b.create_readable(theirs).await.unwrap();
+                let op = a.begin_read(r.metadata(), mine).await.unwrap();
+                let here = op.wait_for_completion_timeout(LIMIT).await;
+                let there = r.wait_for_completion_timeout(LIMIT).await;
+                let statuses = (op.status(), r.status());
+                drop((op.into_descriptors(), r.into_descriptors()));
+                (here, there, statuses)
+            } else {
+                let w = b.create_writable(theirs).await.unwrap();
+                let op = a.begin_write(mine, w.metadata()).await.unwrap();
+                let here = op.wait_for_completion_timeout(LIMIT).await;
+                let there = w.wait_for_completion_timeout(LIMIT).await;
+                let statuses = (op.status(), w.status());
+                drop((op.into_descriptors(), w.into_descriptors()));
+                (here, there, statuses)
+            };
+            ferry::cuda::simulate_copy_failure(None);
+            let (failed, told) = if fail_here {
+                (here, there)
+            } else {
+                (there, here)
+            };
+            assert!(
+                matches!(failed, Err(ferry::Error::DeviceCopy { .. })),
+                "{what}: {failed:?}"
+            );
+            assert!(
+                matches!(
+                    told,
+                    Err(ferry::Error::Rejected {
+                        reason: ferry::AbortReason::DeviceMemory,
+                        ..
+                    })
+                ),
+                "{what}: {told:?}"
+            );
+            assert_eq!(
+                statuses,
+                (OperationStatus::Errored, OperationStatus::Errored),
+                "{what}"
+            );
+            drop((keep_mine, keep_theirs));
+
+            // The same connection carries the next operation.
+            let (src, keep_src) = make(Mem::Gpu, &sizes, Some(9));
+            let r = b.create_readable(src).await.unwrap();
+            let (dst, keep) = make(Mem::Gpu, &sizes, None);
+            let op = a.begin_read(r.metadata(), dst).await.unwrap();
+            op.wait_for_completion_timeout(LIMIT)
+                .await
+                .unwrap_or_else(|e| panic!("after {what}: {e}"));
+            check(&read_back(op.into_descriptors(), &keep), 9)
+                .unwrap_or_else(|e| panic!("after {what}: {e}"));
+            r.wait_for_completion_timeout(LIMIT).await.unwrap();
+            drop((r.into_descriptors(), keep_src));
+            let now = (a.connection_count(), b.connection_count());
+            assert_eq!(*connections.get_or_insert(now), now, "{what}: reconnected");
+        }
+    });
 }

@@ -36,7 +36,7 @@ pub use buffer::CudaBuffer;
 pub(crate) use driver::Driver;
 pub(crate) use memory::{DeviceBuffer, PrimaryCtx};
 #[doc(hidden)]
-pub use stage::simulate_with_host_memory;
+pub use stage::{simulate_copy_failure, simulate_with_host_memory};
 
 /// The environment variable that names the `libcuda` to load (a path).
 pub const LIB_ENV: &str = driver::LIB_ENV;

@@ -54,6 +54,37 @@ pub unsafe fn simulate_with_host_memory() {
     SIMULATED.store(true, Ordering::Release);
 }
 
+/// The simulated device range whose copies fail, if any
+/// ([`simulate_copy_failure`]).
+static FAILING: Mutex<Option<std::ops::Range<u64>>> = Mutex::new(None);
+
+/// In a process that simulates a GPU ([`simulate_with_host_memory`]),
+/// makes every staged copy that touches `range` (device addresses) fail
+/// as the driver's would (`CudaError::Copy`), or none with `None`: for
+/// tests of how a failed device copy ends an operation. Without the
+/// simulation it has no effect.
+#[doc(hidden)]
+pub fn simulate_copy_failure(range: Option<std::ops::Range<u64>>) {
+    *FAILING.lock().unwrap_or_else(|p| p.into_inner()) = range;
+}
+
+/// `Err` if a simulated copy of `pieces` must fail.
+fn simulated_failure(pieces: &[(u64, usize)]) -> Result<(), CudaError> {
+    let failing = FAILING.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(r) = failing.as_ref() else {
+        return Ok(());
+    };
+    let hit = pieces
+        .iter()
+        .any(|&(a, n)| n > 0 && a < r.end && a.saturating_add(n as u64) > r.start);
+    if hit {
+        return Err(CudaError::Copy(
+            "simulated failure of a device copy (simulate_copy_failure)".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Whether [`simulate_with_host_memory`] was called in this process.
 pub(crate) fn simulated() -> bool {
     SIMULATED.load(Ordering::Acquire)
@@ -191,6 +222,7 @@ pub(crate) unsafe fn to_device(
 ) -> Result<(), CudaError> {
     check_len(dst, src.len())?;
     if simulated() {
+        simulated_failure(dst)?;
         let mut at = 0;
         for &(addr, len) in dst {
             // SAFETY: in a simulated process device addresses are host
@@ -239,6 +271,7 @@ pub(crate) unsafe fn from_device(
 ) -> Result<(), CudaError> {
     check_len(src, dst.len())?;
     if simulated() {
+        simulated_failure(src)?;
         let mut at = 0;
         for &(addr, len) in src {
             // SAFETY: as in `to_device`, the other way round: host memory

@@ -19,7 +19,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 use super::error::ConnError;
 use super::secure::{Opener, Sealer};
-use super::staged::{host_buf, land_device, Landing, STAGE};
+use super::staged::{host_buf, land_device, Landing, OnFail, STAGE};
 use crate::cuda::stage::HostBuf;
 use crate::region::{Denied, Region};
 
@@ -184,11 +184,14 @@ impl FrameReader {
 
     /// Moves `len` payload bytes into `dst` (segment, offset) of a region
     /// and on into the segments that follow, or discards them when there is
-    /// no destination or the region closes.
+    /// no destination or the region closes. A failed copy into device
+    /// memory ends the request through `fail` (the rest is discarded), or
+    /// the connection without one.
     pub(crate) async fn payload(
         &mut self,
         len: u32,
         dst: Option<(&Arc<Region>, u32, u64)>,
+        fail: Option<OnFail>,
     ) -> Result<(), ConnError> {
         self.bulk = len >= BULK_PAYLOAD;
         let owner = dst.map(|d| d.0);
@@ -198,13 +201,13 @@ impl FrameReader {
         if buffered > 0 {
             if let Some((region, seg, off)) = dst {
                 let src = &self.buf[self.start..self.start + buffered];
-                dst = land(region, seg, off, src)?;
+                dst = land(region, seg, off, src, fail.as_ref())?;
             }
             self.start += buffered;
             left -= buffered;
         }
         if let Some(sec) = &mut self.sec {
-            return secure_payload(sec, &mut self.rd, left, dst).await;
+            return secure_payload(sec, &mut self.rd, left, dst, fail.as_ref()).await;
         }
         while left > 0 {
             match (dst, owner) {
@@ -225,7 +228,7 @@ impl FrameReader {
                         dst = None;
                         continue;
                     }
-                    self.landing = Some(Landing::start(owner, seg, off, buf, n));
+                    self.landing = Some(Landing::start(owner, (seg, off), buf, n, fail.clone()));
                     let (seg, off) = region.advance(seg, off, n);
                     dst = Some((region, seg, off));
                 }
@@ -286,9 +289,10 @@ fn land<'a>(
     seg: usize,
     off: u64,
     mut src: &[u8],
+    fail: Option<&OnFail>,
 ) -> Result<Dst<'a>, ConnError> {
     if !region.is_host() {
-        return land_device(region, seg, off, src);
+        return land_device(region, seg, off, src, fail);
     }
     let (mut seg, mut off) = (seg, off);
     while !src.is_empty() {
@@ -321,11 +325,12 @@ async fn secure_payload(
     rd: &mut OwnedReadHalf,
     mut left: usize,
     mut dst: Dst<'_>,
+    fail: Option<&OnFail>,
 ) -> Result<(), ConnError> {
     while left > 0 {
         let p = sec.next(rd, left).await?;
         if let Some((region, seg, off)) = dst {
-            dst = land(region, seg, off, p)?;
+            dst = land(region, seg, off, p, fail)?;
         }
         left -= p.len();
     }

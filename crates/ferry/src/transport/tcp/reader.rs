@@ -127,10 +127,14 @@ pub(super) async fn step(
     inner: Option<&Arc<Served>>,
 ) -> Result<(), ConnError> {
     let msg = rd.next().await?;
-    if !matches!(msg, Message::Data(_)) {
-        // Whatever it says about a transfer comes after its bytes.
-        rd.settle().await?;
-    }
+    let data_for = match &msg {
+        Message::Data(d) => Some(d.req),
+        _ => {
+            // Whatever it says about a transfer comes after its bytes.
+            rd.settle().await?;
+            None
+        }
+    };
     match conn.with_session(|s| s.handle_frame(msg))? {
         Step::Done => Ok(()),
         Step::Payload {
@@ -142,9 +146,22 @@ pub(super) async fn step(
             if desc == 0 && offset == 0 {
                 target.shared.first_byte();
             }
-            rd.payload(len, Some((&target.region, desc, offset))).await
+            // A failed copy into device memory ends this request alone.
+            let fail = match (data_for, target.region.is_host()) {
+                (Some(req), false) => {
+                    let (conn, target) = (Arc::downgrade(conn), target.clone());
+                    Some(Arc::new(move |why: String| {
+                        if let Some(conn) = conn.upgrade() {
+                            conn.fail_request(req, &target, why);
+                        }
+                    }) as super::staged::OnFail)
+                }
+                _ => None,
+            };
+            rd.payload(len, Some((&target.region, desc, offset)), fail)
+                .await
         }
-        Step::Discard { len } => rd.payload(len, None).await,
+        Step::Discard { len } => rd.payload(len, None, None).await,
         // Only a passive session asks for these.
         Step::CheckGrant(o) => match inner {
             Some(inner) => {

@@ -11,18 +11,23 @@
 //! the socket. Each copy is one locked region access, so the fence is that
 //! of host memory: once `Region::close` has returned, no copy starts, and
 //! the one running has ended (close waits for the lock).
+//!
+//! A copy the driver fails ends its one request, both sides told
+//! ([`Conn::fail_request`]: `Error::DeviceCopy` here, `Abort(DeviceMemory)`
+//! to the peer); the connection and its other requests go on.
 #![forbid(unsafe_code)]
 
 use std::io;
 use std::sync::Arc;
 
-use ferry_proto::wire::{Data, Message};
-use ferry_proto::Cursor;
+use ferry_proto::wire::{AbortReason, Data, Message};
+use ferry_proto::{Cursor, OperationStatus};
 use tokio::task::JoinHandle;
 
 use super::conn::Conn;
 use super::conn_io::{outside, ConnWriter, Dst};
 use super::error::ConnError;
+use super::request::Target;
 use super::util::{lock, CHUNK};
 use crate::cuda::stage::HostBuf;
 use crate::cuda::CudaError;
@@ -48,24 +53,54 @@ pub(super) fn host_buf(region: &Region, kept: Option<HostBuf>, len: usize) -> Ho
     }
 }
 
-/// What a failed device copy does to the connection: it is closed, and
-/// both sides learn why.
-pub(super) fn failed(e: CudaError) -> ConnError {
-    ConnError::Channel(failed_text(&e))
-}
+/// Ends the one request whose received bytes could not be copied into
+/// device memory, given why (see [`Conn::fail_request`]).
+pub(super) type OnFail = Arc<dyn Fn(String) + Send + Sync>;
 
 fn failed_text(e: &CudaError) -> String {
     format!("staging GPU memory through the host failed: {e}")
 }
 
+/// A copy off the device failed: the sending side's error, which ends its
+/// request rather than the connection ([`device_failure`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct DeviceCopyFailed(String);
+
+/// Why a device copy failed, where `e` says one did.
+pub(super) fn device_failure(e: &io::Error) -> Option<String> {
+    e.get_ref()
+        .and_then(|i| i.downcast_ref::<DeviceCopyFailed>())
+        .map(|f| f.0.clone())
+}
+
+impl Conn {
+    /// Ends request `req` after a failed device copy: forgotten by the
+    /// session (its further `Data` is discarded), the operation errored
+    /// with `Error::DeviceCopy` (its region closed first), and the peer told
+    /// with `Abort(DeviceMemory)` unless the operation had ended already.
+    pub(super) fn fail_request(self: &Arc<Self>, req: u64, target: &Target, why: String) {
+        tracing::warn!(peer = self.peer, req, "{why}");
+        lock(&self.session).forget(req);
+        let error = crate::Error::DeviceCopy {
+            reason: why.clone(),
+        };
+        if target.end(OperationStatus::Errored, Some(error)) {
+            self.abort_detached(req, AbortReason::DeviceMemory, why);
+        }
+    }
+}
+
 /// [`land`](super::conn_io) for device memory: copies `src` into the region
 /// from `off` of segment `seg` on; where the next byte goes, or `None` if
-/// the region closed (the rest is then discarded).
+/// the region closed (the rest is then discarded). A failed copy ends the
+/// request through `fail` (then `None`), or the connection without one.
 pub(super) fn land_device<'a>(
     region: &'a Region,
     seg: usize,
     off: u64,
     mut src: &[u8],
+    fail: Option<&OnFail>,
 ) -> Result<Dst<'a>, ConnError> {
     let (mut seg, mut off) = (seg, off);
     while !src.is_empty() {
@@ -75,7 +110,13 @@ pub(super) fn land_device<'a>(
                 src = &src[n..];
                 (seg, off) = region.advance(seg, off, n);
             }
-            Ok(Err(e)) => return Err(failed(e)),
+            Ok(Err(e)) => match fail {
+                Some(fail) => {
+                    fail(failed_text(&e));
+                    return Ok(None);
+                }
+                None => return Err(ConnError::Channel(failed_text(&e))),
+            },
             Err(Denied::Closed) => return Ok(None),
             // A device region never answers that; treated as outside.
             Err(Denied::NotHostMemory) => return Err(outside()),
@@ -95,7 +136,7 @@ fn fill_from_device(region: &Region, seg: usize, off: u64, dst: &mut [u8]) -> io
                 at += n;
                 (seg, off) = region.advance(seg, off, n);
             }
-            Ok(Err(e)) => return Err(io::Error::other(failed_text(&e))),
+            Ok(Err(e)) => return Err(io::Error::other(DeviceCopyFailed(failed_text(&e)))),
             Err(Denied::Closed) => return Ok(false),
             Err(Denied::OutOfBounds | Denied::NotHostMemory) => {
                 return Err(io::Error::other(
@@ -119,21 +160,21 @@ pub(super) enum Landing {
 
 impl Landing {
     /// Starts copying `buf[..n]` into `region` from `off` of segment `seg`
-    /// on.
+    /// on; a failed copy ends the request through `fail`.
     pub(super) fn start(
         region: &Arc<Region>,
-        seg: usize,
-        off: u64,
+        (seg, off): (usize, u64),
         buf: HostBuf,
         n: usize,
+        fail: Option<OnFail>,
     ) -> Self {
         if n < INLINE {
-            let r = land_device(region, seg, off, &buf[..n]).map(|_| ());
+            let r = land_device(region, seg, off, &buf[..n], fail.as_ref()).map(|_| ());
             return Landing::Done(buf, r);
         }
         let region = region.clone();
         Landing::Running(tokio::task::spawn_blocking(move || {
-            let r = land_device(&region, seg, off, &buf[..n]).map(|_| ());
+            let r = land_device(&region, seg, off, &buf[..n], fail.as_ref()).map(|_| ());
             (buf, r)
         }))
     }

@@ -15,6 +15,7 @@ use crate::region::Region;
 
 use super::conn_io::*;
 use super::request::*;
+use super::staged::device_failure;
 use super::util::*;
 
 use super::conn::*;
@@ -60,14 +61,7 @@ impl Conn {
         }
         let last = match (last, &target.stripe) {
             (SessionLast::Seal, _) => {
-                return self.spawn_stream(
-                    req,
-                    target.region,
-                    cursor,
-                    prefix,
-                    opened,
-                    target.shared,
-                );
+                return self.spawn_stream(req, target, cursor, prefix, opened);
             }
             (SessionLast::Part, _) => Last::Part,
             (SessionLast::SealAfterParts, Some(s)) => Last::SealAfter(s.clone()),
@@ -75,15 +69,7 @@ impl Conn {
             // only for a striped request); seal as usual.
             (SessionLast::SealAfterParts, None) => Last::Seal,
         };
-        self.spawn_part(
-            req,
-            target.region,
-            cursor,
-            prefix,
-            opened,
-            target.shared,
-            last,
-        );
+        self.spawn_part(req, target, cursor, prefix, opened, last);
     }
 
     /// The net behind the session and the exposure table, which refuse a
@@ -331,12 +317,12 @@ impl Conn {
     pub(super) fn spawn_stream(
         self: &Arc<Self>,
         req: u64,
-        region: Arc<Region>,
+        target: Target,
         cursor: Cursor,
         prefix: Vec<u8>,
         opened: Option<Arc<watch::Sender<bool>>>,
-        shared: Arc<OpShared>,
     ) {
+        let (region, shared) = (target.region.clone(), target.shared.clone());
         // Device memory goes through a host buffer a frame at a time
         // (`send_data`), never in the one-write path.
         if cursor.sizes().iter().sum::<u64>() <= SMALL && region.is_host() {
@@ -402,20 +388,19 @@ impl Conn {
             });
             return;
         }
-        self.spawn_part(req, region, cursor, prefix, opened, shared, Last::Seal);
+        self.spawn_part(req, target, cursor, prefix, opened, Last::Seal);
     }
 
     /// Streams the bytes under `cursor` from a task of its own, ending as
-    /// `last` says. A write failure kills the connection.
-    #[allow(clippy::too_many_arguments)]
+    /// `last` says. A write failure kills the connection; a failed copy off
+    /// the device ends this request alone (`Conn::fail_request`).
     pub(super) fn spawn_part(
         self: &Arc<Self>,
         req: u64,
-        region: Arc<Region>,
+        target: Target,
         cursor: Cursor,
         prefix: Vec<u8>,
         opened: Option<Arc<watch::Sender<bool>>>,
-        shared: Arc<OpShared>,
         last: Last,
     ) {
         let conn = self.clone();
@@ -423,16 +408,20 @@ impl Conn {
             let r = conn
                 .stream(
                     req,
-                    &region,
+                    &target.region,
                     cursor,
                     prefix,
                     opened.as_deref(),
-                    &shared,
+                    &target.shared,
                     last,
                 )
                 .await;
-            if let Err(e) = r {
-                conn.kill(format!("write failed: {e}"));
+            match r {
+                Ok(_) => {}
+                Err(e) => match device_failure(&e) {
+                    Some(why) => conn.fail_request(req, &target, why),
+                    None => conn.kill(format!("write failed: {e}")),
+                },
             }
         });
     }
