@@ -209,14 +209,22 @@ enum Job {
 }
 
 impl Staging {
-    fn start(region: &Arc<Region>, span: (u32, u64, u32), kept: Option<HostBuf>) -> Self {
+    /// Starts copying `span` off the device: on a blocking thread, or at
+    /// once on this task where it is small or `first` (nothing is being
+    /// written that it could overlap).
+    fn start(
+        region: &Arc<Region>,
+        span: (u32, u64, u32),
+        kept: Option<HostBuf>,
+        first: bool,
+    ) -> Self {
         let n = span.2 as usize;
         let buf = host_buf(region, kept, CHUNK as usize);
         let copy = move |region: &Region, mut buf: HostBuf| {
             let r = fill_from_device(region, span.0 as usize, span.1, &mut buf[..n]);
             (buf, r)
         };
-        let job = if n < INLINE {
+        let job = if n < INLINE || first {
             Job::Done(copy(region, buf))
         } else {
             let region = region.clone();
@@ -255,13 +263,13 @@ impl Conn {
             Some(span)
         };
         let take = || lock(&self.staging).pop();
-        let mut next = next_span(cursor).map(|s| Staging::start(region, s, take()));
+        let mut next = next_span(cursor).map(|s| Staging::start(region, s, take(), true));
         while let Some(staging) = next.take() {
             let ((desc, offset, len), buf, open) = staging.wait().await?;
             if !open {
                 return Ok(false);
             }
-            next = next_span(cursor).map(|s| Staging::start(region, s, take()));
+            next = next_span(cursor).map(|s| Staging::start(region, s, take(), false));
             let header = Message::Data(Data {
                 req,
                 desc,
