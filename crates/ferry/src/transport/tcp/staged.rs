@@ -79,13 +79,15 @@ impl Conn {
     /// session (its further `Data` is discarded), the operation errored
     /// with `Error::DeviceCopy` (its region closed first), and the peer told
     /// with `Abort(DeviceMemory)` unless the operation had ended already.
+    /// A striped transfer's parts are told by its stripe instead, each once
+    /// (`Abort(PartFailed)` with this error's text).
     pub(super) fn fail_request(self: &Arc<Self>, req: u64, target: &Target, why: String) {
         tracing::warn!(peer = self.peer, req, "{why}");
         lock(&self.session).forget(req);
         let error = crate::Error::DeviceCopy {
             reason: why.clone(),
         };
-        if target.end(OperationStatus::Errored, Some(error)) {
+        if target.end(OperationStatus::Errored, Some(error)) && target.stripe.is_none() {
             self.abort_detached(req, AbortReason::DeviceMemory, why);
         }
     }
@@ -219,7 +221,11 @@ impl Staging {
         first: bool,
     ) -> Self {
         let n = span.2 as usize;
-        let buf = host_buf(region, kept, CHUNK as usize);
+        let buf = match kept {
+            // A small copy needs no pinned frame-sized buffer of its own.
+            None if n < INLINE => HostBuf::Plain(vec![0; n]),
+            kept => host_buf(region, kept, CHUNK as usize),
+        };
         let copy = move |region: &Region, mut buf: HostBuf| {
             let r = fill_from_device(region, span.0 as usize, span.1, &mut buf[..n]);
             (buf, r)
@@ -283,7 +289,7 @@ impl Conn {
             })
             .await?;
             let mut kept = lock(&self.staging);
-            if kept.len() < 2 {
+            if kept.len() < 2 && buf.len() >= CHUNK as usize {
                 kept.push(buf);
             }
         }
