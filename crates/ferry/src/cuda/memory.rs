@@ -378,9 +378,10 @@ impl Drop for PinnedBuf {
             return;
         }
         let r = self.ctx.make_current().and_then(|_cur| {
-            // SAFETY: allocated by `cuMemHostAlloc`, freed once; a copy in
-            // flight on it owns it (the engine's pending copy), so none is
-            // running when it drops.
+            // SAFETY: allocated by `cuMemHostAlloc`, freed once; every copy
+            // from or into it is synchronous and borrows it (as the bytes of
+            // a `HostBuf` that the staging task owns until the copy has
+            // returned), so none is running when it drops.
             let r = unsafe { (self.ctx.drv.api.mem_free_host)(self.ptr.as_ptr().cast()) };
             self.ctx.drv.check("cuMemFreeHost", r)
         });

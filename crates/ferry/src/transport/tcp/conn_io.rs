@@ -198,7 +198,12 @@ impl FrameReader {
         let mut dst = dst.map(|(r, seg, off)| (&**r, seg as usize, off));
         let mut left = len as usize;
         let buffered = left.min(self.end - self.start);
-        if buffered > 0 {
+        // Device memory in plaintext takes the bytes already buffered into
+        // its first host buffer (below), rather than landing them now, in
+        // the way of the landing still in flight.
+        let staged = self.sec.is_none() && dst.is_some_and(|d| !d.0.is_host());
+        let mut carry = if staged { buffered } else { 0 };
+        if buffered > 0 && !staged {
             if let Some((region, seg, off)) = dst {
                 let src = &self.buf[self.start..self.start + buffered];
                 dst = land(region, seg, off, src, fail.as_ref())?;
@@ -216,7 +221,13 @@ impl FrameReader {
                     // before lands, then lands from it in turn.
                     let n = left.min(STAGE);
                     let mut buf = host_buf(region, self.free.pop(), STAGE);
-                    let read = self.rd.read_exact(&mut buf[..n]).await;
+                    // What was buffered (less than `STAGE`: all of it
+                    // goes into the first buffer).
+                    let c = carry.min(n);
+                    buf[..c].copy_from_slice(&self.buf[self.start..self.start + c]);
+                    self.start += c;
+                    carry -= c;
+                    let read = self.rd.read_exact(&mut buf[c..n]).await;
                     let settled = self.settle().await;
                     if let Err(e) = read {
                         return Err(e.into());
@@ -252,6 +263,13 @@ impl FrameReader {
                         Err(Denied::OutOfBounds) => return Err(outside()),
                         Err(Denied::NotHostMemory) => return Err(not_host()),
                     }
+                }
+                (None, _) if carry > 0 => {
+                    // Buffered bytes of a closed device region: dropped.
+                    let c = carry.min(left);
+                    self.start += c;
+                    carry -= c;
+                    left -= c;
                 }
                 (None, _) => {
                     // The buffer is empty here: everything buffered was consumed above.
