@@ -125,10 +125,19 @@ impl Bench {
                 ipc.add(s);
                 used = used.or(t);
             }
+            let by_ipc = used == Some(ferry::TransportKind::CudaIpc);
             let used = used.map(|t| t.name()).unwrap_or("?");
             let mut r = ipc.into_row(&format!("ferry {device}"), used, op, block, batch);
-            r.baseline = Some("cuMemcpyDtoD (one process)".into());
-            r.ratio = Some(r.gbps / dtod.gbps.max(1e-12));
+            if by_ipc {
+                r.baseline = Some("cuMemcpyDtoD (one process)".into());
+                r.ratio = Some(r.gbps / dtod.gbps.max(1e-12));
+            } else {
+                // Not the path the baseline is for: no ratio to it.
+                eprintln!(
+                    "\n{op} {}: moved by {used}, not CUDA IPC",
+                    super::human(block)
+                );
+            }
             rows.push(r);
         }
         Ok(rows)
