@@ -79,9 +79,27 @@ fn bytes_address(data: &Bound<'_, PyBytes>) -> (usize, usize) {
     (bytes.as_ptr() as usize, bytes.len())
 }
 
+/// For tests only: set to `1` in a process's environment before it imports
+/// `ferry`, it makes that process treat every CUDA address it is given as
+/// host memory (`ferry::cuda::simulate_with_host_memory`), so that GPU
+/// memory's staged paths run without a GPU (`tests/test_simulated_gpu.py`).
+/// Never in a process with real device memory.
+const SIMULATED_GPU_ENV: &str = "FERRY_TEST_SIMULATED_GPU";
+
 /// Ferry's compiled core; use the `ferry` package instead.
 #[pymodule]
 fn _ferry(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    if std::env::var(SIMULATED_GPU_ENV).as_deref() == Ok("1") {
+        // SAFETY: whoever sets the variable promises what
+        // `simulate_with_host_memory` asks: every CUDA address this process
+        // describes is host memory (the tests' arrays that present host
+        // memory through `__cuda_array_interface__`). It runs as the module
+        // loads, before any descriptor exists.
+        #[allow(unsafe_code)]
+        unsafe {
+            ferry::cuda::simulate_with_host_memory()
+        };
+    }
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<Connector>()?;
     m.add_class::<Operation>()?;

@@ -54,7 +54,26 @@ def new(kind: str, size: int, fill: Optional[bytes] = None) -> Any:
         return raw.view(numpy.float32) if size % 4 == 0 else raw
     if kind == "torch":
         return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone() if size else torch.zeros(0, dtype=torch.uint8)
+    if kind == "cuda_sim":
+        return HostCudaArray(data)
     raise ValueError(f"unknown buffer kind {kind!r}")
+
+
+class HostCudaArray:
+    """Host memory presenting the CUDA array interface (version 3, bytes):
+    what a CuPy or Numba array on ``cuda:0`` looks like to Ferry. Only for
+    processes that simulate a GPU (``FERRY_TEST_SIMULATED_GPU=1``), where
+    device addresses are host memory."""
+
+    def __init__(self, data: bytes) -> None:
+        self.host = numpy.frombuffer(bytearray(data), dtype=numpy.uint8)
+        self.__cuda_array_interface__ = {
+            "version": 3,
+            "data": (self.host.ctypes.data, False),
+            "shape": (len(data),),
+            "typestr": "|u1",
+            "strides": None,
+        }
 
 
 def descriptor(kind: str, buf: Any) -> ferry.Descriptor:
@@ -72,6 +91,8 @@ def contents(kind: str, buf: Any) -> bytes:
         return buf.tobytes()
     if kind == "torch":
         return buf.numpy().tobytes()
+    if kind == "cuda_sim":
+        return buf.host.tobytes()
     raise ValueError(kind)
 
 

@@ -24,12 +24,13 @@ TIMEOUT = 60.0
 class HelperProcess:
     """A running tests/helper.py."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: Optional[Dict[str, str]] = None) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "helper.py")],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            env=None if env is None else {**os.environ, **env},
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()

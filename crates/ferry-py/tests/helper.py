@@ -49,7 +49,7 @@ async def wait(op: Any) -> Dict[str, Any]:
         error = None
     except Exception as e:  # reported to the test
         error = describe_error(e)
-    return {"status": op.status.name, "error": error}
+    return {"status": op.status.name, "error": error, "transport": op.transport}
 
 
 async def serve(req: Dict[str, Any], send: Any) -> None:
