@@ -83,13 +83,16 @@ fn bytes_address(data: &Bound<'_, PyBytes>) -> (usize, usize) {
 /// `ferry`, it makes that process treat every CUDA address it is given as
 /// host memory (`ferry::cuda::simulate_with_host_memory`), so that GPU
 /// memory's staged paths run without a GPU (`tests/test_simulated_gpu.py`).
-/// Never in a process with real device memory.
+/// Ignored (with a warning) where the CUDA driver sees a GPU: there device
+/// addresses may be real.
 const SIMULATED_GPU_ENV: &str = "FERRY_TEST_SIMULATED_GPU";
 
 /// Ferry's compiled core; use the `ferry` package instead.
 #[pymodule]
 fn _ferry(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    if std::env::var(SIMULATED_GPU_ENV).as_deref() == Ok("1") {
+    if std::env::var(SIMULATED_GPU_ENV).as_deref() == Ok("1") && ferry::cuda::available() {
+        eprintln!("ferry: {SIMULATED_GPU_ENV}=1 ignored: this host has a GPU");
+    } else if std::env::var(SIMULATED_GPU_ENV).as_deref() == Ok("1") {
         // SAFETY: whoever sets the variable promises what
         // `simulate_with_host_memory` asks: every CUDA address this process
         // describes is host memory (the tests' arrays that present host

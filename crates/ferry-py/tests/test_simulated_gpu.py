@@ -22,6 +22,13 @@ from conftest import HelperProcess, Peer, run
 
 SIZES = [1, 4096, (3 << 20) + 5]
 
+# Where a CUDA driver is, the helpers do not simulate (the extension
+# ignores the variable there): their host memory is no GPU's.
+pytestmark = pytest.mark.skipif(
+    "FERRY_CUDA_LIB" in os.environ or ctypes.util.find_library("cuda") is not None,
+    reason="a CUDA driver is here: GPU memory is simulated only on hosts without one",
+)
+
 
 @pytest.fixture(scope="module")
 def gpus() -> Iterator[tuple]:
@@ -68,10 +75,6 @@ def test_write_of_gpu_memory_into_gpu_memory(gpus):
     run(main())
 
 
-@pytest.mark.skipif(
-    "FERRY_CUDA_LIB" in os.environ or ctypes.util.find_library("cuda") is not None,
-    reason="a CUDA driver is here: a helper that does not simulate would take the host memory as a GPU's",
-)
 def test_the_helpers_memory_is_cuda_memory():
     """The helpers describe their buffers as cuda:0 (not host memory that
     happens to work): a helper that does not simulate refuses them."""
