@@ -22,7 +22,7 @@ use ferry::{Connector, Descriptor, Error, OperationStatus, TransportKind};
 
 #[path = "support/spawned.rs"]
 mod spawned;
-use spawned::{pattern, Server};
+use spawned::{check, pattern, runtime, Server};
 
 /// The environment variable that makes this binary a server process.
 const ROLE: &str = "FERRY_CUDA_IPC_TEST_SERVE";
@@ -30,14 +30,6 @@ const ROLE: &str = "FERRY_CUDA_IPC_TEST_SERVE";
 const SENTINEL: u8 = 0xEE;
 /// How long any one operation may take.
 const LIMIT: Duration = Duration::from_secs(120);
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// Whether this test runs here; says why not.
 fn gpu_here() -> bool {
@@ -175,23 +167,6 @@ fn read_back(descs: Vec<Descriptor<'static>>, side: &Side) -> Vec<Vec<u8>> {
             }
         })
         .collect()
-}
-
-/// Checks that descriptor bytes `got` are `pattern(seed, ..)`, saying
-/// where the first difference is.
-fn check(got: &[Vec<u8>], seed: u64) -> Result<(), String> {
-    for (i, g) in got.iter().enumerate() {
-        let want = pattern(seed, i, g.len());
-        if let Some(at) = g.iter().zip(&want).position(|(a, b)| a != b) {
-            return Err(format!(
-                "descriptor {i} ({} bytes) differs at byte {at}: {:#04x}, not {:#04x}",
-                g.len(),
-                g[at],
-                want[at]
-            ));
-        }
-    }
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------

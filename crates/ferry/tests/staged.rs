@@ -25,7 +25,7 @@ use ferry::{Connector, Descriptor, OperationStatus, TransportKind};
 
 #[path = "support/spawned.rs"]
 mod spawned;
-use spawned::{pattern, Server};
+use spawned::{check, pattern, runtime, Server};
 
 /// The environment variable that makes this binary a server process.
 const ROLE: &str = "FERRY_STAGED_TEST_SERVE";
@@ -49,14 +49,6 @@ fn init() -> bool {
         }
         real
     })
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 /// How the two connectors are set up.
@@ -165,22 +157,6 @@ fn read_back(descs: Vec<Descriptor<'static>>, keep: &Keep) -> Vec<Vec<u8>> {
             }
         })
         .collect()
-}
-
-/// Checks that descriptor bytes `got` are `pattern(seed, ..)`.
-fn check(got: &[Vec<u8>], seed: u64) -> Result<(), String> {
-    for (i, g) in got.iter().enumerate() {
-        let want = pattern(seed, i, g.len());
-        if let Some(at) = g.iter().zip(&want).position(|(a, b)| a != b) {
-            return Err(format!(
-                "descriptor {i} ({} bytes) differs at byte {at}: {:#04x}, not {:#04x}",
-                g.len(),
-                g[at],
-                want[at]
-            ));
-        }
-    }
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------

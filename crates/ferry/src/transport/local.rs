@@ -175,12 +175,8 @@ fn through_host(
     } else {
         src.stage_out(i, off, tmp)
     };
-    // One chunk lies within one segment: all of it comes at once.
-    match got {
-        Ok(Ok(k)) if k == n => {}
-        Ok(Ok(_)) => return Ok(Err(Denied::OutOfBounds)),
-        Ok(Err(e)) => return Err(e),
-        Err(d) => return Ok(Err(d)),
+    if let Err(d) = whole(got, n)? {
+        return Ok(Err(d));
     }
     let put = if dst.is_host() {
         dst.write_at(i, off, n, |d| d.copy_from_slice(tmp))
@@ -188,7 +184,17 @@ fn through_host(
     } else {
         dst.stage_in(i, off, tmp)
     };
-    match put {
+    whole(put, n)
+}
+
+/// One access of `through_host`, which must move all `n` bytes (one chunk
+/// lies within one segment): a failed device copy outside, the region's
+/// answer inside.
+fn whole(
+    r: std::result::Result<std::result::Result<usize, CudaError>, Denied>,
+    n: usize,
+) -> std::result::Result<std::result::Result<(), Denied>, CudaError> {
+    match r {
         Ok(Ok(k)) if k == n => Ok(Ok(())),
         Ok(Ok(_)) => Ok(Err(Denied::OutOfBounds)),
         Ok(Err(e)) => Err(e),

@@ -93,3 +93,29 @@ pub fn pattern(seed: u64, i: usize, len: usize) -> Vec<u8> {
         })
         .collect()
 }
+
+/// Checks that descriptor bytes `got` are `pattern(seed, ..)`, saying
+/// where the first difference is.
+pub fn check(got: &[Vec<u8>], seed: u64) -> Result<(), String> {
+    for (i, g) in got.iter().enumerate() {
+        let want = pattern(seed, i, g.len());
+        if let Some(at) = g.iter().zip(&want).position(|(a, b)| a != b) {
+            return Err(format!(
+                "descriptor {i} ({} bytes) differs at byte {at}: {:#04x}, not {:#04x}",
+                g.len(),
+                g[at],
+                want[at]
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The runtime of a test process (and of its server process).
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
