@@ -46,6 +46,8 @@ fn long_scripts_reach_every_action() {
         "Stream",
         "Via",
         "Lend",
+        "LendFellBack",
+        "LendFailed",
         "SendLease",
         "GiveBack",
         "Pull",

@@ -250,5 +250,6 @@ fn metrics_dict<'py>(
     conns.set_item("outbound_closed", c.outbound_closed)?;
     conns.set_item("open", c.open())?;
     d.set_item("connections", conns)?;
+    d.set_item("cuda_ipc_fallbacks", m.cuda_ipc_fallbacks)?;
     Ok(d)
 }

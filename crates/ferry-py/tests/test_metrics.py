@@ -59,6 +59,7 @@ def test_metrics_count_what_happened():
         }
         assert ma["tx_bytes"] == 10000
         assert ma["exposed_bytes"] == 0
+        assert ma["cuda_ipc_fallbacks"] == 0
         assert sum(ma["in_flight"].values()) == 0
         assert set(ma["connections"]) == {
             "inbound_opened", "inbound_closed", "outbound_opened", "outbound_closed", "open"

@@ -104,10 +104,20 @@ impl OpShared {
         lock(&self.transport).get_or_insert(t);
     }
 
-    /// The lease being copied says which backend lent it (a host
-    /// destination learns that its source lent GPU memory only then).
-    pub(crate) fn lent_by(&self, t: TransportKind) {
+    /// Its bytes move over `t`, whatever was said before: the lease being
+    /// copied says which backend lent it (a host destination learns that
+    /// its source lent GPU memory only then), and memory that was to be
+    /// lent and could not be moves in band instead.
+    pub(crate) fn moved_by(&self, t: TransportKind) {
         *lock(&self.transport) = Some(t);
+    }
+
+    /// Its GPU memory was to be lent by CUDA IPC and moves staged instead
+    /// (the export failed, `why`): counted and traced.
+    pub(crate) fn ipc_fell_back(&self, why: &str) {
+        if let Some(m) = &self.meter {
+            m.ipc_fell_back(why);
+        }
     }
 
     pub(crate) fn transport(&self) -> Option<TransportKind> {

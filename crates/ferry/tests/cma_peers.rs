@@ -101,6 +101,7 @@ fn attach(pid: u32, addr: u64, cookie: [u8; 16], verdict: Verdict) -> Message {
         addr,
         cookie,
         verdict,
+        cuda_ipc: false,
     })
 }
 

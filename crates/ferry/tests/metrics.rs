@@ -244,6 +244,8 @@ async fn scrapes_count_exactly_what_happened() {
     assert_eq!(s.sum("ferry_xfer_time_us_bucket", "metrics-a", &top), 5.0);
     assert_eq!(s.sum("ferry_operations_in_flight", "metrics-a", &[]), 0.0);
     assert_eq!(s.get("ferry_exposed_bytes", "metrics-a", &[]), 0.0);
+    let fallbacks = "ferry_cuda_ipc_fallbacks_total{worker=\"metrics-a\"}";
+    assert_eq!(s.0.get(fallbacks), Some(&0.0), "always present");
     let inbound = [("direction", "inbound")];
     assert_eq!(
         s.get("ferry_connections_opened_total", "metrics-a", &inbound),

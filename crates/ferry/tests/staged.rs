@@ -23,8 +23,11 @@ use std::time::Duration;
 use ferry::cuda::CudaBuffer;
 use ferry::{Connector, Descriptor, OperationStatus, TransportKind};
 
+#[path = "support/sim_memory.rs"]
+mod sim_memory;
 #[path = "support/spawned.rs"]
 mod spawned;
+use sim_memory::Keep;
 use spawned::{check, pattern, runtime, Server};
 
 /// The environment variable that makes this binary a server process.
@@ -77,33 +80,6 @@ enum Mem {
     Host,
 }
 
-/// The memory behind one side's GPU descriptors where it is simulated:
-/// allocations held by raw pointer (moving a `Keep` moves no borrow of
-/// them), freed when it drops, after the operation gave its descriptors
-/// back.
-#[derive(Default)]
-struct Keep(Vec<(*mut u8, usize)>);
-
-impl Keep {
-    /// The bytes of allocation `i` now.
-    fn bytes(&self, i: usize) -> Vec<u8> {
-        let (p, n) = self.0[i];
-        // SAFETY: an allocation of `n` bytes made by `make`, alive until
-        // `self` drops; read only once its operation gave it back.
-        unsafe { std::slice::from_raw_parts(p, n) }.to_vec()
-    }
-}
-
-impl Drop for Keep {
-    fn drop(&mut self) {
-        for &(p, n) in &self.0 {
-            // SAFETY: made by `Box::into_raw` of a boxed slice of `n`
-            // bytes in `make`, freed once, here.
-            drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n)) });
-        }
-    }
-}
-
 /// Descriptors of `sizes` in `mem`, holding `pattern(seed, i, ..)` where
 /// `seed` is given, else [`SENTINEL`] bytes.
 fn make(mem: Mem, sizes: &[usize], seed: Option<u64>) -> (Vec<Descriptor<'static>>, Keep) {
@@ -124,14 +100,8 @@ fn make(mem: Mem, sizes: &[usize], seed: Option<u64>) -> (Vec<Descriptor<'static
                     b.copy_from_host(&bytes).unwrap();
                     b.into_descriptor()
                 }
-                (Mem::Gpu, false) => {
-                    let ptr = Box::into_raw(bytes.into_boxed_slice()).cast::<u8>();
-                    keep.0.push((ptr, len));
-                    // SAFETY: simulated device memory is host memory
-                    // (`init`): this allocation, which `keep` frees only
-                    // after the operation has given the descriptor back.
-                    unsafe { Descriptor::from_cuda_ptr(ptr as u64, len, 0, true) }
-                }
+                // Simulated (`init`).
+                (Mem::Gpu, false) => keep.descriptor(bytes),
             }
         })
         .collect();

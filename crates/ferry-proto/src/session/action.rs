@@ -105,6 +105,10 @@ pub enum Action<T> {
     /// Lend the target's memory to the peer (it stays lent until
     /// [`Action::GiveBack`](Action::GiveBack)).
     Lend {
+        /// The request that lends it (the driver tells
+        /// [`Session::lend_failed`](super::Session::lend_failed) if it
+        /// cannot).
+        req: u64,
         /// Its handle.
         target: T,
     },

@@ -2,7 +2,11 @@
 //! attach on a connection (see [`Attach`](crate::wire::Attach)): the
 //! active side's nonce, this side's offer, the active side's verdict, this
 //! side's verdict. Hashing the cookies and probing the peer stay with the
-//! driver; this is the order of the frames.
+//! driver; this is the order of the frames, and of the three `Rdma` frames
+//! that set up an RDMA backend instead.
+
+use super::{Fence, Role, Session, Step, Violation};
+use crate::wire::{Attach, Message, Rdma, Verdict};
 
 /// Two nonces: the active side's, then this side's.
 pub type Nonces = ([u8; 16], [u8; 16]);
@@ -34,4 +38,115 @@ pub enum AttachState {
     Offered(Option<Nonces>),
     /// Set up, or declined.
     Done,
+}
+
+impl<T: Fence> Session<T> {
+    pub(super) fn on_rdma(&mut self, r: Rdma) -> Result<Step<T>, Violation> {
+        if self.role == Role::Active {
+            return Err(Violation::RdmaToActiveSide);
+        }
+        // Either cross-memory attach or RDMA lends on one connection.
+        let attached =
+            self.attach != AttachState::Idle && (self.caps.can_pull || self.caps.peer_pulls);
+        if attached
+            || self.attach == AttachState::Offering
+            || matches!(self.attach, AttachState::Offered(_))
+        {
+            return Err(Violation::RdmaOutOfTurn);
+        }
+        match (self.rdma, r.verdict) {
+            (RdmaState::Idle, Verdict::Unknown) if !r.address.is_empty() => {
+                self.rdma = RdmaState::Answering;
+                // UCX lends host memory only.
+                self.caps.cuda_ipc = false;
+                Ok(Step::RdmaOffer { address: r.address })
+            }
+            (RdmaState::Answered(reached), v) if v != Verdict::Unknown && r.address.is_empty() => {
+                self.rdma = RdmaState::Done;
+                self.caps.peer_pulls = reached && v == Verdict::CanPull;
+                if self.caps.peer_pulls {
+                    self.rdma_leases = true;
+                }
+                Ok(Step::Done)
+            }
+            _ => Err(Violation::RdmaOutOfTurn),
+        }
+    }
+
+    /// The driver tried to reach the active side's RDMA worker (`reached`):
+    /// the answer to send, with this side's worker `address` (ignored
+    /// unless `reached`).
+    pub fn rdma_answered(&mut self, reached: bool, address: Vec<u8>) -> Message {
+        if self.rdma == RdmaState::Answering {
+            self.rdma = RdmaState::Answered(reached);
+            if reached {
+                self.caps.attach = true;
+                self.caps.can_pull = true;
+                self.rdma_leases = true;
+            }
+        }
+        Message::Rdma(Rdma {
+            address: if reached { address } else { Vec::new() },
+            verdict: if reached {
+                Verdict::CanPull
+            } else {
+                Verdict::Refused
+            },
+        })
+    }
+
+    pub(super) fn on_attach(&mut self, a: Attach) -> Result<Step<T>, Violation> {
+        if self.role == Role::Active {
+            return Err(Violation::AttachToActiveSide);
+        }
+        if self.rdma != RdmaState::Idle {
+            return Err(Violation::AttachOutOfTurn);
+        }
+        match (self.attach, a.verdict) {
+            (AttachState::Idle, Verdict::Unknown) => {
+                self.attach = AttachState::Offering;
+                // The peer's offer; this side's comes with its own.
+                self.caps.cuda_ipc = a.cuda_ipc;
+                Ok(Step::AttachOffer { nonce: a.cookie })
+            }
+            (AttachState::Offered(nonces), v) if v != Verdict::Unknown => {
+                self.attach = AttachState::Done;
+                self.caps.peer_pulls = nonces.is_some() && v == Verdict::CanPull;
+                Ok(Step::AttachVerify {
+                    nonces,
+                    pid: a.pid,
+                    addr: a.addr,
+                })
+            }
+            _ => Err(Violation::AttachOutOfTurn),
+        }
+    }
+
+    /// The offer for the active side's nonce is on its way (`None`: this
+    /// side declined), saying whether this side offers CUDA IPC
+    /// (`cuda_ipc`): the connection has it where both sides offered it and
+    /// this side did not decline.
+    pub fn attach_offered(&mut self, nonces: Option<Nonces>, cuda_ipc: bool) {
+        if self.attach == AttachState::Offering {
+            self.attach = AttachState::Offered(nonces);
+            self.caps.cuda_ipc &= cuda_ipc && nonces.is_some();
+        }
+    }
+
+    /// The probe of the peer ended (`ok`: this side can copy from it): the
+    /// verdict to send.
+    pub fn attach_verified(&mut self, ok: bool) -> Message {
+        self.caps.can_pull = ok;
+        Message::Attach(Attach {
+            pid: 0,
+            addr: 0,
+            cookie: [0; 16],
+            verdict: if ok {
+                Verdict::CanPull
+            } else {
+                Verdict::Refused
+            },
+            cuda_ipc: self.caps.cuda_ipc,
+        })
+    }
 }

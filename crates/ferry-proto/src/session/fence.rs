@@ -21,6 +21,12 @@ pub trait Fence: Clone {
     fn moves_in_band(&self) -> bool {
         true
     }
+    /// The memory is device (GPU) memory: it is lent only on a connection
+    /// where both sides offered CUDA IPC ([`Caps::cuda_ipc`]). False by
+    /// default.
+    fn is_device(&self) -> bool {
+        false
+    }
 }
 
 /// What this side can do on the connection, known from the handshake.
@@ -35,4 +41,10 @@ pub struct Caps {
     pub peer_pulls: bool,
     /// The connection authenticated with a shared secret.
     pub secret: bool,
+    /// Both processes offered CUDA IPC in the attach exchange (each has a
+    /// CUDA driver that sees a device): device memory may be lent. A
+    /// passive session learns it in the attach exchange: the peer's offer
+    /// from its first `Attach`, this side's from
+    /// [`attach_offered`](super::Session::attach_offered).
+    pub cuda_ipc: bool,
 }

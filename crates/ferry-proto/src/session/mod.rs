@@ -34,7 +34,7 @@ pub use plan::{can_lend, device_refusal, plan, Plan, Thresholds, DEVICE_MEMORY_B
 pub use stripe::{part_range, BindError, StripeState};
 pub use violation::Violation;
 
-use crate::wire::{Abort, AbortReason, Attach, Lease, Message, Open, Rdma, Verdict};
+use crate::wire::{Abort, AbortReason, Lease, Message, Open};
 // The session tests use it through `super::*`.
 #[cfg(test)]
 use crate::wire::MAX_LEASE_SEGMENTS;
@@ -242,107 +242,6 @@ impl<T: Fence> Session<T> {
         }
     }
 
-    fn on_rdma(&mut self, r: Rdma) -> Result<Step<T>, Violation> {
-        if self.role == Role::Active {
-            return Err(Violation::RdmaToActiveSide);
-        }
-        // Either cross-memory attach or RDMA lends on one connection.
-        let attached =
-            self.attach != AttachState::Idle && (self.caps.can_pull || self.caps.peer_pulls);
-        if attached
-            || self.attach == AttachState::Offering
-            || matches!(self.attach, AttachState::Offered(_))
-        {
-            return Err(Violation::RdmaOutOfTurn);
-        }
-        match (self.rdma, r.verdict) {
-            (RdmaState::Idle, Verdict::Unknown) if !r.address.is_empty() => {
-                self.rdma = RdmaState::Answering;
-                Ok(Step::RdmaOffer { address: r.address })
-            }
-            (RdmaState::Answered(reached), v) if v != Verdict::Unknown && r.address.is_empty() => {
-                self.rdma = RdmaState::Done;
-                self.caps.peer_pulls = reached && v == Verdict::CanPull;
-                if self.caps.peer_pulls {
-                    self.rdma_leases = true;
-                }
-                Ok(Step::Done)
-            }
-            _ => Err(Violation::RdmaOutOfTurn),
-        }
-    }
-
-    /// The driver tried to reach the active side's RDMA worker (`reached`):
-    /// the answer to send, with this side's worker `address` (ignored
-    /// unless `reached`).
-    pub fn rdma_answered(&mut self, reached: bool, address: Vec<u8>) -> Message {
-        if self.rdma == RdmaState::Answering {
-            self.rdma = RdmaState::Answered(reached);
-            if reached {
-                self.caps.attach = true;
-                self.caps.can_pull = true;
-                self.rdma_leases = true;
-            }
-        }
-        Message::Rdma(Rdma {
-            address: if reached { address } else { Vec::new() },
-            verdict: if reached {
-                Verdict::CanPull
-            } else {
-                Verdict::Refused
-            },
-        })
-    }
-
-    fn on_attach(&mut self, a: Attach) -> Result<Step<T>, Violation> {
-        if self.role == Role::Active {
-            return Err(Violation::AttachToActiveSide);
-        }
-        if self.rdma != RdmaState::Idle {
-            return Err(Violation::AttachOutOfTurn);
-        }
-        match (self.attach, a.verdict) {
-            (AttachState::Idle, Verdict::Unknown) => {
-                self.attach = AttachState::Offering;
-                Ok(Step::AttachOffer { nonce: a.cookie })
-            }
-            (AttachState::Offered(nonces), v) if v != Verdict::Unknown => {
-                self.attach = AttachState::Done;
-                self.caps.peer_pulls = nonces.is_some() && v == Verdict::CanPull;
-                Ok(Step::AttachVerify {
-                    nonces,
-                    pid: a.pid,
-                    addr: a.addr,
-                })
-            }
-            _ => Err(Violation::AttachOutOfTurn),
-        }
-    }
-
-    /// The offer for the active side's nonce is on its way (`None`: this
-    /// side declined).
-    pub fn attach_offered(&mut self, nonces: Option<Nonces>) {
-        if self.attach == AttachState::Offering {
-            self.attach = AttachState::Offered(nonces);
-        }
-    }
-
-    /// The probe of the peer ended (`ok`: this side can copy from it): the
-    /// verdict to send.
-    pub fn attach_verified(&mut self, ok: bool) -> Message {
-        self.caps.can_pull = ok;
-        Message::Attach(Attach {
-            pid: 0,
-            addr: 0,
-            cookie: [0; 16],
-            verdict: if ok {
-                Verdict::CanPull
-            } else {
-                Verdict::Refused
-            },
-        })
-    }
-
     fn on_open(&mut self, o: Open) -> Result<Step<T>, Violation> {
         if self.role == Role::Active {
             return Err(Violation::OpenToActiveSide);
@@ -405,7 +304,9 @@ impl<T: Fence> Session<T> {
         }
         let path = match (o.kind, o.pull) {
             (_, false) => Path::InBand,
-            (OperationKind::Read, true) if can_lend(&o.sizes, self.caps) => Path::Lent,
+            (OperationKind::Read, true) if can_lend(&o.sizes, target.is_device(), self.caps) => {
+                Path::Lent
+            }
             // Fall back to streaming the bytes.
             (OperationKind::Read, true) => Path::InBand,
             (OperationKind::Write, true) => Path::AwaitLease,
@@ -419,6 +320,7 @@ impl<T: Fence> Session<T> {
             // drops the operation from then on finds the memory lent.
             self.lent.insert(o.req, (target.clone(), false));
             self.push(Action::Lend {
+                req: o.req,
                 target: target.clone(),
             });
         }
@@ -491,6 +393,44 @@ impl<T: Fence> Session<T> {
         self.give_back(req);
     }
 
+    /// The driver could not lend the memory of request `req` (its
+    /// [`Action::Lend`] failed: a CUDA IPC export, a registration), `why`:
+    /// nothing was lent, and nothing must be given back. A READ this side
+    /// serves falls back to streaming where its memory moves in band (its
+    /// lease has not gone out: [`serve`](Self::serve) then streams), and is
+    /// refused with `Abort(DeviceMemory)` where it does not. False where
+    /// the lease is already promised (this side's own request, whose lease
+    /// goes out with its `Open`): the driver must end the request, which
+    /// holds nothing lent any more.
+    pub fn lend_failed(&mut self, req: u64, why: &str) -> bool {
+        match self.lent.remove(&req) {
+            None => return true,
+            Some((_, promised)) if promised => return false,
+            Some(_) => {}
+        }
+        let Some(r) = self.requests.get_mut(&req) else {
+            return true;
+        };
+        let target = r.target.clone();
+        if target.moves_in_band() {
+            r.path = Path::InBand;
+            self.push(Action::Via {
+                target,
+                lent: false,
+            });
+        } else {
+            self.requests.remove(&req);
+            let detail = format!("{DEVICE_MEMORY_BY_IPC_ONLY}: {why}");
+            self.abort(req, AbortReason::DeviceMemory, detail.clone());
+            self.push(Action::RemoteAbort {
+                target,
+                reason: AbortReason::DeviceMemory,
+                detail,
+            });
+        }
+        true
+    }
+
     /// Starts an active request for the operation behind `target`: its
     /// number and how to begin. The request is in the table afterwards.
     pub fn open(&mut self, p: OpenParams, target: T) -> (u64, Start) {
@@ -529,6 +469,7 @@ impl<T: Fence> Session<T> {
                 // Its lease goes out with the `Open` (`Start::OpenAndLease`).
                 self.lent.insert(req, (target.clone(), true));
                 self.push(Action::Lend {
+                    req,
                     target: target.clone(),
                 });
             }

@@ -66,9 +66,10 @@ pub fn plan(kind: OperationKind, sizes: &[u64], caps: Caps, thresholds: &Thresho
 }
 
 /// Whether the passive side lends its memory for a READ that asked for a
-/// lease (else it streams the bytes: the fallback).
-pub fn can_lend(sizes: &[u64], caps: Caps) -> bool {
-    caps.attach && caps.peer_pulls && fits_lease(sizes)
+/// lease (else it streams the bytes: the fallback). Device memory
+/// (`device`) is lent only where both sides offered CUDA IPC.
+pub fn can_lend(sizes: &[u64], device: bool, caps: Caps) -> bool {
+    caps.attach && caps.peer_pulls && fits_lease(sizes) && (caps.cuda_ipc || !device)
 }
 
 /// Why the passive side refuses request `o` over *device* memory (GPU) that
@@ -88,7 +89,11 @@ pub fn device_refusal(o: &Open, caps: Caps) -> Option<String> {
          or cross-memory attach disabled or refused on this connection)"
     } else {
         match o.kind {
-            OperationKind::Read if !can_lend(&o.sizes, caps) => {
+            _ if !caps.cuda_ipc => {
+                "the two processes did not both offer CUDA IPC on this connection (no CUDA \
+                 driver that sees a device on one of them)"
+            }
+            OperationKind::Read if !can_lend(&o.sizes, true, caps) => {
                 "this connection cannot lend memory to the peer (no cross-memory attach both \
                  ways, or too many descriptors for one lease)"
             }
@@ -132,6 +137,7 @@ mod tests {
             can_pull,
             peer_pulls,
             secret: false,
+            cuda_ipc: true,
         }
     }
 
@@ -219,13 +225,35 @@ mod tests {
         };
         assert!(device_refusal(&open(Read, true, 1), off).is_some());
         assert!(device_refusal(&open(Write, true, 1), off).is_some());
+        // Lent only where both processes offered CUDA IPC.
+        let no_ipc = Caps {
+            cuda_ipc: false,
+            ..both
+        };
+        for kind in [Read, Write] {
+            let why = device_refusal(&open(kind, true, 1), no_ipc).unwrap();
+            assert!(why.contains("did not both offer CUDA IPC"), "{why}");
+        }
     }
 
     #[test]
     fn the_passive_side_lends_only_to_a_peer_that_pulls() {
-        assert!(can_lend(&[1], caps(false, true)));
-        assert!(!can_lend(&[1], caps(true, false)));
-        assert!(!can_lend(&unlendable(), caps(true, true)));
-        assert!(can_lend(&vec![1; MAX_LEASE_SEGMENTS], caps(true, true)));
+        for device in [false, true] {
+            assert!(can_lend(&[1], device, caps(false, true)));
+            assert!(!can_lend(&[1], device, caps(true, false)));
+            assert!(!can_lend(&unlendable(), device, caps(true, true)));
+            assert!(can_lend(
+                &vec![1; MAX_LEASE_SEGMENTS],
+                device,
+                caps(true, true)
+            ));
+        }
+        // Device memory needs CUDA IPC offered by both; host memory not.
+        let no_ipc = Caps {
+            cuda_ipc: false,
+            ..caps(true, true)
+        };
+        assert!(can_lend(&[1], false, no_ipc));
+        assert!(!can_lend(&[1], true, no_ipc));
     }
 }

@@ -224,6 +224,11 @@ pub fn decode_body(h: Header, body: &[u8]) -> Result<Message, WireError> {
             addr: r.u64()?,
             cookie: r.take(16)?.try_into().unwrap(),
             verdict: verdict_of(r.u8()?)?,
+            cuda_ipc: match r.u8()? {
+                0 => false,
+                1 => true,
+                _ => return Err(WireError::InvalidField("cuda ipc offer")),
+            },
         }),
         T_RDMA => {
             let n = r.u32()? as usize;

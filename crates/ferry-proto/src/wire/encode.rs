@@ -130,6 +130,7 @@ impl Message {
                 out.extend_from_slice(&a.addr.to_le_bytes());
                 out.extend_from_slice(&a.cookie);
                 out.push(verdict_code(a.verdict));
+                out.push(u8::from(a.cuda_ipc));
                 T_ATTACH
             }
             Message::Rdma(r) => {

@@ -36,8 +36,8 @@ use encode::put_runs;
 /// The protocol version carried in `Hello`. 7: a [`Data`] frame may run
 /// on past the end of its descriptor into the ones that follow. 8: a
 /// [`Lease`] may send its addresses as runs of segments that follow each
-/// other.
-pub const PROTOCOL_VERSION: u16 = 8;
+/// other. 9: an [`Attach`] says whether its sender offers CUDA IPC.
+pub const PROTOCOL_VERSION: u16 = 9;
 /// The bytes that open every `Hello` body.
 pub const MAGIC: [u8; 6] = *b"FERRY\0";
 /// The length of a frame header.
@@ -319,6 +319,11 @@ pub struct Attach {
     pub cookie: [u8; 16],
     /// Whether the sender could read the receiver's cookie.
     pub verdict: Verdict,
+    /// The sender offers CUDA IPC: it can lend its GPU memory by IPC
+    /// handle and open the handles a peer lends (a CUDA driver that sees
+    /// a device). Read from each side's first `Attach`; GPU memory is
+    /// lent on the connection only where both offer it.
+    pub cuda_ipc: bool,
 }
 
 /// Header of a run of payload bytes starting in descriptor `desc` at

@@ -45,6 +45,14 @@ fn samples() -> Vec<Message> {
             addr: 0x5555_0000,
             cookie: [7; 16],
             verdict: Verdict::CanPull,
+            cuda_ipc: false,
+        }),
+        Message::Attach(Attach {
+            pid: 1235,
+            addr: 0,
+            cookie: [8; 16],
+            verdict: Verdict::Unknown,
+            cuda_ipc: true,
         }),
         Message::Data(Data {
             req: 5,
@@ -112,6 +120,25 @@ fn absurd_length_and_garbage_are_errors() {
     let mut hello = samples()[0].to_vec();
     hello[HEADER_LEN] = b'X';
     assert_eq!(decode_frame(&hello), Err(WireError::BadMagic));
+}
+
+#[test]
+fn a_cuda_ipc_offer_is_a_yes_or_a_no() {
+    let mut v = Message::Attach(Attach {
+        pid: 1,
+        addr: 2,
+        cookie: [3; 16],
+        verdict: Verdict::Unknown,
+        cuda_ipc: true,
+    })
+    .to_vec();
+    let last = v.len() - 1;
+    assert_eq!(v[last], 1);
+    v[last] = 2;
+    assert_eq!(
+        decode_frame(&v),
+        Err(WireError::InvalidField("cuda ipc offer"))
+    );
 }
 
 #[test]

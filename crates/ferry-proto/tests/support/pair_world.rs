@@ -92,6 +92,7 @@ pub const IN_BAND: Caps = Caps {
     can_pull: false,
     peer_pulls: false,
     secret: false,
+    cuda_ipc: false,
 };
 /// Attach set up both ways: either side may lend, either may pull.
 pub const ATTACH: Caps = Caps {
@@ -99,6 +100,7 @@ pub const ATTACH: Caps = Caps {
     can_pull: true,
     peer_pulls: true,
     secret: false,
+    cuda_ipc: false,
 };
 
 impl World {
@@ -257,7 +259,7 @@ impl World {
                 last,
             }),
             Action::Via { target, lent } => target.0.via.borrow_mut().push(lent),
-            Action::Lend { target } => {
+            Action::Lend { target, .. } => {
                 target.0.lends.set(target.0.lends.get() + 1);
                 self.lent.insert(target.0.key, target);
             }
@@ -450,7 +452,7 @@ impl World {
                     }
                 }
             }
-            Ok(Step::AttachOffer { .. }) => self.conns[c].s.attach_offered(None),
+            Ok(Step::AttachOffer { .. }) => self.conns[c].s.attach_offered(None, false),
             Ok(Step::RdmaOffer { .. }) => {
                 let m = self.conns[c].s.rdma_answered(false, Vec::new());
                 self.send(c, m, vec![]);

@@ -315,6 +315,7 @@ impl<'a> Harness<'a> {
             can_pull: b & 2 != 0,
             peer_pulls: b & 4 != 0,
             secret,
+            cuda_ipc: b & 0x40 != 0,
         };
         let b = input.u8();
         let secret = b & 0x80 != 0;
@@ -480,6 +481,9 @@ impl<'a> Harness<'a> {
             self.ends[PASSIVE].s.unlend(o.req);
             self.pump(PASSIVE);
         } else {
+            // As the driver does: what `bound` queued (a `Lend`, which may
+            // fail) runs before the request is served.
+            self.pump(PASSIVE);
             self.ends[PASSIVE].s.serve(o.req);
         }
     }
@@ -681,6 +685,7 @@ impl<'a> Harness<'a> {
                     1 => Verdict::CanPull,
                     _ => Verdict::Refused,
                 },
+                cuda_ipc: inp.u8() & 1 == 1,
             }),
             3 | 4 => {
                 let parts = 1 + u16::from(inp.u8() % 4);

@@ -157,7 +157,8 @@ impl Harness<'_> {
             Ok(Step::AttachOffer { nonce }) => {
                 assert_eq!(i, PASSIVE);
                 let offer = self.input.bit().then_some((nonce, [0x55; 16]));
-                self.ends[i].s.attach_offered(offer);
+                let cuda_ipc = self.input.bit();
+                self.ends[i].s.attach_offered(offer, cuda_ipc);
             }
             Ok(Step::AttachVerify { nonces, .. }) => {
                 assert_eq!(i, PASSIVE);
@@ -230,9 +231,21 @@ impl Harness<'_> {
             Action::Via { target, .. } => {
                 e.by_id(target.id(), "Via");
             }
-            Action::Lend { target } => {
+            Action::Lend { req, target } => {
                 let (_, g) = e.by_id(target.id(), "Lend");
                 assert!(!g.dest, "lends memory it receives into");
+                if self.input.u8() % 8 == 0 {
+                    // The driver could not lend it (an export failed):
+                    // nothing is lent; a request the session cannot move
+                    // otherwise ends with the connection.
+                    if e.s.lend_failed(req, "fuzz") {
+                        *self.stats.actions.entry("LendFellBack").or_default() += 1;
+                    } else {
+                        *self.stats.actions.entry("LendFailed").or_default() += 1;
+                        self.lose_connection();
+                    }
+                    return;
+                }
                 assert!(e.lent.insert(target.id()), "lent twice");
             }
             Action::SendLease { req, target } => {

@@ -449,7 +449,9 @@ class Connector:
         """This connector's metrics now: operations by kind, transport and
         outcome (with their bytes), durations of completed operations,
         errors by cause, operations in flight, bytes exposed, bytes sent
-        and received, connections opened and closed (see docs/metrics.md).
+        and received, connections opened and closed, operations whose GPU
+        memory moved staged where CUDA IPC was to carry it
+        (``cuda_ipc_fallbacks``; see docs/metrics.md).
         The same counters are served to Prometheus when FERRY_METRICS_ADDR
         is set."""
         return self._core.metrics()

@@ -21,6 +21,7 @@
 //! ([`LIB_ENV`]) alone where it is set, else as `libcuda.so.1` then
 //! `libcuda.so` through the dynamic loader.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use ferry_proto::{Device, DeviceKind};
@@ -131,6 +132,27 @@ fn driver_sees_a_device() -> bool {
 /// memory" is host memory that only the staged paths move).
 pub(crate) fn lends_device_memory() -> bool {
     !stage::simulated() && driver_sees_a_device()
+}
+
+/// Set by [`simulate_cuda_ipc_offer`].
+static IPC_OFFER_SIMULATED: AtomicBool = AtomicBool::new(false);
+
+/// In a process that simulates a GPU (`simulate_with_host_memory`), makes
+/// the connections it sets up from now on offer CUDA IPC in the attach
+/// exchange (`offer`), as a process with a CUDA driver does, or not (the
+/// default). Exporting and opening handles still needs the driver, so
+/// every lend of its GPU memory by CUDA IPC then fails: for tests of what
+/// a failed export falls back to. Without the simulation it has no effect.
+#[doc(hidden)]
+pub fn simulate_cuda_ipc_offer(offer: bool) {
+    IPC_OFFER_SIMULATED.store(offer, Ordering::Release);
+}
+
+/// Whether this process offers CUDA IPC to its peers (the attach
+/// exchange's `cuda_ipc`): it [lends device memory](lends_device_memory),
+/// or a test made it pretend to ([`simulate_cuda_ipc_offer`]).
+pub(crate) fn offers_cuda_ipc() -> bool {
+    lends_device_memory() || (stage::simulated() && IPC_OFFER_SIMULATED.load(Ordering::Acquire))
 }
 
 /// Why a connector refuses descriptor `index`, on `device` (not host

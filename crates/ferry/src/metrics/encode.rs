@@ -201,6 +201,13 @@ impl Collector for Snapshots {
             MetricType::Gauge,
             |m, s| gauge(m, &[("worker", s.worker_id.as_str())], s.exposed_bytes),
         )?;
+        self.family(
+            e,
+            "ferry_cuda_ipc_fallbacks",
+            "Operations whose GPU memory was to be lent by CUDA IPC and moved staged instead",
+            MetricType::Counter,
+            |m, s| counter(m, &[("worker", s.worker_id.as_str())], s.cuda_ipc_fallbacks),
+        )?;
         let c = |s: &MetricsSnapshot| s.connections;
         self.family(
             e,

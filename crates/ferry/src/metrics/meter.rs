@@ -96,6 +96,14 @@ impl OpMeter {
         }
     }
 
+    /// Its GPU memory moves staged instead of by CUDA IPC, for `why`.
+    pub(crate) fn ipc_fell_back(&self, why: &str) {
+        self.metrics.ipc_fell_back();
+        self.with_span(
+            |s| tracing::info!(target: TARGET, parent: s, why, "staged instead of CUDA IPC"),
+        );
+    }
+
     pub(crate) fn sealed(&self) {
         self.with_span(|s| tracing::info!(target: TARGET, parent: s, "sealed"));
     }

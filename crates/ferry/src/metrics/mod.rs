@@ -225,6 +225,11 @@ pub struct MetricsSnapshot {
     pub exposed_bytes: u64,
     /// Connections opened and closed.
     pub connections: Connections,
+    /// Operations whose GPU memory was to be lent by CUDA IPC (both
+    /// processes offered it) and that moved staged through host memory
+    /// instead, because the driver would not export the memory. Counted by
+    /// the side that lends.
+    pub cuda_ipc_fallbacks: u64,
 }
 
 impl MetricsSnapshot {

@@ -159,6 +159,8 @@ pub(crate) struct Metrics {
     /// Connections opened and closed: `[inbound, outbound]`.
     opened: [AtomicU64; 2],
     closed: [AtomicU64; 2],
+    /// Operations staged whose GPU memory was to be lent by CUDA IPC.
+    ipc_fallbacks: AtomicU64,
 }
 
 impl Metrics {
@@ -172,7 +174,13 @@ impl Metrics {
             exposed_bytes: AtomicI64::new(0),
             opened: Default::default(),
             closed: Default::default(),
+            ipc_fallbacks: AtomicU64::new(0),
         }
+    }
+
+    /// An operation's GPU memory moves staged instead of by CUDA IPC.
+    pub(crate) fn ipc_fell_back(&self) {
+        self.ipc_fallbacks.fetch_add(1, Relaxed);
     }
 
     /// An operation was created.
@@ -309,6 +317,7 @@ impl Metrics {
                 outbound_opened: self.opened[1].load(Relaxed),
                 outbound_closed: self.closed[1].load(Relaxed),
             },
+            cuda_ipc_fallbacks: self.ipc_fallbacks.load(Relaxed),
         }
     }
 }

@@ -330,6 +330,7 @@ pub fn attach(pid: u32, addr: u64, cookie: [u8; 16], verdict: Verdict) -> Messag
         addr,
         cookie,
         verdict,
+        cuda_ipc: false,
     })
 }
 

@@ -137,3 +137,121 @@ fn a_read_into_device_memory_takes_a_lease_and_no_data() {
         ["Via lent", &format!("Pull {req} [(4096, 8)]")]
     );
 }
+
+/// Binds `o` at the passive session `s` to an operation over device memory
+/// that this side stages through host memory (moves in band); not served.
+fn bind_staged(s: &mut Session<F>, o: &Open) -> F {
+    let step = s.handle_frame(Message::Open(o.clone())).unwrap();
+    assert!(matches!(&step, Step::CheckGrant(x) if x == o), "{step:?}");
+    let f = F::new();
+    f.on_staged_device();
+    s.bound(o, Ok(f.clone()));
+    f
+}
+
+#[test]
+fn device_memory_is_lent_only_where_both_sides_offered_cuda_ipc() {
+    let read = pulled(open(1, OperationKind::Read, &[8]));
+    // Both offered: lent, like host memory.
+    let mut s = passive(ATTACH);
+    let f = bind_staged(&mut s, &read);
+    s.serve(1);
+    assert_eq!(all_about(&mut s, &f), ["Via lent", "Lend", "SendLease 1"]);
+    // One did not: staged in band, never lent; host memory is still lent.
+    let no_ipc = Caps {
+        cuda_ipc: false,
+        ..ATTACH
+    };
+    let mut s = passive(no_ipc);
+    let f = bind_staged(&mut s, &read);
+    s.serve(1);
+    let all = all_about(&mut s, &f);
+    assert_eq!(all[0], "Via in band", "{all:?}");
+    assert!(all[1].starts_with("Stream 1 Seal"), "{all:?}");
+    assert_eq!(all.len(), 2, "{all:?}");
+    let mut s = passive(no_ipc);
+    let f = bind(&mut s, &read);
+    assert_eq!(all_about(&mut s, &f), ["Via lent", "Lend", "SendLease 1"]);
+    // Device memory that cannot stage: refused, saying why.
+    let mut s = passive(no_ipc);
+    let f = bind_device(&mut s, &read);
+    refused(&mut s, &f, 1, "did not both offer CUDA IPC");
+}
+
+#[test]
+fn a_lend_that_fails_falls_back_to_streaming() {
+    let read = pulled(open(1, OperationKind::Read, &[8, 4]));
+    let mut s = passive(ATTACH);
+    let f = bind_staged(&mut s, &read);
+    assert_eq!(all_about(&mut s, &f), ["Via lent", "Lend"]);
+    // The export failed: nothing lent, nothing to give back.
+    assert!(s.lend_failed(1, "cuIpcGetMemHandle failed"));
+    assert_eq!(all_about(&mut s, &f), ["Via in band"]);
+    s.serve(1);
+    let all = all_about(&mut s, &f);
+    assert!(all[0].starts_with("Stream 1 Seal"), "{all:?}");
+    assert_eq!(s.pending(), 1, "the request, and no lease");
+    let (reqs, lent) = s.drain();
+    assert_eq!((reqs.len(), lent.len()), (1, 0));
+    // Device memory that cannot stage: refused instead, the reason kept.
+    let mut s = passive(ATTACH);
+    let step = s.handle_frame(Message::Open(read.clone())).unwrap();
+    assert!(matches!(step, Step::CheckGrant(_)));
+    let f = F::new();
+    f.on_device();
+    s.bound(&read, Ok(f.clone()));
+    assert_eq!(all_about(&mut s, &f), ["Via lent", "Lend"]);
+    assert!(s.lend_failed(1, "cuIpcGetMemHandle failed"));
+    refused(&mut s, &f, 1, "cuIpcGetMemHandle failed");
+    // Not a request that lends (or one already over): nothing to do.
+    assert!(s.lend_failed(9, "whatever"));
+    assert!(take(&mut s).is_empty());
+}
+
+#[test]
+fn a_promised_lease_that_cannot_be_lent_is_the_drivers_to_end() {
+    // An active WRITE that lends: its lease goes out with the `Open`.
+    let mut s = active(ATTACH);
+    let f = F::new();
+    f.on_staged_device();
+    let (req, start) = s.open(params(OperationKind::Write, &[8], true, (0, 1)), f.clone());
+    assert!(matches!(start, Start::OpenAndLease(_)));
+    assert_eq!(all_about(&mut s, &f), ["Via lent", "Lend"]);
+    assert!(!s.lend_failed(req, "cuIpcGetMemHandle failed"));
+    // Nothing is lent any more: losing the connection gives nothing back.
+    let (reqs, lent) = s.drain();
+    assert_eq!(reqs.len(), 1);
+    assert!(lent.is_empty());
+}
+
+#[test]
+fn the_cuda_ipc_offer_needs_both_sides() {
+    let offer = |cuda_ipc: bool| {
+        Message::Attach(Attach {
+            pid: 42,
+            addr: 0,
+            cookie: [9; 16],
+            verdict: Verdict::Unknown,
+            cuda_ipc,
+        })
+    };
+    for (mine, theirs, declined) in [
+        (true, true, false),
+        (true, false, false),
+        (false, true, false),
+        (true, true, true),
+    ] {
+        let mut s = passive(NO_CAPS);
+        assert!(matches!(
+            s.handle_frame(offer(theirs)),
+            Ok(Step::AttachOffer { .. })
+        ));
+        let nonces = (!declined).then_some(([9; 16], [1; 16]));
+        s.attach_offered(nonces, mine);
+        assert_eq!(
+            s.caps().cuda_ipc,
+            mine && theirs && !declined,
+            "mine {mine}, theirs {theirs}, declined {declined}"
+        );
+    }
+}

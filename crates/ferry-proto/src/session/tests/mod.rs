@@ -8,7 +8,7 @@ use std::cell::Cell;
 use std::rc::Rc;
 
 use super::*;
-use crate::wire::{Data, Hello, PROTOCOL_VERSION};
+use crate::wire::{Attach, Data, Hello, Verdict, PROTOCOL_VERSION};
 use crate::Token;
 
 mod answers;
@@ -25,6 +25,7 @@ struct Flags {
     open: Cell<bool>,
     commit: Cell<bool>,
     host: Cell<bool>,
+    device: Cell<bool>,
 }
 
 /// The handle of one operation: shared flags, compared by identity.
@@ -38,6 +39,7 @@ impl F {
             open: Cell::new(true),
             commit: Cell::new(true),
             host: Cell::new(true),
+            device: Cell::new(false),
         }))
     }
     fn seal(&self) {
@@ -53,6 +55,12 @@ impl F {
     /// (does not move in band).
     fn on_device(&self) {
         self.0.host.set(false);
+        self.0.device.set(true);
+    }
+    /// Its memory is device memory that this side stages through host
+    /// memory (moves in band).
+    fn on_staged_device(&self) {
+        self.0.device.set(true);
     }
     fn is(&self, other: &F) -> bool {
         Rc::ptr_eq(&self.0, &other.0)
@@ -72,6 +80,9 @@ impl Fence for F {
     fn moves_in_band(&self) -> bool {
         self.0.host.get()
     }
+    fn is_device(&self) -> bool {
+        self.0.device.get()
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -82,13 +93,15 @@ const NO_CAPS: Caps = Caps {
     can_pull: false,
     peer_pulls: false,
     secret: false,
+    cuda_ipc: false,
 };
-/// Attach set up both ways.
+/// Attach set up both ways, both sides offering CUDA IPC.
 const ATTACH: Caps = Caps {
     attach: true,
     can_pull: true,
     peer_pulls: true,
     secret: false,
+    cuda_ipc: true,
 };
 
 fn passive(caps: Caps) -> Session<F> {
@@ -181,6 +194,7 @@ fn attach(verdict: Verdict) -> Message {
         addr: 0x5000,
         cookie: [9; 16],
         verdict,
+        cuda_ipc: false,
     })
 }
 
@@ -235,7 +249,7 @@ fn target(a: &Action<F>) -> Option<&F> {
         Action::Send { .. } => None,
         Action::Stream { target, .. }
         | Action::Via { target, .. }
-        | Action::Lend { target }
+        | Action::Lend { target, .. }
         | Action::SendLease { target, .. }
         | Action::GiveBack { target }
         | Action::Pull { target, .. }

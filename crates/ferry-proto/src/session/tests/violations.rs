@@ -448,7 +448,7 @@ fn attach_frames_out_of_the_exchange_order() {
     // The offer sent: a nonce instead of a verdict.
     let mut s = passive(ATTACH);
     s.handle_frame(attach(Verdict::Unknown)).unwrap();
-    s.attach_offered(Some(([9; 16], [8; 16])));
+    s.attach_offered(Some(([9; 16], [8; 16])), false);
     assert_eq!(
         s.handle_frame(attach(Verdict::Unknown)).unwrap_err(),
         Violation::AttachOutOfTurn
@@ -456,7 +456,7 @@ fn attach_frames_out_of_the_exchange_order() {
     // A fifth frame after the exchange.
     let mut s = passive(ATTACH);
     s.handle_frame(attach(Verdict::Unknown)).unwrap();
-    s.attach_offered(None);
+    s.attach_offered(None, false);
     s.handle_frame(attach(Verdict::Refused)).unwrap();
     for v in [Verdict::Unknown, Verdict::CanPull, Verdict::Refused] {
         assert_eq!(
@@ -482,7 +482,7 @@ fn the_attach_exchange_in_order_sets_the_caps() {
             Ok(Step::AttachOffer { nonce }) => assert_eq!(nonce, [9; 16]),
             other => panic!("{other:?}"),
         }
-        s.attach_offered(offer);
+        s.attach_offered(offer, false);
         match s.handle_frame(attach(verdict)) {
             Ok(Step::AttachVerify { nonces, pid, addr }) => {
                 assert_eq!((nonces, pid, addr), (offer, 42, 0x5000))

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-use ferry_proto::session::{Action, Session};
+use ferry_proto::session::{Action, Fence, Session};
 use ferry_proto::wire::{Abort, AbortReason, Lease, Message};
 use ferry_proto::OperationStatus;
 use tokio::runtime::Handle;
@@ -180,7 +180,19 @@ impl Conn {
                     // Counted while the session still holds the lease: the
                     // reader's drain (under this lock) then always finds
                     // it counted, and its give-back always follows.
-                    Action::Lend { target } => self.lend(&target),
+                    Action::Lend { req, target } => {
+                        if let Err(why) = self.lend(&target) {
+                            // Nothing lent: a READ served here streams
+                            // instead (or is refused); else the request
+                            // ends with the connection.
+                            tracing::debug!(peer = self.peer, req, "{why}");
+                            if !s.lend_failed(req, &why) {
+                                self.kill(why);
+                            } else if !target.region.is_host() && target.moves_in_band() {
+                                target.shared.ipc_fell_back(&why);
+                            }
+                        }
+                    }
                     a => actions.push(a),
                 }
             }
@@ -193,12 +205,12 @@ impl Conn {
     }
 
     /// Lends the target's memory to the peer (registered first, if the
-    /// backend needs it).
-    fn lend(&self, target: &Target) {
-        if let Err(e) = self.register_lent(&target.region) {
-            return self.kill(format!("cannot lend this memory: {e}"));
-        }
+    /// backend needs it), or says why it cannot.
+    fn lend(&self, target: &Target) -> Result<(), String> {
+        self.register_lent(&target.region)
+            .map_err(|e| format!("cannot lend this memory: {e}"))?;
         target.region.lend();
+        Ok(())
     }
 
     /// Does what the session asked. No protocol decision here: only how.
@@ -214,12 +226,17 @@ impl Conn {
                 target.shared.first_byte();
                 self.stream_from(req, target, cursor, Vec::new(), None, last)
             }
-            Action::Via { target, lent } => target.shared.set_transport(if lent {
-                self.lending_kind(&target.region)
-            } else {
-                TransportKind::Tcp
-            }),
-            Action::Lend { target } => self.lend(&target),
+            Action::Via { target, lent } => {
+                if lent {
+                    target
+                        .shared
+                        .set_transport(self.lending_kind(&target.region))
+                } else {
+                    target.shared.moved_by(TransportKind::Tcp)
+                }
+            }
+            // Run by `with_session`, under the session's lock.
+            Action::Lend { .. } => {}
             Action::SendLease { req, target } => {
                 let (segments, key) = self.lease_of(&target.region).into_parts();
                 let lease = Message::Lease(Lease { req, segments, key });
@@ -313,7 +330,14 @@ impl Conn {
                 // The source lent GPU memory (on a connection where the
                 // attach probe proved it a process of this host).
                 Some(p) if cuda_ipc::lease::is_ipc(lease.opaque()) => {
-                    shared.lent_by(TransportKind::CudaIpc);
+                    if !lock(&self.session).caps().cuda_ipc {
+                        // Not offered here (no driver): this request
+                        // fails, the connection goes on.
+                        let why = "the peer lent GPU memory by CUDA IPC, which this process did \
+                                   not offer (no CUDA driver that sees a device)";
+                        return self.fail_request(req, &target, why.into());
+                    }
+                    shared.moved_by(TransportKind::CudaIpc);
                     PullPeer::CudaIpc(self.ipc_peer(p))
                 }
                 Some(p) => PullPeer::Cma(p),
@@ -358,12 +382,7 @@ impl Conn {
                 // driver would not map): it ends alone, both sides told; a
                 // source that went away ends the connection on its own.
                 PullEnd::Failed(why) if matches!(peer, PullPeer::CudaIpc(_)) => {
-                    lock(&conn.session).forget(req);
-                    target.end(
-                        OperationStatus::Errored,
-                        Some(Error::Io(Arc::new(io::Error::other(why.clone())))),
-                    );
-                    conn.abort_detached(req, AbortReason::DeviceMemory, why);
+                    conn.fail_request(req, &target, why)
                 }
                 PullEnd::Failed(why) => conn.kill(why),
             }

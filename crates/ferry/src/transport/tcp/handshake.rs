@@ -156,6 +156,9 @@ pub(super) async fn handshake(
         w.secure(tx);
     }
     let (mut peer_pid, mut peer_pulls, mut my_cookie) = (None, false, None);
+    // CUDA IPC carries GPU memory only where both processes offer it.
+    let offer = crate::cuda::offers_cuda_ipc();
+    let mut cuda_ipc = false;
     let tuple = match (local_addr, peer_addr) {
         (Ok(l), Ok(p)) => Some((l, p)),
         _ => None,
@@ -189,6 +192,7 @@ pub(super) async fn handshake(
             addr: 0,
             cookie: na,
             verdict: Verdict::Unknown,
+            cuda_ipc: offer,
         });
         w.write_all(&hello.to_vec())
             .await
@@ -196,6 +200,8 @@ pub(super) async fn handshake(
         // 2. Theirs, and where their cookie lies (pid 0: declined).
         let theirs = next(&mut rd).await?;
         let np = theirs.cookie;
+        // A peer that declined (pid 0) lends nothing by attach.
+        cuda_ipc = offer && theirs.cuda_ipc && theirs.pid != 0;
         let cookie = Box::new(cma::cookie(cma::Side::Active, &na, &np, me, them));
         // The passive end of this connection is `them` -> `me`.
         let verified = verify_peer(theirs.pid, theirs.addr, them, me, move || {
@@ -213,6 +219,7 @@ pub(super) async fn handshake(
             } else {
                 Verdict::Refused
             },
+            cuda_ipc,
         });
         w.write_all(&answer.to_vec())
             .await
@@ -225,6 +232,7 @@ pub(super) async fn handshake(
             peer,
             pull_from_peer = ok,
             peer_pulls,
+            cuda_ipc,
             "cross-memory attach probed"
         );
     }
@@ -246,6 +254,8 @@ pub(super) async fn handshake(
         can_pull,
         peer_pulls,
         secret: cfg.secret.is_some(),
+        // UCX lends host memory only.
+        cuda_ipc: cuda_ipc && !via_ucx,
     };
     let mut session = Session::new(Role::Active, caps);
     if via_ucx {

@@ -25,7 +25,7 @@ impl Conn {
 
     /// The transport that lent bytes of `region` travel by on this
     /// connection (a host destination of GPU memory learns it from the
-    /// lease: `OpShared::lent_by`).
+    /// lease: `OpShared::moved_by`).
     pub(super) fn lending_kind(&self, region: &Region) -> TransportKind {
         if self.by_ucx() {
             UcxPuller.kind()

@@ -182,12 +182,13 @@ impl Transport for TcpTransport {
             // Device memory on either side moves by CUDA IPC where the
             // source is GPU memory that can be lent to the destination: a
             // process of this host reached with attach (the plan checks
-            // `caps`), not over UCX, not this very process (CUDA does not
-            // open a process's own IPC handles), with the driver here (not
-            // a simulation). Everything else moves in band, each side
-            // staging its own GPU memory through host memory (`staged.rs`),
-            // whatever the size: another host, no attach, host memory into
-            // GPU memory, a connection to itself.
+            // `caps`), where both processes offered CUDA IPC (`caps`; not
+            // over UCX, not a simulated GPU), not this very process (CUDA
+            // does not open a process's own IPC handles). Everything else
+            // moves in band, each side staging its own GPU memory through
+            // host memory (`staged.rs`), whatever the size: another host,
+            // no attach, host memory into GPU memory, a connection to
+            // itself, or GPU memory whose export failed.
             let local_dev = job.region.device();
             let remote_dev = job
                 .remote
@@ -203,14 +204,23 @@ impl Transport for TcpTransport {
                 .peer_pid
                 .get()
                 .is_some_and(|p| p.pid() == crate::transport::cma::pid());
-            // A WRITE is pulled by the peer: only into its GPU memory (it
-            // then has CUDA); into its host memory it may have none, so
-            // that goes in band.
-            let by_ipc = source_on_gpu
-                && (job.kind == OperationKind::Read || remote_dev.is_some())
-                && crate::cuda::lends_device_memory()
-                && !conn.by_ucx()
-                && !to_itself;
+            // The destination copies from the source: the attach probe
+            // must have gone that way.
+            let pulls = match job.kind {
+                OperationKind::Read => caps.can_pull,
+                OperationKind::Write => caps.peer_pulls,
+            };
+            let mut by_ipc = source_on_gpu && caps.cuda_ipc && pulls && !to_itself;
+            if by_ipc && job.kind == OperationKind::Write {
+                // This side lends: export now, so that an allocation the
+                // driver will not export moves staged instead (a READ's
+                // source falls back by itself: `Session::lend_failed`).
+                if let Err(e) = conn.register_lent(&job.region) {
+                    job.shared
+                        .ipc_fell_back(&format!("cannot lend this memory: {e}"));
+                    by_ipc = false;
+                }
+            }
             let thresholds = Thresholds {
                 pull_from: match (local_dev.or(remote_dev), by_ipc) {
                     (None, _) => self.local.cma_threshold,

@@ -205,6 +205,7 @@ fn offer_attach(conn: &Arc<Conn>, enabled: bool, theirs: [u8; 16]) {
                 addr: at,
                 cookie: np,
                 verdict: Verdict::Unknown,
+                cuda_ipc: crate::cuda::offers_cuda_ipc(),
             };
             (offer, Some((theirs, np)))
         }
@@ -214,11 +215,12 @@ fn offer_attach(conn: &Arc<Conn>, enabled: bool, theirs: [u8; 16]) {
                 addr: 0,
                 cookie: [0; 16],
                 verdict: Verdict::Unknown,
+                cuda_ipc: false,
             };
             (decline, None)
         }
     };
-    lock(&conn.session).attach_offered(nonces);
+    lock(&conn.session).attach_offered(nonces, answer.cuda_ipc);
     conn.send_detached(Message::Attach(answer));
 }
 

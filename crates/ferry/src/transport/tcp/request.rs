@@ -46,6 +46,10 @@ impl Fence for Target {
         // connector refuses it otherwise), so this is the net behind that.
         self.region.is_host() || crate::cuda::available()
     }
+
+    fn is_device(&self) -> bool {
+        !self.region.is_host()
+    }
 }
 
 impl Target {
