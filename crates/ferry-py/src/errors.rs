@@ -27,6 +27,7 @@ pub(crate) fn error_to_py(py: Python<'_>, e: ferry::Error) -> PyErr {
         E::InvalidMetadata(_) => return PyValueError::new_err(message),
         E::CudaUnavailable { .. } => "CudaUnavailableError",
         E::NoDeviceTransport { .. } => "NoDeviceTransportError",
+        E::NotDeviceMemory { .. } => "NotDeviceMemoryError",
         E::UnsupportedDevice { .. } => "DeviceMemoryError",
         ref e if e.is_misuse() => return PyValueError::new_err(message),
         E::WrongWorker { .. } => "StaleMetadataError",

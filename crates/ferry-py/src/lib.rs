@@ -79,6 +79,14 @@ fn bytes_address(data: &Bound<'_, PyBytes>) -> (usize, usize) {
     (bytes.as_ptr() as usize, bytes.len())
 }
 
+/// The GPU whose memory `ptr` is, as the CUDA driver says
+/// (`ferry::cuda::device_of`); `None` where there is no driver to ask (no
+/// GPU, or a simulated one) or where it does not know the address.
+#[pyfunction]
+fn cuda_device_of(ptr: u64) -> Option<u32> {
+    ferry::cuda::device_of(ptr).ok()
+}
+
 /// For tests only: set to `1` in a process's environment before it imports
 /// `ferry`, it makes that process treat every CUDA address it is given as
 /// host memory (`ferry::cuda::simulate_with_host_memory`), so that GPU
@@ -112,6 +120,7 @@ fn _ferry(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pool::Blocks>()?;
     m.add_function(wrap_pyfunction!(parse_device, m)?)?;
     m.add_function(wrap_pyfunction!(bytes_address, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_device_of, m)?)?;
     control::register(m)?;
     Ok(())
 }

@@ -82,9 +82,15 @@ def test_error_classes():
     assert issubclass(CudaUnavailableError, DeviceMemoryError)
     assert issubclass(NoDeviceTransportError, DeviceMemoryError)
     assert issubclass(NoDeviceTransportError, NotImplementedError)
+    assert issubclass(ferry.NotDeviceMemoryError, DeviceMemoryError)
     assert issubclass(DeviceMemoryError, ValueError)
     assert not issubclass(DeviceMemoryError, ferry.FerryError)
-    for name in ("DeviceMemoryError", "CudaUnavailableError", "NoDeviceTransportError"):
+    for name in (
+        "DeviceMemoryError",
+        "CudaUnavailableError",
+        "NoDeviceTransportError",
+        "NotDeviceMemoryError",
+    ):
         assert name in ferry.__all__
 
 
@@ -118,6 +124,12 @@ def test_cuda_array_interface_alone_is_cuda_memory():
     assert Descriptor(CudaArray(shape=(0, 8), data=(0, False))).size == 0
     assert Descriptor(CudaArray(shape=(1, 8), strides=(999, 4))).size == 32
     assert Descriptor(CudaArray(shape=(), typestr="<c16")).size == 16
+
+
+def test_the_driver_is_asked_only_where_it_is():
+    # A made-up address: no driver to ask here, and a real one does not
+    # know it as device memory either.
+    assert ferry._ferry.cuda_device_of(PTR) is None
 
 
 def test_the_device_is_the_arrays_or_cuda_0():

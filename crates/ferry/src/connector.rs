@@ -260,6 +260,15 @@ fn check_descriptors(descs: &[Descriptor<'_>], written: Option<&'static str>) ->
             if let Some(e) = crate::cuda::refusal(index, d.device()) {
                 return Err(e);
             }
+            // The driver's word on the address (where it is here).
+            let at = d.device_ptr().map(|p| (d.device().id(), p));
+            if let Some(reason) = at.and_then(|(n, p)| crate::cuda::mismatch(n, p, d.size())) {
+                return Err(Error::NotDeviceMemory {
+                    index,
+                    device: d.device(),
+                    reason,
+                });
+            }
         }
     }
     crate::cuda::policy::one_memory(descs)?;

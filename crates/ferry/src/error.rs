@@ -74,6 +74,23 @@ pub enum Error {
         /// memory).
         reason: String,
     },
+    /// A descriptor of CUDA memory that the CUDA driver does not take for
+    /// memory of its device: memory of another GPU, host memory described
+    /// as a GPU's, or a range that runs off its allocation (checked with
+    /// `cuPointerGetAttribute` when the operation is created, where the
+    /// driver is here).
+    #[error(
+        "descriptor {index} says {device}, but the CUDA driver disagrees: {reason}. Describe \
+         allocated GPU memory with the device it is on (tensor.device)"
+    )]
+    NotDeviceMemory {
+        /// Which descriptor.
+        index: usize,
+        /// The device it names.
+        device: Device,
+        /// What the driver says.
+        reason: String,
+    },
     /// A device string that does not parse.
     #[error(transparent)]
     InvalidDevice(#[from] ParseDeviceError),
@@ -235,7 +252,8 @@ impl Error {
     /// includes memory that this connector cannot move here
     /// ([`UnsupportedDevice`](Self::UnsupportedDevice),
     /// [`CudaUnavailable`](Self::CudaUnavailable),
-    /// [`NoDeviceTransport`](Self::NoDeviceTransport)).
+    /// [`NoDeviceTransport`](Self::NoDeviceTransport),
+    /// [`NotDeviceMemory`](Self::NotDeviceMemory)).
     pub fn is_misuse(&self) -> bool {
         matches!(
             self,
@@ -245,6 +263,7 @@ impl Error {
                 | Error::UnsupportedDevice { .. }
                 | Error::CudaUnavailable { .. }
                 | Error::NoDeviceTransport { .. }
+                | Error::NotDeviceMemory { .. }
                 | Error::InvalidDevice(_)
                 | Error::WrongPairing { .. }
                 | Error::CountMismatch { .. }

@@ -480,6 +480,8 @@ def _describe(data: Any) -> _Described:
         iface = _cuda_array_interface(data)
         if iface is not None:
             device = _cuda_array_device(data)
+            if device is None:
+                device = _cuda_pointer_device(iface)
             return _describe_cuda_array(data, iface, CUDA0 if device is None else device)
         raise TypeError(
             f"{_TYPE_MESSAGE}; got {cls.__name__}, which does not export its memory as a "
@@ -607,7 +609,20 @@ def _cuda_array_interface(array: Any) -> Optional[Dict[str, Any]]:
 
 CUDA0 = Device((DeviceKind.CUDA, 0))
 """Where an object with a ``__cuda_array_interface__`` that does not say
-its device is taken to be."""
+its device is taken to be, where the CUDA driver cannot say either."""
+
+
+def _cuda_pointer_device(iface: Dict[str, Any]) -> Optional[Device]:
+    """The GPU the CUDA driver says the interface's pointer is on, or None
+    (no driver to ask, or no well-formed pointer: the interface's checks
+    say what is wrong)."""
+    data = iface.get("data")
+    if type(data) is not tuple or len(data) != 2 or type(data[0]) is not int:
+        return None
+    if not 0 < data[0] < 1 << 64:
+        return None
+    index = _ferry.cuda_device_of(data[0])
+    return None if index is None else Device((DeviceKind.CUDA, index))
 
 
 def _cuda_array_device(array: Any) -> Optional[Device]:

@@ -23,7 +23,8 @@ A descriptor of memory that the connector cannot move here raises a
 :class:`DeviceMemoryError` (a :class:`ValueError`, as other misuse) when an
 operation is created: :class:`CudaUnavailableError` for CUDA memory on a
 host where CUDA is not available (the message says why, and what to install
-or set), :class:`NoDeviceTransportError` (also a
+or set), :class:`NotDeviceMemoryError` where the CUDA driver does not take
+the memory for memory of the device it names, :class:`NoDeviceTransportError` (also a
 :class:`NotImplementedError`) where CUDA is available but no transport of
 the connector carries it to or from that remote: CUDA memory moves only by
 CUDA IPC between processes of one host (GPU to GPU, GPU to host).
@@ -52,6 +53,7 @@ __all__ = [
     "InvalidWorkerIdError",
     "DeviceMemoryError",
     "CudaUnavailableError",
+    "NotDeviceMemoryError",
     "NoDeviceTransportError",
     "ControlError",
     "MetadataNotFoundError",
@@ -142,6 +144,14 @@ class NoDeviceTransportError(DeviceMemoryError, NotImplementedError):
     no transport of this connector carries it here: host and CUDA memory
     (or two GPUs) mixed in one operation (the message says which). Also a
     :class:`NotImplementedError`."""
+
+
+class NotDeviceMemoryError(DeviceMemoryError):
+    """A descriptor of CUDA memory that the CUDA driver does not take for
+    memory of its device: memory of another GPU (describe it with the
+    device it is on, ``tensor.device``), host memory described as a GPU's,
+    or a range that runs off its allocation. Checked when the operation is
+    created, where the driver is here."""
 
 
 class ControlError(RuntimeError):

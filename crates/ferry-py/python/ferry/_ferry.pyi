@@ -109,6 +109,9 @@ class Connector:
     def begin_write_blocking(self, descriptors: List[_RawDescriptor], metadata: Metadata) -> Operation: ...
 
 def parse_device(device: str) -> Tuple[int, int]: ...
+def cuda_device_of(ptr: int) -> Optional[int]:
+    """The GPU whose memory ``ptr`` is, as the CUDA driver says; None where
+    there is no driver to ask or it does not know the address."""
 def bytes_address(data: bytes) -> Tuple[int, int]:
     """``(address, length)`` of the object's own storage (its C length, not ``len()``)."""
 

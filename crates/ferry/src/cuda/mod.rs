@@ -30,12 +30,15 @@ mod buffer;
 mod driver;
 pub(crate) mod ipc;
 mod memory;
+mod pointer;
 pub(crate) mod policy;
 pub(crate) mod stage;
 
 pub use buffer::CudaBuffer;
 pub(crate) use driver::Driver;
 pub(crate) use memory::{DeviceBuffer, PrimaryCtx};
+pub use pointer::device_of;
+pub(crate) use pointer::mismatch;
 #[doc(hidden)]
 pub use stage::{simulate_copy_failure, simulate_with_host_memory};
 
@@ -73,6 +76,9 @@ pub enum CudaError {
         /// The size of the memory.
         size: usize,
     },
+    /// An address the driver does not take for device memory.
+    #[error("not GPU memory: {0}")]
+    NotDeviceMemory(String),
     /// A copy engine other than the driver failed (the host stand-in of
     /// the tests, or a copy refused after an earlier failure).
     #[error("copy failed: {0}")]

@@ -49,7 +49,7 @@ pub(crate) fn transport_name(t: Option<TransportKind>) -> &'static str {
 
 /// The values of the `cause` label of `ferry_errors_total`, one per
 /// [`Error`] variant, in snake case.
-pub const ERROR_CAUSES: [&str; 24] = [
+pub const ERROR_CAUSES: [&str; 25] = [
     "no_descriptors",
     "too_many_descriptors",
     "read_only_descriptor",
@@ -74,6 +74,7 @@ pub const ERROR_CAUSES: [&str; 24] = [
     "cuda_unavailable",
     "no_device_transport",
     "device_copy",
+    "not_device_memory",
 ];
 
 /// The index of `e`'s cause in [`ERROR_CAUSES`].
@@ -103,6 +104,7 @@ pub(crate) fn cause_index(e: &Error) -> usize {
         Error::CudaUnavailable { .. } => 21,
         Error::NoDeviceTransport { .. } => 22,
         Error::DeviceCopy { .. } => 23,
+        Error::NotDeviceMemory { .. } => 24,
     }
 }
 
