@@ -76,7 +76,8 @@ pub enum Error {
     },
     /// A descriptor of CUDA memory that the CUDA driver does not take for
     /// memory of its device: memory of another GPU, host memory described
-    /// as a GPU's, or a range that runs off its allocation (checked with
+    /// as a GPU's, or a range whose last byte is not device memory of that
+    /// GPU (its first and last byte are checked with
     /// `cuPointerGetAttribute` when the operation is created, where the
     /// driver is here).
     #[error(

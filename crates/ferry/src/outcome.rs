@@ -26,7 +26,8 @@ pub(crate) struct OpState {
 pub(crate) struct OpShared {
     tx: watch::Sender<OpState>,
     /// The transport that carries it: set once, except that a pull that
-    /// finds a CUDA IPC lease names it ([`lent_by`](Self::lent_by)).
+    /// finds a CUDA IPC lease names it, and a lend that failed leaves it
+    /// to the in-band path ([`moved_by`](Self::moved_by)).
     transport: Mutex<Option<TransportKind>>,
     /// Every byte and the final `Finish` are on their way: the outcome is
     /// now the remote's to decide, and a cancel no longer changes it.

@@ -50,16 +50,19 @@ class Descriptor(_Registrable):
     - an object with a ``__cuda_array_interface__`` (CuPy, Numba, JAX...)
       that exports no host buffer: CUDA memory, described from the
       interface (versions 0 to 3; see below). The interface does not say
-      which GPU the memory is on, and without CUDA the address cannot be
-      asked: the device is ``cuda:N`` where the object's ``device.id`` is
-      an int ``N`` (CuPy's and JAX's arrays have one), else ``cuda:0``.
-      Pass ``(array, "cuda:N")`` to say which;
+      which GPU the memory is on: the device is ``cuda:N`` where the
+      object's ``device.id`` is an int ``N`` (CuPy's and JAX's arrays have
+      one), else the GPU the CUDA driver says the address is on (where the
+      driver is here), else ``cuda:0``. Pass ``(array, "cuda:N")`` to say
+      which;
     - a tuple ``(array, device)``: any of the above and the
       :class:`Device` (or device string) it must be on (an array whose
       ``device.id`` says another GPU is refused);
     - a tuple ``(ptr, size, device, ref)`` (``device`` and ``ref`` may be
-      left out): raw memory, e.g. ``(ptr, size, "cuda:1", owner)``. Nothing
-      checks it: the memory must stay valid while an operation uses it, and
+      left out): raw memory, e.g. ``(ptr, size, "cuda:1", owner)``. Only the
+      CUDA driver checks it (a ``cuda:N`` address must be memory of that
+      GPU, where the driver is here): the memory must stay valid while an
+      operation uses it, and
       ``ref`` (kept alive by the descriptor) is typically what owns it.
 
     Anything else is a ``TypeError``. Sizes and addresses come only from

@@ -150,7 +150,7 @@ class NotDeviceMemoryError(DeviceMemoryError):
     """A descriptor of CUDA memory that the CUDA driver does not take for
     memory of its device: memory of another GPU (describe it with the
     device it is on, ``tensor.device``), host memory described as a GPU's,
-    or a range that runs off its allocation. Checked when the operation is
+    or a range whose last byte is not memory of that GPU. Checked when the operation is
     created, where the driver is here."""
 
 

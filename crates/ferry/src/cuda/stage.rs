@@ -34,8 +34,9 @@ static SIMULATED: AtomicBool = AtomicBool::new(false);
 /// address Ferry is given is copied with `memcpy`, CUDA is reported
 /// available ([`available`](super::available)), the driver is never used
 /// (every call that needs a context fails, so `CudaBuffer::new` is
-/// `Unavailable`), and this side never plans to move device memory by
-/// CUDA IPC. For tests of the staged paths on machines without a GPU;
+/// `Unavailable`), and this side does not offer CUDA IPC, so device
+/// memory never moves by it (unless a test also calls
+/// `simulate_cuda_ipc_offer(true)`, whose exports then fail). For tests of the staged paths on machines without a GPU;
 /// never in a program that has real device memory.
 ///
 /// # Safety

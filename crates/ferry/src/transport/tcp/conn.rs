@@ -310,10 +310,13 @@ impl Conn {
     /// reader task: the peer's pages may fault slowly, or never arrive),
     /// once a copy slot is free (see `stall.rs`), then tells the
     /// source that every byte is copied (`Finish`). A closed region ends it silently:
-    /// whoever closed it tells the peer. A failed copy means the peer died
-    /// (its memory went away) or lent memory it does not have: either way
-    /// the connection is closed, which fails every operation on it, on both
-    /// sides, with [`Error::ConnectionLost`] and the cause.
+    /// whoever closed it tells the peer. A failed copy by cross-memory
+    /// attach or UCX means the peer died (its memory went away) or lent
+    /// memory it does not have: either way the connection is closed, which
+    /// fails every operation on it, on both sides, with
+    /// [`Error::ConnectionLost`] and the cause. A CUDA IPC lease that fails
+    /// (not offered here, a handle the driver will not open, a bad lease)
+    /// ends its one request (`fail_request`).
     pub(super) fn spawn_pull(self: &Arc<Self>, req: u64, target: Target, lease: LeaseBlob) {
         let (region, shared) = (target.region.clone(), target.shared.clone());
         let peer = if self.by_ucx() {
