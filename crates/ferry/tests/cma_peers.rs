@@ -21,7 +21,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ferry::{Connector, Error, OperationKind, OperationStatus, RdmaMetadata, TransportKind};
+use ferry::{Error, OperationKind, OperationStatus, RdmaMetadata, TransportKind};
 use ferry_proto::wire::{self, Attach, Hello, Lease, Message, Open, Verdict, PROTOCOL_VERSION};
 
 /// What untouched exposed memory holds.
@@ -33,16 +33,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
-}
-
-/// A connector that may use cross-memory attach.
-async fn attaching_connector() -> Connector {
-    Connector::builder()
-        .listen("127.0.0.1:0".parse().unwrap())
-        .transports(&[TransportKind::Cma, TransportKind::Tcp])
-        .build()
-        .await
-        .expect("connector starts")
 }
 
 /// This test binary, run again for test `name` in the role `role` (an
@@ -93,16 +83,6 @@ fn drain(mut out: BufReader<ChildStdout>) {
 
 fn sizes_of(m: &RdmaMetadata) -> Vec<u64> {
     m.sizes()
-}
-
-fn attach(pid: u32, addr: u64, cookie: [u8; 16], verdict: Verdict) -> Message {
-    Message::Attach(Attach {
-        pid,
-        addr,
-        cookie,
-        verdict,
-        cuda_ipc: false,
-    })
 }
 
 /// The cookie the passive side expects from the active side of the
@@ -454,7 +434,7 @@ const SLOTS: usize = 16;
 const PROBE_TIMEOUT_MS: u64 = 300;
 
 mod support;
-use support::uffd;
+use support::{attach, attaching_connector, uffd};
 
 /// One page of this process that never arrives (registered with
 /// `userfaultfd` for missing pages, and never served); `None` (with the

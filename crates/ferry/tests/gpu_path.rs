@@ -22,14 +22,18 @@
 use std::io::Write;
 use std::time::Duration;
 
-use ferry::{Connector, Descriptor, TransportKind};
+use ferry::{Descriptor, TransportKind};
 
 #[path = "support/sim_memory.rs"]
 mod sim_memory;
+// A connector that sets up cross-memory attach with a process of this
+// host (and so could lend GPU memory by CUDA IPC).
 #[path = "support/spawned.rs"]
 mod spawned;
+mod support;
 use sim_memory::Keep;
 use spawned::{check, pattern, runtime, Server};
+use support::attaching_connector as connector;
 
 /// The environment variable that makes this binary a server process.
 const ROLE: &str = "FERRY_GPU_PATH_TEST_SERVE";
@@ -47,17 +51,6 @@ fn init(offer: bool) {
     // descriptor's life.
     unsafe { ferry::cuda::simulate_with_host_memory() };
     ferry::cuda::simulate_cuda_ipc_offer(offer);
-}
-
-/// A connector that sets up cross-memory attach with a process of this
-/// host (and so could lend GPU memory by CUDA IPC).
-async fn connector() -> Connector {
-    Connector::builder()
-        .listen("127.0.0.1:0".parse().unwrap())
-        .transports(&[TransportKind::Cma, TransportKind::Tcp])
-        .build()
-        .await
-        .expect("connector starts")
 }
 
 /// Descriptors of [`SIZES`], GPU memory (`gpu`) or host memory, holding
