@@ -220,7 +220,7 @@ impl Region {
 
     /// Whether segments `a` and `b` are blocks of one pool (one paged
     /// descriptor).
-    fn same_pool(&self, a: usize, b: usize) -> bool {
+    pub(crate) fn same_pool(&self, a: usize, b: usize) -> bool {
         // `pools` is in segment order: the last one starting at or before `a`.
         let i = self.pools.partition_point(|&(first, _, _)| first <= a);
         i > 0 && {
