@@ -52,6 +52,16 @@ pub(crate) struct IpcMemHandle {
 
 const _: () = assert!(std::mem::size_of::<IpcMemHandle>() == 64);
 
+/// `CUuuid`: a device's 16-byte UUID (`cuDeviceGetUuid_v2`: a MIG
+/// instance's own where the device is one).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct CuUuid {
+    pub(crate) bytes: [c_char; 16],
+}
+
+const _: () = assert!(std::mem::size_of::<CuUuid>() == 16);
+
 /// The driver's functions, resolved from one loaded `libcuda`, all at load,
 /// so that a driver lacking one is refused then rather than halfway
 /// through a transfer (the IPC calls are the CUDA IPC puller's:
@@ -64,6 +74,7 @@ pub(crate) struct Api {
     pub(crate) device_get_count: unsafe extern "C" fn(*mut c_int) -> CuResult,
     pub(crate) device_get: unsafe extern "C" fn(*mut CuDevice, c_int) -> CuResult,
     pub(crate) device_get_name: unsafe extern "C" fn(*mut c_char, c_int, CuDevice) -> CuResult,
+    pub(crate) device_get_uuid: unsafe extern "C" fn(*mut CuUuid, CuDevice) -> CuResult,
     pub(crate) primary_ctx_retain: unsafe extern "C" fn(*mut CuContext, CuDevice) -> CuResult,
     pub(crate) primary_ctx_release: unsafe extern "C" fn(CuDevice) -> CuResult,
     pub(crate) ctx_set_current: unsafe extern "C" fn(CuContext) -> CuResult,
@@ -125,6 +136,7 @@ impl Api {
             device_get_count: sym!("cuDeviceGetCount"),
             device_get: sym!("cuDeviceGet"),
             device_get_name: sym!("cuDeviceGetName"),
+            device_get_uuid: sym!("cuDeviceGetUuid_v2"),
             primary_ctx_retain: sym!("cuDevicePrimaryCtxRetain"),
             primary_ctx_release: sym!("cuDevicePrimaryCtxRelease_v2"),
             ctx_set_current: sym!("cuCtxSetCurrent"),
@@ -265,6 +277,17 @@ impl Driver {
         let r = unsafe { (self.api.device_get)(&mut dev, ordinal as c_int) };
         self.check("cuDeviceGet", r)?;
         Ok(dev)
+    }
+
+    /// The UUID of `cuda:ordinal`: what names one GPU in every process
+    /// of a host, however each numbers its devices.
+    pub(crate) fn device_uuid(&self, ordinal: u32) -> Result<[u8; 16], CudaError> {
+        let dev = self.device(ordinal)?;
+        let mut uuid = CuUuid { bytes: [0; 16] };
+        // SAFETY: `uuid` is a writable `CUuuid`; `dev` came from `cuDeviceGet`.
+        let r = unsafe { (self.api.device_get_uuid)(&mut uuid, dev) };
+        self.check("cuDeviceGetUuid_v2", r)?;
+        Ok(uuid.bytes.map(|c| c as u8))
     }
 
     /// The marketing name of `cuda:ordinal` ("NVIDIA H100 80GB HBM3").

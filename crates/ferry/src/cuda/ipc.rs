@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::driver::{CuDevicePtr, IpcMemHandle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS};
 use super::memory::{PrimaryCtx, Stream};
@@ -98,6 +98,33 @@ pub(crate) fn export(ordinal: u32, segs: &[(u64, u64)]) -> Result<Exported, Cuda
         last = Some((idx, base, size));
     }
     Ok(Exported { allocs, at })
+}
+
+/// The UUID of `cuda:ordinal` (zeros where the driver does not say), for
+/// a lease to name its device by.
+pub(crate) fn device_uuid(ordinal: u32) -> [u8; 16] {
+    super::driver_or_unavailable()
+        .and_then(|d| d.device_uuid(ordinal))
+        .unwrap_or_default()
+}
+
+/// Which device of this process has the UUID `uuid`, if it sees it (none
+/// for zeros, or a GPU hidden from this process).
+pub(crate) fn ordinal_of(uuid: &[u8; 16]) -> Option<u32> {
+    static SEEN: OnceLock<Vec<[u8; 16]>> = OnceLock::new();
+    if *uuid == [0; 16] {
+        return None;
+    }
+    let seen = SEEN.get_or_init(|| {
+        let Ok(d) = super::driver_or_unavailable() else {
+            return Vec::new();
+        };
+        let n = d.device_count().unwrap_or(0);
+        (0..n)
+            .map(|i| d.device_uuid(i).unwrap_or_default())
+            .collect()
+    });
+    seen.iter().position(|u| u == uuid).map(|i| i as u32)
 }
 
 /// A peer's allocation opened in one context (`cuIpcOpenMemHandle_v2`),
@@ -250,5 +277,27 @@ impl CopyStream {
     /// Waits until every copy queued so far has finished (or failed).
     pub(crate) fn sync(&self) -> Result<(), CudaError> {
         self.stream.sync()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Zeros name no device; without the driver no UUID is known. With a
+    /// GPU, each device's UUID leads back to it.
+    #[test]
+    fn a_device_is_found_by_its_uuid() {
+        assert_eq!(ordinal_of(&[0; 16]), None);
+        let Ok(d) = crate::cuda::driver_or_unavailable() else {
+            assert_eq!(device_uuid(0), [0; 16], "nothing known without a driver");
+            assert_eq!(ordinal_of(&[1; 16]), None);
+            return;
+        };
+        for i in 0..d.device_count().unwrap_or(0) {
+            let u = device_uuid(i);
+            assert_ne!(u, [0; 16], "cuda:{i} has a UUID");
+            assert_eq!(ordinal_of(&u), Some(i));
+        }
     }
 }

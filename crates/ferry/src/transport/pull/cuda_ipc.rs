@@ -63,8 +63,8 @@ pub(crate) const HOST_CHUNK: u64 = 16 << 20;
 const KEEP_OPEN: usize = 64;
 
 /// The device whose primary context copies into host memory (a GPU→CPU
-/// pair): the lease does not say which device of this process sees the
-/// source's memory best, and peer access is enabled lazily where needed.
+/// pair) where this process does not see the source's device (the lease
+/// names it by UUID): peer access is enabled lazily where needed.
 const HOST_COPY_DEVICE: u32 = 0;
 
 /// CUDA IPC between two processes of one host (see the module
@@ -177,7 +177,10 @@ impl Puller for CudaIpcPuller {
                 .map(|&(handle, size)| lease::Alloc { handle, size })
                 .collect();
             let lens: Vec<u64> = segs.iter().map(|s| s.1).collect();
-            *state = Some(Box::new(Exported(lease::encode(&allocs, &e.at, &lens))));
+            let uuid = ipc::device_uuid(device.id());
+            *state = Some(Box::new(Exported(lease::encode(
+                uuid, &allocs, &e.at, &lens,
+            ))));
             Ok(())
         })
     }
@@ -220,7 +223,10 @@ impl Puller for CudaIpcPuller {
         let (ordinal, host) = match region.device() {
             Some(d) if d.kind() == DeviceKind::Cuda => (d.id(), false),
             Some(d) => return failed("destination", &format!("{d} is not CUDA memory")),
-            None => (HOST_COPY_DEVICE, true),
+            // Into host memory: on the source's own device where this
+            // process sees it (no peer mapping, and no context made on a
+            // GPU this process may not otherwise use).
+            None => (ipc::ordinal_of(&l.device).unwrap_or(HOST_COPY_DEVICE), true),
         };
         let setup = PrimaryCtx::retain(ordinal).and_then(|ctx| {
             let stream = CopyStream::new(&ctx)?;

@@ -1,14 +1,15 @@
 //! The opaque bytes of a CUDA IPC lease: which device allocations the lent
 //! segments lie in (one IPC handle each) and where in them.
 //!
-//! Version 1, little endian:
+//! Version 2, little endian:
 //!
 //! ```text
 //! magic   4 bytes  "FCIP"
-//! version u16      1
+//! version u16      2
 //! flags   u16      0 (anything else is refused)
 //! allocs  u32      allocation count A
 //! runs    u32      run count R
+//! device  16 bytes the source device's UUID (cuDeviceGetUuid), or zeros
 //! A times: handle [u8; 64] (a CUipcMemHandle), size u64 (the allocation's)
 //! R times: alloc u32, count u32, offset u64
 //! ```
@@ -18,6 +19,10 @@
 //! lease's own): the blocks of a pool are one run, a descriptor per
 //! allocation one run each. A run of empty segments may name no allocation
 //! ([`NO_ALLOC`]). Runs cover the lease's segments exactly, in order.
+//!
+//! The device is named by UUID, not ordinal: two processes may number one
+//! host's GPUs differently (`CUDA_VISIBLE_DEVICES`). A destination copying
+//! into host memory opens the handles on that device where it sees it.
 //!
 //! [`decode`] takes bytes from another process: it never panics, reads each
 //! byte once, checks the total length against the counts before it
@@ -30,11 +35,11 @@ use std::fmt;
 /// from a cross-memory-attach lease (which has no opaque bytes).
 pub(crate) const MAGIC: [u8; 4] = *b"FCIP";
 /// The encoding this build writes and reads.
-pub(crate) const VERSION: u16 = 1;
+pub(crate) const VERSION: u16 = 2;
 /// The allocation index of a run of empty segments, which lie in none.
 pub(crate) const NO_ALLOC: u32 = u32::MAX;
 
-const HEADER: usize = 16;
+const HEADER: usize = 32;
 const ALLOC: usize = 64 + 8;
 const RUN: usize = 16;
 
@@ -45,11 +50,13 @@ pub(crate) struct Alloc {
     pub(crate) size: u64,
 }
 
-/// A decoded lease: the allocations, and for each segment of the lease (in
-/// order) its allocation and offset in it (`NO_ALLOC`, 0 for an empty
-/// segment of a run that names none).
+/// A decoded lease: the source device, the allocations, and for each
+/// segment of the lease (in order) its allocation and offset in it
+/// (`NO_ALLOC`, 0 for an empty segment of a run that names none).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct IpcLease {
+    /// The UUID of the device the allocations are on (zeros: not said).
+    pub(crate) device: [u8; 16],
     pub(crate) allocs: Vec<Alloc>,
     pub(crate) at: Vec<(u32, u64)>,
 }
@@ -123,11 +130,17 @@ pub(crate) fn is_ipc(opaque: &[u8]) -> bool {
     opaque.starts_with(&MAGIC)
 }
 
-/// Encodes `allocs` and, for each segment of lengths `lens`, its
-/// allocation and offset (`at`, as long as `lens`), as runs: a segment
-/// joins the run before it where it lies in the same allocation right
-/// after the previous one (or both are empty and in none).
-pub(crate) fn encode(allocs: &[Alloc], at: &[(u32, u64)], lens: &[u64]) -> Vec<u8> {
+/// Encodes the source `device`'s UUID, `allocs` and, for each segment of
+/// lengths `lens`, its allocation and offset (`at`, as long as `lens`), as
+/// runs: a segment joins the run before it where it lies in the same
+/// allocation right after the previous one (or both are empty and in
+/// none).
+pub(crate) fn encode(
+    device: [u8; 16],
+    allocs: &[Alloc],
+    at: &[(u32, u64)],
+    lens: &[u64],
+) -> Vec<u8> {
     let mut runs: Vec<(u32, u32, u64)> = Vec::new();
     let mut next: Option<(u32, u64)> = None;
     for (&(alloc, off), &len) in at.iter().zip(lens) {
@@ -143,6 +156,7 @@ pub(crate) fn encode(allocs: &[Alloc], at: &[(u32, u64)], lens: &[u64]) -> Vec<u
     out.extend_from_slice(&0u16.to_le_bytes());
     out.extend_from_slice(&(allocs.len() as u32).to_le_bytes());
     out.extend_from_slice(&(runs.len() as u32).to_le_bytes());
+    out.extend_from_slice(&device);
     for a in allocs {
         out.extend_from_slice(&a.handle);
         out.extend_from_slice(&a.size.to_le_bytes());
@@ -205,6 +219,7 @@ pub(crate) fn decode(b: &[u8], lens: &[u64]) -> Result<IpcLease, LeaseError> {
         return Err(LeaseError::UnknownVersion { version, flags });
     }
     let (allocs, runs) = (f.u32(), f.u32());
+    let device = f.take::<16>();
     // Every allocation is used by a run, and every run covers a segment.
     if allocs as usize > lens.len() || runs as usize > lens.len() {
         return Err(LeaseError::TooMany {
@@ -274,7 +289,11 @@ pub(crate) fn decode(b: &[u8], lens: &[u64]) -> Result<IpcLease, LeaseError> {
     if let Some(alloc) = used.iter().position(|u| !u) {
         return Err(LeaseError::UnusedAllocation { alloc });
     }
-    Ok(IpcLease { allocs: list, at })
+    Ok(IpcLease {
+        device,
+        allocs: list,
+        at,
+    })
 }
 
 #[cfg(test)]

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// The source device's UUID in the samples.
+const DEV: [u8; 16] = [7; 16];
+
 fn alloc(tag: u8, size: u64) -> Alloc {
     Alloc {
         handle: [tag; 64],
@@ -29,6 +32,7 @@ fn header(allocs: u32, runs: u32) -> Vec<u8> {
     b.extend_from_slice(&0u16.to_le_bytes());
     b.extend_from_slice(&allocs.to_le_bytes());
     b.extend_from_slice(&runs.to_le_bytes());
+    b.extend_from_slice(&DEV);
     b
 }
 
@@ -47,16 +51,17 @@ fn with_alloc(mut b: Vec<u8>, a: Alloc) -> Vec<u8> {
 #[test]
 fn a_lease_round_trips_as_runs() {
     let (allocs, at, lens) = sample();
-    let b = encode(&allocs, &at, &lens);
+    let b = encode(DEV, &allocs, &at, &lens);
     assert!(is_ipc(&b));
     // The pool's blocks are one run; then one run each.
     assert_eq!(b.len(), HEADER + 2 * ALLOC + 3 * RUN);
     let l = decode(&b, &lens).unwrap();
+    assert_eq!(l.device, DEV);
     assert_eq!(l.allocs, allocs);
     assert_eq!(l.at, at);
     // Out of order in the allocation: a run each.
     let shuffled = vec![(0, 200), (0, 100), (0, 0)];
-    let b = encode(&allocs[..1], &shuffled, &[100, 100, 100]);
+    let b = encode(DEV, &allocs[..1], &shuffled, &[100, 100, 100]);
     assert_eq!(b.len(), HEADER + ALLOC + 3 * RUN);
     assert_eq!(decode(&b, &[100, 100, 100]).unwrap().at, shuffled);
 }
@@ -71,7 +76,7 @@ fn cross_memory_attach_leases_are_not_ipc() {
 #[test]
 fn every_truncation_is_refused() {
     let (allocs, at, lens) = sample();
-    let b = encode(&allocs, &at, &lens);
+    let b = encode(DEV, &allocs, &at, &lens);
     for n in 0..b.len() {
         let e = decode(&b[..n], &lens).unwrap_err();
         assert!(matches!(e, LeaseError::Truncated { .. }), "{n}: {e:?}");
@@ -88,18 +93,18 @@ fn every_truncation_is_refused() {
 #[test]
 fn unknown_magic_version_and_flags_are_refused() {
     let (allocs, at, lens) = sample();
-    let b = encode(&allocs, &at, &lens);
+    let b = encode(DEV, &allocs, &at, &lens);
     let mut m = b.clone();
     m[0] = b'X';
     assert_eq!(decode(&m, &lens), Err(LeaseError::UnknownMagic));
     assert_eq!(decode(b"XY", &lens), Err(LeaseError::UnknownMagic));
     let mut v = b.clone();
-    v[4] = 2;
+    v[4] = 1;
     let e = decode(&v, &lens).unwrap_err();
     assert_eq!(
         e,
         LeaseError::UnknownVersion {
-            version: 2,
+            version: 1,
             flags: 0
         }
     );
@@ -217,7 +222,7 @@ fn segments_past_their_allocation_are_refused() {
 #[test]
 fn garbage_never_panics() {
     let (allocs, at, lens) = sample();
-    let good = encode(&allocs, &at, &lens);
+    let good = encode(DEV, &allocs, &at, &lens);
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = move || {
         seed ^= seed << 13;
