@@ -13,7 +13,7 @@ use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 
 use super::driver::{CuDevicePtr, IpcMemHandle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS};
-use super::memory::{PrimaryCtx, Stream};
+use super::memory::PrimaryCtx;
 use super::CudaError;
 
 /// An IPC handle's bytes (a `CUipcMemHandle`).
@@ -222,24 +222,26 @@ pub(crate) enum Dst {
     Host(*mut u8),
 }
 
-/// A non-blocking stream of one context, for copies out of opened IPC
-/// memory (a [`Stream`], drained and destroyed on drop).
+/// A non-blocking stream of one device, for copies out of opened IPC
+/// memory (taken from the device's idle streams, and given back after
+/// its last wait, see [`pooled_stream`](super::stage::pooled_stream)).
 pub(crate) struct CopyStream {
-    stream: Stream,
+    stream: super::stage::PooledStream,
 }
 
 impl CopyStream {
-    /// A stream of its own in `ctx`.
-    pub(crate) fn new(ctx: &Arc<PrimaryCtx>) -> Result<CopyStream, CudaError> {
-        Ok(CopyStream {
-            stream: Stream::new(ctx)?,
-        })
+    /// A stream of its own on `cuda:ordinal`, and the device's primary
+    /// context, which the stream's copies run in.
+    pub(crate) fn take(ordinal: u32) -> Result<(CopyStream, Arc<PrimaryCtx>), CudaError> {
+        let stream = super::stage::pooled_stream(ordinal)?;
+        let ctx = stream.stream().ctx().clone();
+        Ok((CopyStream { stream }, ctx))
     }
 
     /// Makes the stream's context current on this thread (once per thread
     /// that queues copies).
     pub(crate) fn enter(&self) -> Result<crate::cuda::memory::Current<'_>, CudaError> {
-        self.stream.ctx().make_current()
+        self.stream.stream().ctx().make_current()
     }
 
     /// Queues a copy of `n` bytes from `src` to `dst`. It may still run
@@ -256,7 +258,7 @@ impl CopyStream {
         if n == 0 {
             return Ok(());
         }
-        let (ctx, stream) = (self.stream.ctx(), self.stream.raw());
+        let (ctx, stream) = (self.stream.stream().ctx(), self.stream.stream().raw());
         let api = &ctx.drv.api;
         let (r, call) = match dst {
             // SAFETY: the caller's contract: both ranges are valid for the

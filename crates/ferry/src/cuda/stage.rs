@@ -91,15 +91,23 @@ pub(crate) fn simulated() -> bool {
     SIMULATED.load(Ordering::Acquire)
 }
 
-/// One stream per device for staged copies, behind a lock: copies of one
-/// device are queued and waited for one at a time.
+/// How many streams of one device wait idle for the next copy, at most
+/// (more are made while more copies run at once, and destroyed after).
+const IDLE_STREAMS: usize = 8;
+
+/// The device copies of one device: its primary context, and streams that
+/// wait idle. Each copy takes a stream of its own ([`pooled_stream`]), so
+/// that the copies of concurrent operations (a striped transfer's parts,
+/// several connections, CUDA IPC pulls) run side by side on the device's
+/// copy engines rather than one at a time, without a stream made and
+/// destroyed per copy.
 struct Staging {
     ctx: Arc<PrimaryCtx>,
-    stream: Mutex<Stream>,
+    idle: Mutex<Vec<Stream>>,
 }
 
-/// The staging stream of `cuda:device`, made on first use and kept for the
-/// process.
+/// The device copies of `cuda:device`, set up on first use and kept for
+/// the process.
 fn staging(device: u32) -> Result<Arc<Staging>, CudaError> {
     static ALL: OnceLock<Mutex<HashMap<u32, Arc<Staging>>>> = OnceLock::new();
     let all = ALL.get_or_init(Default::default);
@@ -108,13 +116,66 @@ fn staging(device: u32) -> Result<Arc<Staging>, CudaError> {
         return Ok(s.clone());
     }
     let ctx = PrimaryCtx::retain(device)?;
-    let stream = Stream::new(&ctx)?;
     let s = Arc::new(Staging {
         ctx,
-        stream: Mutex::new(stream),
+        idle: Mutex::new(Vec::new()),
     });
     map.insert(device, s.clone());
     Ok(s)
+}
+
+/// A stream of one device for the copies of one caller, back among the
+/// idle ones when dropped, unless a wait on it failed (then destroyed: a
+/// stream the driver failed is not handed to the next copy).
+pub(crate) struct PooledStream {
+    from: Arc<Staging>,
+    stream: Option<Stream>,
+    failed: AtomicBool,
+}
+
+/// An idle stream of `cuda:device`, or a new one.
+pub(crate) fn pooled_stream(device: u32) -> Result<PooledStream, CudaError> {
+    let from = staging(device)?;
+    let idle = from.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+    let stream = match idle {
+        Some(s) => s,
+        None => Stream::new(&from.ctx)?,
+    };
+    Ok(PooledStream {
+        from,
+        stream: Some(stream),
+        failed: AtomicBool::new(false),
+    })
+}
+
+impl PooledStream {
+    /// The stream (present until drop).
+    pub(crate) fn stream(&self) -> &Stream {
+        self.stream.as_ref().expect("present until drop")
+    }
+
+    /// Waits for everything queued on the stream; a failure keeps the
+    /// stream from being used again.
+    pub(crate) fn sync(&self) -> Result<(), CudaError> {
+        let r = self.stream().sync();
+        if r.is_err() {
+            self.failed.store(true, Ordering::Release);
+        }
+        r
+    }
+}
+
+impl Drop for PooledStream {
+    fn drop(&mut self) {
+        let Some(s) = self.stream.take() else { return };
+        if self.failed.load(Ordering::Acquire) {
+            return;
+        }
+        let mut idle = self.from.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < IDLE_STREAMS {
+            idle.push(s);
+        }
+    }
 }
 
 /// A host buffer for bytes on their way to or from device memory: pinned
@@ -166,7 +227,7 @@ impl DerefMut for HostBuf {
 }
 
 /// Runs `issue` for each `(device address, length, offset into the host
-/// bytes)` on `device`'s staging stream, then waits for the stream: on
+/// bytes)` on a stream of `device` of its own, then waits for it: on
 /// return (also after an error) no copy queued here runs any more.
 fn on_stream(
     device: u32,
@@ -174,14 +235,14 @@ fn on_stream(
     call: &'static str,
     issue: impl Fn(u64, usize, usize, &Stream) -> i32,
 ) -> Result<(), CudaError> {
-    let s = staging(device)?;
-    let _cur = s.ctx.make_current()?;
-    let stream = s.stream.lock().unwrap_or_else(|p| p.into_inner());
+    let stream = pooled_stream(device)?;
+    let ctx = stream.stream().ctx().clone();
+    let _cur = ctx.make_current()?;
     let mut at = 0;
     let mut queued = Ok(());
     for &(addr, len) in pieces {
         if len > 0 {
-            queued = s.ctx.drv.check(call, issue(addr, len, at, &stream));
+            queued = ctx.drv.check(call, issue(addr, len, at, stream.stream()));
             if queued.is_err() {
                 break;
             }

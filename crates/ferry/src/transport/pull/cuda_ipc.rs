@@ -228,8 +228,7 @@ impl Puller for CudaIpcPuller {
             // GPU this process may not otherwise use).
             None => (ipc::ordinal_of(&l.device).unwrap_or(HOST_COPY_DEVICE), true),
         };
-        let setup = PrimaryCtx::retain(ordinal).and_then(|ctx| {
-            let stream = CopyStream::new(&ctx)?;
+        let setup = CopyStream::take(ordinal).and_then(|(stream, ctx)| {
             let opened = l
                 .allocs
                 .iter()
