@@ -5,6 +5,9 @@ Shared by the tests and by helper.py (the other process).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import os
 import random
 from typing import Any, List, Optional
 
@@ -26,6 +29,98 @@ if torch is not None:
     WRITABLE_KINDS.append("torch")
 # Kinds usable only as a source.
 READONLY_KINDS = ["bytes"]
+
+
+class CudaDriver:
+    """The few calls of the CUDA driver (``libcuda``, through ctypes) that
+    make, fill, read back and free device memory on ``cuda:0``: GPU memory
+    for the tests without CuPy or torch (neither need be installed on a GPU
+    machine). Its primary context is made current on the thread that
+    loads it."""
+
+    def __init__(self) -> None:
+        path = os.environ.get("FERRY_CUDA_LIB") or ctypes.util.find_library("cuda") or "libcuda.so.1"
+        self.lib = ctypes.CDLL(path)
+        self.check("cuInit", self.lib.cuInit(0))
+        count = ctypes.c_int(0)
+        self.check("cuDeviceGetCount", self.lib.cuDeviceGetCount(ctypes.byref(count)))
+        if count.value < 1:
+            raise OSError("the CUDA driver sees no device")
+        dev, ctx = ctypes.c_int(0), ctypes.c_void_p(0)
+        self.check("cuDeviceGet", self.lib.cuDeviceGet(ctypes.byref(dev), 0))
+        self.check("cuDevicePrimaryCtxRetain", self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev))
+        self.check("cuCtxSetCurrent", self.lib.cuCtxSetCurrent(ctx))
+
+    @staticmethod
+    def check(call: str, code: int) -> None:
+        if code != 0:
+            raise OSError(f"{call} failed: CUDA error {code}")
+
+    def alloc(self, size: int) -> int:
+        ptr = ctypes.c_uint64(0)
+        self.check("cuMemAlloc_v2", self.lib.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(max(size, 1))))
+        return ptr.value
+
+    def to_device(self, ptr: int, data: bytes) -> None:
+        if data:
+            self.check("cuMemcpyHtoD_v2", self.lib.cuMemcpyHtoD_v2(ctypes.c_uint64(ptr), data, ctypes.c_size_t(len(data))))
+
+    def to_host(self, ptr: int, size: int) -> bytes:
+        out = ctypes.create_string_buffer(size)
+        if size:
+            self.check("cuMemcpyDtoH_v2", self.lib.cuMemcpyDtoH_v2(out, ctypes.c_uint64(ptr), ctypes.c_size_t(size)))
+        return out.raw
+
+    def free(self, ptr: int) -> None:
+        self.lib.cuMemFree_v2(ctypes.c_uint64(ptr))
+
+
+def _cuda_driver() -> Optional[CudaDriver]:
+    """The driver, where it loads and sees a GPU, and this process does not
+    simulate one."""
+    if os.environ.get("FERRY_TEST_SIMULATED_GPU") == "1":
+        return None
+    try:
+        return CudaDriver()
+    except OSError:
+        return None
+
+
+cuda = _cuda_driver()
+
+# Kinds of GPU memory this process can make: device memory behind
+# ``__cuda_array_interface__`` (as a CuPy or Numba array) where the driver
+# is, and CUDA tensors where torch has a GPU.
+CUDA_KINDS = (["cuda_cai"] if cuda is not None else []) + (
+    ["torch_cuda"] if torch is not None and torch.cuda.is_available() else []
+)
+
+
+class DeviceArray:
+    """Device memory of ``cuda:0`` (allocated through :class:`CudaDriver`)
+    presenting the CUDA array interface, version 3, as bytes: what a CuPy
+    or Numba array looks like to Ferry. Freed when collected."""
+
+    def __init__(self, data: bytes) -> None:
+        assert cuda is not None, "no CUDA driver here"
+        self.size = len(data)
+        self.ptr = cuda.alloc(self.size)
+        cuda.to_device(self.ptr, data)
+        self.__cuda_array_interface__ = {
+            "version": 3,
+            "data": (self.ptr, False),
+            "shape": (self.size,),
+            "typestr": "|u1",
+            "strides": None,
+        }
+
+    def tobytes(self) -> bytes:
+        assert cuda is not None
+        return cuda.to_host(self.ptr, self.size)
+
+    def __del__(self) -> None:
+        if cuda is not None:
+            cuda.free(self.ptr)
 
 
 def pattern(seed: int, index: int, size: int) -> bytes:
@@ -56,6 +151,10 @@ def new(kind: str, size: int, fill: Optional[bytes] = None) -> Any:
         return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone() if size else torch.zeros(0, dtype=torch.uint8)
     if kind == "cuda_sim":
         return HostCudaArray(data)
+    if kind == "cuda_cai":
+        return DeviceArray(data)
+    if kind == "torch_cuda":
+        return new("torch", size, fill).to("cuda:0")
     raise ValueError(f"unknown buffer kind {kind!r}")
 
 
@@ -93,6 +192,10 @@ def contents(kind: str, buf: Any) -> bytes:
         return buf.numpy().tobytes()
     if kind == "cuda_sim":
         return buf.host.tobytes()
+    if kind == "cuda_cai":
+        return buf.tobytes()
+    if kind == "torch_cuda":
+        return buf.cpu().numpy().tobytes()
     raise ValueError(kind)
 
 
