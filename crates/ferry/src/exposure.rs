@@ -403,6 +403,7 @@ mod tests {
         peer_pulls: true,
         secret: false,
         cuda_ipc: true,
+        ucx_cuda: false,
     };
 
     /// An exposure of device memory (a made-up address, never touched)

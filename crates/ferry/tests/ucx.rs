@@ -135,6 +135,7 @@ async fn garbage_worker_addresses_are_declined() {
         r.send(&Message::Rdma(Rdma {
             address,
             verdict: Verdict::Unknown,
+            cuda: false,
         }))
         .await;
         match tokio::time::timeout(Duration::from_secs(10), r.next()).await {
@@ -152,6 +153,7 @@ async fn garbage_worker_addresses_are_declined() {
         r.send(&Message::Rdma(Rdma {
             address: noise(100, 3),
             verdict: Verdict::Unknown,
+            cuda: false,
         }))
         .await;
     }

@@ -57,8 +57,10 @@ impl<T: Fence> Session<T> {
         match (self.rdma, r.verdict) {
             (RdmaState::Idle, Verdict::Unknown) if !r.address.is_empty() => {
                 self.rdma = RdmaState::Answering;
-                // UCX lends host memory only.
+                // CUDA IPC goes with cross-memory attach, never with UCX.
                 self.caps.cuda_ipc = false;
+                // The peer's word; this side's comes with its answer.
+                self.caps.ucx_cuda = r.cuda;
                 Ok(Step::RdmaOffer { address: r.address })
             }
             (RdmaState::Answered(reached), v) if v != Verdict::Unknown && r.address.is_empty() => {
@@ -75,17 +77,23 @@ impl<T: Fence> Session<T> {
 
     /// The driver tried to reach the active side's RDMA worker (`reached`):
     /// the answer to send, with this side's worker `address` (ignored
-    /// unless `reached`).
-    pub fn rdma_answered(&mut self, reached: bool, address: Vec<u8>) -> Message {
+    /// unless `reached`) and whether this side's UCX moves CUDA memory
+    /// (`cuda`): device memory is lent through UCX where both said so.
+    pub fn rdma_answered(&mut self, reached: bool, address: Vec<u8>, cuda: bool) -> Message {
+        let mut cuda = cuda && reached;
         if self.rdma == RdmaState::Answering {
             self.rdma = RdmaState::Answered(reached);
+            self.caps.ucx_cuda &= cuda;
             if reached {
                 self.caps.attach = true;
                 self.caps.can_pull = true;
                 self.rdma_leases = true;
             }
+        } else {
+            cuda = false;
         }
         Message::Rdma(Rdma {
+            cuda,
             address: if reached { address } else { Vec::new() },
             verdict: if reached {
                 Verdict::CanPull

@@ -22,7 +22,7 @@ pub trait Fence: Clone {
         true
     }
     /// The memory is device (GPU) memory: it is lent only on a connection
-    /// where both sides offered CUDA IPC ([`Caps::cuda_ipc`]). False by
+    /// that lends device memory ([`Caps::lends_device`]). False by
     /// default.
     fn is_device(&self) -> bool {
         false
@@ -47,4 +47,19 @@ pub struct Caps {
     /// from its first `Attach`, this side's from
     /// [`attach_offered`](super::Session::attach_offered).
     pub cuda_ipc: bool,
+    /// Both sides' UCX moves CUDA memory, and UCX was set up on this
+    /// connection: device memory may be lent through it (GPUDirect RDMA
+    /// where a NIC reaches the GPU, UCX's CUDA IPC on one host). A
+    /// passive session learns it in the `Rdma` exchange: the peer's from
+    /// its offer, this side's from
+    /// [`rdma_answered`](super::Session::rdma_answered).
+    pub ucx_cuda: bool,
+}
+
+impl Caps {
+    /// Device memory may be lent on this connection: by CUDA IPC, or
+    /// through UCX.
+    pub fn lends_device(&self) -> bool {
+        self.cuda_ipc || self.ucx_cuda
+    }
 }

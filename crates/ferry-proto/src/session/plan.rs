@@ -10,8 +10,8 @@ use crate::OperationKind;
 /// What every refusal of device memory in band says: the one way it moves
 /// where the side that holds it cannot stage it.
 pub const DEVICE_MEMORY_BY_IPC_ONLY: &str =
-    "GPU memory that its holder cannot stage through host memory moves only by CUDA IPC \
-     between processes of one host";
+    "GPU memory that its holder cannot stage through host memory moves only by lending: \
+     CUDA IPC between processes of one host, or UCX that moves CUDA memory on both sides";
 
 /// The thresholds of a connector (from its builder and environment).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,9 +67,11 @@ pub fn plan(kind: OperationKind, sizes: &[u64], caps: Caps, thresholds: &Thresho
 
 /// Whether the passive side lends its memory for a READ that asked for a
 /// lease (else it streams the bytes: the fallback). Device memory
-/// (`device`) is lent only where both sides offered CUDA IPC.
+/// (`device`) is lent only where the connection lends it
+/// ([`Caps::lends_device`]: CUDA IPC offered by both sides, or UCX that
+/// moves CUDA memory on both).
 pub fn can_lend(sizes: &[u64], device: bool, caps: Caps) -> bool {
-    caps.attach && caps.peer_pulls && fits_lease(sizes) && (caps.cuda_ipc || !device)
+    caps.attach && caps.peer_pulls && fits_lease(sizes) && (caps.lends_device() || !device)
 }
 
 /// Why the passive side refuses request `o` over *device* memory (GPU) that
@@ -89,9 +91,10 @@ pub fn device_refusal(o: &Open, caps: Caps) -> Option<String> {
          or cross-memory attach disabled or refused on this connection)"
     } else {
         match o.kind {
-            _ if !caps.cuda_ipc => {
+            _ if !caps.lends_device() => {
                 "the two processes did not both offer CUDA IPC on this connection (no CUDA \
-                 driver that sees a device on one of them)"
+                 driver that sees a device on one of them), nor both run a UCX that moves \
+                 CUDA memory"
             }
             OperationKind::Read if !can_lend(&o.sizes, true, caps) => {
                 "this connection cannot lend memory to the peer (no cross-memory attach both \
@@ -99,7 +102,7 @@ pub fn device_refusal(o: &Open, caps: Caps) -> Option<String> {
             }
             OperationKind::Write if !(caps.attach && caps.can_pull) => {
                 "this process cannot copy from the peer on this connection (no cross-memory \
-                 attach)"
+                 attach, nor UCX)"
             }
             _ => return None,
         }
@@ -138,6 +141,7 @@ mod tests {
             peer_pulls,
             secret: false,
             cuda_ipc: true,
+            ucx_cuda: false,
         }
     }
 

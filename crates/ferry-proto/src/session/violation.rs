@@ -92,7 +92,7 @@ pub enum Violation {
     /// `Data` for a request whose memory here is device memory that this
     /// side cannot stage: it moves only by lending (see
     /// [`AbortReason::DeviceMemory`]), never in band.
-    #[error("data sent for request {req}, whose memory is device memory that this side cannot stage (it moves only by CUDA IPC between processes of one host)")]
+    #[error("data sent for request {req}, whose memory is device memory that this side cannot stage (it moves only by lending: CUDA IPC, or UCX that moves CUDA memory)")]
     DataForDeviceMemory {
         /// The request.
         req: u64,

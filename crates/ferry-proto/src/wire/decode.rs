@@ -239,6 +239,11 @@ pub fn decode_body(h: Header, body: &[u8]) -> Result<Message, WireError> {
             Message::Rdma(Rdma {
                 address,
                 verdict: verdict_of(r.u8()?)?,
+                cuda: match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(WireError::InvalidField("rdma cuda memory")),
+                },
             })
         }
         T_RELEASE => Message::Release { req: r.u64()? },

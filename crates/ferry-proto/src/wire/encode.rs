@@ -138,6 +138,7 @@ impl Message {
                 out.extend_from_slice(&(a.len() as u32).to_le_bytes());
                 out.extend_from_slice(a);
                 out.push(verdict_code(r.verdict));
+                out.push(u8::from(r.cuda));
                 T_RDMA
             }
             Message::Release { req } => {

@@ -36,8 +36,9 @@ use encode::put_runs;
 /// The protocol version carried in `Hello`. 7: a [`Data`] frame may run
 /// on past the end of its descriptor into the ones that follow. 8: a
 /// [`Lease`] may send its addresses as runs of segments that follow each
-/// other. 9: an [`Attach`] says whether its sender offers CUDA IPC.
-pub const PROTOCOL_VERSION: u16 = 9;
+/// other. 9: an [`Attach`] says whether its sender offers CUDA IPC. 10:
+/// an [`Rdma`] frame says whether its sender's UCX reaches CUDA memory.
+pub const PROTOCOL_VERSION: u16 = 10;
 /// The bytes that open every `Hello` body.
 pub const MAGIC: [u8; 6] = *b"FERRY\0";
 /// The length of a frame header.
@@ -287,6 +288,10 @@ pub struct Rdma {
     pub address: Vec<u8>,
     /// Whether the sender reached the receiver's worker.
     pub verdict: Verdict,
+    /// Whether the sender's UCX moves CUDA memory (its context lists the
+    /// CUDA memory type, and this process has a GPU): where both say so,
+    /// device memory is lent through UCX too.
+    pub cuda: bool,
 }
 
 /// What one side found when it tried to read the other's probe bytes.

@@ -35,10 +35,12 @@ fn samples() -> Vec<Message> {
         Message::Rdma(Rdma {
             address: vec![9; 215],
             verdict: Verdict::Unknown,
+            cuda: true,
         }),
         Message::Rdma(Rdma {
             address: Vec::new(),
             verdict: Verdict::Refused,
+            cuda: false,
         }),
         Message::Attach(Attach {
             pid: 1234,
@@ -138,6 +140,23 @@ fn a_cuda_ipc_offer_is_a_yes_or_a_no() {
     assert_eq!(
         decode_frame(&v),
         Err(WireError::InvalidField("cuda ipc offer"))
+    );
+}
+
+#[test]
+fn an_rdma_cuda_flag_is_a_yes_or_a_no() {
+    let mut v = Message::Rdma(Rdma {
+        address: vec![1, 2],
+        verdict: Verdict::CanPull,
+        cuda: true,
+    })
+    .to_vec();
+    let last = v.len() - 1;
+    assert_eq!(v[last], 1);
+    v[last] = 7;
+    assert_eq!(
+        decode_frame(&v),
+        Err(WireError::InvalidField("rdma cuda memory"))
     );
 }
 

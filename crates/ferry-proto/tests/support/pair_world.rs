@@ -93,6 +93,7 @@ pub const IN_BAND: Caps = Caps {
     peer_pulls: false,
     secret: false,
     cuda_ipc: false,
+    ucx_cuda: false,
 };
 /// Attach set up both ways: either side may lend, either may pull.
 pub const ATTACH: Caps = Caps {
@@ -101,6 +102,7 @@ pub const ATTACH: Caps = Caps {
     peer_pulls: true,
     secret: false,
     cuda_ipc: false,
+    ucx_cuda: false,
 };
 
 impl World {
@@ -454,7 +456,7 @@ impl World {
             }
             Ok(Step::AttachOffer { .. }) => self.conns[c].s.attach_offered(None, false),
             Ok(Step::RdmaOffer { .. }) => {
-                let m = self.conns[c].s.rdma_answered(false, Vec::new());
+                let m = self.conns[c].s.rdma_answered(false, Vec::new(), false);
                 self.send(c, m, vec![]);
             }
             Ok(Step::AttachVerify { .. }) => {

@@ -316,6 +316,7 @@ impl<'a> Harness<'a> {
             peer_pulls: b & 4 != 0,
             secret,
             cuda_ipc: b & 0x40 != 0,
+            ucx_cuda: b & 0x20 != 0,
         };
         let b = input.u8();
         let secret = b & 0x80 != 0;

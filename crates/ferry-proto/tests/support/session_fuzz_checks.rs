@@ -150,8 +150,14 @@ impl Harness<'_> {
                 assert_eq!(i, PASSIVE);
                 assert!(!address.is_empty());
                 let reached = self.input.bit();
-                let m = self.ends[i].s.rdma_answered(reached, vec![7; 4]);
+                let cuda = self.input.bit();
+                let m = self.ends[i].s.rdma_answered(reached, vec![7; 4], cuda);
                 assert_eq!(self.ends[i].s.caps().can_pull, reached);
+                // UCX lends device memory only where both said so and it
+                // was set up; CUDA IPC never goes with UCX.
+                let caps = self.ends[i].s.caps();
+                assert!(!caps.ucx_cuda || (reached && cuda), "{caps:?}");
+                assert!(!caps.cuda_ipc, "{caps:?}");
                 drop(m);
             }
             Ok(Step::AttachOffer { nonce }) => {

@@ -140,6 +140,25 @@ pub(crate) fn lends_device_memory() -> bool {
     !stage::simulated() && driver_sees_a_device()
 }
 
+/// Set by [`simulate_ucx_cuda`].
+static SIMULATE_UCX_CUDA: AtomicBool = AtomicBool::new(false);
+
+/// In a process that simulates a GPU
+/// ([`simulate_with_host_memory`]), makes it say that its UCX moves CUDA
+/// memory (`true`), so that its "device memory" (host memory) is lent and
+/// pulled through UCX like host memory: for tests of how device memory
+/// takes the UCX path, on machines without a GPU. Without the
+/// simulation it has no effect.
+#[doc(hidden)]
+pub fn simulate_ucx_cuda(on: bool) {
+    SIMULATE_UCX_CUDA.store(on, Ordering::Release);
+}
+
+/// Whether [`simulate_ucx_cuda`] holds in a simulating process.
+pub(crate) fn simulates_ucx_cuda() -> bool {
+    stage::simulated() && SIMULATE_UCX_CUDA.load(Ordering::Acquire)
+}
+
 /// Set by [`simulate_cuda_ipc_offer`].
 static IPC_OFFER_SIMULATED: AtomicBool = AtomicBool::new(false);
 

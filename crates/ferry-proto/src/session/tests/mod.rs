@@ -94,6 +94,7 @@ const NO_CAPS: Caps = Caps {
     peer_pulls: false,
     secret: false,
     cuda_ipc: false,
+    ucx_cuda: false,
 };
 /// Attach set up both ways, both sides offering CUDA IPC.
 const ATTACH: Caps = Caps {
@@ -102,6 +103,7 @@ const ATTACH: Caps = Caps {
     peer_pulls: true,
     secret: false,
     cuda_ipc: true,
+    ucx_cuda: false,
 };
 
 fn passive(caps: Caps) -> Session<F> {

@@ -10,6 +10,7 @@ fn rdma(address: &[u8], verdict: Verdict) -> Message {
     Message::Rdma(Rdma {
         address: address.to_vec(),
         verdict,
+        cuda: false,
     })
 }
 
@@ -21,7 +22,7 @@ fn passive_after_rdma() -> Session<F> {
         s.handle_frame(rdma(&[1; 8], Verdict::Unknown)),
         Ok(Step::RdmaOffer { .. })
     ));
-    let answer = s.rdma_answered(true, vec![2; 8]);
+    let answer = s.rdma_answered(true, vec![2; 8], false);
     assert!(matches!(
         answer,
         Message::Rdma(Rdma {
@@ -115,4 +116,40 @@ fn an_active_writer_keeps_its_lent_memory_until_the_release() {
     assert!(!all_about(&mut s, &f).contains(&"GiveBack".to_string()));
     done(s.handle_frame(Message::Release { req }));
     assert_eq!(all_about(&mut s, &f), ["GiveBack"]);
+}
+
+/// Device memory is lent through UCX only where both sides' UCX moves CUDA
+/// memory and this side reached the peer; each side's answer says its own.
+#[test]
+fn ucx_lends_device_memory_only_where_both_move_cuda_memory() {
+    for (peer, mine, reached) in [
+        (true, true, true),
+        (true, false, true),
+        (false, true, true),
+        (true, true, false),
+    ] {
+        let mut s = passive(NO_CAPS);
+        let offer = Message::Rdma(Rdma {
+            address: vec![1; 8],
+            verdict: Verdict::Unknown,
+            cuda: peer,
+        });
+        assert!(matches!(s.handle_frame(offer), Ok(Step::RdmaOffer { .. })));
+        let answer = s.rdma_answered(reached, vec![2; 8], mine);
+        let Message::Rdma(a) = answer else {
+            panic!("{answer:?}")
+        };
+        assert_eq!(a.cuda, mine && reached, "the answer says this side's own");
+        done(s.handle_frame(rdma(&[], Verdict::CanPull)));
+        let both = peer && mine && reached;
+        assert_eq!(s.caps().ucx_cuda, both, "{peer} {mine} {reached}");
+        assert!(!s.caps().cuda_ipc, "never CUDA IPC with UCX");
+        assert_eq!(
+            crate::session::can_lend(&[4096], true, s.caps()),
+            both,
+            "device memory lent: {peer} {mine} {reached}"
+        );
+        // Host memory is lent wherever UCX is set up both ways.
+        assert_eq!(crate::session::can_lend(&[4096], false, s.caps()), reached);
+    }
 }

@@ -95,6 +95,7 @@ fn rdma(address: &[u8], verdict: Verdict) -> Message {
     Message::Rdma(Rdma {
         address: address.to_vec(),
         verdict,
+        cuda: false,
     })
 }
 
@@ -128,7 +129,7 @@ fn rdma_out_of_turn() -> Violation {
         Violation::RdmaOutOfTurn
     );
     // RDMA set up, then an attach: one way of lending per connection.
-    let _ = s.rdma_answered(true, vec![2; 8]);
+    let _ = s.rdma_answered(true, vec![2; 8], false);
     assert!(matches!(
         s.handle_frame(rdma(&[], Verdict::CanPull)),
         Ok(Step::Done)

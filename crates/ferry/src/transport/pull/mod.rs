@@ -60,7 +60,8 @@ pub(crate) enum PullEnd {
 pub(crate) fn not_host_memory() -> PullEnd {
     PullEnd::Failed(
         "the destination is device memory, which this backend does not write: GPU memory \
-         moves only by CUDA IPC between processes of one host in this version"
+         is lent only by CUDA IPC between processes of one host, or through a UCX that moves \
+         CUDA memory on both sides"
             .into(),
     )
 }

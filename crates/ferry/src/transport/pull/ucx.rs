@@ -9,6 +9,16 @@
 //! of a [`Pool`](crate::Pool) use the pool's registration, made once and
 //! kept until the pool is dropped, unless the connector registers
 //! strictly. See `docs/transports.md` ("Registration").
+//!
+//! Device (GPU) memory goes the same way where this process's UCX moves
+//! CUDA memory ([`ucx::moves_cuda`]: a UCX built with CUDA, such as
+//! `libucx-cu12`): UCX detects the memory type of what it registers and of
+//! the buffers it gets into, and picks its CUDA transports (GPUDirect RDMA
+//! where a NIC reaches the GPU, its own CUDA IPC on one host, else staged
+//! by UCX). Such gets are never merged across two segments of the
+//! destination: two device allocations may lie end to end. **Unverified
+//! on real hardware**: no GPU nor NIC where this was written; a process
+//! that simulates a GPU runs the path with host memory.
 
 use std::sync::Arc;
 
@@ -101,7 +111,8 @@ impl Puller for UcxPuller {
     }
 
     fn memory_kinds(&self) -> &'static [DeviceKind] {
-        &[DeviceKind::Cpu]
+        // Device memory only where `ucx::moves_cuda` (checked per pull).
+        &[DeviceKind::Cpu, DeviceKind::Cuda]
     }
 
     /// Registers a source region strictly (see [`UcxPuller::register_source`]).
@@ -129,7 +140,8 @@ impl Puller for UcxPuller {
         region: &Region,
         shared: &OpShared,
     ) -> PullEnd {
-        if !region.is_host() {
+        let device = !region.is_host();
+        if device && !ucx::moves_cuda() {
             return not_host_memory();
         }
         let keys = match decode_keys(lease.opaque()) {
@@ -146,7 +158,8 @@ impl Puller for UcxPuller {
             let count = batch(segs, i);
             let r = if count > 0 {
                 let lent = &segs[i..i + count];
-                let r = region.copy_into(i, count, None, |local| get_all(&keys, local, lent));
+                let r =
+                    region.copy_into(i, count, None, |local| get_all(&keys, local, lent, !device));
                 i += count;
                 r
             } else {
@@ -158,7 +171,7 @@ impl Puller for UcxPuller {
                     let n = (len - off).min(PULL_CHUNK);
                     let at = addr.saturating_add(off);
                     r = region.copy_into(i, 1, Some((off, n as usize)), |local| {
-                        get_all(&keys, local, &[(at, n)])
+                        get_all(&keys, local, &[(at, n)], !device)
                     });
                     if !matches!(r, Ok(Ok(()))) {
                         break;
@@ -190,11 +203,13 @@ impl Puller for UcxPuller {
 }
 
 /// Gets every lent range into the local one of the same index (equal
-/// lengths pairwise, neighbours on both sides merged), waiting for all.
+/// lengths pairwise, neighbours on both sides merged where `merge`),
+/// waiting for all.
 fn get_all(
     keys: &RemoteKeys<'_>,
     local: &[(*mut u8, usize)],
     lent: &[(u64, u64)],
+    merge: bool,
 ) -> Result<(), String> {
     if local.len() != lent.len() || local.iter().zip(lent).any(|(l, r)| l.1 as u64 != r.1) {
         return Err("lease larger than the destination".into());
@@ -206,7 +221,9 @@ fn get_all(
             continue;
         }
         match pairs.last_mut() {
-            Some((q, r, m)) if q.wrapping_add(*m as usize) == p && r.checked_add(*m) == Some(a) => {
+            Some((q, r, m))
+                if merge && q.wrapping_add(*m as usize) == p && r.checked_add(*m) == Some(a) =>
+            {
                 *m += n as u64
             }
             _ => pairs.push((p, a, n as u64)),

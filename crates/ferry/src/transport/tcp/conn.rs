@@ -188,7 +188,10 @@ impl Conn {
                             tracing::debug!(peer = self.peer, req, "{why}");
                             if !s.lend_failed(req, &why) {
                                 self.kill(why);
-                            } else if !target.region.is_host() && target.moves_in_band() {
+                            } else if !target.region.is_host()
+                                && target.moves_in_band()
+                                && !self.by_ucx()
+                            {
                                 target.shared.ipc_fell_back(&why);
                             }
                         }

@@ -239,13 +239,15 @@ pub(super) async fn handshake(
     let mut can_pull = peer_pid.is_some();
     let mut ucx_ep = None;
     let mut via_ucx = false;
+    let mut ucx_cuda = false;
     if let Some(worker) = cfg.ucx.as_ref().filter(|_| cfg.ucx_trusted && attach) {
         if !can_pull && !peer_pulls {
-            let (mine, theirs) =
+            let (mine, theirs, both_cuda) =
                 set_up_ucx(worker, &mut w, &mut rd, &peer, addr, cfg.ucx_emulated_rma).await?;
             can_pull = mine.is_some();
             peer_pulls = theirs;
             via_ucx = can_pull || peer_pulls;
+            ucx_cuda = via_ucx && both_cuda;
             ucx_ep = mine;
         }
     }
@@ -254,8 +256,9 @@ pub(super) async fn handshake(
         can_pull,
         peer_pulls,
         secret: cfg.secret.is_some(),
-        // UCX lends host memory only.
+        // CUDA IPC goes with cross-memory attach, never with UCX.
         cuda_ipc: cuda_ipc && !via_ucx,
+        ucx_cuda,
     };
     let mut session = Session::new(Role::Active, caps);
     if via_ucx {
@@ -287,7 +290,8 @@ pub(super) async fn handshake(
 
 /// The active side of the `Rdma` exchange: sends this worker's address,
 /// reads the passive side's answer, reaches its worker, sends the verdict.
-/// `(endpoint to the peer, whether the peer reached this worker)`.
+/// `(endpoint to the peer, whether the peer reached this worker, whether
+/// both sides' UCX moves CUDA memory)`.
 async fn set_up_ucx(
     worker: &Arc<Worker>,
     w: &mut ConnWriter,
@@ -295,10 +299,12 @@ async fn set_up_ucx(
     peer: &str,
     addr: SocketAddr,
     emulated: bool,
-) -> Result<(Option<Endpoint>, bool)> {
+) -> Result<(Option<Endpoint>, bool, bool)> {
+    let cuda = crate::transport::ucx::moves_cuda();
     let offer = Message::Rdma(Rdma {
         address: worker.address().to_vec(),
         verdict: Verdict::Unknown,
+        cuda,
     });
     let lost = |cause: String| Error::Unreachable {
         worker: peer.to_string(),
@@ -346,6 +352,7 @@ async fn set_up_ucx(
     };
     let verdict = Message::Rdma(Rdma {
         address: Vec::new(),
+        cuda,
         verdict: if mine.is_some() {
             Verdict::CanPull
         } else {
@@ -359,7 +366,8 @@ async fn set_up_ucx(
         peer,
         pull_from_peer = mine.is_some(),
         peer_pulls = theirs,
+        cuda_memory = cuda && answer.cuda,
         "UCX set up"
     );
-    Ok((mine, theirs))
+    Ok((mine, theirs, cuda && answer.cuda))
 }

@@ -53,9 +53,10 @@ impl Conn {
                 .ucx_ep
                 .get()
                 .map_or(true, |ep| ep.worker.strict_registration);
-            if !region.is_host() {
+            if !region.is_host() && !crate::transport::ucx::moves_cuda() {
                 return Err(io::Error::other(
-                    "device memory is not lent over UCX: it moves only by CUDA IPC",
+                    "device memory is not lent over UCX here: this process's UCX does not \
+                     move CUDA memory",
                 ));
             }
             UcxPuller.register_source(region, strict)

@@ -188,7 +188,10 @@ impl Transport for TcpTransport {
             // moves in band, each side staging its own GPU memory through
             // host memory (`staged.rs`), whatever the size: another host,
             // no attach, host memory into GPU memory, a connection to
-            // itself, or GPU memory whose export failed.
+            // itself, or GPU memory whose export failed. Over UCX, where
+            // both sides' UCX moves CUDA memory (`caps.ucx_cuda`), device
+            // memory on either side is lent and pulled through UCX instead
+            // (GPUDirect RDMA between hosts where the NICs reach the GPUs).
             let local_dev = job.region.device();
             let remote_dev = job
                 .remote
@@ -211,6 +214,16 @@ impl Transport for TcpTransport {
                 OperationKind::Write => caps.peer_pulls,
             };
             let mut by_ipc = source_on_gpu && caps.cuda_ipc && pulls && !to_itself;
+            let mut by_ucx =
+                caps.ucx_cuda && pulls && (local_dev.is_some() || remote_dev.is_some());
+            if by_ucx && job.kind == OperationKind::Write && local_dev.is_some() {
+                // This side lends its GPU memory: registered now, so that
+                // memory UCX will not register moves staged instead.
+                if let Err(e) = conn.register_lent(&job.region) {
+                    tracing::debug!("GPU memory staged, not lent through UCX: {e}");
+                    by_ucx = false;
+                }
+            }
             if by_ipc && job.kind == OperationKind::Write {
                 // This side lends: export now, so that an allocation the
                 // driver will not export moves staged instead (a READ's
@@ -225,6 +238,7 @@ impl Transport for TcpTransport {
                 pull_from: match (local_dev.or(remote_dev), by_ipc) {
                     (None, _) => self.local.cma_threshold,
                     (Some(_), true) => 0,
+                    (Some(_), false) if by_ucx => 0,
                     (Some(_), false) => u64::MAX,
                 },
                 stripe_from: self.local.stripe_threshold,

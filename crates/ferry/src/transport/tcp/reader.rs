@@ -245,9 +245,10 @@ fn answer_rdma(conn: &Arc<Conn>, worker: Option<&Arc<Worker>>, address: &[u8], e
         Some((w, ep)) => {
             let _ = conn.ucx_ep.set(Arc::new(ep));
             conn.via_ucx.store(true, Ordering::Release);
-            lock(&conn.session).rdma_answered(true, w.address().to_vec())
+            let cuda = crate::transport::ucx::moves_cuda();
+            lock(&conn.session).rdma_answered(true, w.address().to_vec(), cuda)
         }
-        None => lock(&conn.session).rdma_answered(false, Vec::new()),
+        None => lock(&conn.session).rdma_answered(false, Vec::new(), false),
     };
     conn.send_detached(answer);
 }

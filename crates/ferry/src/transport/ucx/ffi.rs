@@ -44,6 +44,10 @@ pub(crate) const UCP_EP_PARAM_FIELD_ERR_HANDLER: u64 = 1 << 2;
 pub(crate) const UCP_ERR_HANDLING_MODE_PEER: c_uint = 1;
 pub(crate) const UCP_EP_CLOSE_FLAG_FORCE: u32 = 1 << 0;
 
+/// `UCP_ATTR_FIELD_MEMORY_TYPES`: `ucp_context_query` fills `memory_types`.
+pub(crate) const UCP_ATTR_FIELD_MEMORY_TYPES: u64 = 1 << 2;
+/// `UCS_MEMORY_TYPE_CUDA`: the bit of CUDA device memory in `memory_types`.
+pub(crate) const UCS_MEMORY_TYPE_CUDA: u32 = 1;
 pub(crate) const UCP_MEM_MAP_PARAM_FIELD_ADDRESS: u64 = 1 << 0;
 pub(crate) const UCP_MEM_MAP_PARAM_FIELD_LENGTH: u64 = 1 << 1;
 
@@ -90,6 +94,18 @@ pub(crate) struct EpParams {
     pub(crate) err_mode: c_uint,
     pub(crate) err_handler: ErrHandler,
     pub(crate) rest: [u8; 64],
+}
+
+/// `ucp_context_attr_t`, up to `name` (UCX 1.13's whole struct), with room
+/// for the fields later versions append (never masked in).
+#[repr(C)]
+pub(crate) struct ContextAttr {
+    pub(crate) field_mask: u64,
+    pub(crate) request_size: usize,
+    pub(crate) thread_mode: c_uint,
+    pub(crate) memory_types: u64,
+    pub(crate) name: [c_char; 32],
+    pub(crate) rest: [u8; 256],
 }
 
 /// `ucp_mem_map_params_t`.
@@ -148,6 +164,7 @@ const _: () = {
     assert!(offset_of!(EpParams, err_mode) == 16 && offset_of!(EpParams, err_handler) == 24);
     assert!(size_of::<EpParams>() == 104);
     assert!(size_of::<MemMapParams>() == 40 && offset_of!(MemMapParams, flags) == 24);
+    assert!(offset_of!(ContextAttr, memory_types) == 24 && offset_of!(ContextAttr, name) == 32);
     assert!(size_of::<RequestParam>() == 72 && offset_of!(RequestParam, memh) == 64);
     assert!(offset_of!(RequestParam, user_data) == 32 && offset_of!(RequestParam, cb) == 16);
 };
@@ -162,6 +179,7 @@ pub(crate) struct Api {
     pub(crate) init_version:
         unsafe extern "C" fn(c_uint, c_uint, *const Params, Config, *mut Context) -> Status,
     pub(crate) context_print_info: unsafe extern "C" fn(Context, *mut libc::FILE),
+    pub(crate) context_query: unsafe extern "C" fn(Context, *mut ContextAttr) -> Status,
     pub(crate) worker_create:
         unsafe extern "C" fn(Context, *const WorkerParams, *mut Worker) -> Status,
     pub(crate) worker_destroy: unsafe extern "C" fn(Worker),
@@ -241,6 +259,7 @@ impl Api {
             config_release: sym!(lib, "ucp_config_release"),
             config_modify: sym!(lib, "ucp_config_modify"),
             init_version: sym!(lib, "ucp_init_version"),
+            context_query: sym!(lib, "ucp_context_query"),
             context_print_info: sym!(lib, "ucp_context_print_info"),
             worker_create: sym!(lib, "ucp_worker_create"),
             worker_destroy: sym!(lib, "ucp_worker_destroy"),

@@ -93,6 +93,10 @@ pub(crate) struct Ucx {
     pub(crate) version: String,
     /// The transports the context found (`tl/device`, from its resources).
     pub(crate) transports: Vec<String>,
+    /// The context lists CUDA device memory among its memory types (a
+    /// UCX built with CUDA, such as PyPI's `libucx-cu12`, whose CUDA
+    /// modules found the driver).
+    pub(crate) cuda_memory: bool,
 }
 
 // SAFETY: the context is created with `mt_workers_shared`, so its workers
@@ -190,11 +194,13 @@ impl Ucx {
         unsafe { (api.config_release)(config) };
         check(&api, s, "ucp_init")?;
         let transports = resources(&api, context);
+        let cuda_memory = memory_types(&api, context) & (1 << ffi::UCS_MEMORY_TYPE_CUDA) != 0;
         Ok(Ucx {
             api,
             context,
             version,
             transports,
+            cuda_memory,
         })
     }
 
@@ -212,12 +218,50 @@ impl Ucx {
     /// A description for logs: the library, its version, its transports.
     pub(crate) fn describe(&self) -> String {
         format!(
-            "UCX {} ({}): {}",
+            "UCX {} ({}{}): {}",
             self.version,
             self.api.path.display(),
+            if self.cuda_memory {
+                ", moves CUDA memory"
+            } else {
+                ""
+            },
             self.transports.join(", ")
         )
     }
+}
+
+/// The memory types `context` supports (`ucp_context_query`), as a mask
+/// of `ucs_memory_type_t` bits; 0 where the query fails.
+fn memory_types(api: &Api, context: ffi::Context) -> u64 {
+    let mut attr = ffi::ContextAttr {
+        field_mask: ffi::UCP_ATTR_FIELD_MEMORY_TYPES,
+        request_size: 0,
+        thread_mode: 0,
+        memory_types: 0,
+        name: [0; 32],
+        rest: [0; 256],
+    };
+    // SAFETY: a live context and a writable attribute struct at least as
+    // large as the library's (the mask asks for one field of its head).
+    let s = unsafe { (api.context_query)(context, &mut attr) };
+    if s == UCS_OK {
+        attr.memory_types
+    } else {
+        0
+    }
+}
+
+/// Whether this process lends and pulls CUDA device memory through UCX:
+/// its UCX lists the CUDA memory type and a CUDA driver that sees a device
+/// is here (not a simulation), or a test said so
+/// ([`simulate_ucx_cuda`](crate::cuda::simulate_ucx_cuda)). What it says
+/// in the `Rdma` exchange.
+pub(crate) fn moves_cuda() -> bool {
+    if crate::cuda::simulates_ucx_cuda() {
+        return true;
+    }
+    crate::cuda::lends_device_memory() && ucx().is_ok_and(|u| u.cuda_memory)
 }
 
 /// `Ok` if `s` is `UCS_OK`, else what failed and UCX's words for it.

@@ -1,0 +1,244 @@
+//! GPU memory over UCX: lent and pulled through UCX where both processes'
+//! UCX moves CUDA memory (they say so in the `Rdma` exchange), staged in
+//! band over TCP where one does not.
+//!
+//! Runs on any machine with UCX (Debian's `libucx0`; skipped with the
+//! reason where none loads): both processes simulate a GPU
+//! (`simulate_with_host_memory`: "device memory" is host memory described
+//! as `cuda:0`), and one whose UCX "moves CUDA memory" says so through
+//! `simulate_ucx_cuda`, so that UCX registers and gets that memory as the
+//! host memory it is. This shows the choice, the protocol and the
+//! plumbing; UCX's own CUDA transports (GPUDirect RDMA, its CUDA IPC) need
+//! a UCX built with CUDA and a GPU, and are unverified.
+//!
+//! Each pairing spawns a second process (this test binary, run again with
+//! `ROLE` set) that serves a list of operations in turn over one
+//! connector; this process is the active side, over one connector too.
+
+use std::io::Write;
+use std::time::Duration;
+
+use ferry::{Descriptor, TransportKind};
+
+#[path = "support/sim_memory.rs"]
+mod sim_memory;
+#[path = "support/spawned.rs"]
+mod spawned;
+mod support;
+use sim_memory::Keep;
+use spawned::{check, pattern, runtime, Server};
+use support::Via;
+
+/// The environment variable that makes this binary a server process.
+const ROLE: &str = "FERRY_GPU_UCX_TEST_SERVE";
+/// How long any one operation may take.
+const LIMIT: Duration = Duration::from_secs(60);
+const MIB: usize = 1 << 20;
+/// The descriptors of every operation: past one pull chunk, and small ones.
+const SIZES: [usize; 3] = [9 * MIB + 5, 17, 4096];
+
+/// Simulates a GPU in this process, whose UCX moves CUDA memory if `cuda`.
+fn init(cuda: bool) {
+    // SAFETY: every "device" address this process gives Ferry is host
+    // memory (`Keep::descriptor`), alive and unaliased for its
+    // descriptor's life.
+    unsafe { ferry::cuda::simulate_with_host_memory() };
+    ferry::cuda::simulate_ucx_cuda(cuda);
+}
+
+/// A connector that sets up UCX with its peers (and TCP).
+async fn connector() -> ferry::Connector {
+    Via::UCX.builder().build().await.expect("connector starts")
+}
+
+/// Descriptors of [`SIZES`], GPU memory (`gpu`) or host memory, holding
+/// `pattern(seed, ..)` where `seed` is given, else zeros.
+fn make(gpu: bool, seed: Option<u64>) -> (Vec<Descriptor<'static>>, Keep) {
+    let mut keep = Keep::default();
+    let descs = SIZES
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| {
+            let bytes = seed.map_or_else(|| vec![0; len], |s| pattern(s, i, len));
+            if gpu {
+                keep.descriptor(bytes)
+            } else {
+                Descriptor::from_vec(bytes)
+            }
+        })
+        .collect();
+    (descs, keep)
+}
+
+/// The bytes of every descriptor, once the operation gave them back.
+fn read_back(descs: Vec<Descriptor<'static>>, keep: &Keep) -> Vec<Vec<u8>> {
+    let mut sim = 0..keep.0.len();
+    descs
+        .into_iter()
+        .map(|d| match d.as_slice() {
+            Some(s) => s.to_vec(),
+            None => keep.bytes(sim.next().expect("simulated memory")),
+        })
+        .collect()
+}
+
+/// One operation: the server's readable (the client READs) or writable
+/// (the client WRITEs), over GPU or host memory there (`server_gpu`), and
+/// GPU or host memory here (`client_gpu`).
+#[derive(Clone, Copy, Debug)]
+struct Op {
+    readable: bool,
+    server_gpu: bool,
+    client_gpu: bool,
+}
+
+/// Every direction, and both GPU↔CPU pairs.
+const OPS: [Op; 4] = [
+    Op {
+        readable: true,
+        server_gpu: true,
+        client_gpu: true,
+    },
+    Op {
+        readable: false,
+        server_gpu: true,
+        client_gpu: true,
+    },
+    Op {
+        readable: true,
+        server_gpu: false,
+        client_gpu: true,
+    },
+    Op {
+        readable: false,
+        server_gpu: false,
+        client_gpu: true,
+    },
+];
+
+/// Serves `spec` (`<cuda>;<R|W><G|H>,...`): for each operation in turn,
+/// prints `META <json>`, then `DONE <status> <transport>` and, for a
+/// writable, `CHECK ok` or what differs; exits once its standard input
+/// closes.
+fn serve(spec: &str) {
+    let (cuda, ops) = spec.split_once(';').unwrap();
+    init(cuda == "true");
+    runtime().block_on(async {
+        let c = connector().await;
+        let out = std::io::stdout();
+        let say = |s: String| {
+            writeln!(out.lock(), "{s}").unwrap();
+            out.lock().flush().unwrap();
+        };
+        for (i, op) in ops.split(',').enumerate() {
+            let (readable, gpu) = (op.starts_with('R'), op.ends_with('G'));
+            let seed = 200 + i as u64;
+            let (descs, keep) = make(gpu, readable.then_some(seed));
+            let (status, transport, descs) = if readable {
+                let r = c.create_readable(descs).await.unwrap();
+                say(format!("META {}", r.metadata().to_json()));
+                let _ = r.wait_for_completion_timeout(LIMIT).await;
+                (r.status(), r.transport(), r.into_descriptors())
+            } else {
+                let w = c.create_writable(descs).await.unwrap();
+                say(format!("META {}", w.metadata().to_json()));
+                let _ = w.wait_for_completion_timeout(LIMIT).await;
+                (w.status(), w.transport(), w.into_descriptors())
+            };
+            let t = transport.map_or("none", |t| t.name());
+            say(format!("DONE {status:?} {t}"));
+            let got = read_back(descs, &keep);
+            if !readable {
+                match check(&got, seed) {
+                    Ok(()) => say("CHECK ok".into()),
+                    Err(e) => say(format!("CHECK {e}")),
+                }
+            }
+        }
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+    });
+}
+
+/// Runs the server role if this process is one; true if it was.
+fn served() -> bool {
+    spawned::served(ROLE, serve)
+}
+
+/// Runs [`OPS`] against a server whose UCX moves CUDA memory if
+/// `server_cuda` (this process's if `client_cuda`), checking every byte
+/// and the transport on both sides: UCX where both move CUDA memory,
+/// else TCP (each side staging its own GPU memory).
+fn run(name: &str, client_cuda: bool, server_cuda: bool) {
+    init(client_cuda);
+    let want = if client_cuda && server_cuda {
+        TransportKind::Ucx
+    } else {
+        TransportKind::Tcp
+    };
+    let spec: Vec<String> = OPS
+        .iter()
+        .map(|o| {
+            let kind = if o.readable { 'R' } else { 'W' };
+            let mem = if o.server_gpu { 'G' } else { 'H' };
+            format!("{kind}{mem}")
+        })
+        .collect();
+    let mut server = Server::start(name, ROLE, &format!("{server_cuda};{}", spec.join(",")));
+    runtime().block_on(async {
+        let c = connector().await;
+        for (i, op) in OPS.iter().enumerate() {
+            let what = format!("{op:?}, client cuda {client_cuda}, server {server_cuda}");
+            let seed = 200 + i as u64;
+            let meta = server.metadata();
+            if op.readable {
+                let (descs, keep) = make(op.client_gpu, None);
+                let r = c.begin_read(&meta, descs).await.expect("the READ starts");
+                r.wait_for_completion_timeout(LIMIT)
+                    .await
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(r.transport(), Some(want), "{what}");
+                check(&read_back(r.into_descriptors(), &keep), seed)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+            } else {
+                let (descs, keep) = make(op.client_gpu, Some(seed));
+                let w = c.begin_write(descs, &meta).await.expect("the WRITE starts");
+                w.wait_for_completion_timeout(LIMIT)
+                    .await
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(w.transport(), Some(want), "{what}");
+                drop((w.into_descriptors(), keep));
+            }
+            assert_eq!(
+                server.after("DONE "),
+                format!("Complete {}", want.name()),
+                "{what}"
+            );
+            if !op.readable {
+                assert_eq!(server.after("CHECK "), "ok", "{what}");
+            }
+        }
+        assert_eq!(
+            c.metrics().cuda_ipc_fallbacks,
+            0,
+            "UCX is not CUDA IPC: nothing counted as its fallback"
+        );
+    });
+}
+
+/// Both pairings where one side's UCX does not move CUDA memory, then
+/// both that do (one after the other: the flag is the process's).
+#[test]
+fn gpu_memory_goes_through_ucx_only_where_both_move_cuda_memory() {
+    if served() {
+        return;
+    }
+    if let Err(why) = ferry::ucx::status() {
+        println!("skipped: no UCX here ({why})");
+        return;
+    }
+    let name = "gpu_memory_goes_through_ucx_only_where_both_move_cuda_memory";
+    run(name, true, false);
+    run(name, false, true);
+    run(name, true, true);
+}
