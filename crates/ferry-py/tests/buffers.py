@@ -49,7 +49,13 @@ class CudaDriver:
         dev, ctx = ctypes.c_int(0), ctypes.c_void_p(0)
         self.check("cuDeviceGet", self.lib.cuDeviceGet(ctypes.byref(dev), 0))
         self.check("cuDevicePrimaryCtxRetain", self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev))
-        self.check("cuCtxSetCurrent", self.lib.cuCtxSetCurrent(ctx))
+        self.ctx = ctx
+        self.enter()
+
+    def enter(self) -> None:
+        """Makes cuda:0's primary context current on the calling thread
+        (a buffer may be freed on any thread)."""
+        self.check("cuCtxSetCurrent", self.lib.cuCtxSetCurrent(self.ctx))
 
     @staticmethod
     def check(call: str, code: int) -> None:
@@ -57,21 +63,25 @@ class CudaDriver:
             raise OSError(f"{call} failed: CUDA error {code}")
 
     def alloc(self, size: int) -> int:
+        self.enter()
         ptr = ctypes.c_uint64(0)
         self.check("cuMemAlloc_v2", self.lib.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(max(size, 1))))
         return ptr.value
 
     def to_device(self, ptr: int, data: bytes) -> None:
+        self.enter()
         if data:
             self.check("cuMemcpyHtoD_v2", self.lib.cuMemcpyHtoD_v2(ctypes.c_uint64(ptr), data, ctypes.c_size_t(len(data))))
 
     def to_host(self, ptr: int, size: int) -> bytes:
+        self.enter()
         out = ctypes.create_string_buffer(size)
         if size:
             self.check("cuMemcpyDtoH_v2", self.lib.cuMemcpyDtoH_v2(out, ctypes.c_uint64(ptr), ctypes.c_size_t(size)))
         return out.raw
 
     def free(self, ptr: int) -> None:
+        self.lib.cuCtxSetCurrent(self.ctx)
         self.lib.cuMemFree_v2(ctypes.c_uint64(ptr))
 
 

@@ -79,6 +79,8 @@ pub mod cross_memory {
 
 /// UCX, the backend under [`TransportKind::Ucx`], loaded at run time.
 pub mod ucx {
+    pub use crate::transport::ucx::CUDA_ENV;
+
     /// The UCX this process loaded (library, version, the transports it
     /// found), or why there is none (no `libucp`, too old, failed to start).
     /// Finds the library as `docs/transports.md` says (`FERRY_UCX_LIB`,

@@ -742,8 +742,8 @@ impl Region {
 
     /// Ends all access. When this returns, no locked access is touching the
     /// memory and none will again. An unlocked copy in flight is given
-    /// [`COPY_GRACE`] to return (an ordinary chunk takes well under a
-    /// millisecond); one that a peer stalled may still be in flight after
+    /// [`COPY_GRACE`] to return (an ordinary chunk takes a millisecond or
+    /// so); one that a peer stalled may still be in flight after
     /// that (see [`is_quiet`](Self::is_quiet)).
     pub(crate) fn close(&self) {
         self.closing.store(true, Ordering::Release);

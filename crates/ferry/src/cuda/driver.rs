@@ -136,7 +136,19 @@ impl Api {
             device_get_count: sym!("cuDeviceGetCount"),
             device_get: sym!("cuDeviceGet"),
             device_get_name: sym!("cuDeviceGetName"),
-            device_get_uuid: sym!("cuDeviceGetUuid_v2"),
+            // `_v2` (a MIG instance's own UUID) from CUDA 11.4 drivers on;
+            // the plain one before.
+            // SAFETY: as `sym!`: a driver function of the field's C
+            // signature (both take `CUuuid *, CUdevice`), kept loaded with
+            // the library.
+            device_get_uuid: *unsafe { lib.get(b"cuDeviceGetUuid_v2\0") }
+                .or_else(|_| unsafe { lib.get(b"cuDeviceGetUuid\0") })
+                .map_err(|e| {
+                    format!(
+                        "{}: no cuDeviceGetUuid ({e}): not a CUDA driver library",
+                        path.display()
+                    )
+                })?,
             primary_ctx_retain: sym!("cuDevicePrimaryCtxRetain"),
             primary_ctx_release: sym!("cuDevicePrimaryCtxRelease_v2"),
             ctx_set_current: sym!("cuCtxSetCurrent"),

@@ -90,7 +90,15 @@ impl UcxPuller {
                 .map(|(s, _)| *s)
                 .collect();
             let mut own = Vec::new();
-            for (base, len) in ranges(&rest) {
+            // Device memory is registered segment by segment: two device
+            // allocations may lie end to end, and one registration must
+            // not span them.
+            let exact: Vec<(u64, u64)> = if region.is_host() {
+                ranges(&rest)
+            } else {
+                rest.iter().copied().filter(|s| s.1 > 0).collect()
+            };
+            for (base, len) in exact {
                 own.push(MemReg::register(ucx, base, len).map_err(std::io::Error::other)?);
             }
             pooled.extend(own.iter().cloned());
@@ -144,6 +152,9 @@ impl Puller for UcxPuller {
         if device && !ucx::moves_cuda() {
             return not_host_memory();
         }
+        // Where device memory may be on either side, no get spans two
+        // segments (two device allocations may lie end to end).
+        let merge = !device && !ucx::moves_cuda();
         let keys = match decode_keys(lease.opaque()) {
             Ok(k) => k,
             Err(e) => return PullEnd::Failed(format!("a lease with bad keys: {e}")),
@@ -159,7 +170,7 @@ impl Puller for UcxPuller {
             let r = if count > 0 {
                 let lent = &segs[i..i + count];
                 let r =
-                    region.copy_into(i, count, None, |local| get_all(&keys, local, lent, !device));
+                    region.copy_into(i, count, None, |local| get_all(&keys, local, lent, merge));
                 i += count;
                 r
             } else {
@@ -171,7 +182,7 @@ impl Puller for UcxPuller {
                     let n = (len - off).min(PULL_CHUNK);
                     let at = addr.saturating_add(off);
                     r = region.copy_into(i, 1, Some((off, n as usize)), |local| {
-                        get_all(&keys, local, &[(at, n)], !device)
+                        get_all(&keys, local, &[(at, n)], merge)
                     });
                     if !matches!(r, Ok(Ok(()))) {
                         break;

@@ -366,8 +366,8 @@ async fn set_up_ucx(
         peer,
         pull_from_peer = mine.is_some(),
         peer_pulls = theirs,
-        cuda_memory = cuda && answer.cuda,
+        cuda_memory = cuda && answer.cuda && theirs,
         "UCX set up"
     );
-    Ok((mine, theirs, cuda && answer.cuda))
+    Ok((mine, theirs, cuda && answer.cuda && theirs))
 }

@@ -46,7 +46,8 @@ pub(crate) const UCP_EP_CLOSE_FLAG_FORCE: u32 = 1 << 0;
 
 /// `UCP_ATTR_FIELD_MEMORY_TYPES`: `ucp_context_query` fills `memory_types`.
 pub(crate) const UCP_ATTR_FIELD_MEMORY_TYPES: u64 = 1 << 2;
-/// `UCS_MEMORY_TYPE_CUDA`: the bit of CUDA device memory in `memory_types`.
+/// `UCS_MEMORY_TYPE_CUDA`: the index of CUDA device memory's bit in
+/// `memory_types`.
 pub(crate) const UCS_MEMORY_TYPE_CUDA: u32 = 1;
 pub(crate) const UCP_MEM_MAP_PARAM_FIELD_ADDRESS: u64 = 1 << 0;
 pub(crate) const UCP_MEM_MAP_PARAM_FIELD_LENGTH: u64 = 1 << 1;

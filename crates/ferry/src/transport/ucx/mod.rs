@@ -252,16 +252,22 @@ fn memory_types(api: &Api, context: ffi::Context) -> u64 {
     }
 }
 
+/// The environment variable that lets this process move CUDA memory
+/// through UCX (`1`): opt-in while the path is unverified on a GPU.
+pub const CUDA_ENV: &str = "FERRY_UCX_CUDA";
+
 /// Whether this process lends and pulls CUDA device memory through UCX:
-/// its UCX lists the CUDA memory type and a CUDA driver that sees a device
-/// is here (not a simulation), or a test said so
-/// ([`simulate_ucx_cuda`](crate::cuda::simulate_ucx_cuda)). What it says
-/// in the `Rdma` exchange.
+/// [`CUDA_ENV`] is `1`, its UCX lists the CUDA memory type and a CUDA
+/// driver that sees a device is here (not a simulation); or a test said
+/// so ([`simulate_ucx_cuda`](crate::cuda::simulate_ucx_cuda)). What it
+/// says in the `Rdma` exchange.
 pub(crate) fn moves_cuda() -> bool {
     if crate::cuda::simulates_ucx_cuda() {
         return true;
     }
-    crate::cuda::lends_device_memory() && ucx().is_ok_and(|u| u.cuda_memory)
+    std::env::var(CUDA_ENV).is_ok_and(|v| v.trim() == "1")
+        && crate::cuda::lends_device_memory()
+        && ucx().is_ok_and(|u| u.cuda_memory)
 }
 
 /// `Ok` if `s` is `UCS_OK`, else what failed and UCX's words for it.
