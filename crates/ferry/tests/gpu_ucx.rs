@@ -54,32 +54,17 @@ async fn connector() -> ferry::Connector {
 /// Descriptors of [`SIZES`], GPU memory (`gpu`) or host memory, holding
 /// `pattern(seed, ..)` where `seed` is given, else zeros.
 fn make(gpu: bool, seed: Option<u64>) -> (Vec<Descriptor<'static>>, Keep) {
-    let mut keep = Keep::default();
-    let descs = SIZES
+    let contents = SIZES
         .iter()
         .enumerate()
-        .map(|(i, &len)| {
-            let bytes = seed.map_or_else(|| vec![0; len], |s| pattern(s, i, len));
-            if gpu {
-                keep.descriptor(bytes)
-            } else {
-                Descriptor::from_vec(bytes)
-            }
-        })
+        .map(|(i, &len)| seed.map_or_else(|| vec![0; len], |s| pattern(s, i, len)))
         .collect();
-    (descs, keep)
+    Keep::descriptors(contents, gpu)
 }
 
 /// The bytes of every descriptor, once the operation gave them back.
 fn read_back(descs: Vec<Descriptor<'static>>, keep: &Keep) -> Vec<Vec<u8>> {
-    let mut sim = 0..keep.0.len();
-    descs
-        .into_iter()
-        .map(|d| match d.as_slice() {
-            Some(s) => s.to_vec(),
-            None => keep.bytes(sim.next().expect("simulated memory")),
-        })
-        .collect()
+    keep.read_back(descs)
 }
 
 /// One operation: the server's readable (the client READs) or writable

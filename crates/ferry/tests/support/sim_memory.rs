@@ -3,7 +3,10 @@
 //! `ferry::cuda::simulate_with_host_memory()`.
 //!
 //! Included by path (`#[path = "support/sim_memory.rs"] mod sim_memory;`)
-//! by `staged.rs` and `gpu_path.rs`.
+//! by `staged.rs`, `gpu_path.rs` and `gpu_ucx.rs`.
+
+// Not every test that includes this uses every helper.
+#![allow(dead_code)]
 
 use ferry::Descriptor;
 
@@ -14,6 +17,36 @@ use ferry::Descriptor;
 pub struct Keep(pub Vec<(*mut u8, usize)>);
 
 impl Keep {
+    /// One descriptor per entry of `contents`: simulated GPU memory, kept
+    /// by the returned `Keep`, where `gpu`; else host vectors.
+    pub fn descriptors(contents: Vec<Vec<u8>>, gpu: bool) -> (Vec<Descriptor<'static>>, Keep) {
+        let mut keep = Keep::default();
+        let descs = contents
+            .into_iter()
+            .map(|bytes| {
+                if gpu {
+                    keep.descriptor(bytes)
+                } else {
+                    Descriptor::from_vec(bytes)
+                }
+            })
+            .collect();
+        (descs, keep)
+    }
+
+    /// The bytes of every descriptor (host memory, or simulated GPU memory
+    /// of `self` in order), once the operation gave them back.
+    pub fn read_back(&self, descs: Vec<Descriptor<'static>>) -> Vec<Vec<u8>> {
+        let mut sim = 0..self.0.len();
+        descs
+            .into_iter()
+            .map(|d| match d.as_slice() {
+                Some(s) => s.to_vec(),
+                None => self.bytes(sim.next().expect("simulated memory")),
+            })
+            .collect()
+    }
+
     /// A `cuda:0` descriptor over a new allocation holding `bytes`, kept
     /// (and freed) by `self`. The process must simulate a GPU.
     pub fn descriptor(&mut self, bytes: Vec<u8>) -> Descriptor<'static> {
