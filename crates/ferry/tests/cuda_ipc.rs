@@ -1,6 +1,6 @@
 //! GPU memory between two processes of one host, by CUDA IPC: READ and
 //! WRITE of `CudaBuffer`s byte for byte (copied back to the host to
-//! check), 1 byte to 64 MiB, 16 mixed descriptors (some carved from one
+//! check), 1 byte to 1 GiB, 16 mixed descriptors (some carved from one
 //! allocation, some with one each), GPU→CPU pairs, a cancel mid-transfer
 //! with no late byte, and what happens where CUDA IPC does not reach
 //! (staged over TCP, or refused with a reason).
@@ -333,17 +333,18 @@ fn round_trip(name: &str, sizes: &[usize], carve: &[bool], local: Mem, remote: M
 }
 
 #[test]
-fn gpu_to_gpu_one_byte_to_64_mib() {
+fn gpu_to_gpu_one_byte_to_one_gib() {
     if served() || !gpu_here() {
         return;
     }
-    const CHUNK: usize = 2 << 20;
-    for (k, &size) in [1, 4095, 4096, CHUNK - 1, CHUNK, CHUNK + 1, 64 << 20]
+    // Around the puller's chunk on one GPU (256 MiB), up to 1 GiB.
+    const CHUNK: usize = 256 << 20;
+    for (k, &size) in [1, 4095, 4096, (2 << 20) + 1, CHUNK - 1, CHUNK + 1, 1 << 30]
         .iter()
         .enumerate()
     {
         round_trip(
-            "gpu_to_gpu_one_byte_to_64_mib",
+            "gpu_to_gpu_one_byte_to_one_gib",
             &[size],
             &[false],
             Mem::Gpu,
@@ -405,8 +406,9 @@ fn gpu_to_cpu_pairs() {
         return;
     }
     // One byte (below any cross-memory-attach threshold: device memory is
-    // lent whatever its size), then four descriptors across the chunk size.
-    for (k, sizes) in [vec![1], vec![1, 4096, (2 << 20) + 1, 9 << 20]]
+    // lent whatever its size), then four descriptors across the chunk of a
+    // copy into host memory (16 MiB).
+    for (k, sizes) in [vec![1], vec![1, 4096, (16 << 20) + 1, 40 << 20]]
         .into_iter()
         .enumerate()
     {
