@@ -124,6 +124,31 @@ fn staging(device: u32) -> Result<Arc<Staging>, CudaError> {
     Ok(s)
 }
 
+/// Runs `f` with `cuda:device`'s primary context current on this thread,
+/// the context that was current before restored afterwards: for a library
+/// that calls CUDA on Ferry's threads and expects a context there (UCX's
+/// CUDA transports, when they register, get and progress device memory).
+/// Where none can be entered (no driver, a simulated GPU), `f` runs as it
+/// is, and the library reports what it misses.
+pub(crate) fn on_device<R>(device: u32, f: impl FnOnce() -> R) -> R {
+    if simulated() {
+        return f();
+    }
+    let staging = match staging(device) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::debug!("cuda:{device}: no context to enter: {e}");
+            return f();
+        }
+    };
+    let _current = staging
+        .ctx
+        .make_current()
+        .map_err(|e| tracing::debug!("cuda:{device}: context not entered: {e}"))
+        .ok();
+    f()
+}
+
 /// A stream of one device for the copies of one caller, back among the
 /// idle ones when dropped, unless a wait on it failed (then destroyed: a
 /// stream the driver failed is not handed to the next copy).

@@ -64,50 +64,60 @@ impl UcxPuller {
             return Ok(());
         }
         let ucx = ucx::ucx().map_err(std::io::Error::other)?;
-        region.lease_state(|state| {
-            if state.as_ref().is_some_and(|s| s.is::<Registrations>()) {
-                return Ok(());
-            }
-            let segs = region.segments();
-            let mut covered = vec![false; segs.len()];
-            let mut pooled: Vec<Arc<MemReg>> = Vec::new();
-            for (start, count, cache) in region.pools().iter().filter(|_| !strict) {
-                let reg = cache
-                    .get_or_make(|base, len| MemReg::register(ucx, base, len))
-                    .map_err(std::io::Error::other)?;
-                // `None`: the pool was released; its blocks go as exact ranges.
-                if let Some(reg) = reg {
-                    covered[*start..start + count].fill(true);
-                    if !pooled.iter().any(|r| Arc::ptr_eq(r, &reg)) {
-                        pooled.push(reg);
+        // UCX's CUDA transports look at device memory through the context
+        // current on the calling thread (`ucp_mem_map` of device memory
+        // exports it).
+        let device = region.device().map(|d| d.id());
+        let register = || {
+            region.lease_state(|state| {
+                if state.as_ref().is_some_and(|s| s.is::<Registrations>()) {
+                    return Ok(());
+                }
+                let segs = region.segments();
+                let mut covered = vec![false; segs.len()];
+                let mut pooled: Vec<Arc<MemReg>> = Vec::new();
+                for (start, count, cache) in region.pools().iter().filter(|_| !strict) {
+                    let reg = cache
+                        .get_or_make(|base, len| MemReg::register(ucx, base, len))
+                        .map_err(std::io::Error::other)?;
+                    // `None`: the pool was released; its blocks go as exact ranges.
+                    if let Some(reg) = reg {
+                        covered[*start..start + count].fill(true);
+                        if !pooled.iter().any(|r| Arc::ptr_eq(r, &reg)) {
+                            pooled.push(reg);
+                        }
                     }
                 }
-            }
-            let rest: Vec<(u64, u64)> = segs
-                .iter()
-                .zip(&covered)
-                .filter(|(_, &c)| !c)
-                .map(|(s, _)| *s)
-                .collect();
-            let mut own = Vec::new();
-            // Device memory is registered segment by segment: two device
-            // allocations may lie end to end, and one registration must
-            // not span them.
-            let exact: Vec<(u64, u64)> = if region.is_host() {
-                ranges(&rest)
-            } else {
-                rest.iter().copied().filter(|s| s.1 > 0).collect()
-            };
-            for (base, len) in exact {
-                own.push(MemReg::register(ucx, base, len).map_err(std::io::Error::other)?);
-            }
-            pooled.extend(own.iter().cloned());
-            *state = Some(Box::new(Registrations {
-                keys: encode_keys(&pooled),
-                _own: own,
-            }));
-            Ok(())
-        })
+                let rest: Vec<(u64, u64)> = segs
+                    .iter()
+                    .zip(&covered)
+                    .filter(|(_, &c)| !c)
+                    .map(|(s, _)| *s)
+                    .collect();
+                let mut own = Vec::new();
+                // Device memory is registered segment by segment: two device
+                // allocations may lie end to end, and one registration must
+                // not span them.
+                let exact: Vec<(u64, u64)> = if region.is_host() {
+                    ranges(&rest)
+                } else {
+                    rest.iter().copied().filter(|s| s.1 > 0).collect()
+                };
+                for (base, len) in exact {
+                    own.push(MemReg::register(ucx, base, len).map_err(std::io::Error::other)?);
+                }
+                pooled.extend(own.iter().cloned());
+                *state = Some(Box::new(Registrations {
+                    keys: encode_keys(&pooled),
+                    _own: own,
+                }));
+                Ok(())
+            })
+        };
+        match device {
+            Some(d) => crate::cuda::stage::on_device(d, register),
+            None => register(),
+        }
     }
 }
 
@@ -149,12 +159,37 @@ impl Puller for UcxPuller {
         shared: &OpShared,
     ) -> PullEnd {
         let device = !region.is_host();
-        if device && !ucx::moves_cuda() {
+        let cuda = ucx::moves_cuda();
+        if device && !cuda {
             return not_host_memory();
         }
-        // Where device memory may be on either side, no get spans two
-        // segments (two device allocations may lie end to end).
-        let merge = !device && !ucx::moves_cuda();
+        if cuda {
+            // The gets (and the progress that ends them on this thread)
+            // may touch device memory on either side: UCX's CUDA
+            // transports want a context current here, this destination's
+            // device's (else the first device's). No get spans two
+            // segments: two device allocations may lie end to end.
+            let ordinal = region.device().map_or(0, |d| d.id());
+            return crate::cuda::stage::on_device(ordinal, || {
+                self.pull_all(peer, lease, region, shared, false)
+            });
+        }
+        // Host memory on both sides: gets of neighbouring segments merge.
+        self.pull_all(peer, lease, region, shared, true)
+    }
+}
+
+impl UcxPuller {
+    /// Gets every lent segment into `region` (gets across segments merged
+    /// where `merge`), then seals it.
+    fn pull_all(
+        &self,
+        peer: &Endpoint,
+        lease: &LeaseBlob,
+        region: &Region,
+        shared: &OpShared,
+        merge: bool,
+    ) -> PullEnd {
         let keys = match decode_keys(lease.opaque()) {
             Ok(k) => k,
             Err(e) => return PullEnd::Failed(format!("a lease with bad keys: {e}")),

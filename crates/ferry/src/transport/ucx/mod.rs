@@ -341,6 +341,9 @@ pub(crate) struct Worker {
     /// Blocks of pools are registered per operation too, rather than once
     /// per pool (`ConnectorBuilder::ucx_strict_registration`).
     pub(crate) strict_registration: bool,
+    /// This process moves CUDA memory through UCX ([`moves_cuda`]): its
+    /// progress runs with a CUDA context current.
+    cuda: bool,
 }
 
 // SAFETY: the worker is created in `UCS_THREAD_MODE_MULTI`: UCP serializes
@@ -405,6 +408,7 @@ impl Worker {
             polling: AtomicBool::new(false),
             resume: Notify::new(),
             strict_registration,
+            cuda: moves_cuda(),
         });
         let _enter = handle.enter();
         // SAFETY: the descriptor belongs to the worker, which `Efd` holds:
@@ -470,8 +474,25 @@ impl Worker {
         }
     }
 
+    /// Runs `f` (progress, arming) with the first device's CUDA context
+    /// current on this thread where this process moves CUDA memory through
+    /// UCX, whose CUDA transports expect one when they end or poll their
+    /// copies; as it is elsewhere.
+    fn in_context<R>(&self, f: impl FnOnce() -> R) -> R {
+        if self.cuda {
+            crate::cuda::stage::on_device(0, f)
+        } else {
+            f()
+        }
+    }
+
     /// Progresses until nothing more happens, then frees finished closes.
     fn progress_all(&self) {
+        self.in_context(|| self.progress_closes())
+    }
+
+    /// [`progress_all`](Self::progress_all), on this thread as it is.
+    fn progress_closes(&self) {
         let api = &self.ucx.api;
         // SAFETY: a live worker (MULTI mode).
         while unsafe { (api.worker_progress)(self.raw) } != 0 {}
@@ -584,9 +605,11 @@ async fn progress(fd: AsyncFd<Efd>, mut shutdown: watch::Receiver<bool>) {
             }
             continue;
         }
-        w.progress_all();
-        // SAFETY: a live worker.
-        let s = unsafe { (api.worker_arm)(w.raw) };
+        let s = w.in_context(|| {
+            w.progress_closes();
+            // SAFETY: a live worker.
+            unsafe { (api.worker_arm)(w.raw) }
+        });
         if s == UCS_ERR_BUSY {
             tokio::task::yield_now().await;
             continue;
