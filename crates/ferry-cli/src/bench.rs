@@ -213,6 +213,9 @@ enum Lane {
     /// Device memory on both sides (`--device cuda:N`) with the
     /// cross-memory attach connector: CUDA IPC where the driver lends.
     Ipc,
+    /// Device memory on both sides (`--device cuda:N`) over the UCX lane:
+    /// through UCX where both processes' UCX moves CUDA memory.
+    UcxDevice,
 }
 
 struct Bench {

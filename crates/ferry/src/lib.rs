@@ -110,6 +110,23 @@ pub mod ucx {
         crate::transport::ucx::mem::made()
     }
 
+    /// Whether this process lends and pulls CUDA device memory through
+    /// UCX: [`CUDA_ENV`] is `1`, its UCX lists CUDA memory among the
+    /// memory types it moves (a UCX built with CUDA, such as PyPI's
+    /// `libucx-cu12`), and a CUDA driver that sees a device is here. An
+    /// operation's device memory goes through UCX only where both
+    /// processes say so in their handshake; elsewhere it is staged through
+    /// host memory. **Unverified on a GPU.**
+    ///
+    /// ```
+    /// if !ferry::ucx::moves_cuda() {
+    ///     println!("GPU memory moves by CUDA IPC or staged, not through UCX");
+    /// }
+    /// ```
+    pub fn moves_cuda() -> bool {
+        crate::transport::ucx::moves_cuda()
+    }
+
     /// The environment variable that names the `libucp` to load.
     pub const LIB_ENV: &str = crate::transport::ucx::LIB_ENV;
 

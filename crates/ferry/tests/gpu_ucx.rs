@@ -14,10 +14,19 @@
 //! Each pairing spawns a second process (this test binary, run again with
 //! `ROLE` set) that serves a list of operations in turn over one
 //! connector; this process is the active side, over one connector too.
+//!
+//! Where this process's UCX really moves CUDA memory (a GPU, a UCX built
+//! with CUDA such as `libucx-cu12` named by `FERRY_UCX_LIB`, and
+//! `FERRY_UCX_CUDA=1`), the same operations run first over real device
+//! memory (`CudaBuffer`s, read back through the driver) with nothing
+//! simulated, and must go through UCX; elsewhere that pass says why it is
+//! skipped.
 
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use ferry::cuda::CudaBuffer;
 use ferry::{Descriptor, TransportKind};
 
 #[path = "support/sim_memory.rs"]
@@ -51,20 +60,49 @@ async fn connector() -> ferry::Connector {
     Via::UCX.builder().build().await.expect("connector starts")
 }
 
+/// This process's GPU memory is real device memory (`CudaBuffer`s), not
+/// simulated.
+static REAL: AtomicBool = AtomicBool::new(false);
+
 /// Descriptors of [`SIZES`], GPU memory (`gpu`) or host memory, holding
 /// `pattern(seed, ..)` where `seed` is given, else zeros.
 fn make(gpu: bool, seed: Option<u64>) -> (Vec<Descriptor<'static>>, Keep) {
-    let contents = SIZES
+    let contents: Vec<Vec<u8>> = SIZES
         .iter()
         .enumerate()
         .map(|(i, &len)| seed.map_or_else(|| vec![0; len], |s| pattern(s, i, len)))
         .collect();
+    if gpu && REAL.load(Ordering::Acquire) {
+        let descs = contents
+            .iter()
+            .map(|bytes| {
+                let mut b = CudaBuffer::new(0, bytes.len()).expect("GPU memory");
+                b.copy_from_host(bytes).expect("a copy to the GPU");
+                b.into_descriptor()
+            })
+            .collect();
+        return (descs, Keep::default());
+    }
     Keep::descriptors(contents, gpu)
 }
 
 /// The bytes of every descriptor, once the operation gave them back.
 fn read_back(descs: Vec<Descriptor<'static>>, keep: &Keep) -> Vec<Vec<u8>> {
-    keep.read_back(descs)
+    if !REAL.load(Ordering::Acquire) {
+        return keep.read_back(descs);
+    }
+    descs
+        .into_iter()
+        .map(|d| match d.as_slice() {
+            Some(s) => s.to_vec(),
+            None => {
+                let b: CudaBuffer = d.into_owner().expect("a CudaBuffer");
+                let mut out = vec![0; b.len()];
+                b.copy_to_host(&mut out).expect("a copy from the GPU");
+                out
+            }
+        })
+        .collect()
 }
 
 /// One operation: the server's readable (the client READs) or writable
@@ -101,13 +139,17 @@ const OPS: [Op; 4] = [
     },
 ];
 
-/// Serves `spec` (`<cuda>;<R|W><G|H>,...`): for each operation in turn,
-/// prints `META <json>`, then `DONE <status> <transport>` and, for a
-/// writable, `CHECK ok` or what differs; exits once its standard input
-/// closes.
+/// Serves `spec` (`<cuda>;<R|W><G|H>,...`, `cuda` one of `true`, `false`
+/// or `real`): for each operation in turn, prints `META <json>`, then
+/// `DONE <status> <transport>` and, for a writable, `CHECK ok` or what
+/// differs; exits once its standard input closes.
 fn serve(spec: &str) {
     let (cuda, ops) = spec.split_once(';').unwrap();
-    init(cuda == "true");
+    if cuda == "real" {
+        REAL.store(true, Ordering::Release);
+    } else {
+        init(cuda == "true");
+    }
     runtime().block_on(async {
         let c = connector().await;
         let out = std::io::stdout();
@@ -150,16 +192,41 @@ fn served() -> bool {
     spawned::served(ROLE, serve)
 }
 
-/// Runs [`OPS`] against a server whose UCX moves CUDA memory if
-/// `server_cuda` (this process's if `client_cuda`), checking every byte
-/// and the transport on both sides: UCX where both move CUDA memory,
-/// else TCP (each side staging its own GPU memory).
-fn run(name: &str, client_cuda: bool, server_cuda: bool) {
-    init(client_cuda);
-    let want = if client_cuda && server_cuda {
-        TransportKind::Ucx
-    } else {
-        TransportKind::Tcp
+/// Who moves CUDA memory through UCX in one pass of [`run`].
+#[derive(Clone, Copy, Debug)]
+enum Pass {
+    /// Both processes simulate a GPU; each one's UCX "moves CUDA memory"
+    /// as said.
+    Simulated {
+        client_cuda: bool,
+        server_cuda: bool,
+    },
+    /// Real device memory on both sides, whose UCX really moves it.
+    Real,
+}
+
+/// Runs [`OPS`] in one [`Pass`], checking every byte and the transport on
+/// both sides: UCX where both move CUDA memory, else TCP (each side
+/// staging its own GPU memory).
+fn run(name: &str, pass: Pass) {
+    let (server, want) = match pass {
+        Pass::Simulated {
+            client_cuda,
+            server_cuda,
+        } => {
+            REAL.store(false, Ordering::Release);
+            init(client_cuda);
+            let via = if client_cuda && server_cuda {
+                TransportKind::Ucx
+            } else {
+                TransportKind::Tcp
+            };
+            (server_cuda.to_string(), via)
+        }
+        Pass::Real => {
+            REAL.store(true, Ordering::Release);
+            ("real".to_string(), TransportKind::Ucx)
+        }
     };
     let spec: Vec<String> = OPS
         .iter()
@@ -169,11 +236,11 @@ fn run(name: &str, client_cuda: bool, server_cuda: bool) {
             format!("{kind}{mem}")
         })
         .collect();
-    let mut server = Server::start(name, ROLE, &format!("{server_cuda};{}", spec.join(",")));
+    let mut server = Server::start(name, ROLE, &format!("{server};{}", spec.join(",")));
     runtime().block_on(async {
         let c = connector().await;
         for (i, op) in OPS.iter().enumerate() {
-            let what = format!("{op:?}, client cuda {client_cuda}, server {server_cuda}");
+            let what = format!("{op:?}, {pass:?}");
             let seed = 200 + i as u64;
             let meta = server.metadata();
             if op.readable {
@@ -223,7 +290,26 @@ fn gpu_memory_goes_through_ucx_only_where_both_move_cuda_memory() {
         return;
     }
     let name = "gpu_memory_goes_through_ucx_only_where_both_move_cuda_memory";
-    run(name, true, false);
-    run(name, false, true);
-    run(name, true, true);
+    // Real memory first: the simulation, once on, is this process's for
+    // good.
+    if ferry::cuda::available() && ferry::ucx::moves_cuda() {
+        run(name, Pass::Real);
+    } else {
+        println!(
+            "real GPU memory over UCX skipped: needs a GPU (CUDA: {}), a UCX built with CUDA \
+             and {}=1 (moves CUDA memory: {})",
+            ferry::cuda::status().unwrap_or_else(|e| e),
+            ferry::ucx::CUDA_ENV,
+            ferry::ucx::moves_cuda(),
+        );
+    }
+    for (client_cuda, server_cuda) in [(true, false), (false, true), (true, true)] {
+        run(
+            name,
+            Pass::Simulated {
+                client_cuda,
+                server_cuda,
+            },
+        );
+    }
 }

@@ -15,7 +15,9 @@
 //! connector (the target's memory lent by CUDA IPC and copied on the
 //! device), against `cuMemcpyDtoD` between two buffers of this process
 //! (the figure: at least 0.8 at 1 GiB). `sim` has none: a
-//! simulated GPU lends nothing.
+//! simulated GPU lends nothing. Where both processes' UCX moves CUDA
+//! memory (`FERRY_UCX_CUDA=1` and a UCX built with CUDA), the UCX lane's
+//! READ and WRITE of device memory get rows against the same baseline.
 
 use std::hint::black_box;
 
@@ -103,7 +105,9 @@ impl Bench {
 
     /// `cuMemcpyDtoD` of one operation's bytes within this process, then
     /// READ and WRITE with device memory on both sides through the
-    /// cross-memory attach connector (CUDA IPC), each against it.
+    /// cross-memory attach connector (CUDA IPC), and through the UCX lane
+    /// where both processes' UCX moves CUDA memory
+    /// (`ferry::ucx::moves_cuda`), each against it.
     pub(super) async fn ipc_rows(&mut self, block: u64, batch: usize) -> anyhow::Result<Vec<Row>> {
         let bytes = (block * batch as u64) as usize;
         let device = self.opts.device.clone().unwrap_or_default();
@@ -116,29 +120,36 @@ impl Bench {
             })?
         };
         let mut rows = vec![dtod.clone()];
+        let mut lanes = vec![(Lane::Ipc, ferry::TransportKind::CudaIpc)];
+        if self.ucx.is_some() && ferry::ucx::moves_cuda() {
+            lanes.push((Lane::UcxDevice, ferry::TransportKind::Ucx));
+        }
         let sl = self.slice(block * batch as u64);
-        for op in ["read", "write"] {
-            let mut ipc = Samples::default();
-            let mut used = None;
-            for _ in 0..ROUNDS {
-                let (s, t) = self.ferry_slice(Lane::Ipc, op, block, batch, sl).await?;
-                ipc.add(s);
-                used = used.or(t);
+        for (lane, want) in lanes {
+            for op in ["read", "write"] {
+                let mut samples = Samples::default();
+                let mut used = None;
+                for _ in 0..ROUNDS {
+                    let (s, t) = self.ferry_slice(lane, op, block, batch, sl).await?;
+                    samples.add(s);
+                    used = used.or(t);
+                }
+                let as_meant = used == Some(want);
+                let used = used.map(|t| t.name()).unwrap_or("?");
+                let mut r = samples.into_row(&format!("ferry {device}"), used, op, block, batch);
+                if as_meant {
+                    r.baseline = Some("cuMemcpyDtoD (one process)".into());
+                    r.ratio = Some(r.gbps / dtod.gbps.max(1e-12));
+                } else {
+                    // Not the path the baseline is for: no ratio to it.
+                    eprintln!(
+                        "\n{op} {}: moved by {used}, not {}",
+                        super::human(block),
+                        want.name()
+                    );
+                }
+                rows.push(r);
             }
-            let by_ipc = used == Some(ferry::TransportKind::CudaIpc);
-            let used = used.map(|t| t.name()).unwrap_or("?");
-            let mut r = ipc.into_row(&format!("ferry {device}"), used, op, block, batch);
-            if by_ipc {
-                r.baseline = Some("cuMemcpyDtoD (one process)".into());
-                r.ratio = Some(r.gbps / dtod.gbps.max(1e-12));
-            } else {
-                // Not the path the baseline is for: no ratio to it.
-                eprintln!(
-                    "\n{op} {}: moved by {used}, not CUDA IPC",
-                    super::human(block)
-                );
-            }
-            rows.push(r);
         }
         Ok(rows)
     }

@@ -156,12 +156,12 @@ impl Bench {
         let mut r = Request::new(0, cmd);
         r.sizes = vec![block; batch];
         r.reuse = true;
-        if via == Lane::Ucx {
+        if matches!(via, Lane::Ucx | Lane::UcxDevice) {
             r.lane = Some("ucx".into());
         }
         // Device memory on both sides for the device lanes.
         let device = match via {
-            Lane::Staged | Lane::Ipc => self.opts.device.clone(),
+            Lane::Staged | Lane::Ipc | Lane::UcxDevice => self.opts.device.clone(),
             _ => None,
         };
         r.device = device.clone();
@@ -177,7 +177,7 @@ impl Bench {
             Lane::Cma | Lane::Ipc => &self.cma,
             Lane::Tcp | Lane::Staged => &self.tcp,
             Lane::Striped => &self.striped,
-            Lane::Ucx => match &self.ucx {
+            Lane::Ucx | Lane::UcxDevice => match &self.ucx {
                 Some(u) => &u.connector,
                 None => bail!("no UCX lane"),
             },
