@@ -8,6 +8,9 @@
 //!   connection, and replaces its own program (`exec`, same pid) with one
 //!   that holds other bytes where it lent memory: the connector must not
 //!   copy from the new program;
+//! - a process that passes the probe without offering CUDA IPC, then lends
+//!   "GPU memory" by a CUDA IPC lease: that request fails, the connection
+//!   goes on;
 //! - probes stalled on a page that never arrives (`userfaultfd`): each gives
 //!   its slot back at its timeout, and a legitimate peer still attaches;
 //! - a process with 20,000 open files: the probe examines a bounded number
@@ -184,6 +187,12 @@ impl Wire {
 
     /// A WRITE into `m` whose source this process lends at `addr`.
     fn pulled_write(&mut self, req: u64, m: &RdmaMetadata, addr: u64) {
+        self.pulled_write_with(req, m, addr, Vec::new())
+    }
+
+    /// [`pulled_write`](Self::pulled_write) with `key` as the lease's
+    /// opaque bytes.
+    fn pulled_write_with(&mut self, req: u64, m: &RdmaMetadata, addr: u64, key: Vec<u8>) {
         let sizes = sizes_of(m);
         self.send(&Message::Open(Open {
             req,
@@ -198,7 +207,7 @@ impl Wire {
         self.send(&Message::Lease(Lease {
             req,
             segments: vec![(addr, sizes[0])],
-            key: vec![],
+            key,
         }));
     }
 }
@@ -422,6 +431,149 @@ fn imposter(spec: &str) {
     // SAFETY: one byte from a live buffer to the inherited pipe.
     assert_eq!(unsafe { libc::write(ready, [1u8].as_ptr().cast(), 1) }, 1);
     std::thread::sleep(Duration::from_secs(60));
+}
+
+// ---------------------------------------------------------------------------
+// Item: a CUDA IPC lease to a process that did not offer CUDA IPC.
+
+const IPC_LENDER: &str = "FERRY_TEST_IPC_LENDER";
+
+/// A CUDA IPC lease (version 2, one allocation of `len` bytes, one run at
+/// offset 0) whose handle names nothing.
+fn ipc_lease(len: u64) -> Vec<u8> {
+    let mut b = b"FCIP".to_vec();
+    b.extend_from_slice(&2u16.to_le_bytes());
+    b.extend_from_slice(&0u16.to_le_bytes());
+    b.extend_from_slice(&1u32.to_le_bytes());
+    b.extend_from_slice(&1u32.to_le_bytes());
+    b.extend_from_slice(&[0; 16]);
+    b.extend_from_slice(&[0x5a; 64]);
+    b.extend_from_slice(&len.to_le_bytes());
+    b.extend_from_slice(&0u32.to_le_bytes());
+    b.extend_from_slice(&1u32.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes());
+    b
+}
+
+/// A process of this host passes the attach probe, offering no CUDA IPC
+/// (so the connection has none, whether or not the connector's host has a
+/// GPU), and sends a pulled WRITE whose lease is a CUDA IPC lease. The
+/// connector must not act on it: that request fails with a reason that
+/// names CUDA IPC, the peer is told, nothing lands, and the same
+/// connection then carries a cross-memory-attach WRITE.
+#[test]
+fn a_cuda_ipc_lease_to_a_process_that_did_not_offer_it_fails_only_its_request() {
+    const NAME: &str = "a_cuda_ipc_lease_to_a_process_that_did_not_offer_it_fails_only_its_request";
+    if let Ok(addr) = std::env::var(IPC_LENDER) {
+        return ipc_lender(addr.parse().unwrap());
+    }
+    runtime().block_on(async {
+        let target = attaching_connector().await;
+        let first = target
+            .create_writable(vec![vec![UNTOUCHED; 64 << 10].into()])
+            .await
+            .unwrap();
+        let second = target
+            .create_writable(vec![vec![UNTOUCHED; 64 << 10].into()])
+            .await
+            .unwrap();
+        let mut child = spawn_role(NAME, IPC_LENDER, &target.local_addr().to_string(), &[]);
+        let mut stdin = child.0.stdin.take().unwrap();
+        writeln!(stdin, "{}", first.metadata().to_json()).unwrap();
+        writeln!(stdin, "{}", second.metadata().to_json()).unwrap();
+        let mut out = BufReader::new(child.0.stdout.take().unwrap());
+        let said = tokio::task::spawn_blocking(move || {
+            let said = [
+                line_after(&mut out, "VERDICT "),
+                line_after(&mut out, "ABORT "),
+                line_after(&mut out, "FINISHED "),
+            ];
+            drain(out);
+            said
+        })
+        .await
+        .unwrap();
+        assert_eq!(said[0], "CanPull", "the lender passes the probe");
+        assert!(
+            said[1].starts_with("1 DeviceMemory") && said[1].contains("CUDA IPC"),
+            "the peer is told why: {}",
+            said[1]
+        );
+        assert_eq!(said[2], "2");
+
+        let ended = tokio::time::timeout(Duration::from_secs(10), first.wait_for_completion())
+            .await
+            .expect("the IPC-leased write ended within 10 s");
+        match &ended {
+            Err(Error::DeviceCopy { reason }) => {
+                assert!(
+                    reason.contains("CUDA IPC, which this process did not offer"),
+                    "{reason}"
+                )
+            }
+            other => panic!("expected the request to fail, got {other:?}"),
+        }
+        assert_eq!(first.status(), OperationStatus::Errored);
+        let got = first.into_descriptors();
+        assert!(got[0].as_slice().unwrap().iter().all(|&b| b == UNTOUCHED));
+
+        let done =
+            tokio::time::timeout(Duration::from_secs(10), second.wait_for_completion()).await;
+        assert!(matches!(done, Ok(Ok(()))), "the next write: {done:?}");
+        assert_eq!(second.transport(), Some(TransportKind::Cma));
+        let got = second.into_descriptors();
+        assert!(got[0].as_slice().unwrap().iter().all(|&b| b == LENT));
+        drop(child);
+    });
+}
+
+/// The lender: passes the probe, sends a pulled WRITE with a CUDA IPC
+/// lease, reports the connector's answer, then a plain one.
+fn ipc_lender(target: SocketAddr) {
+    let mut w = Wire::hello(target, "ipc-lender");
+    let cookie = Box::new(w.offer([5; 16]));
+    w.send(&attach(
+        std::process::id(),
+        cookie.as_ptr() as u64,
+        [0; 16],
+        Verdict::Refused,
+    ));
+    let verdict = w.expect_attach().expect("a verdict").verdict;
+    println!("VERDICT {verdict:?}");
+    let mut lines = std::io::stdin().lock().lines();
+    let mut metadata = || RdmaMetadata::from_json(&lines.next().unwrap().unwrap()).unwrap();
+    let (first, second) = (metadata(), metadata());
+    let lent = vec![LENT; sizes_of(&first)[0] as usize];
+    w.pulled_write_with(
+        1,
+        &first,
+        lent.as_ptr() as u64,
+        ipc_lease(lent.len() as u64),
+    );
+    loop {
+        match w.next() {
+            Some(Message::Abort(a)) if a.req == 1 => {
+                println!("ABORT 1 {:?} {}", a.reason, a.detail);
+                break;
+            }
+            Some(Message::Finish { req: 1 }) => panic!("the IPC-leased write was finished"),
+            Some(_) => {}
+            None => panic!("the connector closed the connection"),
+        }
+    }
+    w.pulled_write(2, &second, lent.as_ptr() as u64);
+    loop {
+        match w.next() {
+            Some(Message::Finish { req: 2 }) => break,
+            Some(_) => {}
+            None => panic!("the connector closed the connection"),
+        }
+    }
+    w.send(&Message::Finish { req: 2 });
+    println!("FINISHED 2");
+    // Keep the connection (and the lent memory) until the test is done.
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
 }
 
 // ---------------------------------------------------------------------------
