@@ -171,6 +171,18 @@ impl Conn {
         self: &Arc<Self>,
         f: impl FnOnce(&mut Session<Target>) -> R,
     ) -> R {
+        self.with_session_prepared(None, f)
+    }
+
+    /// [`with_session`](Self::with_session), where the memory that `f`
+    /// may lend was prepared beforehand, outside the session's lock
+    /// (`prepared`: how that went, see [`prepare_lent`](Self::prepare_lent)):
+    /// the `Lend` it queues then only marks it lent.
+    pub(super) fn with_session_prepared<R>(
+        self: &Arc<Self>,
+        mut prepared: Option<Result<(), String>>,
+        f: impl FnOnce(&mut Session<Target>) -> R,
+    ) -> R {
         let (r, actions) = {
             let mut s = lock(&self.session);
             let r = f(&mut s);
@@ -181,7 +193,7 @@ impl Conn {
                     // reader's drain (under this lock) then always finds
                     // it counted, and its give-back always follows.
                     Action::Lend { req, target } => {
-                        if let Err(why) = self.lend(&target) {
+                        if let Err(why) = self.lend(&target, prepared.take()) {
                             // Nothing lent: a READ served here streams
                             // instead (or is refused); else the request
                             // ends with the connection.
@@ -208,12 +220,22 @@ impl Conn {
     }
 
     /// Lends the target's memory to the peer (registered first, if the
-    /// backend needs it), or says why it cannot.
-    fn lend(&self, target: &Target) -> Result<(), String> {
-        self.register_lent(&target.region)
-            .map_err(|e| format!("cannot lend this memory: {e}"))?;
+    /// backend needs it and `prepared` does not say how that went), or
+    /// says why it cannot.
+    fn lend(&self, target: &Target, prepared: Option<Result<(), String>>) -> Result<(), String> {
+        prepared.unwrap_or_else(|| self.prepare_lent(&target.region))?;
         target.region.lend();
         Ok(())
+    }
+
+    /// Registers `region` with the backend that will lend it (UCX
+    /// registration, CUDA IPC export; kept with the region), or says why it
+    /// cannot be lent. Slow for large or device memory: the passive side
+    /// does it before it takes the session's lock
+    /// ([`with_session_prepared`](Self::with_session_prepared)).
+    pub(super) fn prepare_lent(&self, region: &Region) -> Result<(), String> {
+        self.register_lent(region)
+            .map_err(|e| format!("cannot lend this memory: {e}"))
     }
 
     /// Does what the session asked. No protocol decision here: only how.

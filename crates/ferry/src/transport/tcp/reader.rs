@@ -4,9 +4,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_proto::session::{Nonces, Step};
+use ferry_proto::session::{can_lend, Nonces, Step};
 use ferry_proto::wire::{AbortReason, Attach, Message, Open, Verdict};
-use ferry_proto::OperationStatus;
+use ferry_proto::{OperationKind, OperationStatus};
 use tokio::sync::watch;
 
 use crate::exposure::{PassiveLink, Refusal};
@@ -284,7 +284,8 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Served>, o: Open) {
     let mut bind =
         |bound: Option<&Arc<dyn PassiveLink>>| bind_request(conn, &o, bound, &mut joined);
     let table = &inner.host.exposures;
-    let mut caps = lock(&conn.session).caps();
+    let session_caps = lock(&conn.session).caps();
+    let mut caps = session_caps;
     if conn.by_ucx() {
         // Lending here goes through UCX, which does not carry device
         // memory: for the table's device check, nothing is lent.
@@ -306,7 +307,22 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Served>, o: Open) {
         }
     };
     let shared = verdict.as_ref().ok().map(|t| t.shared.clone());
-    conn.with_session(|s| s.bound(&o, verdict));
+    // A READ this side will lend: its memory is registered (UCX) or
+    // exported (CUDA IPC) now, before the session's lock is taken, so that
+    // other tasks of this connection (completions, cancels) do not wait
+    // behind it; `bound` then lends it, or falls back where that failed.
+    let lends = |t: &Target| {
+        o.kind == OperationKind::Read
+            && o.pull
+            && o.parts <= 1
+            && (conn.by_ucx() || !t.region.is_host())
+            && can_lend(&o.sizes, !t.region.is_host(), session_caps)
+    };
+    let prepared = match &verdict {
+        Ok(t) if lends(t) => Some(conn.prepare_lent(&t.region)),
+        _ => None,
+    };
+    conn.with_session_prepared(prepared, |s| s.bound(&o, verdict));
     let Some(shared) = shared else {
         return;
     };
