@@ -339,9 +339,18 @@ fn gpu_to_gpu_one_byte_to_one_gib() {
     }
     // Around the puller's chunk on one GPU (256 MiB), up to 1 GiB.
     const CHUNK: usize = 256 << 20;
-    for (k, &size) in [1, 4095, 4096, (2 << 20) + 1, CHUNK - 1, CHUNK + 1, 1 << 30]
-        .iter()
-        .enumerate()
+    for (k, &size) in [
+        1,
+        4095,
+        4096,
+        (2 << 20) + 1,
+        CHUNK - 1,
+        CHUNK,
+        CHUNK + 1,
+        1 << 30,
+    ]
+    .iter()
+    .enumerate()
     {
         round_trip(
             "gpu_to_gpu_one_byte_to_one_gib",

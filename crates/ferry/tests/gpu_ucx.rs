@@ -20,7 +20,7 @@
 //! `FERRY_UCX_CUDA=1`), the same operations run first over real device
 //! memory (`CudaBuffer`s, read back through the driver) with nothing
 //! simulated, and must go through UCX; elsewhere that pass says why it is
-//! skipped.
+//! skipped (and fails where `FERRY_REQUIRE_UCX_CUDA=1`).
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -295,13 +295,19 @@ fn gpu_memory_goes_through_ucx_only_where_both_move_cuda_memory() {
     if ferry::cuda::available() && ferry::ucx::moves_cuda() {
         run(name, Pass::Real);
     } else {
-        println!(
+        let why = format!(
             "real GPU memory over UCX skipped: needs a GPU (CUDA: {}), a UCX built with CUDA \
              and {}=1 (moves CUDA memory: {})",
             ferry::cuda::status().unwrap_or_else(|e| e),
             ferry::ucx::CUDA_ENV,
             ferry::ucx::moves_cuda(),
         );
+        // Where the caller says this machine must run it (scripts/gpu-check).
+        assert!(
+            std::env::var("FERRY_REQUIRE_UCX_CUDA").as_deref() != Ok("1"),
+            "{why}"
+        );
+        println!("{why}");
     }
     for (client_cuda, server_cuda) in [(true, false), (false, true), (true, true)] {
         run(

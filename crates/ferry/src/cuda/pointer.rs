@@ -58,9 +58,10 @@ impl PointerCheck {
     /// Why `len` bytes at `ptr` are not device memory of `cuda:ordinal` as
     /// the driver sees it (their first and their last byte), or `None`
     /// where they are. A range over allocations that lie end to end
-    /// passes, on purpose: a tensor of PyTorch's expandable segments spans
-    /// several VMM allocations. CUDA IPC never lends such a range (the
-    /// export refuses a segment outside one allocation; it moves staged). Asked only where this process has the driver
+    /// passes, on purpose: a tensor of PyTorch's expandable segments
+    /// spans several VMM allocations. CUDA IPC never lends such a range
+    /// (the export refuses a segment outside one allocation; it moves
+    /// staged). Asked only where this process has the driver
     /// ([`lends_device_memory`](super::lends_device_memory)); elsewhere
     /// `None` (a simulated GPU's addresses are host memory).
     pub(crate) fn mismatch(&mut self, ordinal: u32, ptr: u64, len: usize) -> Option<String> {

@@ -149,6 +149,27 @@ pub(crate) fn on_device<R>(device: u32, f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// Runs `f` with a CUDA context current on this thread: the one current
+/// already, if any (a pull's, entered with [`on_device`]), else
+/// `cuda:0`'s primary context ([`on_device`]). For work that is not tied
+/// to one device's memory, such as progressing a UCX worker.
+pub(crate) fn on_any_device<R>(f: impl FnOnce() -> R) -> R {
+    if simulated() {
+        return f();
+    }
+    let Ok(drv) = super::driver_or_unavailable() else {
+        return f();
+    };
+    let mut current: super::driver::CuContext = std::ptr::null_mut();
+    // SAFETY: `current` is writable; the call only reads this thread's
+    // context stack.
+    let r = unsafe { (drv.api.ctx_get_current)(&mut current) };
+    if drv.check("cuCtxGetCurrent", r).is_ok() && !current.is_null() {
+        return f();
+    }
+    on_device(0, f)
+}
+
 /// A stream of one device for the copies of one caller, back among the
 /// idle ones when dropped, unless a wait on it failed (then destroyed: a
 /// stream the driver failed is not handed to the next copy).

@@ -311,6 +311,9 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Served>, o: Open) {
     // exported (CUDA IPC) now, before the session's lock is taken, so that
     // other tasks of this connection (completions, cancels) do not wait
     // behind it; `bound` then lends it, or falls back where that failed.
+    // The caps may change between the two locks (an attach verdict): then
+    // `bound` prepares under its lock as before, or what was prepared
+    // stays with the region unused until it drops; either is harmless.
     let lends = |t: &Target| {
         o.kind == OperationKind::Read
             && o.pull

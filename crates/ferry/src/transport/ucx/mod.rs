@@ -474,13 +474,14 @@ impl Worker {
         }
     }
 
-    /// Runs `f` (progress, arming) with the first device's CUDA context
-    /// current on this thread where this process moves CUDA memory through
-    /// UCX, whose CUDA transports expect one when they end or poll their
-    /// copies; as it is elsewhere.
+    /// Runs `f` (progress, arming) with a CUDA context current on this
+    /// thread where this process moves CUDA memory through UCX, whose CUDA
+    /// transports expect one when they end or poll their copies: the one
+    /// current already (a pull's), else the first device's; as it is
+    /// elsewhere.
     fn in_context<R>(&self, f: impl FnOnce() -> R) -> R {
         if self.cuda {
-            crate::cuda::stage::on_device(0, f)
+            crate::cuda::stage::on_any_device(f)
         } else {
             f()
         }
