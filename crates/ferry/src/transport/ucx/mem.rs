@@ -45,6 +45,9 @@ pub(crate) struct MemReg {
     pub(crate) base: u64,
     pub(crate) len: u64,
     rkey: Vec<u8>,
+    /// This process moves CUDA memory through UCX: unregistered with a
+    /// CUDA context current, as registered.
+    cuda: bool,
 }
 
 // SAFETY: a memory handle of a context shared between workers
@@ -86,6 +89,7 @@ impl MemReg {
             base,
             len,
             rkey: Vec::new(),
+            cuda: super::moves_cuda(),
         };
         let mut buf: *mut c_void = std::ptr::null_mut();
         let mut n = 0usize;
@@ -103,7 +107,14 @@ impl MemReg {
 impl Drop for MemReg {
     fn drop(&mut self) {
         // SAFETY: a handle `mem_map` returned, unmapped once.
-        unsafe { (self.ucx.api.mem_unmap)(self.ucx.context, self.memh) };
+        let unmap = || unsafe { (self.ucx.api.mem_unmap)(self.ucx.context, self.memh) };
+        if self.cuda {
+            // UCX's CUDA transports release what they made of device
+            // memory (an IPC export) in the thread's context.
+            crate::cuda::stage::on_any_device(unmap);
+        } else {
+            unmap();
+        }
         LIVE.fetch_sub(1, Ordering::AcqRel);
     }
 }
