@@ -15,13 +15,18 @@ use std::sync::Arc;
 use super::driver::{
     CU_MEMORYTYPE_DEVICE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
 };
-use super::{CudaError, PrimaryCtx};
+use super::{CudaError, Driver, PrimaryCtx};
 
 /// What the driver says `ptr` is: its memory type (`CUmemorytype`) and
-/// the ordinal of its device.
+/// the ordinal of its device, asked in `ctx`.
 fn attributes(ctx: &PrimaryCtx, ptr: u64) -> Result<(c_uint, c_int), CudaError> {
     let _cur = ctx.make_current()?;
-    let api = &ctx.drv.api;
+    attributes_here(ctx.drv, ptr)
+}
+
+/// [`attributes`], asked in the context current on this thread.
+fn attributes_here(drv: &Driver, ptr: u64) -> Result<(c_uint, c_int), CudaError> {
+    let api = &drv.api;
     let mut kind: c_uint = 0;
     // SAFETY: the attribute is a `CUmemorytype` (an unsigned int) and the
     // out pointer is writable; the driver only looks the address up in its
@@ -33,7 +38,7 @@ fn attributes(ctx: &PrimaryCtx, ptr: u64) -> Result<(c_uint, c_int), CudaError> 
             ptr,
         )
     };
-    ctx.drv.check("cuPointerGetAttribute", r)?;
+    drv.check("cuPointerGetAttribute", r)?;
     let mut ordinal: c_int = -1;
     // SAFETY: the attribute is an `int`; as above.
     let r = unsafe {
@@ -43,7 +48,7 @@ fn attributes(ctx: &PrimaryCtx, ptr: u64) -> Result<(c_uint, c_int), CudaError> 
             ptr,
         )
     };
-    ctx.drv.check("cuPointerGetAttribute", r)?;
+    drv.check("cuPointerGetAttribute", r)?;
     Ok((kind, ordinal))
 }
 
@@ -133,8 +138,11 @@ pub fn device_of(ptr: u64) -> Result<u32, CudaError> {
             Err(why) => why,
         }));
     }
-    let ctx = PrimaryCtx::retain(0)?;
-    match attributes(&ctx, ptr)? {
+    let drv = super::driver_or_unavailable()?;
+    // In the context current on this thread where there is one (the
+    // framework's that made the memory), else `cuda:0`'s, kept for the
+    // process: no context is made or retained per call.
+    match super::stage::on_any_device(|| attributes_here(drv, ptr))? {
         (CU_MEMORYTYPE_DEVICE, dev) if dev >= 0 => Ok(dev as u32),
         (kind, _) => Err(CudaError::NotDeviceMemory(format!(
             "{ptr:#x} is memory of type {kind} (CUmemorytype), not device memory"
