@@ -3,11 +3,13 @@
 //!
 //! UCP's parameter structs carry a `field_mask` that says which fields the
 //! caller filled; a library reads no field outside the mask, and new
-//! releases only append fields. So the layouts below, those of UCX 1.13
-//! (the oldest release Ferry loads is 1.10, where every field used here
-//! already sits at the same offset), work with every 1.x library. The
-//! offsets were taken from the 1.13 headers (`offsetof`) and are checked at
-//! compile time below.
+//! releases only append fields. So the layouts below, those of UCX 1.13,
+//! work with every 1.x library Ferry loads (1.10 on): every field used
+//! here sits at the same offset from 1.11 on, and 1.10, which has no
+//! `ucp_params_t::name` yet, ignores its mask bit (`UCP_PARAM_FIELD_NAME`)
+//! and never reads it. The offsets were taken from the 1.13 headers
+//! (`offsetof`), are checked at compile time below, and were checked
+//! against the 1.22 headers (which append fields only).
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::path::{Path, PathBuf};
