@@ -212,6 +212,73 @@ impl Wire {
     }
 }
 
+/// Two writables of [`UNTOUCHED`] bytes on `target` (64 KiB, then
+/// `second` bytes), and a child process for test `name` in role `role`
+/// (given `target`'s address) that was handed their metadata on its
+/// standard input, one line each; with its output.
+async fn two_writables_for(
+    target: &ferry::Connector,
+    second: usize,
+    name: &str,
+    role: &str,
+) -> (
+    ferry::WritableOperation<'static>,
+    ferry::WritableOperation<'static>,
+    Role,
+    BufReader<ChildStdout>,
+) {
+    let first = target
+        .create_writable(vec![vec![UNTOUCHED; 64 << 10].into()])
+        .await
+        .unwrap();
+    let second = target
+        .create_writable(vec![vec![UNTOUCHED; second].into()])
+        .await
+        .unwrap();
+    let mut child = spawn_role(name, role, &target.local_addr().to_string(), &[]);
+    let mut stdin = child.0.stdin.take().unwrap();
+    writeln!(stdin, "{}", first.metadata().to_json()).unwrap();
+    writeln!(stdin, "{}", second.metadata().to_json()).unwrap();
+    let out = BufReader::new(child.0.stdout.take().unwrap());
+    (first, second, child, out)
+}
+
+/// A role's start: connects to `target` as `name`, passes the attach
+/// probe (the cookie lies in the returned box, to be kept while lending),
+/// prints `VERDICT <verdict>`, and reads the two metadata documents of
+/// [`two_writables_for`].
+fn probed(
+    target: SocketAddr,
+    name: &str,
+    nonce: [u8; 16],
+) -> (Wire, Box<[u8; 16]>, RdmaMetadata, RdmaMetadata) {
+    let mut w = Wire::hello(target, name);
+    let cookie = Box::new(w.offer(nonce));
+    w.send(&attach(
+        std::process::id(),
+        cookie.as_ptr() as u64,
+        [0; 16],
+        Verdict::Refused,
+    ));
+    let verdict = w.expect_attach().expect("a verdict").verdict;
+    println!("VERDICT {verdict:?}");
+    let mut lines = std::io::stdin().lock().lines();
+    let mut metadata = || RdmaMetadata::from_json(&lines.next().unwrap().unwrap()).unwrap();
+    let (first, second) = (metadata(), metadata());
+    (w, cookie, first, second)
+}
+
+/// Waits for the connector's `Finish` of request `req` on `w`.
+fn await_finish(w: &mut Wire, req: u64) {
+    loop {
+        match w.next() {
+            Some(Message::Finish { req: r }) if r == req => return,
+            Some(_) => {}
+            None => panic!("the connector closed the connection"),
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Item: a lease is honoured only while the probed program holds it.
 
@@ -239,19 +306,8 @@ fn a_process_that_replaced_its_program_after_the_probe_is_not_copied_from() {
     }
     runtime().block_on(async {
         let target = attaching_connector().await;
-        let first = target
-            .create_writable(vec![vec![UNTOUCHED; 64 << 10].into()])
-            .await
-            .unwrap();
-        let second = target
-            .create_writable(vec![vec![UNTOUCHED; 1 << 20].into()])
-            .await
-            .unwrap();
-        let mut child = spawn_role(NAME, EXEC_ATTACKER, &target.local_addr().to_string(), &[]);
-        let mut stdin = child.0.stdin.take().unwrap();
-        writeln!(stdin, "{}", first.metadata().to_json()).unwrap();
-        writeln!(stdin, "{}", second.metadata().to_json()).unwrap();
-        let mut out = BufReader::new(child.0.stdout.take().unwrap());
+        let (first, second, child, mut out) =
+            two_writables_for(&target, 1 << 20, NAME, EXEC_ATTACKER).await;
         let verdict = tokio::task::spawn_blocking(move || {
             let said = line_after(&mut out, "VERDICT ");
             drain(out);
@@ -300,30 +356,12 @@ fn a_process_that_replaced_its_program_after_the_probe_is_not_copied_from() {
 
 /// The attacker: passes the probe, lends memory once, then forks and execs.
 fn exec_attacker(target: SocketAddr, name: &str) {
-    let mut w = Wire::hello(target, "exec-attacker");
-    let cookie = Box::new(w.offer([9; 16]));
-    w.send(&attach(
-        std::process::id(),
-        cookie.as_ptr() as u64,
-        [0; 16],
-        Verdict::Refused,
-    ));
-    let verdict = w.expect_attach().expect("a verdict").verdict;
-    println!("VERDICT {verdict:?}");
-    let mut lines = std::io::stdin().lock().lines();
-    let mut metadata = || RdmaMetadata::from_json(&lines.next().unwrap().unwrap()).unwrap();
-    let (first, second) = (metadata(), metadata());
+    let (mut w, _cookie, first, second) = probed(target, "exec-attacker", [9; 16]);
 
     // A write that the connector copies from this program.
     let lent = vec![LENT; sizes_of(&first)[0] as usize];
     w.pulled_write(1, &first, lent.as_ptr() as u64);
-    loop {
-        match w.next() {
-            Some(Message::Finish { req: 1 }) => break,
-            Some(_) => {}
-            None => panic!("the connector closed the connection"),
-        }
-    }
+    await_finish(&mut w, 1);
     w.send(&Message::Finish { req: 1 });
 
     // Memory at an address the next program maps too.
@@ -469,19 +507,8 @@ fn a_cuda_ipc_lease_to_a_process_that_did_not_offer_it_fails_only_its_request() 
     }
     runtime().block_on(async {
         let target = attaching_connector().await;
-        let first = target
-            .create_writable(vec![vec![UNTOUCHED; 64 << 10].into()])
-            .await
-            .unwrap();
-        let second = target
-            .create_writable(vec![vec![UNTOUCHED; 64 << 10].into()])
-            .await
-            .unwrap();
-        let mut child = spawn_role(NAME, IPC_LENDER, &target.local_addr().to_string(), &[]);
-        let mut stdin = child.0.stdin.take().unwrap();
-        writeln!(stdin, "{}", first.metadata().to_json()).unwrap();
-        writeln!(stdin, "{}", second.metadata().to_json()).unwrap();
-        let mut out = BufReader::new(child.0.stdout.take().unwrap());
+        let (first, second, child, mut out) =
+            two_writables_for(&target, 64 << 10, NAME, IPC_LENDER).await;
         let said = tokio::task::spawn_blocking(move || {
             let said = [
                 line_after(&mut out, "VERDICT "),
@@ -530,19 +557,7 @@ fn a_cuda_ipc_lease_to_a_process_that_did_not_offer_it_fails_only_its_request() 
 /// The lender: passes the probe, sends a pulled WRITE with a CUDA IPC
 /// lease, reports the connector's answer, then a plain one.
 fn ipc_lender(target: SocketAddr) {
-    let mut w = Wire::hello(target, "ipc-lender");
-    let cookie = Box::new(w.offer([5; 16]));
-    w.send(&attach(
-        std::process::id(),
-        cookie.as_ptr() as u64,
-        [0; 16],
-        Verdict::Refused,
-    ));
-    let verdict = w.expect_attach().expect("a verdict").verdict;
-    println!("VERDICT {verdict:?}");
-    let mut lines = std::io::stdin().lock().lines();
-    let mut metadata = || RdmaMetadata::from_json(&lines.next().unwrap().unwrap()).unwrap();
-    let (first, second) = (metadata(), metadata());
+    let (mut w, _cookie, first, second) = probed(target, "ipc-lender", [5; 16]);
     let lent = vec![LENT; sizes_of(&first)[0] as usize];
     w.pulled_write_with(
         1,
@@ -562,13 +577,7 @@ fn ipc_lender(target: SocketAddr) {
         }
     }
     w.pulled_write(2, &second, lent.as_ptr() as u64);
-    loop {
-        match w.next() {
-            Some(Message::Finish { req: 2 }) => break,
-            Some(_) => {}
-            None => panic!("the connector closed the connection"),
-        }
-    }
+    await_finish(&mut w, 2);
     w.send(&Message::Finish { req: 2 });
     println!("FINISHED 2");
     // Keep the connection (and the lent memory) until the test is done.
