@@ -1,6 +1,6 @@
 //! GPU memory between two processes of one host, by CUDA IPC: READ and
 //! WRITE of `CudaBuffer`s byte for byte (copied back to the host to
-//! check), 1 byte to 1 GiB, 16 mixed descriptors (some carved from one
+//! check), 1 byte to 1 GiB and one byte more, 16 mixed descriptors (some carved from one
 //! allocation, some with one each), GPU→CPU pairs, a cancel mid-transfer
 //! with no late byte, and what happens where CUDA IPC does not reach
 //! (staged over TCP, or refused with a reason).
@@ -337,17 +337,16 @@ fn gpu_to_gpu_one_byte_to_one_gib() {
     if served() || !gpu_here() {
         return;
     }
-    // Around the puller's chunk on one GPU (256 MiB), up to 1 GiB.
-    const CHUNK: usize = 256 << 20;
+    // Up to the puller's chunk on one GPU (1 GiB), and one byte past it.
+    const CHUNK: usize = 1 << 30;
     for (k, &size) in [
         1,
         4095,
         4096,
         (2 << 20) + 1,
-        CHUNK - 1,
+        (256 << 20) + 1,
         CHUNK,
         CHUNK + 1,
-        1 << 30,
     ]
     .iter()
     .enumerate()
