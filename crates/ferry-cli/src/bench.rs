@@ -237,6 +237,10 @@ struct Bench {
     pool: Pool,
     rows: Vec<Row>,
     json: Option<Box<dyn std::io::Write>>,
+    /// The transfer phase of the last operation [`Bench::one`] ran: from
+    /// the active side's `begin_*` to the later completion (one clock),
+    /// or to this side's.
+    last_transfer: Duration,
 }
 
 impl Bench {
@@ -411,6 +415,7 @@ pub async fn initiator(
         pool: Pool::default(),
         rows: Vec::new(),
         json,
+        last_transfer: Duration::ZERO,
     };
 
     if let Some(d) = &opts.device {

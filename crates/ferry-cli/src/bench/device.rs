@@ -14,7 +14,10 @@
 //! with device memory on both sides through the cross-memory attach
 //! connector (the target's memory lent by CUDA IPC and copied on the
 //! device), against `cuMemcpyDtoD` between two buffers of this process
-//! (the figure: at least 0.8 at 1 GiB). `sim` has none: a
+//! (the figure: at least 0.8 at 1 GiB), end to end and, in a
+//! `transfer` row, their transfer phase alone (from `begin_read` or
+//! `begin_write` to the later completion: without creating the passive
+//! side and handing its metadata over). `sim` has none: a
 //! simulated GPU lends nothing. Where both processes' UCX moves CUDA
 //! memory (`FERRY_UCX_CUDA=1` and a UCX built with CUDA), the UCX lane's
 //! READ and WRITE of device memory get rows against the same baseline.
@@ -148,10 +151,24 @@ impl Bench {
                 }
                 let as_meant = used == Some(want);
                 let used = used.map(|t| t.name()).unwrap_or("?");
+                // The transfer phase alone too: the end-to-end row also
+                // counts creating the passive side and handing its
+                // metadata over, a fixed cost a copy of a GiB on one GPU
+                // (under a millisecond) does not hide.
+                let mut phase = samples.transfer_row(
+                    &format!("ferry {device} transfer"),
+                    used,
+                    op,
+                    block,
+                    batch,
+                );
                 let mut r = samples.into_row(&format!("ferry {device}"), used, op, block, batch);
                 if as_meant {
-                    r.baseline = Some("cuMemcpyDtoD (one process)".into());
-                    r.ratio = Some(r.gbps / dtod.gbps.max(1e-12));
+                    for x in [&mut r, &mut phase] {
+                        x.baseline = Some("cuMemcpyDtoD (one process)".into());
+                        x.ratio = Some(x.gbps / dtod.gbps.max(1e-12));
+                    }
+                    rows.extend([r, phase]);
                 } else {
                     // Not the path the baseline is for: no ratio to it.
                     eprintln!(
@@ -159,8 +176,8 @@ impl Bench {
                         super::human(block),
                         want.name()
                     );
+                    rows.push(r);
                 }
-                rows.push(r);
             }
         }
         Ok(rows)

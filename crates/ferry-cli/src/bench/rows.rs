@@ -41,17 +41,39 @@ impl Slice {
     }
 }
 
-/// Operations measured (their latencies) and the wall time they took.
+/// Operations measured (their latencies) and the wall time they took;
+/// for Ferry rows also each operation's transfer phase (see
+/// [`Samples::transfer_row`]).
 #[derive(Debug, Default)]
 pub(super) struct Samples {
     pub(super) lat: Vec<Duration>,
     pub(super) wall: Duration,
+    pub(super) transfer: Vec<Duration>,
 }
 
 impl Samples {
     pub(super) fn add(&mut self, other: Samples) {
         self.lat.extend(other.lat);
         self.wall += other.wall;
+        self.transfer.extend(other.transfer);
+    }
+
+    /// The row of the transfer phases alone: each operation from the
+    /// active side's `begin_read`/`begin_write` to the later of the two
+    /// completions, leaving out the passive side's creation and the hand-
+    /// over of its metadata (the bench's control pipe); its GB/s is the
+    /// bytes over the sum of those phases.
+    pub(super) fn transfer_row(
+        &self,
+        kind: &str,
+        via: &str,
+        op: &str,
+        block: u64,
+        batch: usize,
+    ) -> Row {
+        let mut lat = self.transfer.clone();
+        let wall = lat.iter().sum();
+        row(kind, via, op, block, batch, &mut lat, wall)
     }
 
     pub(super) fn into_row(
@@ -173,6 +195,7 @@ impl Bench {
         }
         let created = m.created_ns;
         let descs = self.pool.take(block, batch, device.as_deref())?;
+        let began = crate::clock::monotonic_ns();
         let local = match via {
             Lane::Cma | Lane::Ipc => &self.cma,
             Lane::Tcp | Lane::Staged => &self.tcp,
@@ -204,11 +227,14 @@ impl Bench {
         // End to end as defined: from the passive side's creation to the
         // later of the two completions (one clock on one host; otherwise
         // from this side's request to the target's answer, which is longer).
+        let mut end = ours;
         if let (true, Some(c), Some(theirs)) = (self.same_clock, created, done.done_ns) {
             if c > 0 && theirs > 0 {
                 elapsed = Duration::from_nanos(ours.max(theirs).saturating_sub(c));
+                end = ours.max(theirs);
             }
         }
+        self.last_transfer = Duration::from_nanos(end.saturating_sub(began));
         self.pool.put(descs);
         Ok((elapsed, used))
     }
@@ -226,15 +252,24 @@ impl Bench {
     ) -> anyhow::Result<(Samples, Option<TransportKind>)> {
         self.one(via, op, block, batch).await?;
         let mut lat = Vec::with_capacity(sl.n);
+        let mut transfer = Vec::with_capacity(sl.n);
         let mut used = None;
         let start = Instant::now();
         while sl.more(lat.len(), start) {
             let (d, t) = self.one(via, op, block, batch).await?;
             lat.push(d);
+            transfer.push(self.last_transfer);
             used = t;
         }
         let wall = start.elapsed();
-        Ok((Samples { lat, wall }, used))
+        Ok((
+            Samples {
+                lat,
+                wall,
+                transfer,
+            },
+            used,
+        ))
     }
 
     /// One slice of the `tcp_stream` row: a fresh connection to the
@@ -278,7 +313,11 @@ impl Bench {
         let wall = start.elapsed();
         drop(s);
         a.expect("done").await?;
-        Ok(Samples { lat, wall })
+        Ok(Samples {
+            lat,
+            wall,
+            ..Samples::default()
+        })
     }
 
     /// One slice of the raw cross-memory-attach loop between the two
@@ -337,7 +376,11 @@ impl Bench {
         if lat.is_empty() {
             bail!("the target measured no copy");
         }
-        Ok(Samples { lat, wall })
+        Ok(Samples {
+            lat,
+            wall,
+            ..Samples::default()
+        })
     }
 
     pub(super) fn memcpy_row(&self, block: u64, batch: usize) -> anyhow::Result<Row> {
@@ -386,5 +429,37 @@ impl Bench {
             &mut lat,
             start.elapsed(),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The transfer row counts the transfer phases alone: the bytes of
+    /// every operation over the sum of their phases, whatever the
+    /// end-to-end latencies and wall time were.
+    #[test]
+    fn the_transfer_row_is_the_bytes_over_the_phases() {
+        let ms = Duration::from_millis;
+        let s = Samples {
+            lat: vec![ms(3), ms(5)],
+            wall: ms(10),
+            transfer: vec![ms(1), ms(3)],
+        };
+        let block = 1_000_000;
+        let end_to_end = Samples {
+            lat: s.lat.clone(),
+            wall: s.wall,
+            transfer: s.transfer.clone(),
+        }
+        .into_row("ferry cuda:0", "cuda-ipc", "read", block, 2);
+        let phase = s.transfer_row("ferry cuda:0 transfer", "cuda-ipc", "read", block, 2);
+        // Two operations of 2 MB: 4 MB in 10 ms, and in 4 ms.
+        assert!((end_to_end.gbps - 0.4).abs() < 1e-9, "{}", end_to_end.gbps);
+        assert!((phase.gbps - 1.0).abs() < 1e-9, "{}", phase.gbps);
+        assert_eq!(phase.iters, 2);
+        assert!((phase.lat_us_avg - 2000.0).abs() < 1e-6);
+        assert_eq!(phase.kind, "ferry cuda:0 transfer");
     }
 }

@@ -134,7 +134,14 @@ impl Bench {
             bail!("no raw UCX get measured");
         }
         let wall = lat.iter().sum();
-        Ok((Samples { lat, wall }, reg))
+        Ok((
+            Samples {
+                lat,
+                wall,
+                ..Samples::default()
+            },
+            reg,
+        ))
     }
 }
 
