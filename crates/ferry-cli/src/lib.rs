@@ -14,3 +14,4 @@ pub mod kv;
 pub mod pattern;
 pub mod peer;
 pub mod plot;
+pub mod status;

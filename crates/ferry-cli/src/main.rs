@@ -101,6 +101,8 @@ enum Cmd {
     },
     /// Check a metadata JSON document read from stdin and print what it grants (never the token).
     Inspect,
+    /// Say what this machine offers Ferry: CUDA, UCX (and whether it moves GPU memory), cross-memory attach.
+    Status,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -230,6 +232,10 @@ async fn main() -> anyhow::Result<()> {
             }
             let ucx = ferry::Connector::builder().listen(SocketAddr::new(listen.ip(), 0));
             ferry_cli::peer::run(b.build().await?, Some(ucx)).await
+        }
+        Cmd::Status => {
+            println!("{}", ferry_cli::status::report());
+            Ok(())
         }
         Cmd::Inspect => {
             let mut s = String::new();
