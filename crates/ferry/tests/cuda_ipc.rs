@@ -1,9 +1,10 @@
 //! GPU memory between two processes of one host, by CUDA IPC: READ and
 //! WRITE of `CudaBuffer`s byte for byte (copied back to the host to
-//! check), 1 byte to 1 GiB and one byte more, 16 mixed descriptors (some carved from one
-//! allocation, some with one each), GPU→CPU pairs, a cancel mid-transfer
-//! with no late byte, and what happens where CUDA IPC does not reach
-//! (staged over TCP, or refused with a reason).
+//! check), 1 byte to 1 GiB and one byte more, 16 mixed descriptors (some
+//! carved from one allocation, some with one each), GPU→CPU pairs, a
+//! cancel mid-transfer with no late byte, a source killed mid-transfer,
+//! and what happens where CUDA IPC does not reach (staged over TCP, or
+//! refused with a reason).
 //!
 //! Each test spawns a real second process (this test binary, run again for
 //! the same test with `ROLE` set) that serves one operation over its own
@@ -583,6 +584,81 @@ fn a_cancel_mid_transfer_lands_no_late_byte() {
             println!("{local:?}: no cancel caught the copy half-way (the checks still held)");
         }
     }
+}
+
+/// A READ of 512 MiB from the server's GPU into host memory (device to
+/// host copies of 16 MiB, tens of milliseconds in all) whose source is
+/// killed a few milliseconds in: the operation ends (errored, or complete
+/// where the copies won), never hangs; no byte changes after it ended, and
+/// every byte is the source's or untouched (nothing of a dead process's
+/// freed memory); and this connector then reads from a new server.
+#[test]
+fn a_source_killed_mid_transfer_ends_the_operation() {
+    const NAME: &str = "a_source_killed_mid_transfer_ends_the_operation";
+    if served() || !gpu_here() {
+        return;
+    }
+    let rt = runtime();
+    let (len, seed) = (512 << 20, 900);
+    let spec = Spec {
+        readable: true,
+        mem: Mem::Gpu,
+        sizes: vec![len],
+        carve: vec![false],
+        seed,
+    };
+    let mut server = start(NAME, &spec);
+    let meta = server.metadata();
+    rt.block_on(async {
+        let c = connector(true).await;
+        let (descs, _side) = make(Mem::Host, &[len], &[false], None, true);
+        let op = c.begin_read(&meta, descs).await.expect("the READ starts");
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        server.child.kill().expect("the server is killed");
+        let r = op.wait_for_completion_timeout(LIMIT).await;
+        let status = op.status();
+        let d = op.into_descriptors().pop().unwrap();
+        let first = d.as_slice().expect("host memory").to_vec();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            first == d.as_slice().unwrap(),
+            "a byte landed after the operation ended"
+        );
+        match status {
+            OperationStatus::Complete => {
+                println!("completed before the kill took effect");
+                check(&[first], seed).unwrap();
+            }
+            OperationStatus::Errored => {
+                println!("errored: {r:?}");
+                let want = pattern(seed, 0, len);
+                let stray = first
+                    .iter()
+                    .zip(&want)
+                    .position(|(&b, &w)| b != w && b != SENTINEL);
+                assert_eq!(stray, None, "a byte neither the source's nor untouched");
+            }
+            other => panic!("{other:?}: {r:?}"),
+        }
+
+        // The connector goes on: a READ from a new server completes.
+        let spec = Spec {
+            sizes: vec![1 << 20],
+            seed: seed + 1,
+            ..spec
+        };
+        let mut again = start(NAME, &spec);
+        let meta = again.metadata();
+        let (descs, _side) = make(Mem::Host, &[1 << 20], &[false], None, true);
+        let op = c.begin_read(&meta, descs).await.expect("the READ starts");
+        op.wait_for_completion_timeout(LIMIT)
+            .await
+            .expect("a READ from a new server completes");
+        assert_eq!(op.transport(), Some(TransportKind::CudaIpc));
+        let got = op.into_descriptors().pop().unwrap();
+        check(&[got.as_slice().unwrap().to_vec()], seed + 1).unwrap();
+        assert_eq!(again.after("DONE "), "Complete cuda-ipc");
+    });
 }
 
 // ---------------------------------------------------------------------------
