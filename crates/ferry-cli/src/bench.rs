@@ -237,10 +237,6 @@ struct Bench {
     pool: Pool,
     rows: Vec<Row>,
     json: Option<Box<dyn std::io::Write>>,
-    /// The transfer phase of the last operation [`Bench::one`] ran: from
-    /// the active side's `begin_*` to the later completion (one clock),
-    /// or to this side's.
-    last_transfer: Duration,
 }
 
 impl Bench {
@@ -415,7 +411,6 @@ pub async fn initiator(
         pool: Pool::default(),
         rows: Vec::new(),
         json,
-        last_transfer: Duration::ZERO,
     };
 
     if let Some(d) = &opts.device {
@@ -450,8 +445,8 @@ pub async fn initiator(
     // Cross-memory attach only between processes of one host that the
     // kernel lets attach to each other: find out with one operation.
     let attach = {
-        let (_, r) = b.one(Lane::Cma, "read", 4096, 1).await?;
-        let (_, w) = b.one(Lane::Cma, "write", 4096, 1).await?;
+        let (_, _, r) = b.one(Lane::Cma, "read", 4096, 1).await?;
+        let (_, _, w) = b.one(Lane::Cma, "write", 4096, 1).await?;
         r == Some(TransportKind::Cma) && w == Some(TransportKind::Cma)
     };
     if !attach {

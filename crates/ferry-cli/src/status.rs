@@ -9,13 +9,9 @@
 pub fn report() -> String {
     let mut lines = Vec::new();
     let mut line = |name: &str, value: String| lines.push(format!("{name:<22} {value}"));
-    line(
-        "cuda:",
-        match ferry::cuda::status() {
-            Ok(s) => s,
-            Err(why) => format!("unavailable: {why}"),
-        },
-    );
+    // What a library's status says it found, or why there is none.
+    let found = |r: Result<String, String>| r.unwrap_or_else(|why| format!("unavailable: {why}"));
+    line("cuda:", found(ferry::cuda::status()));
     line(
         "gpu memory:",
         if ferry::cuda::available() {
@@ -24,13 +20,7 @@ pub fn report() -> String {
             "refused (CudaUnavailable): no CUDA driver that sees a device".into()
         },
     );
-    line(
-        "ucx:",
-        match ferry::ucx::status() {
-            Ok(s) => s,
-            Err(why) => format!("unavailable: {why}"),
-        },
-    );
+    line("ucx:", found(ferry::ucx::status()));
     line(
         "ucx moves gpu memory:",
         format!(

@@ -106,6 +106,17 @@ CUDA_KINDS = (["cuda_cai"] if cuda is not None else []) + (
 )
 
 
+def cuda_array_interface(ptr: int, size: int) -> dict:
+    """The CUDA array interface (version 3) of `size` bytes at `ptr`."""
+    return {
+        "version": 3,
+        "data": (ptr, False),
+        "shape": (size,),
+        "typestr": "|u1",
+        "strides": None,
+    }
+
+
 class DeviceArray:
     """Device memory of ``cuda:0`` (allocated through :class:`CudaDriver`)
     presenting the CUDA array interface, version 3, as bytes: what a CuPy
@@ -116,13 +127,7 @@ class DeviceArray:
         self.size = len(data)
         self.ptr = cuda.alloc(self.size)
         cuda.to_device(self.ptr, data)
-        self.__cuda_array_interface__ = {
-            "version": 3,
-            "data": (self.ptr, False),
-            "shape": (self.size,),
-            "typestr": "|u1",
-            "strides": None,
-        }
+        self.__cuda_array_interface__ = cuda_array_interface(self.ptr, self.size)
 
     def tobytes(self) -> bytes:
         assert cuda is not None
@@ -176,13 +181,7 @@ class HostCudaArray:
 
     def __init__(self, data: bytes) -> None:
         self.host = numpy.frombuffer(bytearray(data), dtype=numpy.uint8)
-        self.__cuda_array_interface__ = {
-            "version": 3,
-            "data": (self.host.ctypes.data, False),
-            "shape": (len(data),),
-            "typestr": "|u1",
-            "strides": None,
-        }
+        self.__cuda_array_interface__ = cuda_array_interface(self.host.ctypes.data, len(data))
 
 
 def descriptor(kind: str, buf: Any) -> ferry.Descriptor:

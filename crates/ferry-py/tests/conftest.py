@@ -5,6 +5,7 @@ would over HTTP or NATS."""
 from __future__ import annotations
 
 import asyncio
+import ctypes.util
 import itertools
 import json
 import os
@@ -19,6 +20,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 TIMEOUT = 60.0
+
+
+def no_libcuda_here() -> bool:
+    """Whether this host certainly has no CUDA driver for Ferry to load
+    (then GPU memory can be simulated with host memory)."""
+    return "FERRY_CUDA_LIB" not in os.environ and ctypes.util.find_library("cuda") is None
 
 
 class HelperProcess:

@@ -12,13 +12,11 @@ otherwise.
 
 from __future__ import annotations
 
-import ctypes.util
-import os
 import types
 from typing import Any, Optional
 
 import pytest
-from conftest import run
+from conftest import no_libcuda_here, run
 
 import ferry
 from ferry import (
@@ -53,11 +51,6 @@ class CudaArray:
         self.__cuda_array_interface__ = cai
         if device_id is not None:
             self.device = types.SimpleNamespace(id=device_id)
-
-
-def no_libcuda_here() -> bool:
-    """Whether this host certainly has no CUDA driver for Ferry to load."""
-    return "FERRY_CUDA_LIB" not in os.environ and ctypes.util.find_library("cuda") is None
 
 
 def check_refused(e: BaseException, index: int, device: str) -> None:

@@ -12,7 +12,6 @@ script: ``python test_reference_examples.py cuda_sim``)."""
 from __future__ import annotations
 
 import asyncio
-import ctypes.util
 import os
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import types
 
 import buffers
 import pytest
-from conftest import HelperProcess, Peer, run
+from conftest import HelperProcess, Peer, no_libcuda_here, run
 
 import ferry
 
@@ -128,7 +127,7 @@ def test_writable_operation_example(helper, kind):
 
 
 @pytest.mark.skipif(
-    "FERRY_CUDA_LIB" in os.environ or ctypes.util.find_library("cuda") is not None,
+    not no_libcuda_here(),
     reason="a CUDA driver is here: GPU memory is simulated only on hosts without one",
 )
 def test_the_examples_with_gpu_memory_in_processes_that_simulate_a_gpu():

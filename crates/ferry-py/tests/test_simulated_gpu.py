@@ -13,19 +13,17 @@ lends nothing). On a GPU, run ``test_gpu_descriptors.py`` with torch.
 
 from __future__ import annotations
 
-import ctypes.util
-import os
 from typing import Iterator
 
 import pytest
-from conftest import HelperProcess, Peer, run
+from conftest import HelperProcess, Peer, no_libcuda_here, run
 
 SIZES = [1, 4096, (3 << 20) + 5]
 
 # Where a CUDA driver is, the helpers do not simulate (the extension
 # ignores the variable there): their host memory is no GPU's.
 pytestmark = pytest.mark.skipif(
-    "FERRY_CUDA_LIB" in os.environ or ctypes.util.find_library("cuda") is not None,
+    not no_libcuda_here(),
     reason="a CUDA driver is here: GPU memory is simulated only on hosts without one",
 )
 

@@ -248,7 +248,6 @@ fn check_descriptors(descs: &[Descriptor<'_>], written: Option<&'static str>) ->
     if blocks > MAX_DESCRIPTORS {
         return Err(Error::TooManyDescriptors(blocks));
     }
-    let mut pointers = crate::cuda::PointerCheck::default();
     for (index, d) in descs.iter().enumerate() {
         if let Some(op) = written {
             if !d.is_writable() {
@@ -263,7 +262,9 @@ fn check_descriptors(descs: &[Descriptor<'_>], written: Option<&'static str>) ->
             }
             // The driver's word on the address (where it is here).
             let at = d.device_ptr().map(|p| (d.device().id(), p));
-            if let Some(reason) = at.and_then(|(n, p)| pointers.mismatch(n, p, d.size())) {
+            if let Some(reason) =
+                at.and_then(|(n, p)| crate::cuda::pointer_mismatch(n, p, d.size()))
+            {
                 return Err(Error::NotDeviceMemory {
                     index,
                     device: d.device(),

@@ -84,10 +84,6 @@ fn drain(mut out: BufReader<ChildStdout>) {
     std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
 }
 
-fn sizes_of(m: &RdmaMetadata) -> Vec<u64> {
-    m.sizes()
-}
-
 /// The cookie the passive side expects from the active side of the
 /// connection `act` -> `pas` (see `cma::cookie`).
 fn active_cookie(na: &[u8; 16], np: &[u8; 16], act: SocketAddr, pas: SocketAddr) -> [u8; 16] {
@@ -595,7 +591,7 @@ const SLOTS: usize = 16;
 const PROBE_TIMEOUT_MS: u64 = 300;
 
 mod support;
-use support::{attach, attaching_connector, uffd};
+use support::{attach, attaching_connector, sizes_of, uffd};
 
 /// One page of this process that never arrives (registered with
 /// `userfaultfd` for missing pages, and never served); `None` (with the

@@ -185,6 +185,17 @@ struct Spec {
 }
 
 impl Spec {
+    /// A readable of one GPU allocation of `len` bytes seeded `seed`.
+    fn gpu_readable(len: usize, seed: u64) -> Spec {
+        Spec {
+            readable: true,
+            mem: Mem::Gpu,
+            sizes: vec![len],
+            carve: vec![false],
+            seed,
+        }
+    }
+
     fn encode(&self) -> String {
         let list = |v: Vec<String>| v.join(",");
         format!(
@@ -485,13 +496,7 @@ fn gpu_to_cpu(sizes: &[usize], seed: u64) {
 fn cancel_after(name: &str, local: Mem, len: usize, delay: Duration) -> Option<usize> {
     let rt = runtime();
     let seed = 700;
-    let spec = Spec {
-        readable: true,
-        mem: Mem::Gpu,
-        sizes: vec![len],
-        carve: vec![false],
-        seed,
-    };
+    let spec = Spec::gpu_readable(len, seed);
     let mut server = start(name, &spec);
     let meta = server.metadata();
     let landed = rt.block_on(async {
@@ -536,22 +541,29 @@ fn cancel_after(name: &str, local: Mem, len: usize, delay: Duration) -> Option<u
             first == second,
             "a byte landed after the operation gave its memory back"
         );
-        let want = pattern(seed, 0, len);
-        let mut landed = 0;
-        for (k, (&b, &w)) in first.iter().zip(&want).enumerate() {
-            assert!(
-                b == w || b == SENTINEL,
-                "byte {k} is {b:#04x}: neither the source's nor untouched"
-            );
-            landed += usize::from(b == w && w != SENTINEL);
-        }
-        Some(landed)
+        Some(source_bytes(&first, seed))
     });
     let done = server.after("DONE ");
     assert!(
         done.starts_with("Cancelled") || done.starts_with("Complete"),
         "{done}"
     );
+    landed
+}
+
+/// How many bytes of `got` (one descriptor) are the source's seeded
+/// `seed`; panics at a byte that is neither the source's nor untouched
+/// ([`SENTINEL`]).
+fn source_bytes(got: &[u8], seed: u64) -> usize {
+    let want = pattern(seed, 0, got.len());
+    let mut landed = 0;
+    for (k, (&b, &w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            b == w || b == SENTINEL,
+            "byte {k} is {b:#04x}: neither the source's nor untouched"
+        );
+        landed += usize::from(b == w && w != SENTINEL);
+    }
     landed
 }
 
@@ -600,14 +612,7 @@ fn a_source_killed_mid_transfer_ends_the_operation() {
     }
     let rt = runtime();
     let (len, seed) = (512 << 20, 900);
-    let spec = Spec {
-        readable: true,
-        mem: Mem::Gpu,
-        sizes: vec![len],
-        carve: vec![false],
-        seed,
-    };
-    let mut server = start(NAME, &spec);
+    let mut server = start(NAME, &Spec::gpu_readable(len, seed));
     let meta = server.metadata();
     rt.block_on(async {
         let c = connector(true).await;
@@ -631,23 +636,13 @@ fn a_source_killed_mid_transfer_ends_the_operation() {
             }
             OperationStatus::Errored => {
                 println!("errored: {r:?}");
-                let want = pattern(seed, 0, len);
-                let stray = first
-                    .iter()
-                    .zip(&want)
-                    .position(|(&b, &w)| b != w && b != SENTINEL);
-                assert_eq!(stray, None, "a byte neither the source's nor untouched");
+                source_bytes(&first, seed);
             }
             other => panic!("{other:?}: {r:?}"),
         }
 
         // The connector goes on: a READ from a new server completes.
-        let spec = Spec {
-            sizes: vec![1 << 20],
-            seed: seed + 1,
-            ..spec
-        };
-        let mut again = start(NAME, &spec);
+        let mut again = start(NAME, &Spec::gpu_readable(1 << 20, seed + 1));
         let meta = again.metadata();
         let (descs, _side) = make(Mem::Host, &[1 << 20], &[false], None, true);
         let op = c.begin_read(&meta, descs).await.expect("the READ starts");
@@ -671,13 +666,7 @@ fn without_cuda_ipc_gpu_memory_is_staged_or_refused_with_a_reason() {
         return;
     }
     let rt = runtime();
-    let spec = Spec {
-        readable: true,
-        mem: Mem::Gpu,
-        sizes: vec![4096],
-        carve: vec![false],
-        seed: 900,
-    };
+    let spec = Spec::gpu_readable(4096, 900);
     let mut server = start(
         "without_cuda_ipc_gpu_memory_is_staged_or_refused_with_a_reason",
         &spec,

@@ -19,7 +19,6 @@
 //! connector; this process is the active side, over one connector too, so
 //! that every operation of a pairing shares one connection.
 
-use std::io::Write;
 use std::time::Duration;
 
 use ferry::{Descriptor, TransportKind};
@@ -31,7 +30,7 @@ mod sim_memory;
 #[path = "support/spawned.rs"]
 mod spawned;
 mod support;
-use sim_memory::Keep;
+use sim_memory::{ops_spec, serve_ops, Keep};
 use spawned::{check, pattern, runtime, Server};
 use support::attaching_connector as connector;
 
@@ -61,12 +60,7 @@ fn make(gpu: bool, seed: Option<u64>) -> (Vec<Descriptor<'static>>, Keep) {
         .enumerate()
         .map(|(i, &len)| seed.map_or_else(|| vec![0; len], |s| pattern(s, i, len)))
         .collect();
-    Keep::descriptors(contents, gpu)
-}
-
-/// The bytes of every descriptor, once the operation gave them back.
-fn read_back(descs: Vec<Descriptor<'static>>, keep: &Keep) -> Vec<Vec<u8>> {
-    keep.read_back(descs)
+    Keep::descriptors(contents, gpu, false)
 }
 
 /// One operation the server serves: a readable (the client READs) or a
@@ -105,39 +99,10 @@ fn serve(spec: &str) {
     init(offer == "true");
     runtime().block_on(async {
         let c = connector().await;
-        let out = std::io::stdout();
-        let say = |s: String| {
-            writeln!(out.lock(), "{s}").unwrap();
-            out.lock().flush().unwrap();
-        };
-        for (i, op) in ops.split(',').enumerate() {
-            let (readable, gpu) = (op.starts_with('R'), op.ends_with('G'));
-            let seed = 100 + i as u64;
-            let (descs, keep) = make(gpu, readable.then_some(seed));
-            let (status, transport, descs) = if readable {
-                let r = c.create_readable(descs).await.unwrap();
-                say(format!("META {}", r.metadata().to_json()));
-                let _ = r.wait_for_completion_timeout(LIMIT).await;
-                (r.status(), r.transport(), r.into_descriptors())
-            } else {
-                let w = c.create_writable(descs).await.unwrap();
-                say(format!("META {}", w.metadata().to_json()));
-                let _ = w.wait_for_completion_timeout(LIMIT).await;
-                (w.status(), w.transport(), w.into_descriptors())
-            };
-            let t = transport.map_or("none", |t| t.name());
-            say(format!("DONE {status:?} {t}"));
-            say(format!("FALLBACKS {}", c.metrics().cuda_ipc_fallbacks));
-            let got = read_back(descs, &keep);
-            if !readable {
-                match check(&got, seed) {
-                    Ok(()) => say("CHECK ok".into()),
-                    Err(e) => say(format!("CHECK {e}")),
-                }
-            }
-        }
-        let mut line = String::new();
-        let _ = std::io::stdin().read_line(&mut line);
+        serve_ops(&c, ops, 100, LIMIT, make, |c| {
+            vec![format!("FALLBACKS {}", c.metrics().cuda_ipc_fallbacks)]
+        })
+        .await;
     });
 }
 
@@ -153,15 +118,8 @@ fn served() -> bool {
 fn run(name: &str, client_offers: bool, server_offers: bool) {
     init(client_offers);
     let both = client_offers && server_offers;
-    let spec: Vec<String> = OPS
-        .iter()
-        .map(|o| {
-            let kind = if o.readable { 'R' } else { 'W' };
-            let mem = if o.gpu { 'G' } else { 'H' };
-            format!("{kind}{mem}")
-        })
-        .collect();
-    let mut server = Server::start(name, ROLE, &format!("{server_offers};{}", spec.join(",")));
+    let spec = ops_spec(OPS.iter().map(|o| (o.readable, o.gpu)));
+    let mut server = Server::start(name, ROLE, &format!("{server_offers};{}", spec));
     runtime().block_on(async {
         let c = connector().await;
         let (mut client_fallbacks, mut server_fallbacks) = (0, 0);
@@ -176,7 +134,7 @@ fn run(name: &str, client_offers: bool, server_offers: bool) {
                     .await
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
                 assert_eq!(r.transport(), Some(TransportKind::Tcp), "{what}");
-                check(&read_back(r.into_descriptors(), &keep), seed)
+                check(&keep.read_back(r.into_descriptors()), seed)
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
             } else {
                 let (descs, keep) = make(true, Some(seed));

@@ -22,11 +22,9 @@
 //! simulated, and must go through UCX; elsewhere that pass says why it is
 //! skipped (and fails where `FERRY_REQUIRE_UCX_CUDA=1`).
 
-use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use ferry::cuda::CudaBuffer;
 use ferry::{Descriptor, TransportKind};
 
 #[path = "support/sim_memory.rs"]
@@ -34,12 +32,14 @@ mod sim_memory;
 #[path = "support/spawned.rs"]
 mod spawned;
 mod support;
-use sim_memory::Keep;
+use sim_memory::{ops_spec, serve_ops, Keep};
 use spawned::{check, pattern, runtime, Server};
 use support::Via;
 
 /// The environment variable that makes this binary a server process.
 const ROLE: &str = "FERRY_GPU_UCX_TEST_SERVE";
+/// Set to `1` where the real-memory pass must run (`scripts/gpu-check`).
+const REQUIRE_UCX_CUDA_ENV: &str = "FERRY_REQUIRE_UCX_CUDA";
 /// How long any one operation may take.
 const LIMIT: Duration = Duration::from_secs(60);
 const MIB: usize = 1 << 20;
@@ -72,47 +72,16 @@ fn make(gpu: bool, seed: Option<u64>) -> (Vec<Descriptor<'static>>, Keep) {
         .enumerate()
         .map(|(i, &len)| seed.map_or_else(|| vec![0; len], |s| pattern(s, i, len)))
         .collect();
-    if gpu && REAL.load(Ordering::Acquire) {
-        let descs = contents
-            .iter()
-            .map(|bytes| {
-                let mut b = CudaBuffer::new(0, bytes.len()).expect("GPU memory");
-                b.copy_from_host(bytes).expect("a copy to the GPU");
-                b.into_descriptor()
-            })
-            .collect();
-        return (descs, Keep::default());
-    }
-    Keep::descriptors(contents, gpu)
-}
-
-/// The bytes of every descriptor, once the operation gave them back.
-fn read_back(descs: Vec<Descriptor<'static>>, keep: &Keep) -> Vec<Vec<u8>> {
-    if !REAL.load(Ordering::Acquire) {
-        return keep.read_back(descs);
-    }
-    descs
-        .into_iter()
-        .map(|d| match d.as_slice() {
-            Some(s) => s.to_vec(),
-            None => {
-                let b: CudaBuffer = d.into_owner().expect("a CudaBuffer");
-                let mut out = vec![0; b.len()];
-                b.copy_to_host(&mut out).expect("a copy from the GPU");
-                out
-            }
-        })
-        .collect()
+    Keep::descriptors(contents, gpu, REAL.load(Ordering::Acquire))
 }
 
 /// One operation: the server's readable (the client READs) or writable
 /// (the client WRITEs), over GPU or host memory there (`server_gpu`), and
-/// GPU or host memory here (`client_gpu`).
+/// GPU memory here.
 #[derive(Clone, Copy, Debug)]
 struct Op {
     readable: bool,
     server_gpu: bool,
-    client_gpu: bool,
 }
 
 /// Every direction, and both GPU↔CPU pairs.
@@ -120,22 +89,18 @@ const OPS: [Op; 4] = [
     Op {
         readable: true,
         server_gpu: true,
-        client_gpu: true,
     },
     Op {
         readable: false,
         server_gpu: true,
-        client_gpu: true,
     },
     Op {
         readable: true,
         server_gpu: false,
-        client_gpu: true,
     },
     Op {
         readable: false,
         server_gpu: false,
-        client_gpu: true,
     },
 ];
 
@@ -152,38 +117,7 @@ fn serve(spec: &str) {
     }
     runtime().block_on(async {
         let c = connector().await;
-        let out = std::io::stdout();
-        let say = |s: String| {
-            writeln!(out.lock(), "{s}").unwrap();
-            out.lock().flush().unwrap();
-        };
-        for (i, op) in ops.split(',').enumerate() {
-            let (readable, gpu) = (op.starts_with('R'), op.ends_with('G'));
-            let seed = 200 + i as u64;
-            let (descs, keep) = make(gpu, readable.then_some(seed));
-            let (status, transport, descs) = if readable {
-                let r = c.create_readable(descs).await.unwrap();
-                say(format!("META {}", r.metadata().to_json()));
-                let _ = r.wait_for_completion_timeout(LIMIT).await;
-                (r.status(), r.transport(), r.into_descriptors())
-            } else {
-                let w = c.create_writable(descs).await.unwrap();
-                say(format!("META {}", w.metadata().to_json()));
-                let _ = w.wait_for_completion_timeout(LIMIT).await;
-                (w.status(), w.transport(), w.into_descriptors())
-            };
-            let t = transport.map_or("none", |t| t.name());
-            say(format!("DONE {status:?} {t}"));
-            let got = read_back(descs, &keep);
-            if !readable {
-                match check(&got, seed) {
-                    Ok(()) => say("CHECK ok".into()),
-                    Err(e) => say(format!("CHECK {e}")),
-                }
-            }
-        }
-        let mut line = String::new();
-        let _ = std::io::stdin().read_line(&mut line);
+        serve_ops(&c, ops, 200, LIMIT, make, |_| Vec::new()).await;
     });
 }
 
@@ -228,15 +162,8 @@ fn run(name: &str, pass: Pass) {
             ("real".to_string(), TransportKind::Ucx)
         }
     };
-    let spec: Vec<String> = OPS
-        .iter()
-        .map(|o| {
-            let kind = if o.readable { 'R' } else { 'W' };
-            let mem = if o.server_gpu { 'G' } else { 'H' };
-            format!("{kind}{mem}")
-        })
-        .collect();
-    let mut server = Server::start(name, ROLE, &format!("{server};{}", spec.join(",")));
+    let spec = ops_spec(OPS.iter().map(|o| (o.readable, o.server_gpu)));
+    let mut server = Server::start(name, ROLE, &format!("{server};{}", spec));
     runtime().block_on(async {
         let c = connector().await;
         for (i, op) in OPS.iter().enumerate() {
@@ -244,16 +171,16 @@ fn run(name: &str, pass: Pass) {
             let seed = 200 + i as u64;
             let meta = server.metadata();
             if op.readable {
-                let (descs, keep) = make(op.client_gpu, None);
+                let (descs, keep) = make(true, None);
                 let r = c.begin_read(&meta, descs).await.expect("the READ starts");
                 r.wait_for_completion_timeout(LIMIT)
                     .await
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
                 assert_eq!(r.transport(), Some(want), "{what}");
-                check(&read_back(r.into_descriptors(), &keep), seed)
+                check(&keep.read_back(r.into_descriptors()), seed)
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
             } else {
-                let (descs, keep) = make(op.client_gpu, Some(seed));
+                let (descs, keep) = make(true, Some(seed));
                 let w = c.begin_write(descs, &meta).await.expect("the WRITE starts");
                 w.wait_for_completion_timeout(LIMIT)
                     .await
@@ -286,6 +213,10 @@ fn gpu_memory_goes_through_ucx_only_where_both_move_cuda_memory() {
         return;
     }
     if let Err(why) = ferry::ucx::status() {
+        // Where the caller says UCX must run here (CI, scripts/gpu-check).
+        let required = std::env::var_os(support::REQUIRE_UCX_ENV).is_some()
+            || std::env::var(REQUIRE_UCX_CUDA_ENV).as_deref() == Ok("1");
+        assert!(!required, "UCX is required here but does not start: {why}");
         println!("skipped: no UCX here ({why})");
         return;
     }
@@ -304,7 +235,7 @@ fn gpu_memory_goes_through_ucx_only_where_both_move_cuda_memory() {
         );
         // Where the caller says this machine must run it (scripts/gpu-check).
         assert!(
-            std::env::var("FERRY_REQUIRE_UCX_CUDA").as_deref() != Ok("1"),
+            std::env::var(REQUIRE_UCX_CUDA_ENV).as_deref() != Ok("1"),
             "{why}"
         );
         println!("{why}");

@@ -93,40 +93,14 @@ fn make(mem: Mem, sizes: &[usize], seed: Option<u64>) -> (Vec<Descriptor<'static
                 Some(s) => pattern(s, i, len),
                 None => vec![SENTINEL; len],
             };
-            match (mem, real) {
-                (Mem::Host, _) => Descriptor::from_vec(bytes),
-                (Mem::Gpu, true) => {
-                    let mut b = CudaBuffer::new(0, len).expect("GPU memory");
-                    b.copy_from_host(&bytes).unwrap();
-                    b.into_descriptor()
-                }
-                // Simulated (`init`).
-                (Mem::Gpu, false) => keep.descriptor(bytes),
+            match mem {
+                Mem::Host => Descriptor::from_vec(bytes),
+                // Simulated where `init` found no GPU.
+                Mem::Gpu => keep.gpu_descriptor(bytes, real),
             }
         })
         .collect();
     (descs, keep)
-}
-
-/// The bytes of every descriptor, once the operation gave them back.
-fn read_back(descs: Vec<Descriptor<'static>>, keep: &Keep) -> Vec<Vec<u8>> {
-    let mut sim = 0..keep.0.len();
-    descs
-        .into_iter()
-        .map(|d| {
-            if let Some(s) = d.as_slice() {
-                return s.to_vec();
-            }
-            match d.into_owner::<CudaBuffer>() {
-                Ok(b) => {
-                    let mut out = vec![0u8; b.len()];
-                    b.copy_to_host(&mut out).unwrap();
-                    out
-                }
-                Err(_) => keep.bytes(sim.next().expect("simulated memory")),
-            }
-        })
-        .collect()
 }
 
 // ---------------------------------------------------------------------------
@@ -199,7 +173,7 @@ fn serve(spec: &str) {
             let _ = op.wait_for_completion_timeout(LIMIT).await;
             let t = op.transport().map_or("none", |t| t.name());
             say(format!("DONE {:?} {t}", op.status()));
-            let got = read_back(op.into_descriptors(), &keep);
+            let got = keep.read_back(op.into_descriptors());
             match check(&got, spec.seed) {
                 Ok(()) => say("CHECK ok".into()),
                 Err(e) => say(format!("CHECK {e}")),
@@ -245,7 +219,7 @@ fn round_trip(name: &str, sizes: &[usize], local: Mem, remote: Mem, opts: Opts, 
             .await
             .unwrap_or_else(|e| panic!("READ {what}: {e}"));
         assert_eq!(op.transport(), Some(TransportKind::Tcp), "READ {what}");
-        let got = read_back(op.into_descriptors(), &keep);
+        let got = keep.read_back(op.into_descriptors());
         if let Err(e) = check(&got, seed) {
             panic!("READ {what}: {e}");
         }
@@ -381,7 +355,7 @@ fn interrupted(name: &str, after: Duration, kill: bool) -> Interrupted {
         let status = op.status();
         let descs = op.into_descriptors();
         let pause = || std::thread::sleep(Duration::from_millis(300));
-        let (first, second) = if keep.0.is_empty() {
+        let (first, second) = if keep.is_empty() {
             // A real GPU: the buffer copied to the host twice.
             let d = descs.into_iter().next().unwrap();
             let b: CudaBuffer = d.into_owner().expect("a CudaBuffer");
@@ -513,7 +487,7 @@ async fn one_process(a: &Connector, b: &Connector, via: TransportKind) {
                 .await
                 .unwrap_or_else(|e| panic!("READ {what}: {e}"));
             assert_eq!(op.transport(), Some(via), "{what}");
-            check(&read_back(op.into_descriptors(), &keep), seed)
+            check(&keep.read_back(op.into_descriptors()), seed)
                 .unwrap_or_else(|e| panic!("READ {what}: {e}"));
             r.wait_for_completion_timeout(LIMIT).await.unwrap();
             drop((r.into_descriptors(), keep_src));
@@ -527,7 +501,7 @@ async fn one_process(a: &Connector, b: &Connector, via: TransportKind) {
                 .unwrap_or_else(|e| panic!("WRITE {what}: {e}"));
             drop((op.into_descriptors(), keep));
             w.wait_for_completion_timeout(LIMIT).await.unwrap();
-            check(&read_back(w.into_descriptors(), &keep_dst), seed + 1)
+            check(&keep_dst.read_back(w.into_descriptors()), seed + 1)
                 .unwrap_or_else(|e| panic!("WRITE {what}: {e}"));
         }
     }
@@ -577,7 +551,7 @@ async fn fail_one_at_a_time(a: &Connector, b: &Connector, opts: Opts) {
             let (mine, keep_mine) = make(Mem::Gpu, &sizes, (!read).then_some(5));
             let (theirs, keep_theirs) = make(Mem::Gpu, &sizes, read.then_some(5));
             let failing = if fail_here { &keep_mine } else { &keep_theirs };
-            let start = failing.0[0].0 as u64 + MIB as u64;
+            let start = failing.address(0) + MIB as u64;
             ferry::cuda::simulate_copy_failure(Some(start..start + MIB as u64));
             let (here, there, statuses) = if read {
                 let r = b.create_readable(theirs).await.unwrap();
@@ -632,7 +606,7 @@ async fn fail_one_at_a_time(a: &Connector, b: &Connector, opts: Opts) {
             op.wait_for_completion_timeout(LIMIT)
                 .await
                 .unwrap_or_else(|e| panic!("after {what}: {e}"));
-            check(&read_back(op.into_descriptors(), &keep), 9)
+            check(&keep.read_back(op.into_descriptors()), 9)
                 .unwrap_or_else(|e| panic!("after {what}: {e}"));
             r.wait_for_completion_timeout(LIMIT).await.unwrap();
             drop((r.into_descriptors(), keep_src));

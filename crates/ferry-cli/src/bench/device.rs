@@ -34,7 +34,7 @@ impl Bench {
         let dev = self.opts.device.clone().unwrap_or_default();
         // One staged operation first: a refusal (no CUDA here or there)
         // says why before anything is measured.
-        let (_, used) = self.one(Lane::Staged, "read", 4096, 1).await?;
+        let (_, _, used) = self.one(Lane::Staged, "read", 4096, 1).await?;
         eprintln!(
             "device sweep on {dev}: GPU memory on both sides moves over {}, staged through \
              host memory",

@@ -161,14 +161,16 @@ impl Bench {
 
     /// One Ferry operation, end to end: the target creates the passive
     /// side, hands its metadata over the control pipe, this process runs the
-    /// active side, and both report completion.
+    /// active side, and both report completion. Its end-to-end time, its
+    /// transfer phase (from the active side's `begin_*` to the later
+    /// completion on one clock, else to this side's), and the transport.
     pub(super) async fn one(
         &mut self,
         via: Lane,
         op: &str,
         block: u64,
         batch: usize,
-    ) -> anyhow::Result<(Duration, Option<TransportKind>)> {
+    ) -> anyhow::Result<(Duration, Duration, Option<TransportKind>)> {
         let t = Instant::now();
         let cmd = if op == "read" {
             Cmd::Readable
@@ -230,13 +232,16 @@ impl Bench {
         let mut end = ours;
         if let (true, Some(c), Some(theirs)) = (self.same_clock, created, done.done_ns) {
             if c > 0 && theirs > 0 {
-                elapsed = Duration::from_nanos(ours.max(theirs).saturating_sub(c));
                 end = ours.max(theirs);
+                elapsed = Duration::from_nanos(end.saturating_sub(c));
             }
         }
-        self.last_transfer = Duration::from_nanos(end.saturating_sub(began));
         self.pool.put(descs);
-        Ok((elapsed, used))
+        Ok((
+            elapsed,
+            Duration::from_nanos(end.saturating_sub(began)),
+            used,
+        ))
     }
 
     /// One slice of a Ferry row: a warm-up operation (it allocates the
@@ -256,9 +261,9 @@ impl Bench {
         let mut used = None;
         let start = Instant::now();
         while sl.more(lat.len(), start) {
-            let (d, t) = self.one(via, op, block, batch).await?;
+            let (d, phase, t) = self.one(via, op, block, batch).await?;
             lat.push(d);
-            transfer.push(self.last_transfer);
+            transfer.push(phase);
             used = t;
         }
         let wall = start.elapsed();
@@ -448,13 +453,8 @@ mod tests {
             transfer: vec![ms(1), ms(3)],
         };
         let block = 1_000_000;
-        let end_to_end = Samples {
-            lat: s.lat.clone(),
-            wall: s.wall,
-            transfer: s.transfer.clone(),
-        }
-        .into_row("ferry cuda:0", "cuda-ipc", "read", block, 2);
         let phase = s.transfer_row("ferry cuda:0 transfer", "cuda-ipc", "read", block, 2);
+        let end_to_end = s.into_row("ferry cuda:0", "cuda-ipc", "read", block, 2);
         // Two operations of 2 MB: 4 MB in 10 ms, and in 4 ms.
         assert!((end_to_end.gbps - 0.4).abs() < 1e-9, "{}", end_to_end.gbps);
         assert!((phase.gbps - 1.0).abs() < 1e-9, "{}", phase.gbps);

@@ -73,8 +73,8 @@ impl Bench {
         let mut why = String::new();
         for op in ["read", "write"] {
             match self.one(Lane::Ucx, op, 4096, 1).await {
-                Ok((_, Some(TransportKind::Ucx))) => {}
-                Ok((_, t)) => why = format!("a {op} went by {t:?}, not by UCX"),
+                Ok((_, _, Some(TransportKind::Ucx))) => {}
+                Ok((_, _, t)) => why = format!("a {op} went by {t:?}, not by UCX"),
                 Err(e) => why = format!("{e:#}"),
             }
         }

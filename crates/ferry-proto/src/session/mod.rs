@@ -30,7 +30,9 @@ use std::collections::{BTreeMap, VecDeque};
 pub use action::{Action, Last, OpenParams, Start, Step};
 pub use attach::{AttachState, Nonces, RdmaState};
 pub use fence::{Caps, Fence};
-pub use plan::{can_lend, device_refusal, plan, Plan, Thresholds, DEVICE_MEMORY_BY_IPC_ONLY};
+pub use plan::{
+    can_lend, device_refusal, lends, plan, Plan, Thresholds, DEVICE_MEMORY_BY_IPC_ONLY,
+};
 pub use stripe::{part_range, BindError, StripeState};
 pub use violation::Violation;
 
@@ -269,12 +271,7 @@ impl<T: Fence> Session<T> {
                 // (so that it stays free for a peer that can lend); here it
                 // is refused all the same, and the operation it was bound
                 // to ends, since nothing else will move it.
-                self.abort(o.req, AbortReason::DeviceMemory, why.clone());
-                return self.push(Action::RemoteAbort {
-                    target,
-                    reason: AbortReason::DeviceMemory,
-                    detail: why,
-                });
+                return self.refuse_device(o.req, target, why);
             }
         }
         let side = Side::of(Role::Passive, o.kind);
@@ -303,13 +300,10 @@ impl<T: Fence> Session<T> {
             return;
         }
         let path = match (o.kind, o.pull) {
-            (_, false) => Path::InBand,
-            (OperationKind::Read, true) if can_lend(&o.sizes, target.is_device(), self.caps) => {
-                Path::Lent
-            }
-            // Fall back to streaming the bytes.
-            (OperationKind::Read, true) => Path::InBand,
+            _ if lends(o, target.is_device(), self.caps) => Path::Lent,
             (OperationKind::Write, true) => Path::AwaitLease,
+            // In band, or a READ that cannot be lent: its bytes stream.
+            _ => Path::InBand,
         };
         self.push(Action::Via {
             target: target.clone(),
@@ -420,15 +414,21 @@ impl<T: Fence> Session<T> {
             });
         } else {
             self.requests.remove(&req);
-            let detail = format!("{DEVICE_MEMORY_BY_IPC_ONLY}: {why}");
-            self.abort(req, AbortReason::DeviceMemory, detail.clone());
-            self.push(Action::RemoteAbort {
-                target,
-                reason: AbortReason::DeviceMemory,
-                detail,
-            });
+            self.refuse_device(req, target, format!("{DEVICE_MEMORY_BY_IPC_ONLY}: {why}"));
         }
         true
+    }
+
+    /// Refuses request `req` over device memory it cannot move: the peer
+    /// told (`Abort(DeviceMemory)`, `detail`), and the operation behind
+    /// `target` ended with the same.
+    fn refuse_device(&mut self, req: u64, target: T, detail: String) {
+        self.abort(req, AbortReason::DeviceMemory, detail.clone());
+        self.push(Action::RemoteAbort {
+            target,
+            reason: AbortReason::DeviceMemory,
+            detail,
+        });
     }
 
     /// Starts an active request for the operation behind `target`: its

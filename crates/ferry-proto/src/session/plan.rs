@@ -74,6 +74,14 @@ pub fn can_lend(sizes: &[u64], device: bool, caps: Caps) -> bool {
     caps.attach && caps.peer_pulls && fits_lease(sizes) && (caps.lends_device() || !device)
 }
 
+/// Whether the passive side lends its memory (`device`: device memory)
+/// for request `o`: a READ of its own (not a striped part) that asked for
+/// a lease, which [`can_lend`] allows on a connection with `caps`. Else
+/// a READ's bytes stream.
+pub fn lends(o: &Open, device: bool, caps: Caps) -> bool {
+    o.kind == OperationKind::Read && o.pull && o.parts <= 1 && can_lend(&o.sizes, device, caps)
+}
+
 /// Why the passive side refuses request `o` over *device* memory (GPU) that
 /// it cannot stage through host memory (see
 /// [`Fence::moves_in_band`](super::Fence::moves_in_band)), on a connection

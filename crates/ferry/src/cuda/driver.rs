@@ -117,6 +117,20 @@ impl Api {
         // its missing symbols before any of its code is called by us.
         let lib = unsafe { Library::new(path) }.map_err(|e| format!("{}: {e}", path.display()))?;
         macro_rules! sym {
+            // The first of two names the library has (a newer version of
+            // the function, then the one before it, of the same signature).
+            ($name:literal, $fallback:literal) => {
+                // SAFETY: as below, for either name.
+                *unsafe { lib.get(concat!($name, "\0").as_bytes()) }
+                    .or_else(|_| unsafe { lib.get(concat!($fallback, "\0").as_bytes()) })
+                    .map_err(|e| {
+                        format!(
+                            "{}: no {} ({e}): not a CUDA driver library",
+                            path.display(),
+                            $fallback
+                        )
+                    })?
+            };
             ($name:literal) => {
                 // SAFETY: the symbol is a function of the CUDA driver API
                 // whose C signature (`cuda.h`) is the type of the field it
@@ -137,18 +151,8 @@ impl Api {
             device_get: sym!("cuDeviceGet"),
             device_get_name: sym!("cuDeviceGetName"),
             // `_v2` (a MIG instance's own UUID) from CUDA 11.4 drivers on;
-            // the plain one before.
-            // SAFETY: as `sym!`: a driver function of the field's C
-            // signature (both take `CUuuid *, CUdevice`), kept loaded with
-            // the library.
-            device_get_uuid: *unsafe { lib.get(b"cuDeviceGetUuid_v2\0") }
-                .or_else(|_| unsafe { lib.get(b"cuDeviceGetUuid\0") })
-                .map_err(|e| {
-                    format!(
-                        "{}: no cuDeviceGetUuid ({e}): not a CUDA driver library",
-                        path.display()
-                    )
-                })?,
+            // the plain one before (both take `CUuuid *, CUdevice`).
+            device_get_uuid: sym!("cuDeviceGetUuid_v2", "cuDeviceGetUuid"),
             primary_ctx_retain: sym!("cuDevicePrimaryCtxRetain"),
             primary_ctx_release: sym!("cuDevicePrimaryCtxRelease_v2"),
             ctx_set_current: sym!("cuCtxSetCurrent"),

@@ -100,22 +100,11 @@ pub(crate) fn export(ordinal: u32, segs: &[(u64, u64)]) -> Result<Exported, Cuda
     Ok(Exported { allocs, at })
 }
 
-/// The UUID of `cuda:ordinal` (zeros where the driver does not say), for
-/// a lease to name its device by.
-pub(crate) fn device_uuid(ordinal: u32) -> [u8; 16] {
-    super::driver_or_unavailable()
-        .and_then(|d| d.device_uuid(ordinal))
-        .unwrap_or_default()
-}
-
-/// Which device of this process has the UUID `uuid`, if it sees it (none
-/// for zeros, or a GPU hidden from this process).
-pub(crate) fn ordinal_of(uuid: &[u8; 16]) -> Option<u32> {
+/// The UUID of each device this process sees, by ordinal (zeros where the
+/// driver does not say), asked once.
+fn uuids() -> &'static [[u8; 16]] {
     static SEEN: OnceLock<Vec<[u8; 16]>> = OnceLock::new();
-    if *uuid == [0; 16] {
-        return None;
-    }
-    let seen = SEEN.get_or_init(|| {
+    SEEN.get_or_init(|| {
         let Ok(d) = super::driver_or_unavailable() else {
             return Vec::new();
         };
@@ -123,8 +112,22 @@ pub(crate) fn ordinal_of(uuid: &[u8; 16]) -> Option<u32> {
         (0..n)
             .map(|i| d.device_uuid(i).unwrap_or_default())
             .collect()
-    });
-    seen.iter().position(|u| u == uuid).map(|i| i as u32)
+    })
+}
+
+/// The UUID of `cuda:ordinal` (zeros where the driver does not say), for
+/// a lease to name its device by.
+pub(crate) fn device_uuid(ordinal: u32) -> [u8; 16] {
+    uuids().get(ordinal as usize).copied().unwrap_or_default()
+}
+
+/// Which device of this process has the UUID `uuid`, if it sees it (none
+/// for zeros, or a GPU hidden from this process).
+pub(crate) fn ordinal_of(uuid: &[u8; 16]) -> Option<u32> {
+    if *uuid == [0; 16] {
+        return None;
+    }
+    uuids().iter().position(|u| u == uuid).map(|i| i as u32)
 }
 
 /// A peer's allocation opened in one context (`cuIpcOpenMemHandle_v2`),

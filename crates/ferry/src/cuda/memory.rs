@@ -258,27 +258,7 @@ impl DeviceBuffer {
         }
         let api = &self.ctx.drv.api;
         let _cur = self.ctx.make_current()?;
-        let mut kind: std::ffi::c_uint = 0;
-        // SAFETY: the attribute is a `CUmemorytype` (an unsigned int), the
-        // out pointer is writable, and the address is a live allocation.
-        let r = unsafe {
-            (api.pointer_get_attribute)(
-                (&mut kind as *mut std::ffi::c_uint).cast::<c_void>(),
-                super::driver::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                self.ptr,
-            )
-        };
-        self.ctx.drv.check("cuPointerGetAttribute", r)?;
-        let mut ordinal: c_int = -1;
-        // SAFETY: the attribute is an `int`; as above.
-        let r = unsafe {
-            (api.pointer_get_attribute)(
-                (&mut ordinal as *mut c_int).cast::<c_void>(),
-                super::driver::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                self.ptr,
-            )
-        };
-        self.ctx.drv.check("cuPointerGetAttribute", r)?;
+        let (kind, ordinal) = super::pointer::attributes_here(self.ctx.drv, self.ptr)?;
         let mut base: CuDevicePtr = 0;
         let mut size: usize = 0;
         // SAFETY: both out pointers are writable; the address is live.

@@ -38,7 +38,7 @@ pub use buffer::CudaBuffer;
 pub(crate) use driver::Driver;
 pub(crate) use memory::{DeviceBuffer, PrimaryCtx};
 pub use pointer::device_of;
-pub(crate) use pointer::PointerCheck;
+pub(crate) use pointer::pointer_mismatch;
 #[doc(hidden)]
 pub use stage::{simulate_copy_failure, simulate_with_host_memory};
 

@@ -10,22 +10,15 @@
 //! memory).
 
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::Arc;
 
 use super::driver::{
     CU_MEMORYTYPE_DEVICE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
 };
-use super::{CudaError, Driver, PrimaryCtx};
+use super::{CudaError, Driver};
 
 /// What the driver says `ptr` is: its memory type (`CUmemorytype`) and
-/// the ordinal of its device, asked in `ctx`.
-fn attributes(ctx: &PrimaryCtx, ptr: u64) -> Result<(c_uint, c_int), CudaError> {
-    let _cur = ctx.make_current()?;
-    attributes_here(ctx.drv, ptr)
-}
-
-/// [`attributes`], asked in the context current on this thread.
-fn attributes_here(drv: &Driver, ptr: u64) -> Result<(c_uint, c_int), CudaError> {
+/// the ordinal of its device, asked in the context current on this thread.
+pub(super) fn attributes_here(drv: &Driver, ptr: u64) -> Result<(c_uint, c_int), CudaError> {
     let api = &drv.api;
     let mut kind: c_uint = 0;
     // SAFETY: the attribute is a `CUmemorytype` (an unsigned int) and the
@@ -52,43 +45,23 @@ fn attributes_here(drv: &Driver, ptr: u64) -> Result<(c_uint, c_int), CudaError>
     Ok((kind, ordinal))
 }
 
-/// Checks the device descriptors of one operation, retaining each
-/// device's primary context once for all of them.
-#[derive(Default)]
-pub(crate) struct PointerCheck {
-    ctxs: Vec<Arc<PrimaryCtx>>,
-}
-
-impl PointerCheck {
-    /// Why `len` bytes at `ptr` are not device memory of `cuda:ordinal` as
-    /// the driver sees it (their first and their last byte), or `None`
-    /// where they are. A range over allocations that lie end to end
-    /// passes, on purpose: a tensor of PyTorch's expandable segments
-    /// spans several VMM allocations. CUDA IPC never lends such a range
-    /// (the export refuses a segment outside one allocation; it moves
-    /// staged). Asked only where this process has the driver
-    /// ([`lends_device_memory`](super::lends_device_memory)); elsewhere
-    /// `None` (a simulated GPU's addresses are host memory).
-    pub(crate) fn mismatch(&mut self, ordinal: u32, ptr: u64, len: usize) -> Option<String> {
-        if len == 0 || !super::lends_device_memory() {
-            return None;
-        }
-        let ctx = match self.ctxs.iter().find(|c| c.ordinal() == ordinal) {
-            Some(c) => c.clone(),
-            None => match PrimaryCtx::retain(ordinal) {
-                Ok(c) => {
-                    self.ctxs.push(c.clone());
-                    c
-                }
-                Err(e) => return Some(e.to_string()),
-            },
-        };
-        range_mismatch(&ctx, ordinal, ptr, len)
+/// Why `len` bytes at `ptr` are not device memory of `cuda:ordinal` as the
+/// driver sees it (their first and their last byte), or `None` where they
+/// are; asked in the device's primary context, kept for the process. A
+/// range over allocations that lie end to end passes, on purpose: a tensor
+/// of PyTorch's expandable segments spans several VMM allocations. CUDA
+/// IPC never lends such a range (the export refuses a segment outside one
+/// allocation; it moves staged). Asked only where this process has the
+/// driver ([`lends_device_memory`](super::lends_device_memory)); elsewhere
+/// `None` (a simulated GPU's addresses are host memory).
+pub(crate) fn pointer_mismatch(ordinal: u32, ptr: u64, len: usize) -> Option<String> {
+    if len == 0 || !super::lends_device_memory() {
+        return None;
     }
-}
-
-/// [`PointerCheck::mismatch`] in `ctx`, the context of `cuda:ordinal`.
-fn range_mismatch(ctx: &PrimaryCtx, ordinal: u32, ptr: u64, len: usize) -> Option<String> {
+    let ctx = match super::stage::primary_ctx(ordinal) {
+        Ok(c) => c,
+        Err(e) => return Some(e.to_string()),
+    };
     let last = match ptr.checked_add(len as u64 - 1) {
         Some(l) => l,
         None => {
@@ -97,8 +70,12 @@ fn range_mismatch(ctx: &PrimaryCtx, ordinal: u32, ptr: u64, len: usize) -> Optio
             ))
         }
     };
+    let _current = match ctx.make_current() {
+        Ok(c) => c,
+        Err(e) => return Some(e.to_string()),
+    };
     for (what, at) in [("its first byte", ptr), ("its last byte", last)] {
-        match attributes(ctx, at) {
+        match attributes_here(ctx.drv, at) {
             Err(e) => {
                 return Some(format!(
                     "the driver does not know {what} ({at:#x}) as GPU memory: {e}"
@@ -161,8 +138,7 @@ mod tests {
     /// device, or at a host address does not.
     #[test]
     fn the_driver_says_what_an_address_is() {
-        let mut check = PointerCheck::default();
-        let mut mismatch = |n, p, len| check.mismatch(n, p, len);
+        let mismatch = pointer_mismatch;
         if !crate::cuda::lends_device_memory() {
             assert_eq!(mismatch(0, 0x7000_0000, 4096), None);
             assert!(matches!(

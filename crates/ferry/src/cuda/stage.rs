@@ -141,12 +141,26 @@ pub(crate) fn on_device<R>(device: u32, f: impl FnOnce() -> R) -> R {
             return f();
         }
     };
-    let _current = staging
-        .ctx
+    in_ctx(&staging.ctx, f)
+}
+
+/// Runs `f` with `ctx` current on this thread, the context before current
+/// again afterwards (`f` runs as it is where `ctx` cannot be entered).
+fn in_ctx<R>(ctx: &PrimaryCtx, f: impl FnOnce() -> R) -> R {
+    let _current = ctx
         .make_current()
-        .map_err(|e| tracing::debug!("cuda:{device}: context not entered: {e}"))
+        .map_err(|e| tracing::debug!("cuda:{}: context not entered: {e}", ctx.ordinal()))
         .ok();
     f()
+}
+
+/// Whether some CUDA context is current on this thread.
+fn has_current(drv: &super::Driver) -> bool {
+    let mut current: super::driver::CuContext = std::ptr::null_mut();
+    // SAFETY: `current` is writable; the call only reads this thread's
+    // context stack.
+    let r = unsafe { (drv.api.ctx_get_current)(&mut current) };
+    drv.check("cuCtxGetCurrent", r).is_ok() && !current.is_null()
 }
 
 /// Runs `f` with a CUDA context current on this thread: the one current
@@ -157,17 +171,26 @@ pub(crate) fn on_any_device<R>(f: impl FnOnce() -> R) -> R {
     if simulated() {
         return f();
     }
-    let Ok(drv) = super::driver_or_unavailable() else {
-        return f();
-    };
-    let mut current: super::driver::CuContext = std::ptr::null_mut();
-    // SAFETY: `current` is writable; the call only reads this thread's
-    // context stack.
-    let r = unsafe { (drv.api.ctx_get_current)(&mut current) };
-    if drv.check("cuCtxGetCurrent", r).is_ok() && !current.is_null() {
-        return f();
+    match super::driver_or_unavailable() {
+        Ok(drv) if !has_current(drv) => on_device(0, f),
+        _ => f(),
     }
-    on_device(0, f)
+}
+
+/// [`on_any_device`] with `ctx` as the context entered where none is
+/// current: for a caller that keeps one (a UCX worker's progress, which
+/// runs at every wake-up), without the lookup of [`on_device`].
+pub(crate) fn on_any_device_with<R>(ctx: &PrimaryCtx, f: impl FnOnce() -> R) -> R {
+    if has_current(ctx.drv) {
+        f()
+    } else {
+        in_ctx(ctx, f)
+    }
+}
+
+/// The primary context of `cuda:device`, retained once for the process.
+pub(crate) fn primary_ctx(device: u32) -> Result<Arc<PrimaryCtx>, CudaError> {
+    Ok(staging(device)?.ctx.clone())
 }
 
 /// A stream of one device for the copies of one caller, back among the

@@ -4,7 +4,7 @@
 //! [`Server::after`] reads; it exits once its standard input closes.
 //!
 //! Included by path (`#[path = "support/spawned.rs"] mod spawned;`) by
-//! `cuda_ipc.rs` and `staged.rs`.
+//! `cuda_ipc.rs`, `staged.rs`, `gpu_path.rs` and `gpu_ucx.rs`.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Command, Stdio};

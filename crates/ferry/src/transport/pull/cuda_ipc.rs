@@ -227,13 +227,15 @@ impl Puller for CudaIpcPuller {
             Ok(l) => l,
             Err(e) => return failed("bad lease", &e),
         };
+        // The source's device, where this process sees it.
+        let source_device = ipc::ordinal_of(&l.device);
         let (ordinal, host) = match region.device() {
             Some(d) if d.kind() == DeviceKind::Cuda => (d.id(), false),
             Some(d) => return failed("destination", &format!("{d} is not CUDA memory")),
             // Into host memory: on the source's own device where this
             // process sees it (no peer mapping, and no context made on a
             // GPU this process may not otherwise use).
-            None => (ipc::ordinal_of(&l.device).unwrap_or(HOST_COPY_DEVICE), true),
+            None => (source_device.unwrap_or(HOST_COPY_DEVICE), true),
         };
         let setup = CopyStream::take(ordinal).and_then(|(stream, ctx)| {
             let opened = l
@@ -275,7 +277,7 @@ impl Puller for CudaIpcPuller {
         };
         let chunk = if host {
             HOST_CHUNK
-        } else if ipc::ordinal_of(&l.device) == Some(ordinal) {
+        } else if source_device == Some(ordinal) {
             DEVICE_CHUNK
         } else {
             PEER_CHUNK
@@ -317,7 +319,6 @@ impl Puller for CudaIpcPuller {
                         let jobs = local
                             .iter()
                             .map(|&(p, n)| (p, src(seg).wrapping_add(off), n));
-                        let jobs = coalesce(jobs, |_, _| false);
                         // SAFETY: as above, for `len` bytes at `off` of
                         // segment `seg` (bounds checked by `copy_into`, and
                         // by `decode` in the source's allocation).

@@ -247,7 +247,8 @@ pub(super) async fn handshake(
             can_pull = mine.is_some();
             peer_pulls = theirs;
             via_ucx = can_pull || peer_pulls;
-            ucx_cuda = via_ucx && both_cuda;
+            // Both moving CUDA memory implies the peer pulls: UCX is set up.
+            ucx_cuda = both_cuda;
             ucx_ep = mine;
         }
     }
@@ -362,12 +363,13 @@ async fn set_up_ucx(
     w.write_all(&verdict.to_vec())
         .await
         .map_err(|e| lost(e.to_string()))?;
+    let cuda_memory = cuda && answer.cuda && theirs;
     tracing::debug!(
         peer,
         pull_from_peer = mine.is_some(),
         peer_pulls = theirs,
-        cuda_memory = cuda && answer.cuda && theirs,
+        cuda_memory,
         "UCX set up"
     );
-    Ok((mine, theirs, cuda && answer.cuda && theirs))
+    Ok((mine, theirs, cuda_memory))
 }

@@ -216,30 +216,28 @@ impl Transport for TcpTransport {
             let mut by_ipc = source_on_gpu && caps.cuda_ipc && pulls && !to_itself;
             let mut by_ucx =
                 caps.ucx_cuda && pulls && (local_dev.is_some() || remote_dev.is_some());
-            if by_ucx && job.kind == OperationKind::Write && local_dev.is_some() {
-                // This side lends its GPU memory: registered now, so that
-                // memory UCX will not register moves staged instead.
-                if let Err(e) = conn.register_lent(&job.region) {
-                    tracing::debug!("GPU memory staged, not lent through UCX: {e}");
-                    by_ucx = false;
+            // (At most one of them: CUDA IPC comes with cross-memory
+            // attach, which a connection through UCX does not set up.)
+            let mut prepared = None;
+            if (by_ipc || by_ucx) && job.kind == OperationKind::Write && local_dev.is_some() {
+                // This side lends its GPU memory: exported (CUDA IPC) or
+                // registered (UCX) now, so that memory the backend will
+                // not take moves staged instead (a READ's source falls back
+                // by itself: `Session::lend_failed`).
+                match conn.prepare_lent(&job.region) {
+                    Ok(()) => prepared = Some(Ok(())),
+                    Err(why) if by_ipc => job.shared.ipc_fell_back(&why),
+                    Err(why) => tracing::debug!("GPU memory staged, not lent through UCX: {why}"),
                 }
-            }
-            if by_ipc && job.kind == OperationKind::Write {
-                // This side lends: export now, so that an allocation the
-                // driver will not export moves staged instead (a READ's
-                // source falls back by itself: `Session::lend_failed`).
-                if let Err(e) = conn.register_lent(&job.region) {
-                    job.shared
-                        .ipc_fell_back(&format!("cannot lend this memory: {e}"));
-                    by_ipc = false;
+                if prepared.is_none() {
+                    (by_ipc, by_ucx) = (false, false);
                 }
             }
             let thresholds = Thresholds {
-                pull_from: match (local_dev.or(remote_dev), by_ipc) {
-                    (None, _) => self.local.cma_threshold,
-                    (Some(_), true) => 0,
-                    (Some(_), false) if by_ucx => 0,
-                    (Some(_), false) => u64::MAX,
+                pull_from: match local_dev.or(remote_dev) {
+                    None => self.local.cma_threshold,
+                    Some(_) if by_ipc || by_ucx => 0,
+                    Some(_) => u64::MAX,
                 },
                 stripe_from: self.local.stripe_threshold,
                 streams: self.streams_to(&job.remote),
@@ -273,7 +271,8 @@ impl Transport for TcpTransport {
                 pull,
                 part: (0, 1),
             };
-            let (req, start) = conn.with_session(|s| s.open(params, target.clone()));
+            let (req, start) =
+                conn.with_session_prepared(prepared, |s| s.open(params, target.clone()));
             job.shared.start();
             job.shared.opened(None);
             // The reader drains the session after marking the connection

@@ -4,9 +4,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_proto::session::{can_lend, Nonces, Step};
+use ferry_proto::session::{lends, Nonces, Step};
 use ferry_proto::wire::{AbortReason, Attach, Message, Open, Verdict};
-use ferry_proto::{OperationKind, OperationStatus};
+use ferry_proto::OperationStatus;
 use tokio::sync::watch;
 
 use crate::exposure::{PassiveLink, Refusal};
@@ -287,8 +287,9 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Served>, o: Open) {
     let session_caps = lock(&conn.session).caps();
     let mut caps = session_caps;
     if conn.by_ucx() {
-        // Lending here goes through UCX, which does not carry device
-        // memory: for the table's device check, nothing is lent.
+        // Lending here goes through UCX, not cross-memory attach (nor CUDA
+        // IPC with it): for the table's device check, nothing is lent by
+        // attach (UCX lends device memory where `caps.ucx_cuda` says so).
         caps.attach = false;
     }
     let verdict = match table.open(&o, Some(&conn.peer), caps, &mut bind) {
@@ -314,15 +315,14 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Served>, o: Open) {
     // The caps may change between the two locks (an attach verdict): then
     // `bound` prepares under its lock as before, or what was prepared
     // stays with the region unused until it drops; either is harmless.
-    let lends = |t: &Target| {
-        o.kind == OperationKind::Read
-            && o.pull
-            && o.parts <= 1
-            && (conn.by_ucx() || !t.region.is_host())
-            && can_lend(&o.sizes, !t.region.is_host(), session_caps)
-    };
+    // (Host memory lent by cross-memory attach needs nothing prepared.)
     let prepared = match &verdict {
-        Ok(t) if lends(t) => Some(conn.prepare_lent(&t.region)),
+        Ok(t)
+            if (conn.by_ucx() || !t.region.is_host())
+                && lends(&o, !t.region.is_host(), session_caps) =>
+        {
+            Some(conn.prepare_lent(&t.region))
+        }
         _ => None,
     };
     conn.with_session_prepared(prepared, |s| s.bound(&o, verdict));

@@ -341,9 +341,9 @@ pub(crate) struct Worker {
     /// Blocks of pools are registered per operation too, rather than once
     /// per pool (`ConnectorBuilder::ucx_strict_registration`).
     pub(crate) strict_registration: bool,
-    /// This process moves CUDA memory through UCX ([`moves_cuda`]): its
-    /// progress runs with a CUDA context current.
-    cuda: bool,
+    /// Where this process moves CUDA memory through UCX ([`moves_cuda`]):
+    /// the context its progress runs in where a thread has none.
+    cuda: Option<Arc<crate::cuda::PrimaryCtx>>,
 }
 
 // SAFETY: the worker is created in `UCS_THREAD_MODE_MULTI`: UCP serializes
@@ -408,7 +408,11 @@ impl Worker {
             polling: AtomicBool::new(false),
             resume: Notify::new(),
             strict_registration,
-            cuda: moves_cuda(),
+            // The first device's context, entered where none is current,
+            // kept for the worker's life (none in a simulated process).
+            cuda: moves_cuda()
+                .then(|| crate::cuda::stage::primary_ctx(0).ok())
+                .flatten(),
         });
         let _enter = handle.enter();
         // SAFETY: the descriptor belongs to the worker, which `Efd` holds:
@@ -480,10 +484,9 @@ impl Worker {
     /// current already (a pull's), else the first device's; as it is
     /// elsewhere.
     fn in_context<R>(&self, f: impl FnOnce() -> R) -> R {
-        if self.cuda {
-            crate::cuda::stage::on_any_device(f)
-        } else {
-            f()
+        match &self.cuda {
+            Some(ctx) => crate::cuda::stage::on_any_device_with(ctx, f),
+            None => f(),
         }
     }
 
