@@ -6,7 +6,8 @@ These run without a GPU: the objects are fakes whose addresses nothing ever
 reads. Where this host has no CUDA the refusal is a CudaUnavailableError;
 where it has CUDA, operations accept it (it moves by CUDA IPC or staged
 through host memory), except mixed with host memory: a
-NoDeviceTransportError. The torch test needs torch and a GPU, and skips
+NoDeviceTransportError, or a NotDeviceMemoryError where the driver is asked
+about a fake address first. The torch test needs torch and a GPU, and skips
 otherwise.
 """
 
@@ -26,6 +27,7 @@ from ferry import (
     DeviceMemoryError,
     Device,
     NoDeviceTransportError,
+    NotDeviceMemoryError,
     Pool,
 )
 
@@ -57,6 +59,12 @@ def check_refused(e: BaseException, index: int, device: str) -> None:
     """The error of an operation over CUDA memory, as this host gives it."""
     text = str(e)
     assert isinstance(e, DeviceMemoryError) and isinstance(e, ValueError), repr(e)
+    if isinstance(e, NotDeviceMemoryError):
+        # A host with CUDA asks its driver first, which does not know the
+        # fake address as memory of that GPU.
+        assert not no_libcuda_here()
+        assert f"descriptor {index} says {device}, but the CUDA driver disagrees" in text, text
+        return
     assert f"descriptor {index} is on {device}" in text, text
     if isinstance(e, CudaUnavailableError):
         assert "CUDA is not available on this host" in text, text
