@@ -597,6 +597,7 @@ impl Connector {
         remote: &RdmaMetadata,
         descs: Vec<Descriptor<'a>>,
     ) -> Result<(Arc<OpCore>, Vec<Descriptor<'a>>)> {
+        tracing::debug!(?kind, "operation begins");
         let metrics = &self.inner.metrics;
         let transport = self
             .check_active(kind, remote, &descs)

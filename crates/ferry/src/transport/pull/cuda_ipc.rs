@@ -219,6 +219,7 @@ impl Puller for CudaIpcPuller {
                 peer.process.pid()
             ))
         };
+        let t0 = std::time::Instant::now();
         if let Err(e) = peer.process.check() {
             return failed("the source process", &e);
         }
@@ -275,6 +276,7 @@ impl Puller for CudaIpcPuller {
                 .get(a as usize)
                 .map_or(0, |o| o.base().wrapping_add(off))
         };
+        let t_setup = t0.elapsed();
         let chunk = if host {
             HOST_CHUNK
         } else if source_device == Some(ordinal) {
@@ -336,14 +338,23 @@ impl Puller for CudaIpcPuller {
                 Err(Denied::NotHostMemory) => return super::not_host_memory(),
             }
         }
+        let t_copy = t0.elapsed();
         if let Err(e) = peer.process.confirm() {
             return failed("the source process", &e);
         }
-        if region.seal_if_open(|| shared.seal()) {
+        let end = if region.seal_if_open(|| shared.seal()) {
             PullEnd::Done
         } else {
             PullEnd::Closed
-        }
+        };
+        tracing::debug!(
+            bytes = lens.iter().sum::<u64>(),
+            setup_us = t_setup.as_micros() as u64,
+            copy_us = (t_copy - t_setup).as_micros() as u64,
+            sealed_us = (t0.elapsed() - t_copy).as_micros() as u64,
+            "CUDA IPC pull"
+        );
+        end
     }
 }
 

@@ -234,8 +234,12 @@ impl Conn {
     /// does it before it takes the session's lock
     /// ([`with_session_prepared`](Self::with_session_prepared)).
     pub(super) fn prepare_lent(&self, region: &Region) -> Result<(), String> {
-        self.register_lent(region)
-            .map_err(|e| format!("cannot lend this memory: {e}"))
+        let t = std::time::Instant::now();
+        let r = self
+            .register_lent(region)
+            .map_err(|e| format!("cannot lend this memory: {e}"));
+        tracing::debug!(us = t.elapsed().as_micros() as u64, "prepared to lend");
+        r
     }
 
     /// Does what the session asked. No protocol decision here: only how.
@@ -343,6 +347,7 @@ impl Conn {
     /// (not offered here, a handle the driver will not open, a bad lease)
     /// ends its one request (`fail_request`).
     pub(super) fn spawn_pull(self: &Arc<Self>, req: u64, target: Target, lease: LeaseBlob) {
+        tracing::debug!(req, "lease received");
         let (region, shared) = (target.region.clone(), target.shared.clone());
         let peer = if self.by_ucx() {
             match self.ucx_ep.get().cloned() {
