@@ -332,8 +332,16 @@ fn human(b: u64) -> String {
 }
 
 fn print_table(rows: &[Row]) {
+    // As wide as the longest kind ("ferry cuda:0 transfer"), so that the
+    // columns stay aligned.
+    let w = rows.iter().map(|r| r.kind.len()).max().unwrap_or(0).max(11);
+    let via = |r: &Row| match r.streams {
+        Some(n) => format!("{} x{n}", r.transport),
+        None => r.transport.clone(),
+    };
+    let v = rows.iter().map(|r| via(r).len()).max().unwrap_or(0).max(6);
     println!(
-        "{:<11} {:<6} {:<10} {:>8} {:>5} {:>8} {:>10} {:>10} {:>10} {:>10}  vs baseline",
+        "{:<w$} {:<v$} {:<10} {:>8} {:>5} {:>8} {:>10} {:>10} {:>10} {:>10}  vs baseline",
         "kind", "via", "op", "block", "batch", "GB/s", "ops/s", "avg us", "p50 us", "p99 us",
     );
     for r in rows {
@@ -342,12 +350,9 @@ fn print_table(rows: &[Row]) {
             _ => String::new(),
         };
         println!(
-            "{:<11} {:<6} {:<10} {:>8} {:>5} {:>8.3} {:>10.0} {:>10.1} {:>10.1} {:>10.1}  {}",
+            "{:<w$} {:<v$} {:<10} {:>8} {:>5} {:>8.3} {:>10.0} {:>10.1} {:>10.1} {:>10.1}  {}",
             r.kind,
-            match r.streams {
-                Some(n) => format!("{} x{n}", r.transport),
-                None => r.transport.clone(),
-            },
+            via(r),
             r.op,
             human(r.block_size),
             r.batch,
