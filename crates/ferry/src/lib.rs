@@ -116,7 +116,10 @@ pub mod ucx {
     /// `libucx-cu12`), and a CUDA driver that sees a device is here. An
     /// operation's device memory goes through UCX only where both
     /// processes say so in their handshake; elsewhere it is staged through
-    /// host memory. **Unverified on a GPU.**
+    /// host memory. On one H100 (2026-11-24) this moved device memory
+    /// correctly (`tests/gpu_ucx.rs`) but about 500 times slower than CUDA
+    /// IPC between two processes of one host, for a reason not yet found
+    /// (`docs/gpu.md`).
     ///
     /// ```
     /// if !ferry::ucx::moves_cuda() {

@@ -5,7 +5,8 @@
 //!
 //! The machine these were written on has no GPU: what runs everywhere is
 //! the refusal. The checks that need a real GPU skip, saying so, where
-//! `ferry::cuda::available()` is false.
+//! `ferry::cuda::available()` is false; they passed on one H100 on
+//! 2026-11-24.
 
 use bytes::Bytes;
 use ferry::cuda::{CudaBuffer, CudaError};

@@ -16,8 +16,9 @@ use crate::Descriptor;
 /// `Err(CudaError::Unavailable(..))`, saying why and what to install or
 /// set; [`status`](super::status) says the same.
 ///
-/// **Unverified on real hardware**: written from the driver API's
-/// documentation on a machine with no GPU (`docs/gpu.md`).
+/// Verified on one H100 on 2026-11-24: allocated, filled and read back
+/// through the driver, and moved by CUDA IPC, staged and through UCX
+/// (`docs/gpu.md`).
 ///
 /// ```
 /// match ferry::cuda::CudaBuffer::new(0, 1 << 20) {

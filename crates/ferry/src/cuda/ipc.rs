@@ -4,9 +4,11 @@
 //! (`cuMemcpyDtoDAsync_v2` / `cuMemcpyDtoHAsync_v2`, `cuStreamSynchronize`).
 //! The puller that uses them is `transport::pull::cuda_ipc`.
 //!
-//! **Unverified on real hardware**: written from `cuda.h` and the driver
-//! API's documentation on a machine with no GPU. Without CUDA every entry
-//! point is `CudaError::Unavailable`.
+//! Written from `cuda.h` and the driver API's documentation without a
+//! GPU; verified on one H100 on 2026-11-24 (`tests/cuda_ipc.rs`: GPU to GPU
+//! and GPU to host memory between two processes, 1 byte to 1 GiB). Not yet
+//! run: two GPUs in one host (peer access). Without CUDA every entry point
+//! is `CudaError::Unavailable`.
 
 use std::collections::HashMap;
 use std::ffi::c_void;

@@ -1,10 +1,11 @@
 //! Owned CUDA memory: a device's primary context, device buffers and pinned
 //! host buffers, each freed on drop.
 //!
-//! **Unverified on real hardware**: written against the driver API's
-//! documentation on a machine with no GPU. What is tested here is that
-//! every entry point fails cleanly ([`CudaError::Unavailable`]) where there
-//! is no CUDA; the tests that exercise the real driver run only where
+//! Written against the driver API's documentation without a GPU; verified
+//! on one H100 on 2026-11-24 (the `cuda` unit tests and the GPU integration
+//! tests, `docs/gpu.md`). What is tested everywhere is that every entry
+//! point fails cleanly ([`CudaError::Unavailable`]) where there is no CUDA;
+//! the tests that exercise the real driver run only where
 //! [`available`](super::available) is true.
 
 // Nothing outside the tests uses these until device memory reaches the
@@ -136,7 +137,7 @@ impl Drop for PrimaryCtx {
 /// `len` bytes of memory on one GPU (`cuda:N`), allocated through the
 /// device's primary context and freed on drop.
 ///
-/// **Unverified on real hardware** (developed without a GPU). Without CUDA
+/// Verified on one H100 on 2026-11-24 (`docs/gpu.md`). Without CUDA
 /// [`new`](Self::new) is `Err(CudaError::Unavailable(..))`.
 pub(crate) struct DeviceBuffer {
     ctx: Arc<PrimaryCtx>,

@@ -253,7 +253,9 @@ fn memory_types(api: &Api, context: ffi::Context) -> u64 {
 }
 
 /// The environment variable that lets this process move CUDA memory
-/// through UCX (`1`): opt-in while the path is unverified on a GPU.
+/// through UCX (`1`). Opt-in: on one H100 (2026-11-24) the path moved
+/// device memory correctly but about 500 times slower than CUDA IPC
+/// between two processes of one host (`docs/gpu.md`).
 pub const CUDA_ENV: &str = "FERRY_UCX_CUDA";
 
 /// Whether this process lends and pulls CUDA device memory through UCX:
