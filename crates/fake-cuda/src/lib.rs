@@ -20,7 +20,8 @@
 //!   destination before the wait sees the old bytes;
 //! - IPC handles name a process and one of its allocations: a handle of a
 //!   dead process, of a freed allocation or of this process fails to open,
-//!   and a handle opened twice in one process is `CUDA_ERROR_ALREADY_MAPPED`;
+//!   and a handle opened again in one context is counted (the same
+//!   address; the mapping goes with its last `cuIpcCloseMemHandle`);
 //! - copies outside an allocation, unknown streams, frees of unknown
 //!   addresses and calls before `cuInit` are the caller's mistake: told on
 //!   standard error, then the process aborts (`FERRY_FAKE_CUDA_MISUSE=error`
@@ -275,7 +276,10 @@ fn free(call: &str, addr: u64, want: fn(&model::Kind) -> bool) -> CuResult {
         m.flush();
         match m.find(addr) {
             Some((base, a)) if base == addr && want(&a.kind) => {
-                m.unmap(base);
+                // An opened allocation stays mapped until its last close.
+                if m.close_one(base) {
+                    m.unmap(base);
+                }
                 SUCCESS
             }
             Some((base, a)) => misuse(
@@ -323,7 +327,8 @@ fn copy_now(call: &'static str, dst: Place, src: Place, n: usize) -> CuResult {
     model::run(&[Copy { dst, src, n, call }])
 }
 
-/// A copy queued on `stream` (run now on the null stream).
+/// A copy queued on `stream` (the null stream: the current context's
+/// legacy stream).
 fn copy_async(
     call: &'static str,
     dst: Place,
@@ -331,14 +336,16 @@ fn copy_async(
     n: usize,
     stream: *mut c_void,
 ) -> CuResult {
-    if stream.is_null() {
-        return copy_now(call, dst, src, n);
-    }
     with(call, |m| {
-        if let Err(r) = m.current_device(call) {
-            return r;
-        }
-        let s = stream as usize;
+        let here = match m.current_device(call) {
+            Ok(d) => d,
+            Err(r) => return r,
+        };
+        let s = if stream.is_null() {
+            model::legacy_stream(here)
+        } else {
+            stream as usize
+        };
         if !m.has_stream(s) {
             return misuse(call, INVALID_HANDLE, &format!("unknown stream {s:#x}"));
         }
@@ -382,7 +389,10 @@ pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, n: usize) -
 /// None beyond the driver API's.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpyDtoD_v2(dst: u64, src: u64, n: usize) -> CuResult {
-    copy_now("cuMemcpyDtoD_v2", Place::Device(dst), Place::Device(src), n)
+    // The driver does not make the host wait for a device-to-device copy:
+    // it lands when the legacy stream is synchronized (or at a free).
+    let (d, s) = (Place::Device(dst), Place::Device(src));
+    copy_async("cuMemcpyDtoD_v2", d, s, n, std::ptr::null_mut())
 }
 
 /// # Safety
@@ -508,10 +518,23 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(s: *mut c_void) -> CuResult {
 /// None beyond the driver API's.
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamSynchronize(s: *mut c_void) -> CuResult {
+    const CALL: &str = "cuStreamSynchronize";
     if s.is_null() {
-        return SUCCESS;
+        // The current context's legacy stream.
+        let mut legacy = 0;
+        let r = with(CALL, |m| match m.current_device(CALL) {
+            Ok(d) => {
+                legacy = model::legacy_stream(d);
+                SUCCESS
+            }
+            Err(r) => r,
+        });
+        if r != SUCCESS {
+            return r;
+        }
+        return model::synchronize(legacy, CALL);
     }
-    model::synchronize(s as usize, "cuStreamSynchronize")
+    model::synchronize(s as usize, CALL)
 }
 
 /// # Safety
@@ -592,9 +615,10 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
 ) -> CuResult {
     const CALL: &str = "cuIpcOpenMemHandle_v2";
     with(CALL, |m| {
-        if let Err(r) = m.current_device(CALL) {
-            return r;
-        }
+        let here = match m.current_device(CALL) {
+            Ok(d) => d,
+            Err(r) => return r,
+        };
         if flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS {
             return misuse(
                 CALL,
@@ -611,7 +635,7 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
             x[..r.len()].copy_from_slice(&b[r]);
             u64::from_le_bytes(x)
         };
-        let (pid, fd, id, size, dev) = (
+        let (pid, fd, id, size, _exporter_device) = (
             word(8..12) as u32,
             word(12..16) as i32,
             word(16..24),
@@ -622,9 +646,10 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
             eprintln!("ferry-fake-cuda: {CALL}: a handle of this very process");
             return refuse(CALL, INVALID_CONTEXT, "a handle of this process");
         }
-        if m.is_opened(pid, id) {
-            eprintln!("ferry-fake-cuda: {CALL}: allocation {id} of process {pid} is open already");
-            return refuse(CALL, ALREADY_MAPPED, "opened twice");
+        // Opened in this context already: the same address, counted.
+        if let Some(base) = m.reopen(pid, id, here) {
+            // SAFETY: the caller's contract.
+            return unsafe { put(CALL, p, base) };
         }
         let file = match open_peer(pid, fd, id, size) {
             Ok(f) => f,
@@ -635,7 +660,9 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
             Ok((base, backing)) => {
                 // The mappings keep the memory; the descriptor closes here.
                 drop(file);
-                m.insert(base, model::opened(size, dev, pid, id, backing));
+                // Recorded under the device of the context that opened it
+                // (the exporter's device only names where the bytes are).
+                m.insert(base, model::opened(size, here, pid, id, backing));
                 // SAFETY: the caller's contract.
                 unsafe { put(CALL, p, base) }
             }

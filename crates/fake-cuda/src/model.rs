@@ -20,6 +20,9 @@ use crate::codes::*;
 const CTX_BASE: usize = 0x0c0d_e000;
 /// What a stream handle is, likewise.
 const STREAM_BASE: usize = 0x05e7_0000;
+/// Where the handles of the devices' legacy (null) streams start: one per
+/// device, which the null stream stands for in its primary context.
+const LEGACY_BASE: usize = 0x0001_e600;
 
 /// A place a copy reads or writes.
 #[derive(Clone, Copy, Debug)]
@@ -79,8 +82,11 @@ pub(crate) struct Model {
     /// Device memory freed by a context's reset, by address: freeing it
     /// afterwards is the caller's mistake, told as such.
     reset: HashSet<u64>,
-    /// What this process opened, by (pid, id): its address.
-    opened: HashMap<(u32, u64), u64>,
+    /// What this process opened, by (pid, id, device of the context that
+    /// opened it): its address and how many opens it still has (the
+    /// driver counts a second open in one context and returns the same
+    /// address; each `cuIpcCloseMemHandle` takes one back).
+    opened: HashMap<(u32, u64, u32), (u64, u32)>,
     streams: HashMap<usize, Stream>,
     next: u64,
 }
@@ -126,6 +132,14 @@ pub(crate) fn refuse(call: &str, code: CuResult, what: &str) -> CuResult {
 
 pub(crate) fn ctx_handle(device: u32) -> usize {
     CTX_BASE + 16 * device as usize
+}
+
+/// The handle of `device`'s legacy stream, what the null stream means in
+/// its primary context: synchronous device-to-device copies queue there
+/// (they do not make the host wait) and `cuStreamSynchronize(NULL)` runs
+/// them.
+pub(crate) fn legacy_stream(device: u32) -> usize {
+    LEGACY_BASE + 16 * device as usize
 }
 
 pub(crate) fn current() -> usize {
@@ -179,6 +193,12 @@ impl Model {
 
     pub(crate) fn retain(&mut self, device: u32) -> usize {
         self.refs[device as usize] += 1;
+        self.streams
+            .entry(legacy_stream(device))
+            .or_insert_with(|| Stream {
+                device,
+                ..Stream::default()
+            });
         ctx_handle(device)
     }
 
@@ -226,13 +246,35 @@ impl Model {
     pub(crate) fn insert(&mut self, base: u64, alloc: Alloc) {
         self.reset.remove(&base);
         if let Kind::Opened { pid, id } = alloc.kind {
-            self.opened.insert((pid, id), base);
+            self.opened.insert((pid, id, alloc.device), (base, 1));
         }
         self.allocs.insert(base, alloc);
     }
 
-    pub(crate) fn is_opened(&self, pid: u32, id: u64) -> bool {
-        self.opened.contains_key(&(pid, id))
+    /// Where allocation `id` of process `pid` is open in `device`'s
+    /// context already, counting this open; `None` if it is not.
+    pub(crate) fn reopen(&mut self, pid: u32, id: u64, device: u32) -> Option<u64> {
+        let (base, refs) = self.opened.get_mut(&(pid, id, device))?;
+        *refs += 1;
+        Some(*base)
+    }
+
+    /// Takes one open of the opened allocation at `base` back: `true` when
+    /// it was the last (the caller unmaps it).
+    pub(crate) fn close_one(&mut self, base: u64) -> bool {
+        let Some(a) = self.allocs.get(&base) else {
+            return true;
+        };
+        let Kind::Opened { pid, id } = a.kind else {
+            return true;
+        };
+        match self.opened.get_mut(&(pid, id, a.device)) {
+            Some((_, refs)) if *refs > 1 => {
+                *refs -= 1;
+                false
+            }
+            _ => true,
+        }
     }
 
     pub(crate) fn was_reset(&self, base: u64) -> bool {
@@ -244,9 +286,11 @@ impl Model {
         let Some(a) = self.allocs.remove(&base) else {
             return;
         };
-        // SAFETY: both mappings were made by `map_device`/`map_pinned` for
-        // `a.size` bytes and are unmapped once, here; no copy runs (the
-        // caller holds the gate or the model's lock with no copy taken).
+        // SAFETY: both mappings were made by `map_device`/`map_fd`/
+        // `map_pinned` for `a.size` bytes and are unmapped once, here
+        // (removed from `allocs` above); no copy runs: every caller (`free`
+        // and the context's reset) holds the gate exclusively
+        // (`exclusive`), and copies run only under it held shared.
         unsafe {
             libc::munmap(a.backing as *mut libc::c_void, a.size as usize);
             if a.backing as u64 != base {
@@ -259,7 +303,7 @@ impl Model {
                 unsafe { libc::close(fd) };
             }
             Kind::Opened { pid, id } => {
-                self.opened.remove(&(pid, id));
+                self.opened.remove(&(pid, id, a.device));
             }
             Kind::Pinned => {}
         }
@@ -283,14 +327,33 @@ impl Model {
                 Ok((a.backing as u64 + off) as *mut u8)
             }
             Place::Host(p) => {
-                if n > 0 {
-                    if let Some((base, a)) = self.find(p as u64) {
-                        if !matches!(a.kind, Kind::Pinned) {
-                            return Err(format!(
-                                "host pointer {p:#x} is device memory (the allocation at \
-                                 {base:#x})"
-                            ));
-                        }
+                if n == 0 {
+                    return Ok(p as *mut u8);
+                }
+                let (start, len) = (p as u64, n as u64);
+                let Some(end) = start.checked_add(len) else {
+                    return Err(format!("{n} bytes at {p:#x} wrap around"));
+                };
+                // The last allocation that starts before the range ends is
+                // the only one that can overlap its end; any other that
+                // overlaps it starts inside it.
+                for (&base, a) in self.allocs.range(..end).rev() {
+                    if base.saturating_add(a.size) <= start {
+                        break;
+                    }
+                    let pinned = matches!(a.kind, Kind::Pinned);
+                    if !pinned {
+                        return Err(format!(
+                            "host range {p:#x}+{n} covers device memory (the allocation at \
+                             {base:#x})"
+                        ));
+                    }
+                    if start >= base && end > base + a.size {
+                        return Err(format!(
+                            "{n} bytes at {p:#x} run past the end of the pinned allocation \
+                             at {base:#x} of {} bytes",
+                            a.size
+                        ));
                     }
                 }
                 Ok(p as *mut u8)
