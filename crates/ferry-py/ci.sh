@@ -31,3 +31,16 @@ echo "== mypy --strict (the package, its stubs and annotations)"
 
 echo "== pytest crates/ferry-py/tests"
 "$venv/bin/python" -m pytest crates/ferry-py/tests -q -p no:cacheprovider
+
+# The GPU tests once more against the fake CUDA driver (crates/fake-cuda,
+# built by .ci/test before this runs): device memory behind
+# __cuda_array_interface__ moved by CUDA IPC between two processes.
+fake_cuda=$root/target/debug/libferry_fake_cuda.so
+if [ -f "$fake_cuda" ]; then
+    echo "== pytest: the GPU tests against the fake CUDA driver"
+    FERRY_CUDA_LIB=$fake_cuda "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider \
+        crates/ferry-py/tests/test_reference_examples.py \
+        crates/ferry-py/tests/test_gpu_descriptors.py
+else
+    echo "(no $fake_cuda: cargo build -p ferry-fake-cuda runs the GPU tests against it)"
+fi
