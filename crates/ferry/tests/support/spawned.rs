@@ -57,7 +57,15 @@ impl Drop for Server {
         // Closing its standard input lets it exit; killed if it does not.
         drop(self.child.stdin.take());
         for _ in 0..50 {
-            if let Ok(Some(_)) = self.child.try_wait() {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                // A server that failed after its last line (a panic, or an
+                // abort such as the fake CUDA driver's on misuse) fails
+                // the test; one the test killed does not.
+                use std::os::unix::process::ExitStatusExt;
+                let killed = status.signal() == Some(libc::SIGKILL);
+                if !status.success() && !killed && !std::thread::panicking() {
+                    panic!("the server process ended badly: {status}");
+                }
                 return;
             }
             std::thread::sleep(Duration::from_millis(100));
