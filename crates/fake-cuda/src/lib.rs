@@ -73,6 +73,15 @@ fn with(call: &str, f: impl FnOnce(&mut Model) -> CuResult) -> CuResult {
     }
 }
 
+/// [`with`], for calls that need a current, retained context: `f` also
+/// gets its device.
+fn with_ctx(call: &str, f: impl FnOnce(&mut Model, u32) -> CuResult) -> CuResult {
+    with(call, |m| match m.current_device(call) {
+        Ok(dev) => f(m, dev),
+        Err(r) => r,
+    })
+}
+
 /// Writes `v` through an out pointer, refusing a null one.
 ///
 /// # Safety
@@ -249,11 +258,7 @@ pub unsafe extern "C" fn cuCtxGetCurrent(ctx: *mut *mut c_void) -> CuResult {
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAlloc_v2(p: *mut u64, size: usize) -> CuResult {
     const CALL: &str = "cuMemAlloc_v2";
-    with(CALL, |m| {
-        let dev = match m.current_device(CALL) {
-            Ok(d) => d,
-            Err(r) => return r,
-        };
+    with_ctx(CALL, |m, dev| {
         if size == 0 {
             return refuse(CALL, INVALID_VALUE, "0 bytes");
         }
@@ -315,12 +320,7 @@ pub unsafe extern "C" fn cuMemFree_v2(p: u64) -> CuResult {
 
 /// A copy run now, in the current context.
 fn copy_now(call: &'static str, dst: Place, src: Place, n: usize) -> CuResult {
-    let r = with(call, |m| {
-        if let Err(r) = m.current_device(call) {
-            return r;
-        }
-        SUCCESS
-    });
+    let r = with_ctx(call, |_, _| SUCCESS);
     if r != SUCCESS {
         return r;
     }
@@ -336,11 +336,7 @@ fn copy_async(
     n: usize,
     stream: *mut c_void,
 ) -> CuResult {
-    with(call, |m| {
-        let here = match m.current_device(call) {
-            Ok(d) => d,
-            Err(r) => return r,
-        };
+    with_ctx(call, |m, here| {
         let s = if stream.is_null() {
             model::legacy_stream(here)
         } else {
@@ -447,11 +443,7 @@ pub unsafe extern "C" fn cuMemHostAlloc(
     _flags: c_uint,
 ) -> CuResult {
     const CALL: &str = "cuMemHostAlloc";
-    with(CALL, |m| {
-        let dev = match m.current_device(CALL) {
-            Ok(d) => d,
-            Err(r) => return r,
-        };
+    with_ctx(CALL, |m, dev| {
         if size == 0 {
             return refuse(CALL, INVALID_VALUE, "0 bytes");
         }
@@ -482,11 +474,7 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CuResult {
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamCreate(s: *mut *mut c_void, flags: c_uint) -> CuResult {
     const CALL: &str = "cuStreamCreate";
-    with(CALL, |m| {
-        let dev = match m.current_device(CALL) {
-            Ok(d) => d,
-            Err(r) => return r,
-        };
+    with_ctx(CALL, |m, dev| {
         if flags > 1 {
             return misuse(CALL, INVALID_VALUE, &format!("flags {flags:#x}"));
         }
@@ -522,12 +510,9 @@ pub unsafe extern "C" fn cuStreamSynchronize(s: *mut c_void) -> CuResult {
     if s.is_null() {
         // The current context's legacy stream.
         let mut legacy = 0;
-        let r = with(CALL, |m| match m.current_device(CALL) {
-            Ok(d) => {
-                legacy = model::legacy_stream(d);
-                SUCCESS
-            }
-            Err(r) => r,
+        let r = with_ctx(CALL, |_, d| {
+            legacy = model::legacy_stream(d);
+            SUCCESS
         });
         if r != SUCCESS {
             return r;
@@ -581,10 +566,7 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
 #[no_mangle]
 pub unsafe extern "C" fn cuIpcGetMemHandle(h: *mut IpcMemHandle, ptr: u64) -> CuResult {
     const CALL: &str = "cuIpcGetMemHandle";
-    with(CALL, |m| {
-        if let Err(r) = m.current_device(CALL) {
-            return r;
-        }
+    with_ctx(CALL, |m, _| {
         let Some((_, a)) = m.find(ptr) else {
             return refuse(CALL, INVALID_VALUE, &format!("{ptr:#x} is not allocated"));
         };
@@ -614,11 +596,7 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
     flags: c_uint,
 ) -> CuResult {
     const CALL: &str = "cuIpcOpenMemHandle_v2";
-    with(CALL, |m| {
-        let here = match m.current_device(CALL) {
-            Ok(d) => d,
-            Err(r) => return r,
-        };
+    with_ctx(CALL, |m, here| {
         if flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS {
             return misuse(
                 CALL,

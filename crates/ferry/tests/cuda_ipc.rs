@@ -50,25 +50,19 @@ fn gpu_here() -> bool {
 /// A connector that may use cross-memory attach (and so CUDA IPC), or TCP
 /// only.
 async fn connector(attach: bool) -> Connector {
-    let t: &[TransportKind] = if attach {
-        &[TransportKind::Cma, TransportKind::Tcp]
+    if attach {
+        connector_over(&[TransportKind::Cma, TransportKind::Tcp]).await
     } else {
-        &[TransportKind::Tcp]
-    };
+        connector_over(&[TransportKind::Tcp]).await
+    }
+}
+
+/// A connector with the transports `t` (`Local`: it reaches the connectors
+/// of this process by the local transport).
+async fn connector_over(t: &[TransportKind]) -> Connector {
     Connector::builder()
         .listen("127.0.0.1:0".parse().unwrap())
         .transports(t)
-        .build()
-        .await
-        .expect("connector starts")
-}
-
-/// A connector that reaches the connectors of this process by the local
-/// transport.
-async fn local_connector() -> Connector {
-    Connector::builder()
-        .listen("127.0.0.1:0".parse().unwrap())
-        .transports(&[TransportKind::Local, TransportKind::Tcp])
         .build()
         .await
         .expect("connector starts")
@@ -739,7 +733,8 @@ fn without_cuda_ipc_gpu_memory_is_staged_or_refused_with_a_reason() {
     });
     drop(server);
     rt.block_on(async {
-        let (a, b) = (local_connector().await, local_connector().await);
+        let local = [TransportKind::Local, TransportKind::Tcp];
+        let (a, b) = (connector_over(&local).await, connector_over(&local).await);
         // Both connectors in this process: the local transport, through a
         // host buffer.
         let (descs, _side) = make(Mem::Gpu, &[64], &[false], Some(1), false);
