@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::auth::Secret;
 use crate::kind::TransportKind;
+use crate::transport::admission::Grouping;
 use crate::{Error, Result};
 
 /// The environment variable that restricts transports, e.g. `FERRY_TRANSPORTS=tcp`.
@@ -28,6 +29,9 @@ pub const STRIPE_THRESHOLD_ENV: &str = "FERRY_STRIPE_THRESHOLD";
 pub const IDLE_TIMEOUT_ENV: &str = "FERRY_IDLE_TIMEOUT";
 /// The environment variable that sets [`ConnectorBuilder::max_connections`].
 pub const MAX_CONNECTIONS_ENV: &str = "FERRY_MAX_CONNECTIONS";
+/// The environment variable that sets [`ConnectorBuilder::admission_prefixes`]:
+/// the IPv4 and the IPv6 prefix length, e.g. `FERRY_ADMISSION_PREFIXES=24,64`.
+pub const ADMISSION_PREFIXES_ENV: &str = "FERRY_ADMISSION_PREFIXES";
 /// The environment variable that sets [`ConnectorBuilder::metrics_addr`],
 /// e.g. `FERRY_METRICS_ADDR=0.0.0.0:9464`.
 pub const METRICS_ADDR_ENV: &str = "FERRY_METRICS_ADDR";
@@ -44,7 +48,9 @@ pub const UCX_STRICT_REGISTRATION_ENV: &str = "FERRY_UCX_STRICT_REGISTRATION";
 pub const UCX_TRUSTED_NETWORK_ENV: &str = "FERRY_UCX_TRUSTED_NETWORK";
 /// Connections with no operation in progress for this long are closed, by default.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-pub use crate::transport::admission::{DEFAULT_MAX_CONNECTIONS, UNPROVEN_PER_ADDRESS};
+pub use crate::transport::admission::{
+    per_group_cap, unproven_cap, DEFAULT_IPV4_PREFIX, DEFAULT_IPV6_PREFIX, DEFAULT_MAX_CONNECTIONS,
+};
 /// The shortest shared secret accepted, in bytes.
 pub const MIN_SECRET: usize = 16;
 
@@ -72,6 +78,7 @@ pub struct ConnectorBuilder {
     pub(crate) stripe_threshold: Option<u64>,
     pub(crate) idle_timeout: Option<Duration>,
     pub(crate) max_connections: Option<usize>,
+    pub(crate) admission_prefixes: Option<(u8, u8)>,
     pub(crate) metrics_addr: Option<SocketAddr>,
     pub(crate) ucx_trusted_network: Option<bool>,
     pub(crate) ucx_emulated_rma: Option<bool>,
@@ -100,6 +107,7 @@ impl Default for ConnectorBuilder {
             stripe_threshold: None,
             idle_timeout: None,
             max_connections: None,
+            admission_prefixes: None,
             metrics_addr: None,
             ucx_trusted_network: None,
             ucx_emulated_rma: None,
@@ -187,12 +195,13 @@ impl ConnectorBuilder {
         self
     }
 
-    /// Closes a connection (either direction) on which no operation has been
-    /// in progress, and no frame has arrived, for this long (default
-    /// [`DEFAULT_IDLE_TIMEOUT`]; without this call, `FERRY_IDLE_TIMEOUT`
-    /// in seconds is read). The next operation to that remote reconnects. A
-    /// pooled connection idle for half of it is replaced rather than used,
-    /// so give both sides the same value.
+    /// Closes a connection (either direction) that has carried no live
+    /// operation for this long (default [`DEFAULT_IDLE_TIMEOUT`]; without
+    /// this call, `FERRY_IDLE_TIMEOUT` in seconds is read). Frames that
+    /// belong to no live operation do not count: a connection kept busy
+    /// with them is closed all the same. The next operation to that remote
+    /// reconnects. A pooled connection idle for half of it is replaced
+    /// rather than used, so give both sides the same value.
     pub fn idle_timeout(mut self, d: Duration) -> Self {
         self.idle_timeout = Some(d);
         self
@@ -200,13 +209,32 @@ impl ConnectorBuilder {
 
     /// How many accepted connections this connector keeps at most (default
     /// [`DEFAULT_MAX_CONNECTIONS`]; without this call,
-    /// `FERRY_MAX_CONNECTIONS` is read). An eighth of them, and at most
-    /// [`UNPROVEN_PER_ADDRESS`] per IP address, may be connections that have
-    /// not yet presented a valid capability; beyond that the oldest such
-    /// connection is closed to make room. Connections that presented one are
-    /// never closed to make room.
+    /// `FERRY_MAX_CONNECTIONS` is read). Of them, at most an eighth
+    /// ([`unproven_cap`], at least 16) may be connections that never
+    /// presented a valid capability, and at most half of those
+    /// ([`per_group_cap`]) from one network (see
+    /// [`admission_prefixes`](Self::admission_prefixes)). Beyond a bound a
+    /// connection that carries no live operation is closed to make room:
+    /// first one that did not authenticate with the [`secret`](Self::secret),
+    /// then one of the most crowded network, then the oldest. A connection
+    /// that carries a live operation is never closed to make room; when
+    /// every one does, a new connection is refused.
     pub fn max_connections(mut self, n: usize) -> Self {
         self.max_connections = Some(n);
+        self
+    }
+
+    /// The prefix lengths of the networks by which the listener groups
+    /// peers' addresses for its bounds on new connections (default
+    /// [`DEFAULT_IPV4_PREFIX`] = 24 and [`DEFAULT_IPV6_PREFIX`] = 64;
+    /// without this call, `FERRY_ADMISSION_PREFIXES=V4,V6` is read). A
+    /// flood of connections from one network then only evicts connections
+    /// of that network (see [`max_connections`](Self::max_connections)).
+    /// Shorter prefixes group more widely (an attacker that holds a whole
+    /// IPv6 `/48` is contained by 48); 32 and 128 group by single address.
+    /// At most 32 and 128.
+    pub fn admission_prefixes(mut self, v4: u8, v6: u8) -> Self {
+        self.admission_prefixes = Some((v4, v6));
         self
     }
 
@@ -304,4 +332,32 @@ pub(crate) fn number_or_env<T: std::str::FromStr>(
             .map_err(|_| Error::Config(format!("{var}={v:?} is not a number of {what}"))),
         _ => Ok(None),
     }
+}
+
+/// The builder's prefix lengths for admission groups, else
+/// `FERRY_ADMISSION_PREFIXES`'s (`V4,V6`), else the defaults.
+pub(crate) fn admission_prefixes(set: Option<(u8, u8)>) -> Result<Grouping> {
+    let (v4, v6) = match set {
+        Some(p) => p,
+        None => match std::env::var(ADMISSION_PREFIXES_ENV) {
+            Ok(v) if !v.trim().is_empty() => {
+                let bad = || {
+                    Error::Config(format!(
+                        "{ADMISSION_PREFIXES_ENV}={v:?} is not two prefix lengths, as in \"24,64\""
+                    ))
+                };
+                let (a, b) = v.trim().split_once(',').ok_or_else(bad)?;
+                let a = a.trim().parse().map_err(|_| bad())?;
+                let b = b.trim().parse().map_err(|_| bad())?;
+                (a, b)
+            }
+            _ => (DEFAULT_IPV4_PREFIX, DEFAULT_IPV6_PREFIX),
+        },
+    };
+    if v4 > 32 || v6 > 128 {
+        return Err(Error::Config(format!(
+            "admission prefixes must be at most 32 (IPv4) and 128 (IPv6) (got {v4} and {v6})"
+        )));
+    }
+    Ok(Grouping { v4, v6 })
 }

@@ -9,7 +9,7 @@ use tokio::sync::watch;
 
 use crate::auth::Secret;
 use crate::builder::{
-    number_or_env, ConnectorBuilder, CMA_THRESHOLD_ENV, DEFAULT_CMA_THRESHOLD,
+    admission_prefixes, number_or_env, ConnectorBuilder, CMA_THRESHOLD_ENV, DEFAULT_CMA_THRESHOLD,
     DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_STRIPE_THRESHOLD, DEFAULT_TCP_STREAMS,
     IDLE_TIMEOUT_ENV, MAX_CONNECTIONS_ENV, METRICS_ADDR_ENV, MIN_SECRET, SECRET_ENV,
     STRIPE_THRESHOLD_ENV, TCP_STREAMS_ENV, TRANSPORTS_ENV, UCX_EMULATED_RMA_ENV,
@@ -97,6 +97,7 @@ impl ConnectorBuilder {
         if max_connections == 0 {
             return Err(Error::Config("max connections must be at least 1".into()));
         }
+        let admission = admission_prefixes(self.admission_prefixes)?;
         let metrics = Arc::new(Metrics::new(worker_id.clone()));
         let metrics_addr = start_metrics(&metrics, self.metrics_addr)?;
         let listener = Listener::bind(self.listen).await?;
@@ -138,6 +139,7 @@ impl ConnectorBuilder {
             stripe_threshold: stripe_threshold.max(1),
             idle_timeout,
             max_connections,
+            admission,
             shutdown: shutdown_rx.clone(),
             handle: handle.clone(),
             metrics: metrics.clone(),

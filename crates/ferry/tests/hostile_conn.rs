@@ -52,10 +52,10 @@ async fn transfer_works(c: &Connector) {
 }
 
 /// Connection `i` of the test, from its own share of loopback addresses
-/// (127.0.0.2 and up, fewer than `UNPROVEN_PER_ADDRESS` each), so that the
-/// per-address bound closes none of them.
+/// (127.0.0.2 and up, 8 each; the connector groups them by address), so
+/// that the per-group bound closes none of them.
 async fn connect_from(c: &Connector, i: usize) -> TcpStream {
-    let per = ferry::UNPROVEN_PER_ADDRESS / 2;
+    let per = 8;
     let n = 2 + i / per;
     let sock = tokio::net::TcpSocket::new_v4().unwrap();
     sock.bind(
@@ -75,6 +75,7 @@ async fn announced_frames_cost_nothing_until_their_bytes_arrive() {
         .listen("127.0.0.1:0".parse().unwrap())
         .transports(&[TransportKind::Tcp])
         .max_connections(16 * 1024)
+        .admission_prefixes(32, 128)
         .build()
         .await
         .unwrap();

@@ -154,6 +154,13 @@ impl<T: Fence> Session<T> {
         self.requests.len() + self.lent.len()
     }
 
+    /// Requests in flight, in either role: those of operations that have
+    /// not ended here (memory still lent after its operation ended is not
+    /// one). Zero when the connection carries no live operation.
+    pub fn live(&self) -> usize {
+        self.requests.len()
+    }
+
     /// What this side can do.
     pub fn caps(&self) -> Caps {
         self.caps

@@ -75,6 +75,8 @@ pub(crate) struct Config {
     pub(crate) idle_timeout: Duration,
     /// Accepted connections kept at most (see `admission.rs`).
     pub(crate) max_connections: usize,
+    /// How the listener groups addresses for its bounds (see `admission.rs`).
+    pub(crate) admission: crate::transport::admission::Grouping,
     pub(crate) shutdown: watch::Receiver<bool>,
     pub(crate) handle: Handle,
     /// The connector's metrics (connections opened and closed).

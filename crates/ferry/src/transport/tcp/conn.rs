@@ -17,7 +17,7 @@ use crate::exposure::{PassiveLink, Refusal};
 use crate::kind::TransportKind;
 use crate::outcome::OpShared;
 use crate::region::Region;
-use crate::transport::admission::Ticket;
+use crate::transport::admission::{Activity, Ticket};
 use crate::transport::api::ActiveLink;
 use crate::transport::cma;
 use crate::transport::stall::{self, CopySlot, CopySlots};
@@ -122,8 +122,9 @@ pub(crate) struct Conn {
     pub(super) on_close: Mutex<Option<Vec<CloseHook>>>,
     /// An accepted connection's place (see `admission.rs`).
     pub(super) ticket: OnceLock<Ticket>,
-    /// When a frame last arrived or an operation last began, in
-    /// milliseconds since `clock::epoch()`.
+    /// When the connection was last seen carrying a live operation (or
+    /// one began), in milliseconds since `clock::epoch()`: frames that
+    /// belong to no live operation do not move it.
     pub(super) last_active: AtomicU64,
     /// Set before the operations of a connection that broke the protocol
     /// end, just before it closes.
@@ -454,22 +455,30 @@ impl Conn {
         self.closing.load(Ordering::Acquire) || !self.is_alive()
     }
 
-    /// Something happened on the connection: it is not idle.
+    /// An operation began on the connection: it is not idle.
     pub(super) fn touch(&self) {
         self.last_active.store(now_ms(), Ordering::Relaxed);
     }
 
-    /// How long nothing has happened, if no operation is in progress on it
-    /// (`None` if one is).
+    /// How long it has carried no live operation (`None` if it carries one
+    /// now: the clock then starts again from now).
     pub(super) fn idle_for(&self) -> Option<Duration> {
-        let busy = lock(&self.session).pending() > 0;
-        (!busy).then(|| {
-            Duration::from_millis(now_ms().saturating_sub(self.last_active.load(Ordering::Relaxed)))
-        })
+        let live = lock(&self.session).live();
+        self.idle_given(live)
+    }
+
+    fn idle_given(&self, live: usize) -> Option<Duration> {
+        if live > 0 {
+            self.touch();
+            return None;
+        }
+        Some(Duration::from_millis(
+            now_ms().saturating_sub(self.last_active.load(Ordering::Relaxed)),
+        ))
     }
 
     /// The connection presented a valid capability (an accepted one is
-    /// then never closed to make room).
+    /// then never closed to make room while it carries a live operation).
     pub(super) fn prove(&self) {
         if let Some(t) = self.ticket.get() {
             t.prove();
@@ -609,6 +618,14 @@ impl Conn {
 
     pub(crate) fn forget_passive(&self, req: u64) {
         lock(&self.session).forget(req);
+    }
+}
+
+impl Activity for Conn {
+    fn idle(&self) -> Option<Duration> {
+        // Asked under the admission's lock: never waits for the session's.
+        let live = self.session.try_lock().ok()?.live();
+        self.idle_given(live)
     }
 }
 

@@ -9,7 +9,7 @@ use tokio::net::TcpListener;
 
 use crate::auth::Secret;
 use crate::metrics::ConnMeter;
-use crate::transport::admission::Admission;
+use crate::transport::admission::{Activity, Admission, Grouping};
 use crate::transport::api::{Config, Host};
 use crate::Result;
 
@@ -27,9 +27,9 @@ pub(super) struct Accepted {
 }
 
 impl Accepted {
-    pub(super) fn new(max_connections: usize) -> Self {
+    pub(super) fn new(max_connections: usize, grouping: Grouping) -> Self {
         Accepted {
-            admission: Admission::new(max_connections),
+            admission: Admission::new(max_connections, grouping),
             conns: Mutex::new(Vec::new()),
         }
     }
@@ -82,7 +82,7 @@ pub(super) async fn listen(
         };
         // Room for it, or closed at once (see `admission.rs`).
         let Some(ticket) = accepted.admission.admit(addr.ip()) else {
-            tracing::debug!(%addr, "refused a connection: every place is held by a proven peer");
+            tracing::debug!(%addr, "refused a connection: every place is held by a live operation");
             continue;
         };
         let (accepted, cfg) = (accepted.clone(), cfg.clone());
@@ -109,6 +109,8 @@ pub(super) async fn listen(
                 w.write_all(&hello).await.map_err(|e| e.to_string())?;
                 if let Some(secret) = &inner.host.secret {
                     authenticate(secret, &mut rd, &mut w, &peer, &hello).await?;
+                    // A flood that cannot authenticate no longer evicts it.
+                    ticket.authenticated();
                 }
                 Ok(peer)
             };
@@ -135,18 +137,20 @@ pub(super) async fn listen(
             };
             let session = Session::new(Role::Passive, caps);
             let conn = Conn::new(peer, w, inner.host.handle.clone(), session);
-            // Closed if it must make room while it has proven nothing.
+            // Closed if it must make room while it carries no live
+            // operation (see `admission.rs`).
             let weak = Arc::downgrade(&conn);
             tokio::spawn(async move {
                 if evicted.wait_for(|e| *e).await.is_ok() {
                     if let Some(c) = weak.upgrade() {
                         c.kill(
-                            "closed to make room for other peers: it presented no capability"
+                            "closed to make room for other peers: it carried no live operation"
                                 .into(),
                         );
                     }
                 }
             });
+            ticket.watch(Arc::downgrade(&conn) as Weak<dyn Activity>);
             let _ = conn.ticket.set(ticket);
             if let (Ok(act), Ok(pas)) = tuple {
                 let _ = conn.tuple.set((act, pas));

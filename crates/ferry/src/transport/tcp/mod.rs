@@ -69,7 +69,7 @@ pub(crate) struct TcpTransport {
 impl TcpTransport {
     pub(crate) fn new(local: Arc<Config>) -> Self {
         TcpTransport {
-            accepted: Arc::new(Accepted::new(local.max_connections)),
+            accepted: Arc::new(Accepted::new(local.max_connections, local.admission)),
             local,
             pool: Arc::new(Mutex::new(HashMap::new())),
             outgoing: Mutex::new(Vec::new()),

@@ -52,7 +52,13 @@ pub(super) async fn run_connection(
         // not be dropped.
         let mut frame = std::pin::pin!(step(&conn, &mut rd, inner.as_ref()));
         let step = loop {
-            let idle = conn.idle_for().unwrap_or_default();
+            // Idle: the clock runs out unless an operation begins. Busy:
+            // looked at again soon, so that the clock starts near the end
+            // of the last operation (frames do not move it: see `idle_for`).
+            let wait = match conn.idle_for() {
+                Some(idle) => idle_timeout.saturating_sub(idle),
+                None => (idle_timeout / 8).max(Duration::from_millis(1)),
+            };
             tokio::select! {
                 r = &mut frame => break r,
                 _ = until(&mut dead, |d| d.is_some()) => {
@@ -60,7 +66,7 @@ pub(super) async fn run_connection(
                     break Err(ConnError::Closed(Error::ConnectionLost { peer: conn.peer.clone(), cause }));
                 }
                 _ = until(&mut shutdown, |s| *s) => break Err(ConnError::Closed(Error::Shutdown)),
-                _ = tokio::time::sleep(idle_timeout.saturating_sub(idle)) => {
+                _ = tokio::time::sleep(wait) => {
                     if conn.idle_for().is_some_and(|d| d >= idle_timeout) {
                         break Err(ConnError::Closed(Error::ConnectionLost {
                             peer: conn.peer.clone(),
@@ -70,7 +76,6 @@ pub(super) async fn run_connection(
                 }
             }
         };
-        conn.touch();
         if let Err(e) = step {
             let told = matches!(e, ConnError::Violation(_));
             let err = e.into_error(&conn.peer);
@@ -294,6 +299,7 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Served>, o: Open) {
     }
     let verdict = match table.open(&o, Some(&conn.peer), caps, &mut bind) {
         Ok((e, _)) => {
+            conn.touch();
             conn.prove();
             Ok(Target::passive(e, table.clone(), joined))
         }
