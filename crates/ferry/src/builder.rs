@@ -340,17 +340,11 @@ pub(crate) fn admission_prefixes(set: Option<(u8, u8)>) -> Result<Grouping> {
     let (v4, v6) = match set {
         Some(p) => p,
         None => match std::env::var(ADMISSION_PREFIXES_ENV) {
-            Ok(v) if !v.trim().is_empty() => {
-                let bad = || {
-                    Error::Config(format!(
-                        "{ADMISSION_PREFIXES_ENV}={v:?} is not two prefix lengths, as in \"24,64\""
-                    ))
-                };
-                let (a, b) = v.trim().split_once(',').ok_or_else(bad)?;
-                let a = a.trim().parse().map_err(|_| bad())?;
-                let b = b.trim().parse().map_err(|_| bad())?;
-                (a, b)
-            }
+            Ok(v) if !v.trim().is_empty() => parse_prefixes(&v).ok_or_else(|| {
+                Error::Config(format!(
+                    "{ADMISSION_PREFIXES_ENV}={v:?} is not two prefix lengths, as in \"24,64\""
+                ))
+            })?,
             _ => (DEFAULT_IPV4_PREFIX, DEFAULT_IPV6_PREFIX),
         },
     };
@@ -360,4 +354,27 @@ pub(crate) fn admission_prefixes(set: Option<(u8, u8)>) -> Result<Grouping> {
         )));
     }
     Ok(Grouping { v4, v6 })
+}
+
+/// `"V4,V6"`, e.g. `"24,64"`.
+fn parse_prefixes(v: &str) -> Option<(u8, u8)> {
+    let (a, b) = v.trim().split_once(',')?;
+    Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admission_prefixes_are_two_lengths_in_range() {
+        assert_eq!(parse_prefixes(" 24, 64 "), Some((24, 64)));
+        assert_eq!(parse_prefixes("16,48"), Some((16, 48)));
+        for bad in ["24", "24;64", "a,64", "24,64,1", "-1,64", "300,64"] {
+            assert_eq!(parse_prefixes(bad), None, "{bad}");
+        }
+        assert!(admission_prefixes(Some((32, 128))).is_ok());
+        assert!(admission_prefixes(Some((33, 64))).is_err());
+        assert!(admission_prefixes(Some((24, 129))).is_err());
+    }
 }
