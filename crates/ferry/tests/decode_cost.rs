@@ -29,10 +29,11 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use ferry::Connector;
+use ferry::{Connector, Device, OperationKind, RdmaMetadata};
 use ferry_proto::wire::{
     self, Abort, AbortReason, Attach, Auth, Data, Hello, Message, Rdma, Verdict,
 };
+use ferry_proto::{DescriptorInfo, Token};
 
 /// The victim's allowance per connection: its tables, its buffers, the
 /// tasks of a connection, and with a secret the Noise handshake.
@@ -494,4 +495,96 @@ fn no_frame_costs_the_victim_more_than_a_constant_times_its_bytes() {
         failed.join("\n")
     );
     rt.block_on(async move { drop((plain, secret, _w1, _w2)) });
+}
+
+/// The other direction: the connecting side (a READ's) against a hostile
+/// passive side that answers its hello with a frame of each type, in
+/// place of the authentication frame (the reader has a secret) or where
+/// the session begins (it has none). The same bound.
+#[test]
+fn a_hostile_passive_side_costs_the_connecting_side_a_constant_times_its_bytes() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let meta = RdmaMetadata::new(
+        OperationKind::Read,
+        "fake-passive".into(),
+        "fake-host".into(),
+        "fake-boot-id".into(),
+        vec![l.local_addr().unwrap()],
+        1,
+        Token::from_bytes([7; 16]),
+        vec![DescriptorInfo::new(Device::CPU, 64)],
+    )
+    .unwrap();
+    ATTACKER.with(|a| a.set(true));
+    let mut failed = Vec::new();
+    for secret in [false, true] {
+        let reader = rt.block_on(async {
+            let mut b = Connector::builder();
+            if secret {
+                b = b.secret(SECRET);
+            }
+            std::sync::Arc::new(b.build().await.unwrap())
+        });
+        for (name, frame) in frames(1) {
+            std::thread::sleep(Duration::from_millis(30));
+            let (bytes0, cpu0) = (VICTIM_BYTES.load(Ordering::Relaxed), victim_cpu());
+            let (done_tx, done_rx) = std::sync::mpsc::channel();
+            let (c, m) = (reader.clone(), meta.clone());
+            rt.spawn(async move {
+                let r = match c.begin_read(&m, vec![vec![0u8; 64].into()]).await {
+                    Ok(op) => op.wait_for_completion().await,
+                    Err(e) => Err(e),
+                };
+                let _ = done_tx.send(r.is_err());
+            });
+            let (mut s, _) = l.accept().unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            // Its hello (and with a secret its handshake message).
+            let mut b = [0u8; 4096];
+            let _ = s.read(&mut b);
+            let mut f = Message::Hello(Hello {
+                version: wire::PROTOCOL_VERSION,
+                worker_id: "fake-passive".into(),
+            })
+            .to_vec();
+            f.extend_from_slice(&frame);
+            // Then the refusal of its request (number 1, the first on the
+            // connection), which ends the READ if nothing else did.
+            Message::Abort(Abort {
+                req: 1,
+                reason: AbortReason::UnknownOperation,
+                detail: String::new(),
+            })
+            .encode(&mut f);
+            let sent = f.len() as u64;
+            let _ = s.write_all(&f);
+            let errored = done_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+            assert!(errored, "{name}: the READ of a hostile passive side failed");
+            let bytes = VICTIM_BYTES.load(Ordering::Relaxed) - bytes0;
+            let cpu = victim_cpu().saturating_sub(cpu0);
+            drop(s);
+            let (max_bytes, max_cpu) = (K_BYTES + C_BYTES * sent, K_CPU + C_CPU * sent as u32);
+            let ok = bytes <= max_bytes && cpu <= max_cpu;
+            let line = format!(
+                "reader (secret: {secret}), {name}: {sent} bytes sent; victim allocated {bytes} \
+                 bytes (bound {max_bytes}), used {cpu:?} of CPU (bound {max_cpu:?})"
+            );
+            println!("{}{line}", if ok { "ok      " } else { "FAILED  " });
+            if !ok {
+                failed.push(line);
+            }
+        }
+        rt.block_on(async move { drop(reader) });
+    }
+    ATTACKER.with(|a| a.set(false));
+    assert!(
+        failed.is_empty(),
+        "beyond the bound:\n{}",
+        failed.join("\n")
+    );
 }
