@@ -82,6 +82,7 @@ pub fn expand(runs: &[(u64, u32)], max: usize) -> Result<Vec<u64>, RunsError> {
 /// assert_eq!(r.first_difference(&[4, 4, 5, 8]), Some(2));
 /// assert_eq!(r.expand(), vec![4, 4, 4, 8]);
 /// assert_eq!(Runs::from(vec![4, 4, 4, 8]), r);
+/// assert_eq!([4, 4, 4, 8].into_iter().collect::<Runs>(), r);
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Runs {
@@ -177,6 +178,15 @@ impl Runs {
         let mut out = Vec::with_capacity(self.len);
         out.extend(self.iter());
         out
+    }
+}
+
+impl FromIterator<u64> for Runs {
+    /// The runs of the sizes, built as they come (no list of them).
+    fn from_iter<I: IntoIterator<Item = u64>>(sizes: I) -> Self {
+        let mut len = 0usize;
+        let runs = runs(sizes.into_iter().inspect(|_| len += 1));
+        Runs { runs, len }
     }
 }
 

@@ -101,7 +101,7 @@ impl Segments {
 impl From<&[(u64, u64)]> for Segments {
     /// The segments in the shorter of the two address forms.
     fn from(segments: &[(u64, u64)]) -> Self {
-        let lens = Runs::of(&segments.iter().map(|s| s.1).collect::<Vec<_>>());
+        let lens: Runs = segments.iter().map(|s| s.1).collect();
         let runs = address_runs(segments);
         let addrs = if 4 + runs.len() * 12 < segments.len() * 8 {
             Addresses::Runs(runs)
