@@ -22,7 +22,7 @@ fn open_frame(req: u64, kind: OperationKind, meta: &Meta, pull: bool, part: (u16
         op_id: meta.op_id,
         token: meta.token,
         kind,
-        sizes: meta.sizes.clone(),
+        sizes: meta.sizes.as_slice().into(),
         pull,
         part: part.0,
         parts: part.1,
@@ -162,12 +162,12 @@ fn hostile_writer_leases_memory_of_another_shape() {
         let x = w.facing_script(Role::Passive, ATTACH);
         let (dst, meta) = w.expose(OperationKind::Write, untouched(&SIZES));
         w.inject(x, open_frame(1, OperationKind::Write, &meta, true, (0, 1)));
-        let segments = lens.iter().map(|&l| (0x1000, l)).collect();
+        let segments: Vec<(u64, u64)> = lens.iter().map(|&l| (0x1000, l)).collect();
         w.inject(
             x,
             Message::Lease(Lease {
                 req: 1,
-                segments,
+                segments: segments.into(),
                 key: vec![],
             }),
         );
@@ -195,7 +195,7 @@ fn hostile_passive_lends_memory_of_another_shape() {
         x,
         Message::Lease(Lease {
             req,
-            segments: vec![(0x1000, 16)],
+            segments: vec![(0x1000, 16)].into(),
             key: vec![],
         }),
     );

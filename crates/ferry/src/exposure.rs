@@ -176,16 +176,17 @@ impl Exposures {
                 ),
             ));
         }
-        if let Some((i, (a, b))) = e
-            .sizes
-            .iter()
-            .zip(&o.sizes)
-            .enumerate()
-            .find(|(_, (a, b))| a != b)
-        {
+        // The request's sizes are runs as received: compared with the
+        // exposed sizes without expanding them (the cost follows what this
+        // side exposed, never the counts a peer claims).
+        if let Some(i) = o.sizes.first_difference(&e.sizes) {
+            let b = o.sizes.iter().nth(i).unwrap_or_default();
             return Err((
                 AbortReason::SizeMismatch,
-                format!("descriptor {i}: {a} bytes exposed, {b} requested"),
+                format!(
+                    "descriptor {i}: {} bytes exposed, {b} requested",
+                    e.sizes[i]
+                ),
             ));
         }
         // Device memory moves in band where CUDA stages it here (always,
@@ -425,7 +426,7 @@ mod tests {
             op_id: e.op_id,
             token,
             kind: OperationKind::Read,
-            sizes: vec![64],
+            sizes: vec![64].into(),
             pull,
             part: 0,
             parts,
@@ -471,7 +472,7 @@ mod tests {
             op_id: e.op_id,
             token,
             kind: OperationKind::Read,
-            sizes: vec![8],
+            sizes: vec![8].into(),
             pull: false,
             part: 0,
             parts: 1,

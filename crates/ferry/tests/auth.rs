@@ -103,7 +103,7 @@ async fn a_raw_peer_with_a_valid_token_but_no_secret_touches_nothing() {
         op_id: m.operation_id(),
         token: *m.token(),
         kind: OperationKind::Write,
-        sizes: vec![64],
+        sizes: vec![64].into(),
         pull: false,
         part: 0,
         parts: 1,

@@ -80,7 +80,7 @@ async fn hostile_passive_open_sent_to_the_active_side_is_refused() {
                 op_id: 1,
                 token: Token::from_bytes([7; 16]),
                 kind: OperationKind::Write,
-                sizes: vec![32, 16],
+                sizes: vec![32, 16].into(),
                 pull: false,
                 part: 0,
                 parts: 1,

@@ -430,7 +430,7 @@ async fn a_replayed_attach_cookie_is_refused_and_its_lease_copies_nothing() {
     second
         .send(&Message::Lease(Lease {
             req: 7,
-            segments: vec![(secret.as_ptr() as u64, 64)],
+            segments: vec![(secret.as_ptr() as u64, 64)].into(),
             key: vec![],
         }))
         .await;
@@ -461,7 +461,7 @@ async fn unasked_leases_and_attach_out_of_turn_close_the_connection() {
     for req in 0..10_000u64 {
         Message::Lease(Lease {
             req,
-            segments: vec![(4096, 16)],
+            segments: vec![(4096, 16)].into(),
             key: vec![],
         })
         .encode(&mut flood);

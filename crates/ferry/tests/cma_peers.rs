@@ -195,14 +195,14 @@ impl Wire {
             op_id: m.operation_id(),
             token: *m.token(),
             kind: OperationKind::Write,
-            sizes: sizes.clone(),
+            sizes: sizes.clone().into(),
             pull: true,
             part: 0,
             parts: 1,
         }));
         self.send(&Message::Lease(Lease {
             req,
-            segments: vec![(addr, sizes[0])],
+            segments: vec![(addr, sizes[0])].into(),
             key,
         }));
     }

@@ -55,7 +55,7 @@ async fn a_peer_that_stops_reading_meets_the_deadline_and_the_cancel() {
         op_id: m.operation_id(),
         token: *m.token(),
         kind: OperationKind::Read,
-        sizes: vec![size as u64],
+        sizes: vec![size as u64].into(),
         pull: false,
         part: 0,
         parts: 1,

@@ -38,6 +38,7 @@ pub use violation::Violation;
 
 use crate::wire::{Abort, AbortReason, Lease, Message, Open};
 // The session tests use it through `super::*`.
+use crate::runs::Runs;
 #[cfg(test)]
 use crate::wire::MAX_LEASE_SEGMENTS;
 use crate::{Cursor, OperationKind};
@@ -267,6 +268,11 @@ impl<T: Fence> Session<T> {
     /// by the queued actions. The driver then checks that the operation
     /// did not end meanwhile and calls [`serve`](Self::serve), or
     /// [`forget`](Self::forget) and [`unlend`](Self::unlend).
+    ///
+    /// A grant means the driver found `o.sizes` equal to the granted
+    /// operation's ([`Runs::first_difference`]): only then are they
+    /// expanded here, so that what this costs follows the grant, never the
+    /// counts the peer claimed.
     pub fn bound(&mut self, o: &Open, verdict: Result<T, (AbortReason, String)>) {
         let target = match verdict {
             Ok(t) => t,
@@ -283,9 +289,10 @@ impl<T: Fence> Session<T> {
         }
         let side = Side::of(Role::Passive, o.kind);
         if o.parts > 1 {
-            // A part of a striped transfer: always in band.
-            let total = o.sizes.iter().fold(0u64, |a, s| a.saturating_add(*s));
-            let (start, end) = part_range(total, o.part, o.parts);
+            // A part of a striped transfer: always in band. Its sizes are
+            // the grant's (checked by the driver before it bound them):
+            // only now are they expanded.
+            let (start, end) = part_range(o.sizes.total(), o.part, o.parts);
             self.push(Action::Via {
                 target: target.clone(),
                 lent: false,
@@ -295,7 +302,7 @@ impl<T: Fence> Session<T> {
                 Request {
                     side,
                     path: Path::InBand,
-                    cursor: Cursor::range(o.sizes.clone(), start, end),
+                    cursor: Cursor::range(o.sizes.expand(), start, end),
                     part: Some(PartState {
                         index: o.part,
                         done: false,
@@ -330,7 +337,7 @@ impl<T: Fence> Session<T> {
             Request {
                 side,
                 path,
-                cursor: Cursor::new(o.sizes.clone()),
+                cursor: Cursor::new(o.sizes.expand()),
                 part: None,
                 target,
             },
@@ -488,7 +495,7 @@ impl<T: Fence> Session<T> {
             op_id: p.op_id,
             token: p.token,
             kind: p.kind,
-            sizes: p.sizes,
+            sizes: Runs::of(&p.sizes),
             pull,
             part,
             parts,
@@ -589,10 +596,10 @@ impl<T: Fence> Session<T> {
         if r.path != want {
             return Err(Violation::UnaskedLease { req: l.req });
         }
+        // Its lengths are checked against the request's sizes before a
+        // segment is expanded: what that costs follows the request.
         let sizes = r.cursor.sizes();
-        if l.segments.len() != sizes.len()
-            || !l.segments.iter().map(|s| s.1).eq(sizes.iter().copied())
-        {
+        if l.segments.len() != sizes.len() || l.segments.lens().first_difference(sizes).is_some() {
             return Err(Violation::LeaseShapeMismatch { req: l.req });
         }
         r.path = Path::Pulling;
@@ -606,7 +613,7 @@ impl<T: Fence> Session<T> {
         self.push(Action::Pull {
             req: l.req,
             target,
-            segments: l.segments,
+            segments: l.segments.expand(),
             key: l.key,
         });
         Ok(Step::Done)

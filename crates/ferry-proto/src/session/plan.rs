@@ -3,7 +3,7 @@
 //! serves it ([`can_lend`]).
 
 use super::Caps;
-use crate::runs::{run_count, MAX_RUNS};
+use crate::runs::{run_count, Runs, MAX_RUNS};
 use crate::wire::{Open, MAX_LEASE_SEGMENTS, MAX_PARTS};
 use crate::OperationKind;
 
@@ -71,7 +71,18 @@ pub fn plan(kind: OperationKind, sizes: &[u64], caps: Caps, thresholds: &Thresho
 /// ([`Caps::lends_device`]: CUDA IPC offered by both sides, or UCX that
 /// moves CUDA memory on both).
 pub fn can_lend(sizes: &[u64], device: bool, caps: Caps) -> bool {
-    caps.attach && caps.peer_pulls && fits_lease(sizes) && (caps.lends_device() || !device)
+    can_lend_shape(fits_lease(sizes), device, caps)
+}
+
+fn can_lend_shape(fits: bool, device: bool, caps: Caps) -> bool {
+    caps.attach && caps.peer_pulls && fits && (caps.lends_device() || !device)
+}
+
+/// [`can_lend`] for sizes kept as runs (an `Open`'s), without expanding
+/// them.
+fn can_lend_runs(sizes: &Runs, device: bool, caps: Caps) -> bool {
+    let fits = sizes.len() <= MAX_LEASE_SEGMENTS && sizes.run_count() <= MAX_RUNS;
+    can_lend_shape(fits, device, caps)
 }
 
 /// Whether the passive side lends its memory (`device`: device memory)
@@ -79,7 +90,7 @@ pub fn can_lend(sizes: &[u64], device: bool, caps: Caps) -> bool {
 /// a lease, which [`can_lend`] allows on a connection with `caps`. Else
 /// a READ's bytes stream.
 pub fn lends(o: &Open, device: bool, caps: Caps) -> bool {
-    o.kind == OperationKind::Read && o.pull && o.parts <= 1 && can_lend(&o.sizes, device, caps)
+    o.kind == OperationKind::Read && o.pull && o.parts <= 1 && can_lend_runs(&o.sizes, device, caps)
 }
 
 /// Why the passive side refuses request `o` over *device* memory (GPU) that
@@ -104,7 +115,7 @@ pub fn device_refusal(o: &Open, caps: Caps) -> Option<String> {
                  driver that sees a device on one of them), nor both run a UCX that moves \
                  CUDA memory"
             }
-            OperationKind::Read if !can_lend(&o.sizes, true, caps) => {
+            OperationKind::Read if !can_lend_runs(&o.sizes, true, caps) => {
                 "this connection cannot lend memory to the peer (no cross-memory attach both \
                  ways, or too many descriptors for one lease)"
             }
@@ -192,7 +203,7 @@ mod tests {
             op_id: 2,
             token: crate::Token::from_bytes([1; 16]),
             kind,
-            sizes: vec![4096],
+            sizes: vec![4096].into(),
             pull,
             part: 0,
             parts,
@@ -225,7 +236,7 @@ mod tests {
         let why = device_refusal(&open(Read, true, 1), caps(true, false)).unwrap();
         assert!(why.contains("cannot lend"), "{why}");
         let many = Open {
-            sizes: unlendable(),
+            sizes: unlendable().into(),
             ..open(Read, true, 1)
         };
         assert!(device_refusal(&many, both).unwrap().contains("cannot lend"));

@@ -1,14 +1,35 @@
 //! Decoding frames: headers checked first, then bodies, never panicking and
-//! never allocating more than the checked bounds (see the module above).
+//! never allocating or working more than the bytes received allow (see the
+//! module above).
 
+use super::segments::{run_ends_fit, Addresses};
 use super::*;
 
 /// A checked frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header {
     ty: u8,
-    /// Body length, at most [`MAX_BODY`].
+    /// Body length, at most the largest valid body of its type (at most
+    /// [`MAX_BODY`]; a `Lease`: [`MAX_LEASE_BODY`]).
     pub body_len: u32,
+}
+
+impl Header {
+    /// The frame's type.
+    pub fn frame_type(&self) -> FrameType {
+        FrameType::of(self.ty).unwrap_or_else(|| unreachable!("checked by decode_header"))
+    }
+
+    /// The request number at the start of the body of a frame of a type
+    /// that starts with one ([`FrameType::starts_with_req`]), from the
+    /// body's first bytes (`prefix`, at least 8 of them); nothing else of
+    /// the body is looked at.
+    pub fn req(&self, prefix: &[u8]) -> Option<u64> {
+        if !self.frame_type().starts_with_req() || self.body_len < 8 {
+            return None;
+        }
+        Some(u64::from_le_bytes(prefix.get(..8)?.try_into().ok()?))
+    }
 }
 
 /// Checks a frame header.
@@ -58,40 +79,44 @@ impl<'a> Reader<'a> {
         let b = self.take(n)?;
         String::from_utf8(b.to_vec()).map_err(|_| WireError::InvalidField(field))
     }
-    /// Sizes written by `put_runs`: at least one, at most `max` in all.
-    fn runs(&mut self, max: usize, field: &'static str) -> Result<Vec<u64>, WireError> {
+    /// `n` pairs of `(u64, u32)`, after checking that their bytes are
+    /// there: what is allocated follows the bytes received.
+    fn pairs(&mut self, n: usize) -> Result<Vec<(u64, u32)>, WireError> {
+        if self.0.len() < n.saturating_mul(12) {
+            return Err(WireError::Truncated);
+        }
+        (0..n).map(|_| Ok((self.u64()?, self.u32()?))).collect()
+    }
+    /// Sizes written as runs: at least one run, at most [`MAX_RUNS`], at
+    /// most `max` sizes in all. Kept as runs: nothing is expanded.
+    fn runs(&mut self, max: usize, field: &'static str) -> Result<Runs, WireError> {
         let n = self.u32()? as usize;
         if n == 0 || n > MAX_RUNS {
             return Err(WireError::InvalidField(field));
         }
-        if self.0.len() < n * 12 {
-            return Err(WireError::Truncated);
-        }
-        let runs = (0..n)
-            .map(|_| Ok((self.u64()?, self.u32()?)))
-            .collect::<Result<Vec<_>, WireError>>()?;
-        runs::expand(&runs, max).map_err(|_| WireError::InvalidField(field))
+        let runs = self.pairs(n)?;
+        Runs::new(runs, max).map_err(|_| WireError::InvalidField(field))
     }
     /// The rest of the body: the addresses of segments of lengths `lens`,
-    /// in either form (see [`Lease::segments`]). Allocates the `lens.len()`
-    /// segments (bounded by the caller) once; a run that claims more
-    /// segments than there are, or whose addresses overflow, is refused.
-    fn addresses(&mut self, lens: Vec<u64>) -> Result<Vec<(u64, u64)>, WireError> {
+    /// in either form (see [`Lease::segments`]), kept in that form. A run
+    /// that claims more segments than there are, or whose addresses
+    /// overflow, is refused, in one step per run.
+    fn addresses(&mut self, lens: Runs) -> Result<Segments, WireError> {
         let n = lens.len();
         let exact = |r: &Self, want: usize| match r.0.len() {
             l if l < want => Err(WireError::Truncated),
             l if l > want => Err(WireError::Trailing(l - want)),
             _ => Ok(()),
         };
-        match self.u8()? {
+        let addrs = match self.u8()? {
             ADDRESSES_EACH => {
                 exact(self, n * 8)?;
-                Ok(self
-                    .take(n * 8)?
-                    .chunks_exact(8)
-                    .zip(lens)
-                    .map(|(a, len)| (u64::from_le_bytes(a.try_into().expect("8 bytes")), len))
-                    .collect())
+                Addresses::Each(
+                    self.take(n * 8)?
+                        .chunks_exact(8)
+                        .map(|a| u64::from_le_bytes(a.try_into().expect("8 bytes")))
+                        .collect(),
+                )
             }
             ADDRESSES_RUNS => {
                 let m = self.u32()? as usize;
@@ -99,32 +124,13 @@ impl<'a> Reader<'a> {
                     return Err(WireError::InvalidField("address run count"));
                 }
                 exact(self, m * 12)?;
-                let mut out = Vec::with_capacity(n);
-                let mut lens = lens.into_iter();
-                for _ in 0..m {
-                    let (mut addr, count) = (self.u64()?, self.u32()?);
-                    if count == 0 || count as usize > n - out.len() {
-                        return Err(WireError::InvalidField("address run count"));
-                    }
-                    for k in 0..count {
-                        let len = lens
-                            .next()
-                            .ok_or(WireError::InvalidField("address run count"))?;
-                        out.push((addr, len));
-                        if k + 1 < count {
-                            addr = addr
-                                .checked_add(len)
-                                .ok_or(WireError::InvalidField("lease address"))?;
-                        }
-                    }
-                }
-                if out.len() != n {
-                    return Err(WireError::InvalidField("address run count"));
-                }
-                Ok(out)
+                let runs = self.pairs(m)?;
+                run_ends_fit(&lens, &runs).map_err(WireError::InvalidField)?;
+                Addresses::Runs(runs)
             }
-            _ => Err(WireError::InvalidField("lease address form")),
-        }
+            _ => return Err(WireError::InvalidField("lease address form")),
+        };
+        Ok(Segments::from_parts(lens, addrs))
     }
     fn end(self) -> Result<(), WireError> {
         if self.0.is_empty() {

@@ -1,6 +1,8 @@
 //! Encoding frames: [`Message::encode`] and the lists it writes compactly
-//! (sizes as runs, lease addresses in the shorter of two forms).
+//! (sizes as runs, lease addresses in the shorter of two forms, chosen
+//! when the [`Segments`] were made).
 
+use super::segments::Addresses;
 use super::*;
 
 fn put_header(out: &mut Vec<u8>, ty: u8, body_len: usize) {
@@ -8,49 +10,31 @@ fn put_header(out: &mut Vec<u8>, ty: u8, body_len: usize) {
     out.extend_from_slice(&(body_len as u32).to_le_bytes());
 }
 
-/// Sizes as a run count (u32) and `(size u64, count u32)` per run.
-pub(super) fn put_runs(out: &mut Vec<u8>, sizes: impl IntoIterator<Item = u64>) {
-    let runs = runs::runs(sizes);
+/// Runs as a run count (u32) and `(size u64, count u32)` per run.
+pub(super) fn put_runs(out: &mut Vec<u8>, runs: &[(u64, u32)]) {
+    out.reserve(4 + runs.len() * 12);
     out.extend_from_slice(&(runs.len() as u32).to_le_bytes());
-    for (size, count) in runs {
+    for &(size, count) in runs {
         out.extend_from_slice(&size.to_le_bytes());
         out.extend_from_slice(&count.to_le_bytes());
     }
 }
 
-/// The runs of `segments` that follow each other in memory: `(first
-/// address, segments)`.
-fn address_runs(segments: &[(u64, u64)]) -> Vec<(u64, u32)> {
-    let mut out: Vec<(u64, u32)> = Vec::new();
-    let mut next = None;
-    for &(addr, len) in segments {
-        match out.last_mut() {
-            Some((_, n)) if next == Some(addr) && *n < u32::MAX => *n += 1,
-            _ => out.push((addr, 1)),
+/// The addresses of a lease, in the form they are kept in.
+fn put_addresses(out: &mut Vec<u8>, segments: &Segments) {
+    match segments.addrs() {
+        Addresses::Runs(runs) => {
+            out.push(ADDRESSES_RUNS);
+            put_runs(out, runs);
         }
-        next = addr.checked_add(len);
-    }
-    out
-}
-
-/// The addresses of a lease, in the shorter form.
-fn put_addresses(out: &mut Vec<u8>, segments: &[(u64, u64)]) {
-    let runs = address_runs(segments);
-    if 4 + runs.len() * 12 < segments.len() * 8 {
-        out.push(ADDRESSES_RUNS);
-        out.reserve(4 + runs.len() * 12);
-        out.extend_from_slice(&(runs.len() as u32).to_le_bytes());
-        for (addr, n) in runs {
-            out.extend_from_slice(&addr.to_le_bytes());
-            out.extend_from_slice(&n.to_le_bytes());
-        }
-    } else {
-        out.push(ADDRESSES_EACH);
-        // Reserved at once: a lease of many blocks is megabytes, and
-        // growing by doubling would copy (and fault in) it repeatedly.
-        out.reserve(segments.len() * 8);
-        for (addr, _) in segments {
-            out.extend_from_slice(&addr.to_le_bytes());
+        Addresses::Each(addrs) => {
+            out.push(ADDRESSES_EACH);
+            // Reserved at once: a lease of many blocks is megabytes, and
+            // growing by doubling would copy (and fault in) it repeatedly.
+            out.reserve(addrs.len() * 8);
+            for addr in addrs {
+                out.extend_from_slice(&addr.to_le_bytes());
+            }
         }
     }
 }
@@ -88,7 +72,7 @@ impl Message {
                 out.push(u8::from(o.pull));
                 out.extend_from_slice(&o.part.to_le_bytes());
                 out.extend_from_slice(&o.parts.to_le_bytes());
-                put_runs(out, o.sizes.iter().copied());
+                put_runs(out, o.sizes.as_runs());
                 T_OPEN
             }
             Message::Data(d) => {
@@ -121,7 +105,7 @@ impl Message {
                 let key = &l.key[..l.key.len().min(MAX_LEASE_KEY)];
                 out.extend_from_slice(&(key.len() as u32).to_le_bytes());
                 out.extend_from_slice(key);
-                put_runs(out, l.segments.iter().map(|s| s.1));
+                put_runs(out, l.segments.lens().as_runs());
                 put_addresses(out, &l.segments);
                 T_LEASE
             }

@@ -19,19 +19,26 @@
 //! followed by that many bytes of ciphertext; the frames above are the
 //! plaintext stream they carry, cut at arbitrary points.
 //!
-//! Decoding never panics and never allocates more than the body length it
-//! has already checked against [`MAX_BODY`] (a `Lease`: [`MAX_LEASE_BODY`]),
-//! or, for lists sent as runs, than [`MAX_DESCRIPTORS`] sizes.
+//! Decoding never panics, and what it allocates and the steps it takes
+//! follow the bytes received, at most a small constant times them: a
+//! header is checked against its type's largest body before a byte of the
+//! body is read, and lists sent as runs stay runs ([`Runs`], [`Segments`])
+//! until they are checked against a grant this side holds; only then are
+//! they expanded, at that grant's size. A receiver that accepts only some
+//! frame types at a point of the conversation ([`Expect`]) refuses any
+//! other from its header, before its body is read.
 
-use crate::runs::{self, MAX_RUNS};
+use crate::runs::{Runs, MAX_RUNS};
 use crate::{OperationKind, Token, MAX_DESCRIPTORS};
 
 mod decode;
 mod encode;
+mod expect;
+mod segments;
 
 pub use decode::{decode_body, decode_frame, decode_header, Header};
-#[cfg(test)]
-use encode::put_runs;
+pub use expect::{Expect, FrameType};
+pub use segments::Segments;
 
 /// The protocol version carried in `Hello`. 7: a [`Data`] frame may run
 /// on past the end of its descriptor into the ones that follow. 8: a
@@ -56,12 +63,25 @@ pub const MAX_LEASE_KEY: usize = 1024 * 1024;
 /// The longest RDMA worker address an [`Rdma`] frame carries.
 pub const MAX_RDMA_ADDRESS: usize = 64 * 1024;
 
-/// The largest body a frame of type `ty` may have.
+/// The largest body of an [`Open`]: its fixed fields and [`MAX_RUNS`] runs.
+const MAX_OPEN_BODY: u32 = (OPEN_FIXED + 4 + MAX_RUNS * 12) as u32;
+/// The fixed fields of an `Open`, before its runs.
+const OPEN_FIXED: usize = 8 + 8 + 16 + 1 + 1 + 2 + 2;
+
+/// The largest body a frame of type `ty` may have: the largest valid one,
+/// so that a header that announces more is refused before its body is read.
 fn max_body(ty: u8) -> u32 {
-    if ty == T_LEASE {
-        MAX_LEASE_BODY
-    } else {
-        MAX_BODY
+    match ty {
+        T_HELLO => MAX_HELLO_BODY,
+        T_OPEN => MAX_OPEN_BODY,
+        T_DATA => 8 + 4 + 8 + 4,
+        T_FINISH | T_RELEASE => 8,
+        T_ABORT => (8 + 1 + 2 + MAX_DETAIL) as u32,
+        T_AUTH => (2 + MAX_HANDSHAKE) as u32,
+        T_LEASE => MAX_LEASE_BODY,
+        T_ATTACH => 4 + 8 + 16 + 1 + 1,
+        T_RDMA => (4 + MAX_RDMA_ADDRESS + 2) as u32,
+        _ => 0,
     }
 }
 /// The largest payload of one `Data` frame.
@@ -85,8 +105,9 @@ pub enum WireError {
     /// Reserved header bytes are not zero.
     #[error("reserved header bytes are not zero")]
     Reserved,
-    /// The body length is beyond [`MAX_BODY`].
-    #[error("frame body of {0} bytes is larger than the limit of {MAX_BODY}")]
+    /// The body length is beyond the largest valid body of the frame's
+    /// type (at most [`MAX_BODY`]; a `Lease`: [`MAX_LEASE_BODY`]).
+    #[error("frame body of {0} bytes is larger than any valid frame of its type")]
     BodyTooLarge(u32),
     /// The body is shorter than its fields.
     #[error("frame body is truncated")]
@@ -100,6 +121,10 @@ pub enum WireError {
     /// A field has a value outside its range.
     #[error("invalid field {0}")]
     InvalidField(&'static str),
+    /// A frame of a type that is not valid at this point of the
+    /// conversation, refused from its header (see [`Expect`]).
+    #[error("a {0} frame is not valid at this point of the conversation")]
+    Unexpected(FrameType),
 }
 
 /// Why an operation was aborted, as carried on the wire.
@@ -210,9 +235,11 @@ pub struct Open {
     /// READ or WRITE.
     pub kind: OperationKind,
     /// The active side's descriptor (block) sizes; must equal the exposed
-    /// ones. On the wire: runs of equal sizes (see [`runs`]),
-    /// at most [`MAX_RUNS`] runs and [`MAX_DESCRIPTORS`] sizes in all.
-    pub sizes: Vec<u64>,
+    /// ones. On the wire: runs of equal sizes (see [`crate::runs`]), at
+    /// most [`MAX_RUNS`] runs and [`MAX_DESCRIPTORS`] sizes in all. Kept
+    /// as runs until they are checked against the grant
+    /// ([`Runs::first_difference`]).
+    pub sizes: Runs,
     /// The bytes should move by cross-memory attach: for a READ the active
     /// side asks for a [`Lease`] instead of `Data`; for a WRITE a `Lease`
     /// follows this frame. The passive side may still answer a READ with
@@ -267,7 +294,9 @@ pub struct Lease {
     /// before ends, as a count (u32) and `(first address u64, segments
     /// u32)` per run (form 1; blocks of a pool that follow each other in
     /// memory: 262,144 blocks in 4,096 runs are 48 KiB instead of 2 MiB).
-    pub segments: Vec<(u64, u64)>,
+    /// Kept in that form ([`Segments`]) until the lease is checked against
+    /// the request it answers.
+    pub segments: Segments,
     /// What the lending backend needs besides addresses, at most
     /// [`MAX_LEASE_KEY`] bytes: empty for cross-memory attach, the remote
     /// keys of the lent memory for RDMA (see [`Rdma`]).

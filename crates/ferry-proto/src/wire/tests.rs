@@ -1,4 +1,6 @@
+use super::encode::put_runs;
 use super::*;
+use crate::runs;
 use proptest::prelude::*;
 
 fn samples() -> Vec<Message> {
@@ -12,7 +14,7 @@ fn samples() -> Vec<Message> {
             op_id: 2,
             token: Token::from_bytes([9; 16]),
             kind: OperationKind::Write,
-            sizes: vec![1, 2, 3],
+            sizes: vec![1, 2, 3].into(),
             pull: true,
             part: 0,
             parts: 1,
@@ -22,14 +24,14 @@ fn samples() -> Vec<Message> {
             op_id: 6,
             token: Token::from_bytes([8; 16]),
             kind: OperationKind::Read,
-            sizes: vec![1 << 30],
+            sizes: vec![1 << 30].into(),
             pull: false,
             part: 15,
             parts: 16,
         }),
         Message::Lease(Lease {
             req: 4,
-            segments: vec![(0x7f00_0000_1000, 4096), (1, u64::MAX)],
+            segments: vec![(0x7f00_0000_1000, 4096), (1, u64::MAX)].into(),
             key: vec![1, 2, 3],
         }),
         Message::Rdma(Rdma {
@@ -101,6 +103,13 @@ fn the_longest_hello_is_max_hello_body() {
     let mut v = header_for(T_AUTH, 2 + MAX_HANDSHAKE + 1);
     v.extend_from_slice(&((MAX_HANDSHAKE + 1) as u16).to_le_bytes());
     v.resize(v.len() + MAX_HANDSHAKE + 1, 0);
+    // Refused from its header: no valid `Auth` is that long.
+    let too_long = (2 + MAX_HANDSHAKE + 1) as u32;
+    assert_eq!(decode_frame(&v), Err(WireError::BodyTooLarge(too_long)));
+    // A body within the bound whose length field claims more.
+    let mut v = header_for(T_AUTH, 2 + MAX_HANDSHAKE);
+    v.extend_from_slice(&((MAX_HANDSHAKE + 1) as u16).to_le_bytes());
+    v.resize(v.len() + MAX_HANDSHAKE, 0);
     assert_eq!(decode_frame(&v), Err(WireError::InvalidField("handshake")));
 }
 
@@ -168,7 +177,7 @@ fn impossible_parts_are_refused() {
             op_id: 1,
             token: Token::from_bytes([0; 16]),
             kind: OperationKind::Read,
-            sizes: vec![8],
+            sizes: vec![8].into(),
             pull,
             part,
             parts,
@@ -205,7 +214,7 @@ proptest! {
     }
 
     #[test]
-    fn decoder_never_panics_on_valid_headers(ty in 1u8..=9, body in proptest::collection::vec(any::<u8>(), 0..300)) {
+    fn decoder_never_panics_on_valid_headers(ty in 1u8..=10, body in proptest::collection::vec(any::<u8>(), 0..300)) {
         let mut v = vec![ty, 0, 0, 0];
         v.extend_from_slice(&(body.len() as u32).to_le_bytes());
         v.extend_from_slice(&body);
@@ -217,7 +226,7 @@ proptest! {
 fn lease_body(lens: &[u64], addresses: &[u8]) -> Vec<u8> {
     let mut body = 4u64.to_le_bytes().to_vec();
     body.extend_from_slice(&0u32.to_le_bytes());
-    put_runs(&mut body, lens.iter().copied());
+    put_runs(&mut body, &runs::runs(lens.iter().copied()));
     body.extend_from_slice(addresses);
     let mut v = header_for(T_LEASE, body.len());
     v.extend_from_slice(&body);
@@ -236,7 +245,7 @@ fn lease_addresses_go_as_runs_where_that_is_shorter() {
         .collect();
     let m = Message::Lease(Lease {
         req: 9,
-        segments: segments.clone(),
+        segments: segments.clone().into(),
         key: Vec::new(),
     });
     let v = m.to_vec();
@@ -246,7 +255,7 @@ fn lease_addresses_go_as_runs_where_that_is_shorter() {
     let scattered: Vec<(u64, u64)> = (0..4096u64).map(|i| (i * 4096, 2048)).collect();
     let m = Message::Lease(Lease {
         req: 9,
-        segments: scattered,
+        segments: scattered.into(),
         key: Vec::new(),
     });
     let v = m.to_vec();
@@ -255,7 +264,7 @@ fn lease_addresses_go_as_runs_where_that_is_shorter() {
     // An address that would wrap ends a run rather than continuing it.
     let m = Message::Lease(Lease {
         req: 1,
-        segments: vec![(u64::MAX - 1, 2), (0, 1), (1, 1), (2, 1), (3, 1)],
+        segments: vec![(u64::MAX - 1, 2), (0, 1), (1, 1), (2, 1), (3, 1)].into(),
         key: Vec::new(),
     });
     assert_eq!(decode_frame(&m.to_vec()).unwrap().unwrap().0, m);
@@ -276,7 +285,10 @@ fn hostile_address_runs_are_refused() {
     let Message::Lease(l) = decode_frame(&ok).unwrap().unwrap().0 else {
         panic!("not a lease")
     };
-    assert_eq!(l.segments, vec![(0, 8), (8, 8), (100, 8), (108, 8)]);
+    assert_eq!(
+        l.segments.expand(),
+        vec![(0, 8), (8, 8), (100, 8), (108, 8)]
+    );
     for (what, addresses) in [
         ("no runs", runs(&[])),
         ("a run of none", runs(&[(0, 0), (8, 4)])),
@@ -315,8 +327,148 @@ proptest! {
                 s
             })
             .collect();
-        let m = Message::Lease(Lease { req: 2, segments, key: vec![7] });
+        let m = Message::Lease(Lease { req: 2, segments: segments.into(), key: vec![7] });
         let v = m.to_vec();
         prop_assert_eq!(decode_frame(&v).unwrap().unwrap().0, m);
     }
+}
+
+/// An `Open` body of `runs`, for the fields after the fixed ones.
+fn open_with_runs(runs: &[(u64, u32)]) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(&1u64.to_le_bytes());
+    body.extend_from_slice(&2u64.to_le_bytes());
+    body.extend_from_slice(&[0; 16]);
+    body.extend_from_slice(&[OperationKind::Read.as_u8(), 0]);
+    body.extend_from_slice(&0u16.to_le_bytes());
+    body.extend_from_slice(&1u16.to_le_bytes());
+    put_runs(&mut body, runs);
+    let mut v = header_for(T_OPEN, body.len());
+    v.extend_from_slice(&body);
+    v
+}
+
+#[test]
+fn runs_stay_runs_until_a_grant_is_checked() {
+    // 62 bytes that describe 2^20 blocks: decoded as one run.
+    let v = open_with_runs(&[(4096, 1 << 20)]);
+    assert_eq!(v.len(), 62);
+    let Message::Open(o) = decode_frame(&v).unwrap().unwrap().0 else {
+        panic!("not an open")
+    };
+    assert_eq!((o.sizes.len(), o.sizes.run_count()), (1 << 20, 1));
+    assert_eq!(o.sizes.total(), 4096 << 20);
+    // More than MAX_DESCRIPTORS blocks in all: refused before anything.
+    let v = open_with_runs(&[(1, 1 << 20), (2, 1)]);
+    assert_eq!(
+        decode_frame(&v),
+        Err(WireError::InvalidField("descriptor count"))
+    );
+    // Runs that a canonical encoder would merge are kept as they came, so
+    // that the frame encodes to the bytes it came from.
+    let v = open_with_runs(&[(8, 1), (8, 2)]);
+    let (m, _) = decode_frame(&v).unwrap().unwrap();
+    assert_eq!(m.to_vec(), v);
+    let Message::Open(o) = m else { panic!() };
+    assert_eq!(o.sizes.first_difference(&[8, 8, 8]), None);
+    // A lease of 2^20 segments in 53 bytes: runs of lengths and addresses.
+    let mut body = 4u64.to_le_bytes().to_vec();
+    body.extend_from_slice(&0u32.to_le_bytes());
+    put_runs(&mut body, &[(4096, 1 << 20)]);
+    body.push(ADDRESSES_RUNS);
+    put_runs(&mut body, &[(0x1000, 1 << 20)]);
+    let mut v = header_for(T_LEASE, body.len());
+    v.extend_from_slice(&body);
+    assert_eq!(v.len(), 53);
+    let (m, _) = decode_frame(&v).unwrap().unwrap();
+    assert_eq!(m.to_vec(), v);
+    let Message::Lease(l) = m else { panic!() };
+    assert_eq!(
+        (l.segments.len(), l.segments.lens().run_count()),
+        (1 << 20, 1)
+    );
+}
+
+#[test]
+fn a_header_that_announces_more_than_its_type_holds_is_refused() {
+    for t in FrameType::ALL {
+        let largest = max_body(t.code());
+        assert!(largest <= MAX_BODY || t == FrameType::Lease, "{t}");
+        let mut h = [t.code(), 0, 0, 0, 0, 0, 0, 0];
+        h[4..].copy_from_slice(&largest.to_le_bytes());
+        let ok = decode_header(&h).unwrap();
+        assert_eq!(ok.frame_type(), t);
+        h[4..].copy_from_slice(&(largest + 1).to_le_bytes());
+        assert_eq!(decode_header(&h), Err(WireError::BodyTooLarge(largest + 1)));
+    }
+    // Each sample is within its type's largest body.
+    for m in samples() {
+        let v = m.to_vec();
+        let h = decode_header(v[..HEADER_LEN].try_into().unwrap()).unwrap();
+        assert!(h.body_len <= max_body(v[0]), "{m:?}");
+    }
+    // The largest valid bodies: fixed frames exactly, the others at their limits.
+    let fixed = [
+        Message::Data(Data {
+            req: 1,
+            desc: 2,
+            offset: 3,
+            len: 4,
+        }),
+        Message::Finish { req: 1 },
+        Message::Release { req: 1 },
+        Message::Attach(Attach {
+            pid: 1,
+            addr: 2,
+            cookie: [3; 16],
+            verdict: Verdict::Unknown,
+            cuda_ipc: false,
+        }),
+        Message::Abort(Abort {
+            req: 1,
+            reason: AbortReason::Cancelled,
+            detail: "x".repeat(MAX_DETAIL),
+        }),
+        Message::Auth(Auth {
+            handshake: vec![1; MAX_HANDSHAKE],
+        }),
+        Message::Rdma(Rdma {
+            address: vec![1; MAX_RDMA_ADDRESS],
+            verdict: Verdict::Unknown,
+            cuda: false,
+        }),
+        Message::Open(Open {
+            req: 1,
+            op_id: 2,
+            token: Token::from_bytes([0; 16]),
+            kind: OperationKind::Read,
+            sizes: (0..MAX_RUNS as u64)
+                .map(|i| i & 1)
+                .collect::<Vec<_>>()
+                .into(),
+            pull: false,
+            part: 0,
+            parts: 1,
+        }),
+    ];
+    for m in fixed {
+        let v = m.to_vec();
+        assert_eq!(v.len() - HEADER_LEN, max_body(v[0]) as usize, "{m:?}");
+        assert_eq!(decode_frame(&v).unwrap().unwrap().0, m);
+    }
+}
+
+#[test]
+fn a_refused_frame_names_its_request_from_its_first_bytes() {
+    let v = Message::Finish { req: 77 }.to_vec();
+    let h = decode_header(v[..HEADER_LEN].try_into().unwrap()).unwrap();
+    assert_eq!(
+        Expect::AUTH.check(&h),
+        Err(WireError::Unexpected(FrameType::Finish))
+    );
+    assert_eq!(h.req(&v[HEADER_LEN..]), Some(77));
+    assert_eq!(h.req(&v[HEADER_LEN..HEADER_LEN + 7]), None);
+    let v = samples()[0].to_vec();
+    let h = decode_header(v[..HEADER_LEN].try_into().unwrap()).unwrap();
+    assert_eq!(h.req(&v[HEADER_LEN..]), None, "a hello names no request");
 }

@@ -217,7 +217,7 @@ impl World {
                     c,
                     Message::Lease(Lease {
                         req,
-                        segments,
+                        segments: segments.into(),
                         key: vec![],
                     }),
                     vec![],
@@ -271,7 +271,7 @@ impl World {
                     c,
                     Message::Lease(Lease {
                         req,
-                        segments,
+                        segments: segments.into(),
                         key: vec![],
                     }),
                     vec![],
@@ -404,7 +404,7 @@ impl World {
         if kind != o.kind {
             return Err((AbortReason::WrongKind, "wrong kind".into()));
         }
-        if op.sizes() != o.sizes {
+        if o.sizes.first_difference(&op.sizes()).is_some() {
             return Err((AbortReason::SizeMismatch, "sizes differ".into()));
         }
         if o.parts > 1 {

@@ -399,7 +399,7 @@ impl<'a> Harness<'a> {
         let open = |m: &Message| match m {
             Message::Open(o) => {
                 assert_eq!(o.req, req);
-                assert_eq!((o.kind, &o.sizes), (kind, &sizes));
+                assert_eq!((o.kind, o.sizes.expand()), (kind, sizes.clone()));
                 assert_eq!((o.part, o.parts), (part, parts));
                 assert_eq!(o.pull, pull && parts == 1);
             }
@@ -420,7 +420,7 @@ impl<'a> Harness<'a> {
                     ACTIVE,
                     Message::Lease(Lease {
                         req,
-                        segments,
+                        segments: segments.into(),
                         key: vec![],
                     }),
                 );
@@ -469,7 +469,7 @@ impl<'a> Harness<'a> {
         }
         let t = self.handle(o.parts <= 1 || b & 8 != 0);
         let dest = o.kind == OperationKind::Write;
-        let g = Grant::new(t.id(), o.sizes.clone(), dest, (o.part, o.parts), t.clone());
+        let g = Grant::new(t.id(), o.sizes.expand(), dest, (o.part, o.parts), t.clone());
         let e = &mut self.ends[PASSIVE];
         e.grants.insert(o.req, g);
         e.s.bound(&o, Ok(t.clone()));
@@ -699,7 +699,7 @@ impl<'a> Harness<'a> {
                     } else {
                         OperationKind::Write
                     },
-                    sizes: inp.sizes(),
+                    sizes: inp.sizes().into(),
                     pull: parts == 1 && inp.bit(),
                     part: u16::from(inp.u8()) % parts,
                     parts,
@@ -744,7 +744,7 @@ impl<'a> Harness<'a> {
                 };
                 Message::Lease(Lease {
                     req,
-                    segments: lease_of(&sizes),
+                    segments: lease_of(&sizes).into(),
                     key: vec![],
                 })
             }

@@ -262,7 +262,7 @@ impl Harness<'_> {
                     i,
                     Message::Lease(Lease {
                         req,
-                        segments,
+                        segments: segments.into(),
                         key: vec![],
                     }),
                 );

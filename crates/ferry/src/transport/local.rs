@@ -113,7 +113,7 @@ impl Transport for LocalTransport {
                 op_id: job.remote.operation_id(),
                 token: *job.remote.token(),
                 kind: job.kind,
-                sizes: job.sizes.clone(),
+                sizes: job.sizes.as_slice().into(),
                 pull: false,
                 part: 0,
                 parts: 1,

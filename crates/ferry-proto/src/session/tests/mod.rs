@@ -120,7 +120,7 @@ fn open(req: u64, kind: OperationKind, sizes: &[u64]) -> Open {
         op_id: 7,
         token: Token::from_bytes([3; 16]),
         kind,
-        sizes: sizes.to_vec(),
+        sizes: sizes.into(),
         pull: false,
         part: 0,
         parts: 1,
@@ -171,7 +171,7 @@ fn abort(req: u64, reason: AbortReason) -> Message {
 fn lease(req: u64, lens: &[u64]) -> Message {
     Message::Lease(Lease {
         req,
-        segments: segments(lens),
+        segments: segments(lens).into(),
         key: Vec::new(),
     })
 }

@@ -269,7 +269,11 @@ impl Conn {
             Action::Lend { .. } => {}
             Action::SendLease { req, target } => {
                 let (segments, key) = self.lease_of(&target.region).into_parts();
-                let lease = Message::Lease(Lease { req, segments, key });
+                let lease = Message::Lease(Lease {
+                    req,
+                    segments: segments.into(),
+                    key,
+                });
                 self.send_soon(lease.to_vec(), None, true);
             }
             Action::GiveBack { target } => give_back(&target),

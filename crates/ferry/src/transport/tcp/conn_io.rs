@@ -13,7 +13,7 @@
 use std::io::{self, IoSlice};
 use std::sync::Arc;
 
-use ferry_proto::wire::{self, Message};
+use ferry_proto::wire::{self, Expect, Message};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
@@ -52,8 +52,9 @@ pub(crate) struct FrameReader {
     /// ahead, so that payload bytes go from the socket straight into their
     /// destination instead of through `buf`.
     bulk: bool,
-    /// No frame has been read yet: the first must be a `Hello`, so it may
-    /// not be larger than the largest one.
+    /// No frame has been read yet: the first must be a `Hello` (any other
+    /// type is refused from its header), so it may not be larger than the
+    /// largest one.
     first: bool,
     /// The secure channel, once set up.
     sec: Option<Box<Opener>>,
@@ -158,13 +159,36 @@ impl FrameReader {
         }
     }
 
+    /// The next frame, of any type (the first frame of a connection: a
+    /// `Hello`).
     pub(crate) async fn next(&mut self) -> Result<Message, ConnError> {
+        self.next_expecting(Expect::ANY).await
+    }
+
+    /// The next frame, which must be of a type that `expect` accepts (the
+    /// first frame of a connection: a `Hello`, whatever `expect` says). A
+    /// frame of another type is refused from its header, before its body
+    /// is read: `ConnError::Unexpected`; for an `Open`, with its request
+    /// number (so that the refusal can name it), of which only those first
+    /// 8 bytes of its body are read.
+    pub(crate) async fn next_expecting(&mut self, expect: Expect) -> Result<Message, ConnError> {
         self.shrink();
         self.fill(wire::HEADER_LEN).await?;
         let h: [u8; wire::HEADER_LEN] = self.buf[self.start..self.start + wire::HEADER_LEN]
             .try_into()
             .expect("length checked");
         let header = wire::decode_header(&h)?;
+        let expect = if self.first { Expect::HELLO } else { expect };
+        if expect.check(&header).is_err() {
+            let ty = header.frame_type();
+            let mut req = None;
+            if ty == wire::FrameType::Open && header.body_len >= 8 {
+                self.fill(wire::HEADER_LEN + 8).await?;
+                let at = self.start + wire::HEADER_LEN;
+                req = header.req(&self.buf[at..at + 8]);
+            }
+            return Err(ConnError::Unexpected(ty, req));
+        }
         if self.first && header.body_len > wire::MAX_HELLO_BODY {
             return Err(ConnError::Channel(format!(
                 "a first frame of {} bytes, larger than any hello",
@@ -630,8 +654,47 @@ mod tests {
         let mut h = vec![1u8, 0, 0, 0];
         h.extend_from_slice(&(wire::MAX_HELLO_BODY + 1).to_le_bytes());
         c.write_all(&h).await.unwrap();
-        assert!(matches!(rd.next().await, Err(ConnError::Channel(_))));
+        assert!(matches!(
+            rd.next().await,
+            Err(ConnError::Wire(wire::WireError::BodyTooLarge(_)))
+        ));
         assert_eq!(rd.capacity(), INITIAL);
+    }
+
+    #[tokio::test]
+    async fn a_frame_not_valid_here_is_refused_from_its_header() {
+        // A first frame that is not a hello: refused without its body.
+        let (mut rd, mut c) = pair().await;
+        let mut open = header_only(2, 62);
+        open.extend_from_slice(&9u64.to_le_bytes());
+        c.write_all(&open).await.unwrap();
+        assert!(matches!(
+            rd.next().await,
+            Err(ConnError::Unexpected(wire::FrameType::Open, Some(9)))
+        ));
+        // After a hello, where only an `Auth` may come: a `Lease` is
+        // refused from its header (the 45 bytes of its body never sent).
+        let (mut rd, mut c) = pair().await;
+        c.write_all(&hello()).await.unwrap();
+        assert!(matches!(rd.next().await, Ok(Message::Hello(_))));
+        c.write_all(&header_only(7, 45)).await.unwrap();
+        let refused = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            rd.next_expecting(Expect::AUTH),
+        )
+        .await
+        .expect("refused at once, not waiting for the body");
+        assert!(matches!(
+            refused,
+            Err(ConnError::Unexpected(wire::FrameType::Lease, None))
+        ));
+        assert_eq!(rd.capacity(), INITIAL);
+    }
+
+    fn header_only(ty: u8, body_len: u32) -> Vec<u8> {
+        let mut h = vec![ty, 0, 0, 0];
+        h.extend_from_slice(&body_len.to_le_bytes());
+        h
     }
 
     #[tokio::test]
@@ -646,7 +709,10 @@ mod tests {
             token: Token::from_bytes([0; 16]),
             kind: OperationKind::Read,
             // As many runs as an Open may carry: the largest Open.
-            sizes: (0..16_384).map(|i| 1 + (i & 1)).collect(),
+            sizes: (0..16_384)
+                .map(|i| 1 + (i & 1))
+                .collect::<Vec<u64>>()
+                .into(),
             pull: false,
             part: 0,
             parts: 1,

@@ -3,7 +3,7 @@
 use std::io;
 
 use ferry_proto::session::Violation;
-use ferry_proto::wire::{AbortReason, WireError};
+use ferry_proto::wire::{AbortReason, FrameType, WireError};
 
 use crate::Error;
 
@@ -15,6 +15,10 @@ pub(super) enum ConnError {
     Violation(Violation),
     /// A frame or the secure channel could not be read as it must be.
     Channel(String),
+    /// A frame of a type not valid at this point of the handshake, refused
+    /// from its header (its body unread); for an `Open`, the request it
+    /// names.
+    Unexpected(FrameType, Option<u64>),
     Closed(Error),
 }
 
@@ -57,6 +61,10 @@ impl ConnError {
             ConnError::Channel(d) => Error::Protocol {
                 peer: peer.to_string(),
                 detail: d,
+            },
+            ConnError::Unexpected(ty, _) => Error::Protocol {
+                peer: peer.to_string(),
+                detail: WireError::Unexpected(ty).to_string(),
             },
             ConnError::Closed(e) => e,
         }

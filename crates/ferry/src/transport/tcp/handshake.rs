@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use ferry_proto::session::{Caps, Role, Session};
-use ferry_proto::wire::{self, AbortReason, Attach, Auth, Hello, Message, Rdma, Verdict};
+use ferry_proto::wire::{self, AbortReason, Attach, Auth, Expect, Hello, Message, Rdma, Verdict};
 use ferry_proto::RdmaMetadata;
 use tokio::net::TcpStream;
 
@@ -19,6 +19,7 @@ use crate::{Error, Result};
 
 use super::conn::*;
 use super::conn_io::*;
+use super::error::ConnError;
 use super::reader::*;
 use super::secure;
 use super::util::*;
@@ -129,10 +130,14 @@ pub(super) async fn handshake(
             peer: peer.clone(),
             detail: detail.to_string(),
         };
-        let theirs = match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
+        let answer = rd.next_expecting(Expect::AUTH_ANSWER);
+        let theirs = match tokio::time::timeout(HANDSHAKE_TIMEOUT, answer).await {
             Ok(Ok(Message::Auth(a))) => a,
             Ok(Ok(Message::Abort(a))) if a.reason == AbortReason::Unauthenticated => {
                 return Err(unauthenticated(&a.detail))
+            }
+            Ok(Err(ConnError::Unexpected(..))) => {
+                return Err(unauthenticated("the remote did not authenticate"))
             }
             Ok(Err(_)) | Err(_) => {
                 return Err(unauthenticated(
@@ -167,7 +172,8 @@ pub(super) async fn handshake(
         attach && cfg.cma && remote.host_id() == cfg.host_id && cma::is_local(l, p)
     }) {
         let next = async |rd: &mut FrameReader| -> Result<Attach> {
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
+            let answer = rd.next_expecting(Expect::ATTACH_ANSWER);
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, answer).await {
                 Ok(Ok(Message::Attach(a))) => Ok(a),
                 // A passive side with a secret refuses a peer without one
                 // at its first frame after the hello.
@@ -315,7 +321,8 @@ async fn set_up_ucx(
     w.write_all(&offer.to_vec())
         .await
         .map_err(|e| lost(e.to_string()))?;
-    let answer = match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
+    let answer = rd.next_expecting(Expect::RDMA_ANSWER);
+    let answer = match tokio::time::timeout(HANDSHAKE_TIMEOUT, answer).await {
         Ok(Ok(Message::Rdma(a))) => a,
         Ok(Ok(Message::Abort(a))) if a.reason == AbortReason::Unauthenticated => {
             return Err(Error::Unauthenticated {

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use ferry_proto::session::{Caps, Role, Session};
-use ferry_proto::wire::{self, Abort, AbortReason, Auth, Hello, Message};
+use ferry_proto::wire::{self, Abort, AbortReason, Auth, Expect, FrameType, Hello, Message};
 use tokio::net::TcpListener;
 
 use crate::auth::Secret;
@@ -15,6 +15,7 @@ use crate::Result;
 
 use super::conn::*;
 use super::conn_io::*;
+use super::error::ConnError;
 use super::reader::*;
 use super::secure;
 use super::util::*;
@@ -182,12 +183,15 @@ pub(super) async fn authenticate(
         let _ = w.write_all(&abort.to_vec()).await;
         Err(detail.to_string())
     };
-    let theirs = match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.next()).await {
+    // Only an `Auth` is decoded here: any other frame is refused from its
+    // header (an `Open` is told by its request number, read alone).
+    let auth = rd.next_expecting(Expect::AUTH);
+    let theirs = match tokio::time::timeout(HANDSHAKE_TIMEOUT, auth).await {
         Ok(Ok(Message::Auth(a))) => a,
-        Ok(Ok(Message::Open(o))) => {
+        Ok(Err(ConnError::Unexpected(FrameType::Open, Some(req)))) => {
             return refuse(
                 w,
-                o.req,
+                req,
                 "this worker requires a shared secret (FERRY_SECRET)",
             )
             .await

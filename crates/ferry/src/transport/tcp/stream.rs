@@ -34,7 +34,12 @@ impl Conn {
             Start::OpenAndLease(open) => {
                 let mut frames = open.to_vec();
                 let (segments, key) = self.lease_of(&target.region).into_parts();
-                Message::Lease(Lease { req, segments, key }).encode(&mut frames);
+                Message::Lease(Lease {
+                    req,
+                    segments: segments.into(),
+                    key,
+                })
+                .encode(&mut frames);
                 self.send_soon(frames, opened, false);
             }
             Start::Stream { open, cursor, last } => {
