@@ -167,6 +167,13 @@ class Descriptor(_Registrable):
     def _raw(self) -> Tuple[int, int, str, bool, Any]:
         """What the compiled core takes; memory it cannot move is refused
         here, when an operation is created."""
+        if self._ptr == 0 and self._size > 0:
+            raise ValueError(
+                f"a descriptor has a null ptr and size {self._size}: it names no memory. It "
+                "describes a remote's memory (from RdmaMetadata.to_descriptors() or the "
+                "descriptors of Ferry's RdmaMetadata, which carry no addresses): pass that "
+                "metadata to begin_read or begin_write, and local memory as the descriptors"
+            )
         if self._device.kind == DeviceKind.XPU:
             raise DeviceMemoryError(
                 f"a descriptor is on {self._device}: this version of Ferry moves host (cpu) "
@@ -290,15 +297,18 @@ class SerializedDescriptor:
     the classmethod the reference names: :meth:`validate_device`,
     :meth:`validate_ptr` and :meth:`validate_size`.
 
-    A null ``ptr`` is accepted here, whatever the size: Ferry's
+    The items of :attr:`RdmaMetadata.descriptors` are
+    ``SerializedDescriptor`` objects, as in the reference, with ``ptr`` 0: a
+    null ``ptr`` is accepted here, whatever the size. Ferry's
     :class:`RdmaMetadata` carries no addresses (a remote's address is of no
     use to this process; the capability in ``nixl_metadata`` authorizes the
-    transfer), so its descriptors' ``ptr`` is 0, and callers that rebuild
-    metadata from its parts (``SerializedDescriptor(ptr=d.ptr, size=d.size,
-    device=d.device)``) must be able to. :meth:`to_descriptor` is where the
-    address matters, and it refuses a null ``ptr`` when ``size`` is not 0.
-    A ``SerializedDescriptor`` with an address describes local memory, e.g.
-    :attr:`Descriptor.metadata`.
+    transfer), and callers that rebuild metadata from its parts
+    (``SerializedDescriptor(ptr=d.ptr, size=d.size, device=d.device)``) must
+    be able to. :meth:`to_descriptor` of such a one gives a
+    :class:`Descriptor` that names no memory (``ptr`` 0, the size and
+    device): it can be read (``size``, ``device``), never moved, nor
+    registered (``ValueError``). A ``SerializedDescriptor`` with an address
+    describes local memory, e.g. :attr:`Descriptor.metadata`.
     """
 
     __slots__ = ("_device", "_ptr", "_size")
@@ -367,16 +377,14 @@ class SerializedDescriptor:
         ``(ptr, size, device, None)`` form, the caller's promise that the
         memory is this process's and stays valid (nothing keeps it alive).
 
-        ``ValueError`` if ``ptr`` is null and ``size`` is not 0: such a
-        descriptor names no memory (the descriptors of Ferry's
-        :class:`RdmaMetadata` have no address; read or write the remote's
-        memory with an operation on that metadata instead)."""
+        With a null ``ptr`` and a size (the descriptors of Ferry's
+        :class:`RdmaMetadata`, which have no address), a descriptor that
+        names no memory: its ``ptr`` is 0, its ``size`` and ``device`` these
+        ones, and an operation or a registration over it raises
+        ``ValueError`` (read or write the remote's memory with an operation
+        on the metadata instead)."""
         if self._ptr == 0 and self._size > 0:
-            raise ValueError(
-                f"this SerializedDescriptor has a null ptr and size {self._size}: it names no memory "
-                "and cannot become a Descriptor (Ferry's RdmaMetadata carries no addresses; pass the "
-                "metadata to begin_read or begin_write instead)"
-            )
+            return _addressless(self._device, self._size)
         return Descriptor((self._ptr, self._size, self._device, None))
 
     # ---- pydantic's names ----
@@ -454,6 +462,31 @@ class SerializedDescriptor:
 
 def _serialized_descriptor(device: str, ptr: int, size: int) -> SerializedDescriptor:
     return SerializedDescriptor(device=device, ptr=ptr, size=size)
+
+
+def _remote_serialized(device: str, size: int) -> SerializedDescriptor:
+    """An item of :attr:`RdmaMetadata.descriptors`: `device` as metadata
+    writes it (the compiled core checked it when the metadata was parsed),
+    no address."""
+    s = SerializedDescriptor.__new__(SerializedDescriptor)
+    s._device, s._ptr, s._size = device, 0, size
+    return s
+
+
+def _remote_descriptor(device: str, size: int) -> Descriptor:
+    """An item of :meth:`RdmaMetadata.to_descriptors`: a descriptor of a
+    remote's memory, which names no local memory."""
+    return _addressless(device, size)
+
+
+def _addressless(device: str, size: int) -> Descriptor:
+    """A :class:`Descriptor` with a null ``ptr`` and `size`: it can be read,
+    not moved (``_raw`` refuses it) nor registered (a null pointer)."""
+    d = Descriptor((0, 0, device, None))
+    d._size = d._capacity = size
+    d._core_args = (0, size, str(d._device), not d._readonly, None)
+    return d
+
 
 
 def _check_mode(mode: str) -> None:
