@@ -5,6 +5,10 @@ bytes of that metadata (issue 33, item 7).
   about 250 bytes that claims 2^20 one-byte blocks costs, through
   ``.descriptors``, ``to_descriptors()`` and ``descriptor_runs``, a bounded
   allocation and no work per block.
+- Every malformed document raises ``ValueError`` (``ForeignMetadataError``
+  for the reference's NIXL metadata), whatever is wrong with it: nesting
+  deeper than any parser goes (``RecursionError`` in Python's), a field of
+  the wrong type, truncation or any byte changed.
 """
 
 from __future__ import annotations
@@ -171,3 +175,150 @@ def test_descriptor_sequence_behaves_as_its_list():
         hash(DescriptorSequence([], _item))
     big = DescriptorSequence([("cpu", 1, BLOCKS), ("cuda:0", 2, 1)], _item)
     assert "len=1048577" in repr(big) and len(repr(big)) < 500
+
+
+# ---- every malformed document raises ValueError ----
+
+DEEP = 100_000
+
+
+def deep_list(depth: int = DEEP) -> Any:
+    value: Any = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def reference_fields(ferry_json: str) -> Dict[str, Any]:
+    """The reference's fields around Ferry's metadata."""
+    return {
+        "descriptors": [{"device": "cpu", "ptr": 0, "size": 16}],
+        "nixl_metadata": ferry_json,
+        "notification_key": "k",
+        "operation_kind": 1,
+    }
+
+
+def parsers() -> Dict[str, Callable[[Any], Any]]:
+    """Every way a document (text or a dict) becomes metadata or a
+    serialized descriptor."""
+    return {
+        "from_json": RdmaMetadata.from_json,
+        "model_validate_json": RdmaMetadata.model_validate_json,
+        "from_json(bytes)": lambda t: RdmaMetadata.from_json(t.encode() if isinstance(t, str) else t),
+        "from_json(bytearray)": lambda t: RdmaMetadata.from_json(
+            bytearray(t.encode()) if isinstance(t, str) else t
+        ),
+        "nixl_metadata": lambda t: RdmaMetadata(nixl_metadata=t),
+        "SerializedDescriptor.model_validate_json": SerializedDescriptor.model_validate_json,
+    }
+
+
+def expect_value_error(parse: Callable[[Any], Any], document: Any) -> Optional[Any]:
+    """`parse(document)`: its result, or None for a ValueError; any other
+    exception fails the test (pytest shows it)."""
+    try:
+        return parse(document)
+    except ValueError:
+        return None
+
+
+@pytest.mark.parametrize("name", sorted(parsers()))
+def test_deeply_nested_json_raises_value_error(name):
+    parse = parsers()[name]
+    for text in (
+        "[" * DEEP,
+        '{"a":' + "[" * DEEP,
+        '{"nixl_metadata": "' + "[" * DEEP + '"}',
+        json.dumps({"nixl_metadata": '{"a":' + "[" * DEEP}),
+        json.dumps({"nixl_metadata": "x", "descriptors": deep_list(500)}),
+    ):
+        with pytest.raises(ValueError):
+            parse(text)
+    with pytest.raises(ValueError):
+        parse(json.dumps(deep_list(500)))
+
+
+def test_deeply_nested_dicts_and_pydantic_fields_raise_value_error():
+    pydantic = pytest.importorskip("pydantic")
+    with pytest.raises(ValueError):
+        RdmaMetadata.model_validate({"version": deep_list()})
+    with pytest.raises(ValueError):
+        RdmaMetadata.model_validate({"nixl_metadata": "x", "descriptors": deep_list()})
+    with pytest.raises(ValueError):
+        SerializedDescriptor.model_validate({"device": deep_list()})
+
+    class Request(pydantic.BaseModel):  # type: ignore[misc,name-defined]
+        serialized_request: Optional[RdmaMetadata] = None
+
+    with pytest.raises(ValueError):  # pydantic's ValidationError is one
+        Request.model_validate_json('{"serialized_request":' + "[" * DEEP)
+    with pytest.raises(ValueError):
+        Request.model_validate({"serialized_request": {"version": deep_list()}})
+
+
+# Values of every JSON type, to put in place of each field.
+SUBSTITUTES: List[Any] = [None, 0, -1, 1 << 70, 1.5, True, "", "x", "cpu", [], [0], {}, {"a": 1}, [[[]]]]
+
+
+def test_fields_of_every_wrong_type_raise_value_error():
+    ferry_fields = real_metadata()
+    ferry_json = json.dumps(ferry_fields)
+    documents: List[Dict[str, Any]] = []
+    for base in (ferry_fields, reference_fields(ferry_json)):
+        for key in base:
+            for value in SUBSTITUTES:
+                documents.append({**base, key: value})
+    descriptor = {"device": "cpu", "ptr": 0, "size": 16}
+    for key in ("device", "size", "count", "ptr"):
+        for value in SUBSTITUTES:
+            documents.append({**ferry_fields, "descriptors": [{**descriptor, key: value}]})
+            documents.append({**reference_fields(ferry_json), "descriptors": [{**descriptor, key: value}]})
+    checked = 0
+    for document in documents:
+        text = json.dumps(document)
+        for parse in (RdmaMetadata.from_json, RdmaMetadata.model_validate_json):
+            expect_value_error(parse, text)
+        expect_value_error(RdmaMetadata.model_validate, document)
+        checked += 1
+    for key in descriptor:
+        for value in SUBSTITUTES:
+            expect_value_error(SerializedDescriptor.model_validate_json, json.dumps({**descriptor, key: value}))
+            expect_value_error(SerializedDescriptor.model_validate, {**descriptor, key: value})
+    assert checked > 200
+
+
+def test_mutated_documents_raise_value_error():
+    """Truncations, and bytes changed or inserted, in Ferry's metadata and in
+    the reference's fields around it: each parses or raises ValueError."""
+    ferry_json = json.dumps(real_metadata(bytearray(16), bytearray(8)))
+    rng = random.Random(7)
+    alphabet = '[]{}",:0123456789-.eE\\ntrufalsxyz \x00\xff'
+    parsed = 0
+    for base in (ferry_json, json.dumps(reference_fields(ferry_json))):
+        for _ in range(1500):
+            text = base
+            for _ in range(rng.randint(1, 4)):
+                at = rng.randrange(len(text))
+                what = rng.random()
+                if what < 0.2:
+                    text = text[:at]
+                elif what < 0.6:
+                    text = text[:at] + rng.choice(alphabet) + text[at + 1 :]
+                else:
+                    text = text[:at] + rng.choice(alphabet) * rng.randint(1, 3) + text[at:]
+                if not text:
+                    text = base
+            for name, parse in parsers().items():
+                if expect_value_error(parse, text) is not None:
+                    parsed += 1
+    # Some mutations keep a valid document (a changed digit of the token).
+    assert parsed > 0
+
+
+def test_a_valid_document_still_parses():
+    fields = real_metadata(bytearray(16))
+    m = RdmaMetadata.model_validate_json(json.dumps(fields))
+    assert RdmaMetadata.model_validate(fields) == m
+    assert RdmaMetadata(**reference_fields(m.nixl_metadata)) == m
+    assert ferry.ForeignMetadataError.__mro__[1] is ValueError

@@ -401,26 +401,33 @@ class SerializedDescriptor:
     @classmethod
     def model_validate(cls, obj: Any) -> SerializedDescriptor:
         """From a ``SerializedDescriptor`` or the dict :meth:`model_dump`
-        gives (unknown keys are refused)."""
+        gives (unknown keys are refused). A bad dict raises ``ValueError``;
+        an argument that is not a dict, ``TypeError``."""
         if isinstance(obj, SerializedDescriptor):
             return obj
         if not isinstance(obj, dict):
             raise TypeError(f"model_validate takes a dict, not {type(obj).__name__}")
-        unknown = sorted(str(k) for k in obj if k not in ("device", "ptr", "size"))
+        unknown = sorted(str(k)[:64] for k in obj if k not in ("device", "ptr", "size"))
         if unknown:
             raise ValueError(
-                f"SerializedDescriptor has no field {', '.join(map(repr, unknown))}: "
+                f"SerializedDescriptor has no field {', '.join(map(repr, unknown[:8]))}: "
                 "its fields are device, ptr and size"
             )
-        return cls(**obj)
+        try:
+            return cls(**obj)
+        except TypeError as e:
+            # A field of the wrong type: the dict is a bad document.
+            raise ValueError(str(e)) from None
 
     @classmethod
     def model_validate_json(cls, json_data: Union[str, bytes, bytearray]) -> SerializedDescriptor:
-        """From the JSON :meth:`model_dump_json` gives."""
-        try:
-            obj = json.loads(json_data)
-        except ValueError as e:
-            raise ValueError(f"not valid SerializedDescriptor JSON: {e}") from None
+        """From the JSON :meth:`model_dump_json` gives; ``ValueError`` if it
+        is bad, however it is bad."""
+        if not isinstance(json_data, (str, bytes, bytearray)):
+            raise TypeError(
+                f"model_validate_json takes str, bytes or bytearray, not {type(json_data).__name__}"
+            )
+        obj = _json_document(json_data, "SerializedDescriptor")
         if not isinstance(obj, dict):
             raise ValueError(f"SerializedDescriptor JSON must be an object, not {type(obj).__name__}")
         return cls.model_validate(obj)
@@ -487,6 +494,16 @@ def _addressless(device: str, size: int) -> Descriptor:
     d._core_args = (0, size, str(d._device), not d._readonly, None)
     return d
 
+
+def _json_document(json_data: Union[str, bytes, bytearray], what: str) -> Any:
+    """`json_data` parsed; ``ValueError`` for any bad JSON, nesting too deep
+    for the parser included (which raises ``RecursionError``)."""
+    try:
+        return json.loads(json_data)
+    except RecursionError:
+        raise ValueError(f"not valid {what} JSON: nested too deeply") from None
+    except ValueError as e:
+        raise ValueError(f"not valid {what} JSON: {e}") from None
 
 
 def _check_mode(mode: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import string
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple, TypeVar, Union
 
 from . import _ferry
 from ._pydantic import core_schema_for, json_schema_for
@@ -12,6 +12,7 @@ from ._descriptor import (
     Descriptor,
     SerializedDescriptor,
     _check_mode,
+    _json_document,
     _remote_descriptor,
     _remote_serialized,
 )
@@ -77,7 +78,11 @@ class RdmaMetadata:
     :meth:`model_dump` / :meth:`model_validate`. It can be a field of a
     pydantic v2 model (``Optional[RdmaMetadata]``), without
     ``arbitrary_types_allowed``; the model then dumps and validates it as
-    that dict. Bad metadata raises ``ValueError``.
+    that dict. Bad metadata (JSON, or a dict given to
+    :meth:`model_validate`), however it is bad, raises ``ValueError``
+    (:class:`ForeignMetadataError`, a subclass, for the reference's NIXL
+    metadata); an argument of the wrong type (not text, not a dict) raises
+    ``TypeError``.
 
     ``RdmaMetadata(**fields)`` takes the fields of :meth:`model_dump`, or the
     reference's: ``descriptors``, ``nixl_metadata``, ``notification_key``,
@@ -114,7 +119,7 @@ class RdmaMetadata:
             fields = _reference_json(json_data)
             if fields is None:
                 raise
-        return cls._wrap(_core_from_reference(fields))
+        return cls._wrap(_as_document(_core_from_reference, fields))
 
     def to_json(self) -> str:
         """The JSON to hand to the remote worker (a few hundred bytes)."""
@@ -138,7 +143,7 @@ class RdmaMetadata:
             return obj
         if not isinstance(obj, dict):
             raise TypeError(f"model_validate takes a dict, not {type(obj).__name__}")
-        return cls._wrap(_core_from_fields(obj))
+        return cls._wrap(_as_document(_core_from_fields, obj))
 
     def model_dump(self, *, mode: str = "python") -> Dict[str, Any]:
         """The metadata as a dictionary of JSON values (``mode`` is
@@ -280,6 +285,19 @@ class RdmaMetadata:
         )
 
 
+T = TypeVar("T")
+
+
+def _as_document(parse: Callable[[Dict[str, Any]], T], fields: Dict[str, Any]) -> T:
+    """``parse(fields)`` where `fields` is a document (parsed JSON, or a dict
+    given to ``model_validate``): a field of the wrong type makes the
+    document bad, a ``ValueError``, not a ``TypeError``."""
+    try:
+        return parse(fields)
+    except TypeError as e:
+        raise ValueError(str(e)) from None
+
+
 def _core_from_fields(fields: Dict[str, Any]) -> _ferry.Metadata:
     """Metadata from Ferry's fields (those of ``model_dump()``) or the
     reference's."""
@@ -294,6 +312,8 @@ def _core_from_fields(fields: Dict[str, Any]) -> _ferry.Metadata:
         text = json.dumps(fields)
     except (TypeError, ValueError) as e:
         raise ValueError(f"metadata fields must be JSON values: {e}") from None
+    except RecursionError:
+        raise ValueError("metadata fields must be JSON values: nested too deeply") from None
     return _ferry.Metadata.from_json(text)
 
 
@@ -304,7 +324,9 @@ def _reference_json(json_data: Any) -> Optional[Dict[str, Any]]:
         return None
     try:
         obj = json.loads(json_data)
-    except ValueError:
+    except (ValueError, RecursionError):
+        # Not JSON, or nested deeper than the parser goes: not the
+        # reference's either (the caller raises Ferry's ValueError).
         return None
     if isinstance(obj, dict) and ("nixl_metadata" in obj or "notification_key" in obj):
         return obj
@@ -391,7 +413,7 @@ def _ferry_core(nixl_metadata: Any) -> _ferry.Metadata:
         return _ferry.Metadata.from_json(text)
     except ValueError as e:
         try:
-            obj = json.loads(text)
+            obj = _json_document(text, "metadata")
         except ValueError:
             obj = None
         if isinstance(obj, dict) and "version" in obj and "token" in obj:
