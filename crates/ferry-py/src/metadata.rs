@@ -55,20 +55,10 @@ impl Metadata {
         self.0.hostname()
     }
 
-    /// `(device, size)` of each exposed descriptor (each block of a paged
-    /// one).
-    #[getter]
-    fn descriptors(&self) -> Vec<(String, u64)> {
-        let mut out = Vec::with_capacity(self.0.descriptor_count());
-        for d in self.0.descriptors() {
-            let device = d.device.to_string();
-            out.extend(std::iter::repeat_with(|| (device.clone(), d.size)).take(d.count as usize));
-        }
-        out
-    }
-
     /// `(device, size, count)` runs of the exposed descriptors: what the
-    /// metadata lists, with no entry per block.
+    /// metadata lists, with no entry per block (so what this costs follows
+    /// the bytes of the metadata; the package describes each block from
+    /// these, when asked for it).
     #[getter]
     fn descriptor_runs(&self) -> Vec<(String, u64, u32)> {
         self.0

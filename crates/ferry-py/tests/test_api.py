@@ -135,7 +135,10 @@ def test_metadata_round_trip_and_redaction():
             assert m is op.metadata()
             assert m.operation_kind == OperationKind.READ
             assert m.worker_id == a.name and m.hostname == a.hostname
-            assert m.descriptors == [(Device("cpu"), 10), (Device("cpu"), 3)]
+            assert m.descriptors == [
+                ferry.SerializedDescriptor(device="cpu", ptr=0, size=10),
+                ferry.SerializedDescriptor(device="cpu", ptr=0, size=3),
+            ]
             assert m.total_size == 13
             text = m.model_dump_json()
             assert len(text) < 600

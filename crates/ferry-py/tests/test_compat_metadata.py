@@ -336,8 +336,10 @@ def test_to_descriptors_and_reference_properties():
         op1, one = await readable_metadata(c, bytearray(12))
         op2, two = await readable_metadata(c, bytearray(5), bytearray(7))
         with op1, op2:
-            assert one.to_descriptors() == DescriptorInfo(Device("cpu"), 12)
-            assert two.to_descriptors() == [DescriptorInfo(Device("cpu"), 5), DescriptorInfo(Device("cpu"), 7)]
+            single = one.to_descriptors()
+            assert type(single) is Descriptor and (single.ptr, single.size, single.device) == (0, 12, Device("cpu"))
+            several = two.to_descriptors()
+            assert [(d.ptr, d.size, d.device) for d in several] == [(0, 5, Device("cpu")), (0, 7, Device("cpu"))]
             assert json.loads(one.nixl_metadata) == one.model_dump()
             assert one.notification_key.startswith(c.name + ":")
             assert one.notification_key != two.notification_key
@@ -366,13 +368,15 @@ def test_serialized_descriptor():
         with pytest.raises(ValueError):
             SerializedDescriptor(**bad)
     # A null ptr with a size is accepted (Ferry's metadata carries no
-    # addresses: its descriptors' ptr is 0), but never becomes a Descriptor.
+    # addresses: its descriptors' ptr is 0); it becomes a Descriptor that
+    # names no memory, which no operation takes.
     null = SerializedDescriptor(device="cpu", ptr=0, size=1)
     assert (null.device, null.ptr, null.size) == ("cpu", 0, 1)
-    with pytest.raises(ValueError, match="null ptr"):
-        null.to_descriptor()
-    with pytest.raises(ValueError, match="null ptr"):
-        Descriptor.from_serialized(null)
+    for remote in (null.to_descriptor(), Descriptor.from_serialized(null)):
+        assert (remote.ptr, remote.size, remote.device) == (0, 1, Device("cpu"))
+        assert remote.metadata == null
+        with pytest.raises(ValueError, match="names no memory"):
+            remote._raw
     for bad_type in ({"device": 0}, {"ptr": "1"}, {"size": True}, {"extra": 1}):
         with pytest.raises(TypeError):
             SerializedDescriptor(**bad_type)

@@ -82,7 +82,10 @@ def test_random_blocks_byte_for_byte(write):
                     await op.wait_for_completion()
                 await w.wait_for_completion()
         assert meta.descriptor_count == 201
-        assert meta.descriptor_runs == [(DescriptorInfo(Device("cpu"), block), 200), (DescriptorInfo(Device("cpu"), 100), 1)]
+        assert meta.descriptor_runs == [
+            (ferry.SerializedDescriptor(device="cpu", size=block), 200),
+            (ferry.SerializedDescriptor(device="cpu", size=100), 1),
+        ]
         assert np.array_equal(dst[dst_ids], src[src_ids])
         untouched = np.setdiff1d(np.arange(n), dst_ids)
         assert not dst[untouched].any()
@@ -123,7 +126,7 @@ def test_metadata_is_compact_for_many_blocks():
             m = r.metadata()
             assert len(m.to_json()) < 1000
             assert m.descriptor_count == n and m.total_size == n * 64
-            assert m.descriptor_runs == [(DescriptorInfo(Device("cpu"), 64), n)]
+            assert m.descriptor_runs == [(ferry.SerializedDescriptor(device="cpu", size=64), n)]
             assert "descriptors=16384" in repr(m)
             back = RdmaMetadata.model_validate_json(m.model_dump_json())
             assert back == m

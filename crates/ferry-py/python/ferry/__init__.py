@@ -54,6 +54,7 @@ from ._errors import (
 from ._ferry import __version__
 from ._metadata import ForeignMetadataError
 from ._descriptor import Descriptor, SerializedDescriptor
+from ._sequence import DescriptorSequence
 from ._pool import PagedDescriptor, Pool
 from ._types import Device, DeviceKind, OperationKind, OperationStatus
 from . import control
@@ -66,6 +67,7 @@ __all__ = [
     "Connector",
     "Descriptor",
     "DescriptorInfo",
+    "DescriptorSequence",
     "PagedDescriptor",
     "Pool",
     "Device",

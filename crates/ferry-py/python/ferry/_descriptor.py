@@ -14,6 +14,13 @@ from . import _ferry
 from ._errors import DeviceMemoryError
 from ._pydantic import core_schema_for, json_schema_for
 from ._registration import _Registrable
+from ._cuda_array import (
+    CUDA0,
+    _cuda_array_device,
+    _cuda_array_interface,
+    _cuda_pointer_device,
+    _describe_cuda_array,
+)
 from ._types import CPU, Device, DeviceKind, _parse_device
 
 __all__ = ["Descriptor", "SerializedDescriptor"]
@@ -160,6 +167,13 @@ class Descriptor(_Registrable):
     def _raw(self) -> Tuple[int, int, str, bool, Any]:
         """What the compiled core takes; memory it cannot move is refused
         here, when an operation is created."""
+        if self._ptr == 0 and self._size > 0:
+            raise ValueError(
+                f"a descriptor has a null ptr and size {self._size}: it names no memory. It "
+                "describes a remote's memory (from RdmaMetadata.to_descriptors() or the "
+                "descriptors of Ferry's RdmaMetadata, which carry no addresses): pass that "
+                "metadata to begin_read or begin_write, and local memory as the descriptors"
+            )
         if self._device.kind == DeviceKind.XPU:
             raise DeviceMemoryError(
                 f"a descriptor is on {self._device}: this version of Ferry moves host (cpu) "
@@ -283,15 +297,18 @@ class SerializedDescriptor:
     the classmethod the reference names: :meth:`validate_device`,
     :meth:`validate_ptr` and :meth:`validate_size`.
 
-    A null ``ptr`` is accepted here, whatever the size: Ferry's
+    The items of :attr:`RdmaMetadata.descriptors` are
+    ``SerializedDescriptor`` objects, as in the reference, with ``ptr`` 0: a
+    null ``ptr`` is accepted here, whatever the size. Ferry's
     :class:`RdmaMetadata` carries no addresses (a remote's address is of no
     use to this process; the capability in ``nixl_metadata`` authorizes the
-    transfer), so its descriptors' ``ptr`` is 0, and callers that rebuild
-    metadata from its parts (``SerializedDescriptor(ptr=d.ptr, size=d.size,
-    device=d.device)``) must be able to. :meth:`to_descriptor` is where the
-    address matters, and it refuses a null ``ptr`` when ``size`` is not 0.
-    A ``SerializedDescriptor`` with an address describes local memory, e.g.
-    :attr:`Descriptor.metadata`.
+    transfer), and callers that rebuild metadata from its parts
+    (``SerializedDescriptor(ptr=d.ptr, size=d.size, device=d.device)``) must
+    be able to. :meth:`to_descriptor` of such a one gives a
+    :class:`Descriptor` that names no memory (``ptr`` 0, the size and
+    device): it can be read (``size``, ``device``), never moved, nor
+    registered (``ValueError``). A ``SerializedDescriptor`` with an address
+    describes local memory, e.g. :attr:`Descriptor.metadata`.
     """
 
     __slots__ = ("_device", "_ptr", "_size")
@@ -360,16 +377,14 @@ class SerializedDescriptor:
         ``(ptr, size, device, None)`` form, the caller's promise that the
         memory is this process's and stays valid (nothing keeps it alive).
 
-        ``ValueError`` if ``ptr`` is null and ``size`` is not 0: such a
-        descriptor names no memory (the descriptors of Ferry's
-        :class:`RdmaMetadata` have no address; read or write the remote's
-        memory with an operation on that metadata instead)."""
+        With a null ``ptr`` and a size (the descriptors of Ferry's
+        :class:`RdmaMetadata`, which have no address), a descriptor that
+        names no memory: its ``ptr`` is 0, its ``size`` and ``device`` these
+        ones, and an operation or a registration over it raises
+        ``ValueError`` (read or write the remote's memory with an operation
+        on the metadata instead)."""
         if self._ptr == 0 and self._size > 0:
-            raise ValueError(
-                f"this SerializedDescriptor has a null ptr and size {self._size}: it names no memory "
-                "and cannot become a Descriptor (Ferry's RdmaMetadata carries no addresses; pass the "
-                "metadata to begin_read or begin_write instead)"
-            )
+            return _addressless(self._device, self._size)
         return Descriptor((self._ptr, self._size, self._device, None))
 
     # ---- pydantic's names ----
@@ -386,26 +401,33 @@ class SerializedDescriptor:
     @classmethod
     def model_validate(cls, obj: Any) -> SerializedDescriptor:
         """From a ``SerializedDescriptor`` or the dict :meth:`model_dump`
-        gives (unknown keys are refused)."""
+        gives (unknown keys are refused). A bad dict raises ``ValueError``;
+        an argument that is not a dict, ``TypeError``."""
         if isinstance(obj, SerializedDescriptor):
             return obj
         if not isinstance(obj, dict):
             raise TypeError(f"model_validate takes a dict, not {type(obj).__name__}")
-        unknown = sorted(str(k) for k in obj if k not in ("device", "ptr", "size"))
+        unknown = sorted(str(k)[:64] for k in obj if k not in ("device", "ptr", "size"))
         if unknown:
             raise ValueError(
-                f"SerializedDescriptor has no field {', '.join(map(repr, unknown))}: "
+                f"SerializedDescriptor has no field {', '.join(map(repr, unknown[:8]))}: "
                 "its fields are device, ptr and size"
             )
-        return cls(**obj)
+        try:
+            return cls(**obj)
+        except TypeError as e:
+            # A field of the wrong type: the dict is a bad document.
+            raise ValueError(str(e)) from None
 
     @classmethod
     def model_validate_json(cls, json_data: Union[str, bytes, bytearray]) -> SerializedDescriptor:
-        """From the JSON :meth:`model_dump_json` gives."""
-        try:
-            obj = json.loads(json_data)
-        except ValueError as e:
-            raise ValueError(f"not valid SerializedDescriptor JSON: {e}") from None
+        """From the JSON :meth:`model_dump_json` gives; ``ValueError`` if it
+        is bad, however it is bad."""
+        if not isinstance(json_data, (str, bytes, bytearray)):
+            raise TypeError(
+                f"model_validate_json takes str, bytes or bytearray, not {type(json_data).__name__}"
+            )
+        obj = _json_document(json_data, "SerializedDescriptor")
         if not isinstance(obj, dict):
             raise ValueError(f"SerializedDescriptor JSON must be an object, not {type(obj).__name__}")
         return cls.model_validate(obj)
@@ -447,6 +469,41 @@ class SerializedDescriptor:
 
 def _serialized_descriptor(device: str, ptr: int, size: int) -> SerializedDescriptor:
     return SerializedDescriptor(device=device, ptr=ptr, size=size)
+
+
+def _remote_serialized(device: str, size: int) -> SerializedDescriptor:
+    """An item of :attr:`RdmaMetadata.descriptors`: `device` as metadata
+    writes it (the compiled core checked it when the metadata was parsed),
+    no address."""
+    s = SerializedDescriptor.__new__(SerializedDescriptor)
+    s._device, s._ptr, s._size = device, 0, size
+    return s
+
+
+def _remote_descriptor(device: str, size: int) -> Descriptor:
+    """An item of :meth:`RdmaMetadata.to_descriptors`: a descriptor of a
+    remote's memory, which names no local memory."""
+    return _addressless(device, size)
+
+
+def _addressless(device: str, size: int) -> Descriptor:
+    """A :class:`Descriptor` with a null ``ptr`` and `size`: it can be read,
+    not moved (``_raw`` refuses it) nor registered (a null pointer)."""
+    d = Descriptor((0, 0, device, None))
+    d._size = d._capacity = size
+    d._core_args = (0, size, str(d._device), not d._readonly, None)
+    return d
+
+
+def _json_document(json_data: Union[str, bytes, bytearray], what: str) -> Any:
+    """`json_data` parsed; ``ValueError`` for any bad JSON, nesting too deep
+    for the parser included (which raises ``RecursionError``)."""
+    try:
+        return json.loads(json_data)
+    except RecursionError:
+        raise ValueError(f"not valid {what} JSON: nested too deeply") from None
+    except ValueError as e:
+        raise ValueError(f"not valid {what} JSON: {e}") from None
 
 
 def _check_mode(mode: str) -> None:
@@ -589,140 +646,6 @@ def _tensor_device(d: Any) -> Device:
         kind = DeviceKind.CUDA if d.type == "cuda" else DeviceKind.XPU
         return Device((kind, 0 if d.index is None else int(d.index)))
     raise ValueError(f"tensors on {d} are not supported: only cpu, cuda and xpu")
-
-
-# ---- CUDA arrays ----
-
-# numpy's type string: byte order, kind, item size. Kinds: boolean, signed and
-# unsigned integer, float, complex, timedelta, datetime, bytes, unicode,
-# void. Not 'O' (Python objects) nor 't' (bit fields).
-_TYPESTR = re.compile(r"[<>|=][biufcmMSUV][1-9][0-9]{0,5}")
-
-
-def _cuda_array_interface(array: Any) -> Optional[Dict[str, Any]]:
-    """The ``__cuda_array_interface__`` of `array` if it has one (a dict)."""
-    try:
-        iface = array.__cuda_array_interface__
-    except AttributeError:
-        return None
-    if type(iface) is not dict:
-        raise TypeError(f"__cuda_array_interface__ must be a dict, not {type(iface).__name__}")
-    return iface
-
-
-CUDA0 = Device((DeviceKind.CUDA, 0))
-"""Where an object with a ``__cuda_array_interface__`` that does not say
-its device is taken to be, where the CUDA driver cannot say either."""
-
-
-def _cuda_pointer_device(iface: Dict[str, Any]) -> Optional[Device]:
-    """The GPU the CUDA driver says the interface's pointer is on, or None
-    (no driver to ask, or no well-formed pointer: the interface's checks
-    say what is wrong)."""
-    data = iface.get("data")
-    if type(data) is not tuple or len(data) != 2 or type(data[0]) is not int:
-        return None
-    if not 0 < data[0] < 1 << 64:
-        return None
-    index = _ferry.cuda_device_of(data[0])
-    return None if index is None else Device((DeviceKind.CUDA, index))
-
-
-def _cuda_array_device(array: Any) -> Optional[Device]:
-    """The GPU an object with a ``__cuda_array_interface__`` says it is on:
-    ``cuda:N`` for an int ``array.device.id`` (CuPy's ``cupy.cuda.Device``,
-    JAX's device), None where it has none. The interface itself does not
-    say, and without CUDA the pointer cannot be asked."""
-    try:
-        index = array.device.id
-    except AttributeError:
-        return None
-    if type(index) is not int or index < 0:
-        raise ValueError(
-            f"the array's device.id is {index!r}, not a GPU number: pass (array, 'cuda:N') "
-            "to say which GPU it is on"
-        )
-    return Device((DeviceKind.CUDA, index))
-
-
-# The versions of the interface this module reads (the fields it checks
-# have kept their meaning since version 0; 3 added 'stream').
-_CAI_VERSIONS = range(0, 4)
-
-
-def _cai_field(iface: Dict[str, Any], key: str) -> Any:
-    """``iface[key]``, which the interface requires."""
-    if key not in iface:
-        raise ValueError(
-            f"__cuda_array_interface__ has no {key!r}: it needs 'version', 'data', 'shape' "
-            "and 'typestr'"
-        )
-    return iface[key]
-
-
-def _describe_cuda_array(array: Any, iface: Dict[str, Any], device: Device) -> _Described:
-    """CUDA memory, from a ``__cuda_array_interface__`` that is checked: a
-    known version, a well-formed, C-contiguous array of plain data. Its
-    address cannot be verified from the host; Ferry never touches CUDA
-    memory in this version (an operation refuses it)."""
-    version = _cai_field(iface, "version")
-    if type(version) is not int or version not in _CAI_VERSIONS:
-        raise ValueError(
-            f"__cuda_array_interface__ version {version!r} is not one this version of Ferry "
-            f"reads (0 to {_CAI_VERSIONS[-1]})"
-        )
-    data = _cai_field(iface, "data")
-    if type(data) is not tuple or len(data) != 2:
-        raise ValueError("__cuda_array_interface__['data'] must be a (ptr, readonly) tuple")
-    ptr, readonly = data
-    if type(ptr) is not int or not 0 <= ptr < 1 << 64 or type(readonly) is not bool:
-        raise ValueError(f"__cuda_array_interface__['data'] must be (int >= 0, bool), not {data!r}")
-    typestr = _cai_field(iface, "typestr")
-    if type(typestr) is not str or _TYPESTR.fullmatch(typestr) is None:
-        raise ValueError(f"__cuda_array_interface__['typestr'] {typestr!r} is not a plain data type")
-    itemsize = int(typestr[2:])
-    shape = _int_tuple(_cai_field(iface, "shape"), "shape")
-    if any(n < 0 for n in shape):
-        raise ValueError(f"__cuda_array_interface__['shape'] {shape} has a negative extent")
-    strides = iface.get("strides")
-    if strides is not None and not _c_contiguous(shape, _int_tuple(strides, "strides"), itemsize):
-        raise ValueError(
-            f"the array is not C-contiguous (shape {shape}, strides {strides}, items of "
-            f"{itemsize} bytes): pass a C-contiguous copy (cupy.ascontiguousarray(a), "
-            "a.copy(order='C'))"
-        )
-    if iface.get("mask") is not None:
-        raise ValueError("masked arrays are not supported")
-    size = itemsize
-    for n in shape:
-        size *= n
-    if ptr == 0 and size > 0:
-        raise ValueError("__cuda_array_interface__['data'] has a null pointer")
-    if ptr + size > 1 << 64 or size >= 1 << 63:
-        raise ValueError(f"{size} bytes at {ptr:#x} do not fit in the address space")
-    return ptr, size, device, readonly, array
-
-
-def _int_tuple(value: Any, what: str) -> Tuple[int, ...]:
-    if type(value) is not tuple or any(type(n) is not int for n in value):
-        raise ValueError(f"__cuda_array_interface__[{what!r}] must be a tuple of ints, not {value!r}")
-    return value
-
-
-def _c_contiguous(shape: Tuple[int, ...], strides: Tuple[int, ...], itemsize: int) -> bool:
-    """Whether `strides` are those of a C-contiguous array of `shape`
-    (the stride of an extent of 1 does not matter; an empty array is
-    contiguous)."""
-    if len(shape) != len(strides):
-        return False
-    if any(n == 0 for n in shape):
-        return True
-    expected = itemsize
-    for n, stride in zip(reversed(shape), reversed(strides)):
-        if n != 1 and stride != expected:
-            return False
-        expected *= n
-    return True
 
 
 # ---- buffers ----

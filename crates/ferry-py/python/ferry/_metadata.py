@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import json
 import string
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple, TypeVar, Union
 
 from . import _ferry
 from ._pydantic import core_schema_for, json_schema_for
-from ._descriptor import SerializedDescriptor, _check_mode
+from ._descriptor import (
+    Descriptor,
+    SerializedDescriptor,
+    _check_mode,
+    _json_document,
+    _remote_descriptor,
+    _remote_serialized,
+)
+from ._sequence import DescriptorSequence
 from ._types import Device, OperationKind
 
 __all__ = ["RdmaMetadata", "DescriptorInfo", "ForeignMetadataError"]
@@ -21,15 +29,11 @@ class ForeignMetadataError(ValueError):
 
 
 class DescriptorInfo(NamedTuple):
-    """What metadata says about one remote descriptor: its device and size.
-
-    Its :attr:`ptr` is always 0: Ferry's metadata carries no addresses (the
-    operation id and token in ``nixl_metadata`` authorize the transfer), and
-    a remote's address is of no use to this process. It is there for the
-    callers that rebuild metadata from its parts, as the reference's users
-    do: ``SerializedDescriptor(ptr=d.ptr, size=d.size, device=d.device)``
-    is accepted, and the rebuilt :class:`RdmaMetadata` ignores the ``ptr``.
-    The tuple is ``(device, size)``.
+    """A remote descriptor's device and size, as earlier versions of Ferry
+    described the items of :attr:`RdmaMetadata.descriptors` (which are now
+    :class:`SerializedDescriptor` objects, as in the reference).
+    ``RdmaMetadata(descriptors=...)`` still takes them. The tuple is
+    ``(device, size)``; its :attr:`ptr` is 0.
     """
 
     device: Device
@@ -63,13 +67,22 @@ class RdmaMetadata:
     bytes of that one operation until it ends. Its ``repr`` hides the token;
     treat its JSON like a password.
 
+    What it costs follows the bytes of its JSON: a paged descriptor's
+    blocks are one entry of the metadata, and :attr:`descriptors` keeps
+    them as that entry (a :class:`DescriptorSequence`), however many blocks
+    it describes.
+
     Get it from ``op.metadata()``; move it as JSON with
     :meth:`model_dump_json` / :meth:`model_validate_json` (pydantic's names)
     or :meth:`to_json` / :meth:`from_json`, or as a dict with
     :meth:`model_dump` / :meth:`model_validate`. It can be a field of a
     pydantic v2 model (``Optional[RdmaMetadata]``), without
     ``arbitrary_types_allowed``; the model then dumps and validates it as
-    that dict. Bad metadata raises ``ValueError``.
+    that dict. Bad metadata (JSON, or a dict given to
+    :meth:`model_validate`), however it is bad, raises ``ValueError``
+    (:class:`ForeignMetadataError`, a subclass, for the reference's NIXL
+    metadata); an argument of the wrong type (not text, not a dict) raises
+    ``TypeError``.
 
     ``RdmaMetadata(**fields)`` takes the fields of :meth:`model_dump`, or the
     reference's: ``descriptors``, ``nixl_metadata``, ``notification_key``,
@@ -78,16 +91,20 @@ class RdmaMetadata:
     raises :class:`ForeignMetadataError`.
     """
 
-    __slots__ = ("_core",)
+    __slots__ = ("_core", "_descriptors")
     _core: _ferry.Metadata
+    # Made when first asked for (from the runs: the core is immutable).
+    _descriptors: Optional[DescriptorSequence[SerializedDescriptor]]
 
     def __init__(self, **fields: Any) -> None:
         self._core = _core_from_fields(fields)
+        self._descriptors = None
 
     @classmethod
     def _wrap(cls, core: _ferry.Metadata) -> RdmaMetadata:
         m = cls.__new__(cls)
         m._core = core
+        m._descriptors = None
         return m
 
     # ---- JSON ----
@@ -102,7 +119,7 @@ class RdmaMetadata:
             fields = _reference_json(json_data)
             if fields is None:
                 raise
-        return cls._wrap(_core_from_reference(fields))
+        return cls._wrap(_as_document(_core_from_reference, fields))
 
     def to_json(self) -> str:
         """The JSON to hand to the remote worker (a few hundred bytes)."""
@@ -126,7 +143,7 @@ class RdmaMetadata:
             return obj
         if not isinstance(obj, dict):
             raise TypeError(f"model_validate takes a dict, not {type(obj).__name__}")
-        return cls._wrap(_core_from_fields(obj))
+        return cls._wrap(_as_document(_core_from_fields, obj))
 
     def model_dump(self, *, mode: str = "python") -> Dict[str, Any]:
         """The metadata as a dictionary of JSON values (``mode`` is
@@ -181,20 +198,33 @@ class RdmaMetadata:
         return self._core.hostname
 
     @property
-    def descriptors(self) -> List[DescriptorInfo]:
-        """Device and size of each exposed descriptor (no address: Ferry's
-        metadata carries none, so each one's ``ptr`` is 0). Each block of a
-        :class:`PagedDescriptor` counts as one: for many blocks, prefer
-        :attr:`descriptor_runs` and :attr:`descriptor_count`, which cost
-        nothing per block."""
-        return [DescriptorInfo(Device(d), size) for d, size in self._core.descriptors]
+    def descriptors(self) -> DescriptorSequence[SerializedDescriptor]:
+        """The exposed descriptors, as the reference's field: a
+        :class:`SerializedDescriptor` each (``device`` a string such as
+        ``"cpu"`` or ``"cuda:0"``, ``size``, ``model_dump()``,
+        ``to_descriptor()``), whose ``ptr`` is 0: Ferry's metadata carries
+        no addresses. Each block of a :class:`PagedDescriptor` counts as
+        one.
+
+        A :class:`DescriptorSequence`, which reads as a list (``len``,
+        indexing, slicing, iteration, ``==`` with a list) but keeps the
+        metadata's runs: its length and any item cost a step per run of
+        the metadata, not per block. Code that visits every item pays per
+        block; :attr:`descriptor_runs` and :attr:`descriptor_count` never
+        do."""
+        descriptors = self._descriptors
+        if descriptors is None:
+            descriptors = DescriptorSequence(self._core.descriptor_runs, _remote_serialized)
+            self._descriptors = descriptors
+        return descriptors
 
     @property
-    def descriptor_runs(self) -> List[Tuple[DescriptorInfo, int]]:
+    def descriptor_runs(self) -> List[Tuple[SerializedDescriptor, int]]:
         """The exposed descriptors as the metadata lists them: runs of
-        ``(DescriptorInfo, count)``, one per descriptor, or per paged
-        descriptor (its block size, and how many blocks)."""
-        return [(DescriptorInfo(Device(d), size), n) for d, size, n in self._core.descriptor_runs]
+        ``(SerializedDescriptor, count)``, one per descriptor, or per paged
+        descriptor (its block size, and how many blocks); neighbours of
+        one device and size are one run."""
+        return self.descriptors.runs
 
     @property
     def descriptor_count(self) -> int:
@@ -222,13 +252,18 @@ class RdmaMetadata:
         key plays no other part."""
         return f"{self._core.worker_id}:{self.model_dump()['operation_id']}"
 
-    def to_descriptors(self) -> Union[DescriptorInfo, List[DescriptorInfo]]:
-        """What the remote descriptors are: one :class:`DescriptorInfo` if
-        there is one, else a list (the reference's shape; it gives
-        ``Descriptor`` objects of the remote's addresses, which Ferry's
-        metadata does not carry)."""
-        infos = self.descriptors
-        return infos[0] if len(infos) == 1 else infos
+    def to_descriptors(self) -> Union[Descriptor, DescriptorSequence[Descriptor]]:
+        """What the remote descriptors are, as the reference gives them:
+        one :class:`Descriptor` if there is one, else a sequence of them
+        (a :class:`DescriptorSequence`, as :attr:`descriptors` is). Each is
+        ``d.to_descriptor()`` of an item of :attr:`descriptors`: the
+        remote's device and size, and ``ptr`` 0 (Ferry's metadata carries no
+        addresses), so it names no memory of this process: an operation or
+        a registration over it raises ``ValueError``."""
+        descriptors = self.descriptors
+        if len(descriptors) == 1:
+            return descriptors[0].to_descriptor()
+        return DescriptorSequence(descriptors._runs, _remote_descriptor)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, RdmaMetadata):
@@ -250,6 +285,19 @@ class RdmaMetadata:
         )
 
 
+T = TypeVar("T")
+
+
+def _as_document(parse: Callable[[Dict[str, Any]], T], fields: Dict[str, Any]) -> T:
+    """``parse(fields)`` where `fields` is a document (parsed JSON, or a dict
+    given to ``model_validate``): a field of the wrong type makes the
+    document bad, a ``ValueError``, not a ``TypeError``."""
+    try:
+        return parse(fields)
+    except TypeError as e:
+        raise ValueError(str(e)) from None
+
+
 def _core_from_fields(fields: Dict[str, Any]) -> _ferry.Metadata:
     """Metadata from Ferry's fields (those of ``model_dump()``) or the
     reference's."""
@@ -264,6 +312,8 @@ def _core_from_fields(fields: Dict[str, Any]) -> _ferry.Metadata:
         text = json.dumps(fields)
     except (TypeError, ValueError) as e:
         raise ValueError(f"metadata fields must be JSON values: {e}") from None
+    except RecursionError:
+        raise ValueError("metadata fields must be JSON values: nested too deeply") from None
     return _ferry.Metadata.from_json(text)
 
 
@@ -274,7 +324,9 @@ def _reference_json(json_data: Any) -> Optional[Dict[str, Any]]:
         return None
     try:
         obj = json.loads(json_data)
-    except ValueError:
+    except (ValueError, RecursionError):
+        # Not JSON, or nested deeper than the parser goes: not the
+        # reference's either (the caller raises Ferry's ValueError).
         return None
     if isinstance(obj, dict) and ("nixl_metadata" in obj or "notification_key" in obj):
         return obj
@@ -307,18 +359,29 @@ def _core_from_reference(fields: Dict[str, Any]) -> _ferry.Metadata:
 
     given = fields.get("descriptors")
     if given is not None:
-        if not isinstance(given, (list, tuple)):
-            raise TypeError(f"descriptors must be a list, not {type(given).__name__}")
-        if given:
-            found = [_device_and_size(i, d) for i, d in enumerate(given)]
+        found = _given_runs(given)
+        if found:
             # Compared as runs: a paged descriptor's blocks are one entry.
-            expected = [(Device(d), size, n) for d, size, n in core.descriptor_runs]
-            if _runs(found) != _runs(expected):
+            expected = _runs((Device(d), size, n) for d, size, n in core.descriptor_runs)
+            if found != expected:
                 raise ValueError(
-                    f"descriptors {_sizes(found)} do not match the metadata in nixl_metadata, "
+                    f"descriptors {_run_sizes(found)} do not match the metadata in nixl_metadata, "
                     f"which exposes {_run_sizes(expected)}"
                 )
     return core
+
+
+def _given_runs(given: Any) -> List[Tuple[Device, int, int]]:
+    """The runs of the reference's ``descriptors`` field: a list or tuple
+    of descriptors, a step per item, or a :class:`DescriptorSequence`
+    (``metadata.descriptors``), a step per run."""
+    if isinstance(given, DescriptorSequence):
+        return _runs(
+            (*_device_and_size(i, item), n) for i, (item, n) in enumerate(given.runs)
+        )
+    if not isinstance(given, (list, tuple)):
+        raise TypeError(f"descriptors must be a list, not {type(given).__name__}")
+    return _runs((*_device_and_size(i, d), 1) for i, d in enumerate(given))
 
 
 def _ferry_core(nixl_metadata: Any) -> _ferry.Metadata:
@@ -350,7 +413,7 @@ def _ferry_core(nixl_metadata: Any) -> _ferry.Metadata:
         return _ferry.Metadata.from_json(text)
     except ValueError as e:
         try:
-            obj = json.loads(text)
+            obj = _json_document(text, "metadata")
         except ValueError:
             obj = None
         if isinstance(obj, dict) and "version" in obj and "token" in obj:
@@ -360,7 +423,7 @@ def _ferry_core(nixl_metadata: Any) -> _ferry.Metadata:
         ) from None
 
 
-def _device_and_size(index: int, d: Any) -> Any:
+def _device_and_size(index: int, d: Any) -> Tuple[Device, int]:
     """``(Device, size)`` of a descriptor given in the reference's fields: a
     SerializedDescriptor, its dict, or a DescriptorInfo."""
     if isinstance(d, dict):
@@ -372,11 +435,10 @@ def _device_and_size(index: int, d: Any) -> Any:
     )
 
 
-def _runs(items: List[Any]) -> List[Tuple[Any, int, int]]:
-    """``(device, size[, count])`` items as runs of equal ``(device, size)``."""
-    out: List[Tuple[Any, int, int]] = []
-    for item in items:
-        device, size, n = item if len(item) == 3 else (*item, 1)
+def _runs(items: Iterable[Tuple[Device, int, int]]) -> List[Tuple[Device, int, int]]:
+    """``(device, size, count)`` items as runs of equal ``(device, size)``."""
+    out: List[Tuple[Device, int, int]] = []
+    for device, size, n in items:
         if out and out[-1][0] == device and out[-1][1] == size:
             out[-1] = (device, size, out[-1][2] + n)
         else:
@@ -384,11 +446,14 @@ def _runs(items: List[Any]) -> List[Tuple[Any, int, int]]:
     return out
 
 
-def _run_sizes(runs: List[Tuple[Any, int, int]]) -> str:
-    return "[" + ", ".join(
-        f"{size} bytes on {device}" + ("" if n == 1 else f" x {n}") for device, size, n in runs
-    ) + "]"
+# An error message names this many runs at most.
+_MESSAGE_RUNS = 8
 
 
-def _sizes(items: List[Any]) -> str:
-    return "[" + ", ".join(f"{size} bytes on {device}" for device, size in items) + "]"
+def _run_sizes(runs: List[Tuple[Device, int, int]]) -> str:
+    shown = ", ".join(
+        f"{size} bytes on {device}" + ("" if n == 1 else f" x {n}")
+        for device, size, n in runs[:_MESSAGE_RUNS]
+    )
+    more = f", ... ({len(runs)} runs)" if len(runs) > _MESSAGE_RUNS else ""
+    return f"[{shown}{more}]"
