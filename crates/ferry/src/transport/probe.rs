@@ -45,15 +45,16 @@ const PROBE_STACK: usize = 256 * 1024;
 /// Whether process `pid` is the other end of this connection (the kernel
 /// says it holds the socket `sock` -> `remote`) and this process may copy
 /// from it (its cookie at `addr` reads as `expected`): the process, held
-/// by a handle that notices a new program image, or `None` (the connection
-/// uses TCP). Bounded as the module says.
+/// by a handle that notices a new program image, and the proof bytes that
+/// follow its cookie (see `cma::placed`: echoed in this side's verdict), or
+/// `None` (the connection uses TCP). Bounded as the module says.
 pub(crate) async fn verify_peer(
     pid: u32,
     addr: u64,
     sock: SocketAddr,
     remote: SocketAddr,
     expected: impl FnOnce() -> [u8; 16] + Send + 'static,
-) -> Option<Arc<Peer>> {
+) -> Option<(Arc<Peer>, [u8; 16])> {
     static SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_PROBES);
     if pid == 0 {
         return None;
@@ -85,7 +86,7 @@ pub(crate) async fn verify_peer(
     // The slot is free from here on, whatever the thread still does.
     drop(slot);
     match outcome {
-        Ok(Ok(peer)) => peer.map(Arc::new),
+        Ok(Ok(peer)) => peer.map(|(p, proof)| (Arc::new(p), proof)),
         Ok(Err(_)) => None,
         Err(_) => {
             tracing::debug!(
@@ -118,14 +119,15 @@ impl Drop for ProbeThread {
     }
 }
 
-/// The probe itself, on its own thread (it may block on the peer's pages).
+/// The probe itself, on its own thread (it may block on the peer's pages):
+/// the peer and its proof bytes.
 fn probe(
     pid: u32,
     addr: u64,
     sock: SocketAddr,
     remote: SocketAddr,
     expected: impl FnOnce() -> [u8; 16],
-) -> Option<Peer> {
+) -> Option<(Peer, [u8; 16])> {
     let peer = match Peer::open(pid) {
         Ok(p) => p,
         Err(e) => {
@@ -136,9 +138,10 @@ fn probe(
             return None;
         }
     };
-    if !owns_socket(&peer, sock, remote) || !cma::probe(&peer, addr, expected) {
+    if !owns_socket(&peer, sock, remote) {
         return None;
     }
+    let proof = cma::probe(&peer, addr, expected)?;
     // The socket check and the cookie saw the image noted at the start.
     if !peer.unchanged() {
         tracing::debug!(
@@ -147,7 +150,7 @@ fn probe(
         );
         return None;
     }
-    Some(peer)
+    Some((peer, proof))
 }
 
 /// Whether `peer` holds the TCP socket whose own address is `sock` and whose

@@ -113,9 +113,9 @@ pub(crate) struct Conn {
     pub(super) via_ucx: AtomicBool,
     /// `(active, passive)` socket addresses of this connection.
     pub(super) tuple: OnceLock<(SocketAddr, SocketAddr)>,
-    /// This side's cookie, kept at a fixed address for the peer to read
-    /// while the connection lives.
-    pub(super) cookie: Mutex<Option<Box<[u8; 16]>>>,
+    /// This side's cookie and proof bytes (`cma::placed`), kept at a fixed
+    /// address for the peer to read while the connection lives.
+    pub(super) cookie: Mutex<Option<Box<[u8; 32]>>>,
     /// Bounds this connection's copies from the peer (see `stall.rs`).
     pub(super) copy_slots: Arc<CopySlots>,
     /// What to do once the reader has ended (`None` inside: it has).

@@ -194,11 +194,14 @@ fn offer_attach(conn: &Arc<Conn>, enabled: bool, theirs: [u8; 16]) {
         .get()
         .copied()
         .filter(|&(act, pas)| enabled && cma::is_local(pas, act));
-    let (answer, nonces) = match usable {
+    let (answer, nonces, proof) = match usable {
         Some((act, pas)) => {
             let np = host::random_bytes();
-            let cookie = Box::new(cma::cookie(cma::Side::Passive, &theirs, &np, act, pas));
+            // The cookie, then proof bytes the peer must echo to be lent
+            // memory.
+            let cookie = cma::placed(cma::cookie(cma::Side::Passive, &theirs, &np, act, pas));
             let at = cookie.as_ptr() as u64;
+            let proof = cma::proof_of(&cookie);
             *lock(&conn.cookie) = Some(cookie);
             let offer = Attach {
                 pid: cma::pid(),
@@ -207,7 +210,7 @@ fn offer_attach(conn: &Arc<Conn>, enabled: bool, theirs: [u8; 16]) {
                 verdict: Verdict::Unknown,
                 cuda_ipc: crate::cuda::offers_cuda_ipc(),
             };
-            (offer, Some((theirs, np)))
+            (offer, Some((theirs, np)), proof)
         }
         None => {
             let decline = Attach {
@@ -217,10 +220,10 @@ fn offer_attach(conn: &Arc<Conn>, enabled: bool, theirs: [u8; 16]) {
                 verdict: Verdict::Unknown,
                 cuda_ipc: false,
             };
-            (decline, None)
+            (decline, None, [0; 16])
         }
     };
-    lock(&conn.session).attach_offered(nonces, answer.cuda_ipc);
+    lock(&conn.session).attach_offered(nonces, proof, answer.cuda_ipc);
     conn.send_detached(Message::Attach(answer));
 }
 
@@ -268,11 +271,12 @@ fn verify_attach(conn: &Arc<Conn>, nonces: Option<Nonces>, pid: u32, addr: u64) 
             }
             _ => None,
         };
-        let ok = verified.is_some();
-        if let Some(p) = verified {
+        // The peer's proof bytes go back with the verdict.
+        let read = verified.as_ref().map(|v| v.1);
+        if let Some((p, _)) = verified {
             let _ = conn.peer_pid.set(p);
         }
-        let verdict = lock(&conn.session).attach_verified(ok);
+        let verdict = lock(&conn.session).attach_verified(read);
         conn.send_detached(verdict);
     });
 }
