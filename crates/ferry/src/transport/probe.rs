@@ -11,7 +11,8 @@
 //!   FUSE file that never answers: the kernel offers no way to interrupt the
 //!   copy), so probes run on small threads of their own, never on the
 //!   runtime's blocking pool, and at most [`MAX_PROBE_THREADS`] of them live
-//!   at once, stuck ones included: beyond that, probes are refused;
+//!   at once, stuck ones included: beyond that, probes are refused (and
+//!   come back as soon as stuck ones end: a refusal changes no count);
 //! - **in work**: the check that the claimed process holds the peer's
 //!   socket examines at most the first [`DEFAULT_PROBE_FILES`] of its open
 //!   files (`FERRY_CMA_PROBE_FILES`); a socket further down is not looked
@@ -101,21 +102,32 @@ pub(crate) async fn verify_peer(
 /// Probe threads alive.
 static THREADS: AtomicUsize = AtomicUsize::new(0);
 
-/// One live probe thread, counted against [`MAX_PROBE_THREADS`].
-struct ProbeThread(());
+/// One live probe thread, counted against [`MAX_PROBE_THREADS`] in its
+/// counter.
+struct ProbeThread(&'static AtomicUsize);
 
 impl ProbeThread {
+    /// One more probe thread, if fewer than [`MAX_PROBE_THREADS`] live.
     fn count() -> Option<ProbeThread> {
-        let counted = THREADS.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-            (n < MAX_PROBE_THREADS).then_some(n + 1)
-        });
-        counted.is_ok().then_some(ProbeThread(()))
+        Self::count_in(&THREADS)
+    }
+
+    /// One more in `threads`. Only a count that went up makes a
+    /// `ProbeThread`, whose drop takes it down again: a refusal leaves the
+    /// count as it was.
+    fn count_in(threads: &'static AtomicUsize) -> Option<ProbeThread> {
+        threads
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_PROBE_THREADS).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| ProbeThread(threads))
     }
 }
 
 impl Drop for ProbeThread {
     fn drop(&mut self) {
-        THREADS.fetch_sub(1, Ordering::AcqRel);
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -300,6 +312,23 @@ mod tests {
     /// The tests that open many files, and those that need few: one at a
     /// time.
     static FILES: Mutex<()> = Mutex::new(());
+
+    #[test]
+    fn a_refused_probe_thread_leaves_the_count_as_it_was() {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let all: Vec<ProbeThread> = (0..MAX_PROBE_THREADS)
+            .map(|_| ProbeThread::count_in(&N).expect("below the bound"))
+            .collect();
+        for _ in 0..3 {
+            assert!(ProbeThread::count_in(&N).is_none(), "at the bound");
+        }
+        assert_eq!(N.load(Ordering::Acquire), MAX_PROBE_THREADS);
+        drop(all);
+        // Before the fix, each refusal took one off: the count wrapped
+        // below zero here, and every later probe was refused.
+        assert_eq!(N.load(Ordering::Acquire), 0);
+        assert!(ProbeThread::count_in(&N).is_some());
+    }
 
     #[test]
     fn the_kernel_names_the_owner_of_a_socket() {
