@@ -107,7 +107,10 @@ pub(crate) fn run(f: impl FnOnce() + Send + 'static) {
     let (m, cv) = threads();
     let mut t = lock(m);
     t.queue.push_back(Box::new(f));
-    if t.idle > 0 {
+    // An idle thread takes the job only if no earlier job is already
+    // promised to it: a thread woken for one job that a peer then stalls
+    // would leave the next one queued behind it for ever.
+    if t.idle >= t.queue.len() {
         cv.notify_one();
         return;
     }
