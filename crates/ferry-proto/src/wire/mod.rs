@@ -143,6 +143,12 @@ pub enum AbortReason {
     /// detail says which. A build that does not know it reads it as
     /// `Other(13)`, so it needs no new protocol version.
     DeviceMemory,
+    /// The remote would copy the memory lent for this request by
+    /// cross-memory attach (or RDMA), and has no copy slot free for it now:
+    /// the peer's share, or the process's, is in use (copies that a peer
+    /// may be stalling). Refused at once, never queued; the detail says
+    /// which bound. A build that does not know it reads it as `Other(14)`.
+    CopySlots,
     /// A reason this build does not know.
     Other(u8),
 }
@@ -164,6 +170,7 @@ impl AbortReason {
             Self::Unauthenticated => 11,
             Self::PartFailed => 12,
             Self::DeviceMemory => 13,
+            Self::CopySlots => 14,
             Self::Other(n) => n,
         }
     }
@@ -184,6 +191,7 @@ impl AbortReason {
             11 => Self::Unauthenticated,
             12 => Self::PartFailed,
             13 => Self::DeviceMemory,
+            14 => Self::CopySlots,
             n => Self::Other(n),
         }
     }

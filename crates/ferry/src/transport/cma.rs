@@ -493,6 +493,13 @@ impl Peer {
         &self.dir
     }
 
+    /// Who this process is for as long as it runs the probed program: its
+    /// pid and its image's random bytes (a pid alone may come to name
+    /// another process).
+    pub(crate) fn identity(&self) -> (u32, [u8; 16]) {
+        (self.pid, self.random)
+    }
+
     /// Whether the process still runs the image it ran when it was probed:
     /// [`Peer::check`], then [`Peer::confirm`]. Blocking, like a copy.
     pub(crate) fn unchanged(&self) -> bool {

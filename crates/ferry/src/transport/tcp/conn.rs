@@ -20,7 +20,7 @@ use crate::region::Region;
 use crate::transport::admission::Ticket;
 use crate::transport::api::ActiveLink;
 use crate::transport::cma;
-use crate::transport::stall::{self, CopySlot, CopySlots};
+use crate::transport::stall::{self, CopySlot, CopySlots, NoSlot};
 use crate::transport::ucx::Endpoint;
 use crate::Error;
 
@@ -337,7 +337,8 @@ impl Conn {
 
     /// Copies a lease into `region` from a blocking thread (never the
     /// reader task: the peer's pages may fault slowly, or never arrive),
-    /// once a copy slot is free (see `stall.rs`), then tells the
+    /// under the copy slot its request took (see `stall.rs`; without one,
+    /// the request is refused at once: `refuse_copy`), then tells the
     /// source that every byte is copied (`Finish`). A closed region ends it silently:
     /// whoever closed it tells the peer. A failed copy by cross-memory
     /// attach or UCX means the peer died (its memory went away) or lent
@@ -380,7 +381,13 @@ impl Conn {
                 }
             }
         };
-        let shared_ended = shared.clone();
+        // The slot was taken when the copy was planned; a lease on a
+        // request that took none finds one now or is refused at once:
+        // never does a copy wait for a slot (see `stall.rs`).
+        let slot = match target.take_slot().map_or_else(|| self.copy_slot(), Ok) {
+            Ok(slot) => slot,
+            Err(why) => return self.refuse_copy(req, &target, why),
+        };
         // The copy thread answers the peer itself (no hop back to the
         // runtime) and holds the connection only weakly: a copy that the
         // peer stalls must not keep its socket alive.
@@ -420,28 +427,32 @@ impl Conn {
                 PullEnd::Failed(why) => conn.kill(why),
             }
         };
-        if let Some(slot) = self.copy_slots.try_acquire() {
-            return stall::run(move || copy(slot));
+        stall::run(move || copy(slot));
+    }
+
+    /// Ends request `req`, whose lease this side cannot copy now for want
+    /// of a copy slot (`why`), with a typed error on both sides
+    /// (`AbortReason::CopySlots`), at once.
+    fn refuse_copy(self: &Arc<Self>, req: u64, target: &Target, why: NoSlot) {
+        let detail = why.to_string();
+        tracing::debug!(peer = self.peer, req, "{detail}");
+        let release = {
+            let mut s = lock(&self.session);
+            s.forget(req);
+            // With RDMA leases, the source waits for this side to say it
+            // stopped (no get was posted).
+            s.pull_ended(req, false)
+        };
+        if let Some(m) = release {
+            self.send_soon(m.to_vec(), None, false);
         }
-        let (slots, ended) = (self.copy_slots.clone(), shared_ended);
-        let me = Arc::downgrade(self);
-        self.handle.spawn(async move {
-            let slot = tokio::select! {
-                slot = slots.acquire() => slot,
-                // Ended while waiting: whoever ended it tells the peer;
-                // with RDMA leases, the lease ends here (no get was posted).
-                _ = ended.ended() => {
-                    if let Some(conn) = me.upgrade() {
-                        let m = lock(&conn.session).pull_ended(req, false);
-                        if let Some(m) = m {
-                            conn.send_soon(m.to_vec(), None, false);
-                        }
-                    }
-                    return;
-                }
-            };
-            stall::run(move || copy(slot));
-        });
+        let error = Error::Rejected {
+            reason: AbortReason::CopySlots,
+            detail: detail.clone(),
+        };
+        if target.end(OperationStatus::Errored, Some(error)) && target.stripe.is_none() {
+            self.abort_detached(req, AbortReason::CopySlots, detail);
+        }
     }
 
     pub(super) fn is_alive(&self) -> bool {

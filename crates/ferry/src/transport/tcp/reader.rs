@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ferry_proto::session::{lends, Nonces, Step};
 use ferry_proto::wire::{AbortReason, Attach, Message, Open, Verdict};
-use ferry_proto::OperationStatus;
+use ferry_proto::{OperationKind, OperationStatus};
 use tokio::sync::watch;
 
 use crate::exposure::{PassiveLink, Refusal};
@@ -296,10 +296,35 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Served>, o: Open) {
         // attach (UCX lends device memory where `caps.ucx_cuda` says so).
         caps.attach = false;
     }
+    // A WRITE whose source lends its memory: this side will copy it, under
+    // a copy slot taken now (`stall.rs`). Where none is free it is refused
+    // at once, before it binds (the operation stays free), never queued
+    // behind copies a peer may be stalling; a request the table would
+    // refuse anyway hears the table's refusal (it learns nothing more).
+    let mut slot = None;
+    if o.kind == OperationKind::Write
+        && o.pull
+        && o.parts <= 1
+        && session_caps.attach
+        && session_caps.can_pull
+    {
+        match conn.copy_slot() {
+            Ok(s) => slot = Some(s),
+            Err(why) => {
+                let refusal = match table.check(&o, Some(&conn.peer), caps) {
+                    Err(r) => r,
+                    Ok(_) => (AbortReason::CopySlots, why.to_string()),
+                };
+                tracing::debug!(peer = conn.peer, op = o.op_id, "refused a WRITE: {why}");
+                conn.with_session(|s| s.bound(&o, Err(refusal)));
+                return;
+            }
+        }
+    }
     let verdict = match table.open(&o, Some(&conn.peer), caps, &mut bind) {
         Ok((e, _)) => {
             conn.prove();
-            Ok(Target::passive(e, table.clone(), joined))
+            Ok(Target::passive(e, table.clone(), joined).with_slot(slot.take()))
         }
         Err((reason, detail)) => {
             tracing::debug!(
