@@ -331,7 +331,10 @@ async fn stall_from(victim: &Connector, conns: usize) -> Option<(Role, (usize, u
 /// byte right; the transport it went by.
 async fn honest_read(victim: &Connector, from: &Connector, seed: u8) -> TransportKind {
     let data = pattern(seed, 1 << 20);
-    let readable = from.create_readable(vec![data.clone().into()]).await.unwrap();
+    let readable = from
+        .create_readable(vec![data.clone().into()])
+        .await
+        .unwrap();
     let read = victim
         .begin_read(readable.metadata(), vec![vec![0u8; 1 << 20].into()])
         .await

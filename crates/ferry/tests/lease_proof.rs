@@ -154,7 +154,11 @@ fn leases(got: &[Message]) -> Vec<&Message> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_only_claims_it_can_pull_gets_no_addresses() {
     let got = read_as(Claim::Unverified).await;
-    assert!(leases(&got).is_empty(), "a lease went out: {:?}", leases(&got));
+    assert!(
+        leases(&got).is_empty(),
+        "a lease went out: {:?}",
+        leases(&got)
+    );
     assert!(got.iter().any(|m| matches!(m, Message::Data(_))), "{got:?}");
     assert_no_library_panic();
 }
@@ -166,7 +170,11 @@ async fn a_peer_that_only_claims_it_can_pull_gets_no_addresses() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_verified_peer_that_read_nothing_gets_no_addresses() {
     let got = read_as(Claim::VerifiedButReadNothing).await;
-    assert!(leases(&got).is_empty(), "a lease went out: {:?}", leases(&got));
+    assert!(
+        leases(&got).is_empty(),
+        "a lease went out: {:?}",
+        leases(&got)
+    );
     assert!(got.iter().any(|m| matches!(m, Message::Data(_))), "{got:?}");
     assert_no_library_panic();
 }
@@ -207,10 +215,7 @@ async fn a_passive_peer_that_only_claims_it_can_pull_gets_no_addresses() {
     .unwrap();
     let fake = tokio::spawn(async move {
         let (s, _) = within(l.accept()).await.unwrap();
-        let mut r = Raw {
-            s,
-            buf: Vec::new(),
-        };
+        let mut r = Raw { s, buf: Vec::new() };
         assert!(matches!(r.next().await, Some((Message::Hello(_), _))));
         r.send(&Message::Hello(Hello {
             version: PROTOCOL_VERSION,
@@ -248,7 +253,11 @@ async fn a_passive_peer_that_only_claims_it_can_pull_gets_no_addresses() {
         .await
         .unwrap();
     let (got, bytes, r) = fake.await.unwrap();
-    assert!(leases(&got).is_empty(), "a lease went out: {:?}", leases(&got));
+    assert!(
+        leases(&got).is_empty(),
+        "a lease went out: {:?}",
+        leases(&got)
+    );
     match got.first() {
         Some(Message::Open(o)) => assert!(!o.pull, "{o:?}"),
         other => panic!("expected an Open first, got {other:?}"),

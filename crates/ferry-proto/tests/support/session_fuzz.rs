@@ -685,11 +685,7 @@ impl<'a> Harness<'a> {
                 addr: inp.u64(),
                 // Half of them echo the proof bytes the passive side placed
                 // (see `session_fuzz_checks.rs`).
-                cookie: if inp.bit() {
-                    PROOF
-                } else {
-                    [inp.u8(); 16]
-                },
+                cookie: if inp.bit() { PROOF } else { [inp.u8(); 16] },
                 verdict: match inp.u8() % 3 {
                     0 => Verdict::Unknown,
                     1 => Verdict::CanPull,

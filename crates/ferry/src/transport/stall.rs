@@ -252,7 +252,7 @@ mod tests {
     #[test]
     fn a_connection_and_a_peer_get_at_most_their_share() {
         let mut l = Ledger::default();
-        let mut conns = vec![0usize; 8];
+        let mut conns = [0usize; 8];
         let p = process(1);
         // One connection: its own bound first.
         for _ in 0..PER_CONNECTION {

@@ -13,8 +13,8 @@ use crate::kind::TransportKind;
 use crate::region::Region;
 use crate::transport::cma;
 use crate::transport::pull::cuda_ipc::{CudaIpcPuller, IpcPeer};
-use crate::transport::stall::{CopySlot, NoSlot, PeerKey};
 use crate::transport::pull::{cma::CmaPuller, ucx::UcxPuller, LeaseBlob, Puller};
+use crate::transport::stall::{CopySlot, NoSlot, PeerKey};
 
 use super::conn::Conn;
 

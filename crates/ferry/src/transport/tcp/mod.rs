@@ -274,8 +274,8 @@ impl Transport for TcpTransport {
                 }
             }
             let pull = plan == Plan::Pull;
-            let target = Target::active(job.region.clone(), job.shared.clone(), None)
-                .with_slot(slot);
+            let target =
+                Target::active(job.region.clone(), job.shared.clone(), None).with_slot(slot);
             let params = OpenParams {
                 kind: job.kind,
                 op_id: job.remote.operation_id(),
