@@ -12,13 +12,16 @@
 //! opens: see [`PeerKey`]) and [`IN_PROCESS`] in the whole process are in
 //! flight at once.
 //!
-//! A copy never waits for a slot: it takes one when it is planned
-//! ([`CopySlots::try_acquire`]), or it does not happen. A READ that finds
-//! none moves in band instead (over the connection, at once); a WRITE whose
-//! source lends its memory, which this side would copy, is refused at once
-//! (`AbortReason::CopySlots`). So a peer that stalls its copies holds at
-//! most its share, and once every slot is held (by peers with many
-//! identities: see `docs/security.md`) honest transfers go on in band.
+//! A copy takes its slot when it is planned ([`CopySlots::try_acquire`]),
+//! and never waits for a slot that another peer holds. A READ that finds
+//! none moves in band instead (over the connection, at once). A WRITE whose
+//! source lends its memory, which this side copies, waits only where its
+//! own connection's or peer's share is in use (for one of that peer's own
+//! copies to end: [`CopySlots::acquire_own`]); where the process's slots
+//! are all in use it is refused at once (`AbortReason::CopySlots`). So a
+//! peer that stalls its copies holds at most its share and delays only
+//! itself, and once every slot is held (by peers with many identities: see
+//! `docs/security.md`) honest READs go on in band.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
@@ -151,15 +154,45 @@ impl CopySlots {
     }
 }
 
+impl CopySlots {
+    /// A slot for one copy of this connection from `peer`, waiting while
+    /// only this connection's or this peer's share is in use (for one of
+    /// this peer's own copies to end), never for the process's: where the
+    /// process has none free, `Err(NoSlot::Process)` at once.
+    pub(crate) async fn acquire_own(self: &Arc<Self>, peer: PeerKey) -> Result<CopySlot, NoSlot> {
+        loop {
+            let freed = freed().notified();
+            tokio::pin!(freed);
+            // Registered before the check, so that a slot given back in
+            // between still wakes it.
+            freed.as_mut().enable();
+            match self.try_acquire(peer.clone()) {
+                Ok(slot) => return Ok(slot),
+                Err(NoSlot::Process) => return Err(NoSlot::Process),
+                Err(NoSlot::Connection | NoSlot::Peer) => freed.await,
+            }
+        }
+    }
+}
+
+/// Woken whenever a slot comes back.
+fn freed() -> &'static tokio::sync::Notify {
+    static F: OnceLock<tokio::sync::Notify> = OnceLock::new();
+    F.get_or_init(tokio::sync::Notify::new)
+}
+
 impl Drop for CopySlot {
     fn drop(&mut self) {
-        let mut l = ledger();
-        let mut conn = self
-            .conn
-            .in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        l.give(&mut conn, &self.peer);
+        {
+            let mut l = ledger();
+            let mut conn = self
+                .conn
+                .in_flight
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            l.give(&mut conn, &self.peer);
+        }
+        freed().notify_waiters();
     }
 }
 
@@ -289,6 +322,27 @@ mod tests {
         l.give(&mut conn, &process(0));
         assert!(!l.by_peer.contains_key(&process(0)), "an idle peer leaves");
         assert!(l.take(&mut 0, &process(9999)).is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_copy_waits_for_its_own_share_only() {
+        let slots = Arc::new(CopySlots::new());
+        let key = PeerKey::Process(u32::MAX - 1, [0xCD; 16]);
+        let mut held: Vec<CopySlot> = (0..PER_CONNECTION)
+            .map(|_| slots.try_acquire(key.clone()).unwrap())
+            .collect();
+        let wait = tokio::spawn({
+            let (slots, key) = (slots.clone(), key.clone());
+            async move { slots.acquire_own(key).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !wait.is_finished(),
+            "it waits while its own share is in use"
+        );
+        held.pop();
+        let got = tokio::time::timeout(Duration::from_secs(5), wait).await;
+        assert!(matches!(got, Ok(Ok(Ok(_)))), "one of its own copies ended");
     }
 
     #[test]

@@ -337,8 +337,9 @@ impl Conn {
 
     /// Copies a lease into `region` from a blocking thread (never the
     /// reader task: the peer's pages may fault slowly, or never arrive),
-    /// under the copy slot its request took (see `stall.rs`; without one,
-    /// the request is refused at once: `refuse_copy`), then tells the
+    /// under the copy slot its request took (see `stall.rs`: without one, it
+    /// waits only for its own peer's copies, and is refused at once where
+    /// the process has none: `refuse_copy`), then tells the
     /// source that every byte is copied (`Finish`). A closed region ends it silently:
     /// whoever closed it tells the peer. A failed copy by cross-memory
     /// attach or UCX means the peer died (its memory went away) or lent
@@ -382,12 +383,17 @@ impl Conn {
             }
         };
         // The slot was taken when the copy was planned; a lease on a
-        // request that took none finds one now or is refused at once:
-        // never does a copy wait for a slot (see `stall.rs`).
+        // request that took none finds one now, or waits for one of its own
+        // peer's copies to end (see `stall.rs`), or, where the process has
+        // none free, is refused at once: never does a copy wait for a slot
+        // that another peer holds.
         let slot = match target.take_slot().map_or_else(|| self.copy_slot(), Ok) {
-            Ok(slot) => slot,
-            Err(why) => return self.refuse_copy(req, &target, why),
+            Ok(slot) => Some(slot),
+            Err(NoSlot::Process) => return self.refuse_copy(req, &target, NoSlot::Process),
+            Err(NoSlot::Connection | NoSlot::Peer) => None,
         };
+        let ended = shared.clone();
+        let refused = target.clone();
         // The copy thread answers the peer itself (no hop back to the
         // runtime) and holds the connection only weakly: a copy that the
         // peer stalls must not keep its socket alive.
@@ -427,7 +433,38 @@ impl Conn {
                 PullEnd::Failed(why) => conn.kill(why),
             }
         };
-        stall::run(move || copy(slot));
+        if let Some(slot) = slot {
+            return stall::run(move || copy(slot));
+        }
+        let (slots, key, me) = (
+            self.copy_slots.clone(),
+            self.copy_key(),
+            Arc::downgrade(self),
+        );
+        self.handle.spawn(async move {
+            let slot = tokio::select! {
+                slot = slots.acquire_own(key) => slot,
+                // Ended while waiting: whoever ended it tells the peer;
+                // with RDMA leases, the lease ends here (no get was posted).
+                _ = ended.ended() => {
+                    if let Some(conn) = me.upgrade() {
+                        let m = lock(&conn.session).pull_ended(req, false);
+                        if let Some(m) = m {
+                            conn.send_soon(m.to_vec(), None, false);
+                        }
+                    }
+                    return;
+                }
+            };
+            match slot {
+                Ok(slot) => stall::run(move || copy(slot)),
+                Err(why) => {
+                    if let Some(conn) = me.upgrade() {
+                        conn.refuse_copy(req, &refused, why);
+                    }
+                }
+            }
+        });
     }
 
     /// Ends request `req`, whose lease this side cannot copy now for want

@@ -55,10 +55,14 @@ impl Conn {
     /// that will ask for a lease, a passive WRITE whose source lends), kept
     /// with its request until the copy ends. Never waits.
     pub(super) fn copy_slot(&self) -> Result<CopySlot, NoSlot> {
-        // A connection without a verified peer copies nothing: the session
-        // refuses a lease on it; the connection's own bound is what holds.
-        let peer = self.copy_peer().unwrap_or(PeerKey::Process(0, [0; 16]));
-        self.copy_slots.try_acquire(peer)
+        self.copy_slots.try_acquire(self.copy_key())
+    }
+
+    /// [`copy_peer`](Self::copy_peer), or a key shared by every connection
+    /// without a verified peer (which copies nothing: the session refuses
+    /// a lease on it).
+    pub(super) fn copy_key(&self) -> PeerKey {
+        self.copy_peer().unwrap_or(PeerKey::Process(0, [0; 16]))
     }
 
     /// The CUDA IPC view of the attach-probed peer `process`: one per

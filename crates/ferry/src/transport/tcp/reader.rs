@@ -15,6 +15,7 @@ use crate::metrics::ConnMeter;
 use crate::transport::api::Host;
 use crate::transport::cma;
 use crate::transport::probe::verify_peer;
+use crate::transport::stall::NoSlot;
 use crate::transport::ucx::Worker;
 use crate::{Error, Result};
 
@@ -297,10 +298,12 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Served>, o: Open) {
         caps.attach = false;
     }
     // A WRITE whose source lends its memory: this side will copy it, under
-    // a copy slot taken now (`stall.rs`). Where none is free it is refused
-    // at once, before it binds (the operation stays free), never queued
-    // behind copies a peer may be stalling; a request the table would
-    // refuse anyway hears the table's refusal (it learns nothing more).
+    // a copy slot taken now (`stall.rs`). Where the process has none free
+    // it is refused at once, before it binds (the operation stays free),
+    // never queued behind copies other peers may be stalling; a request the
+    // table would refuse anyway hears the table's refusal (it learns
+    // nothing more). Where only its own connection's or peer's share is in
+    // use, its copy waits for one of its own (`spawn_pull`).
     let mut slot = None;
     if o.kind == OperationKind::Write
         && o.pull
@@ -310,7 +313,8 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Served>, o: Open) {
     {
         match conn.copy_slot() {
             Ok(s) => slot = Some(s),
-            Err(why) => {
+            Err(NoSlot::Connection | NoSlot::Peer) => {}
+            Err(why @ NoSlot::Process) => {
                 let refusal = match table.check(&o, Some(&conn.peer), caps) {
                     Err(r) => r,
                     Ok(_) => (AbortReason::CopySlots, why.to_string()),
