@@ -322,13 +322,18 @@ pub enum Verdict {
 /// connection's addresses, computed by the reader itself: reading it proves
 /// the permission and that the pid names the peer in the reader's pid
 /// namespace, and it cannot be replayed or relayed from another connection.
+/// The 16 bytes after a cookie are random (its side's *proof bytes*); a
+/// verdict frame's `cookie` echoes the receiver's proof bytes where the
+/// sender read them (`CanPull`), and a `CanPull` without them proves
+/// nothing (see `session::proves`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Attach {
     /// The sender's process id (0: the sender does not offer attach).
     pub pid: u32,
     /// Address of the cookie in the sender's memory.
     pub addr: u64,
-    /// The cookie's bytes.
+    /// The sender's nonce (in the first two frames), or, in a verdict, the
+    /// receiver's proof bytes that the sender read (zeros if it read none).
     pub cookie: [u8; 16],
     /// Whether the sender could read the receiver's cookie.
     pub verdict: Verdict,
