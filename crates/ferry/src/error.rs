@@ -237,6 +237,7 @@ fn describe(r: AbortReason) -> &'static str {
         AbortReason::Unauthenticated => "the peers do not share the same secret",
         AbortReason::PartFailed => "another part of this striped transfer failed",
         AbortReason::DeviceMemory => "the remote's GPU memory could not be moved: no path reaches it, or a copy to or from it failed (the detail says which)",
+        AbortReason::CopySlots => "the remote has no cross-memory copy slot free for this transfer now (peers may be stalling copies): retry, or move it in band",
         _ => "unknown reason",
     }
 }

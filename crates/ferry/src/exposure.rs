@@ -150,6 +150,43 @@ impl Exposures {
         caps: Caps,
         bind: &mut Bind<'_>,
     ) -> Result<(Arc<Exposure>, Arc<dyn PassiveLink>), Refusal> {
+        let e = self.check(o, peer, caps)?;
+        let ended = || {
+            self.how_it_ended(o, peer)
+                .unwrap_or_else(|| ended_here(o.op_id))
+        };
+        let mut binding = lock(&e.binding);
+        let link = match &*binding {
+            None => {
+                if !e.shared.start() {
+                    return Err(ended());
+                }
+                e.shared.opened(peer);
+                let link = bind(None)?;
+                *binding = Some(link.clone());
+                link
+            }
+            Some(b) => {
+                if e.shared.status().is_terminal() {
+                    return Err(ended());
+                }
+                bind(Some(b))?
+            }
+        };
+        drop(binding);
+        Ok((e, link))
+    }
+
+    /// The checks of [`open`](Self::open), binding nothing: the exposure
+    /// request `o` names, or how `open` would refuse it (so that a refusal
+    /// of the transport's own, such as no copy slot, goes only to a holder
+    /// of a valid capability: every other request learns only that).
+    pub(crate) fn check(
+        &self,
+        o: &Open,
+        peer: Option<&str>,
+        caps: Caps,
+    ) -> Result<Arc<Exposure>, Refusal> {
         let Some(e) = lock(&self.map).get(&o.op_id).cloned() else {
             return Err(self.how_it_ended(o, peer).unwrap_or_else(unknown));
         };
@@ -196,30 +233,7 @@ impl Exposures {
                 return Err((AbortReason::DeviceMemory, why));
             }
         }
-        let ended = || {
-            self.how_it_ended(o, peer)
-                .unwrap_or_else(|| ended_here(o.op_id))
-        };
-        let mut binding = lock(&e.binding);
-        let link = match &*binding {
-            None => {
-                if !e.shared.start() {
-                    return Err(ended());
-                }
-                e.shared.opened(peer);
-                let link = bind(None)?;
-                *binding = Some(link.clone());
-                link
-            }
-            Some(b) => {
-                if e.shared.status().is_terminal() {
-                    return Err(ended());
-                }
-                bind(Some(b))?
-            }
-        };
-        drop(binding);
-        Ok((e, link))
+        Ok(e)
     }
 
     /// Ends an exposure from the transport's side (completion, remote

@@ -4,12 +4,32 @@
 //! side's verdict. Hashing the cookies and probing the peer stay with the
 //! driver; this is the order of the frames, and of the three `Rdma` frames
 //! that set up an RDMA backend instead.
+//!
+//! A verdict of `CanPull` counts only with its proof: each side places, next
+//! to its cookie, 16 random bytes of this connection (its *proof bytes*),
+//! and a peer that read them echoes them in its verdict's `cookie` field
+//! ([`proves`]). Only a peer that proved it can copy this process's memory
+//! is lent any (a lease names addresses): a peer's word is not enough.
 
 use super::{Fence, Role, Session, Step, Violation};
 use crate::wire::{Attach, Message, Rdma, Verdict};
 
 /// Two nonces: the active side's, then this side's.
 pub type Nonces = ([u8; 16], [u8; 16]);
+
+/// Whether `verdict` (the peer's last `Attach` frame) proves that the peer
+/// copied this side's memory: it says `CanPull` and echoes `proof`, the
+/// random bytes this side placed next to its cookie (all zeros never
+/// count: that is what a verdict without a proof carries). Compared in
+/// constant time.
+pub fn proves(verdict: &Attach, proof: &[u8; 16]) -> bool {
+    let diff = verdict
+        .cookie
+        .iter()
+        .zip(proof)
+        .fold(0u8, |d, (a, b)| d | (a ^ b));
+    verdict.verdict == Verdict::CanPull && diff == 0 && *proof != [0; 16]
+}
 
 /// Where the passive side stands in the RDMA set-up (see
 /// [`Rdma`](crate::wire::Rdma)).
@@ -119,7 +139,8 @@ impl<T: Fence> Session<T> {
             }
             (AttachState::Offered(nonces), v) if v != Verdict::Unknown => {
                 self.attach = AttachState::Done;
-                self.caps.peer_pulls = nonces.is_some() && v == Verdict::CanPull;
+                // The peer's word counts only with its proof.
+                self.caps.peer_pulls = nonces.is_some() && proves(&a, &self.proof);
                 Ok(Step::AttachVerify {
                     nonces,
                     pid: a.pid,
@@ -133,22 +154,27 @@ impl<T: Fence> Session<T> {
     /// The offer for the active side's nonce is on its way (`None`: this
     /// side declined), saying whether this side offers CUDA IPC
     /// (`cuda_ipc`): the connection has it where both sides offered it and
-    /// this side did not decline.
-    pub fn attach_offered(&mut self, nonces: Option<Nonces>, cuda_ipc: bool) {
+    /// this side did not decline. `proof`: the random bytes this side
+    /// placed next to its cookie, which the peer's verdict must echo for
+    /// this side to lend it memory ([`proves`]).
+    pub fn attach_offered(&mut self, nonces: Option<Nonces>, proof: [u8; 16], cuda_ipc: bool) {
         if self.attach == AttachState::Offering {
             self.attach = AttachState::Offered(nonces);
+            self.proof = proof;
             self.caps.cuda_ipc &= cuda_ipc && nonces.is_some();
         }
     }
 
-    /// The probe of the peer ended (`ok`: this side can copy from it): the
-    /// verdict to send.
-    pub fn attach_verified(&mut self, ok: bool) -> Message {
+    /// The probe of the peer ended: `Some(proof)` where this side can copy
+    /// from it, with the peer's proof bytes that it read (echoed in the
+    /// verdict); `None` where it cannot. The verdict to send.
+    pub fn attach_verified(&mut self, read: Option<[u8; 16]>) -> Message {
+        let ok = read.is_some();
         self.caps.can_pull = ok;
         Message::Attach(Attach {
             pid: 0,
             addr: 0,
-            cookie: [0; 16],
+            cookie: read.unwrap_or_default(),
             verdict: if ok {
                 Verdict::CanPull
             } else {

@@ -28,7 +28,7 @@ mod violation;
 use std::collections::{BTreeMap, VecDeque};
 
 pub use action::{Action, Last, OpenParams, Start, Step};
-pub use attach::{AttachState, Nonces, RdmaState};
+pub use attach::{proves, AttachState, Nonces, RdmaState};
 pub use fence::{Caps, Fence};
 pub use plan::{
     can_lend, device_refusal, lends, plan, Plan, Thresholds, DEVICE_MEMORY_BY_IPC_ONLY,
@@ -122,6 +122,9 @@ pub struct Session<T> {
     lent: BTreeMap<u64, (T, bool)>,
     next_req: u64,
     attach: AttachState,
+    /// The proof bytes this side placed next to its cookie (see
+    /// [`proves`]); zeros until it made its offer.
+    proof: [u8; 16],
     rdma: RdmaState,
     /// Leases go through an RDMA backend (see [`Session::rdma_leases`]).
     rdma_leases: bool,
@@ -139,6 +142,7 @@ impl<T: Fence> Session<T> {
             lent: BTreeMap::new(),
             next_req: 1,
             attach: AttachState::default(),
+            proof: [0; 16],
             rdma: RdmaState::default(),
             rdma_leases: false,
             actions: VecDeque::new(),

@@ -168,6 +168,12 @@ pub enum AbortReason {
     /// detail says which. A build that does not know it reads it as
     /// `Other(13)`, so it needs no new protocol version.
     DeviceMemory,
+    /// The remote would copy the memory lent for this request by
+    /// cross-memory attach (or RDMA), and has no copy slot free for it now:
+    /// the peer's share, or the process's, is in use (copies that a peer
+    /// may be stalling). Refused at once, never queued; the detail says
+    /// which bound. A build that does not know it reads it as `Other(14)`.
+    CopySlots,
     /// A reason this build does not know.
     Other(u8),
 }
@@ -189,6 +195,7 @@ impl AbortReason {
             Self::Unauthenticated => 11,
             Self::PartFailed => 12,
             Self::DeviceMemory => 13,
+            Self::CopySlots => 14,
             Self::Other(n) => n,
         }
     }
@@ -209,6 +216,7 @@ impl AbortReason {
             11 => Self::Unauthenticated,
             12 => Self::PartFailed,
             13 => Self::DeviceMemory,
+            14 => Self::CopySlots,
             n => Self::Other(n),
         }
     }
@@ -343,13 +351,18 @@ pub enum Verdict {
 /// connection's addresses, computed by the reader itself: reading it proves
 /// the permission and that the pid names the peer in the reader's pid
 /// namespace, and it cannot be replayed or relayed from another connection.
+/// The 16 bytes after a cookie are random (its side's *proof bytes*); a
+/// verdict frame's `cookie` echoes the receiver's proof bytes where the
+/// sender read them (`CanPull`), and a `CanPull` without them proves
+/// nothing (see `session::proves`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Attach {
     /// The sender's process id (0: the sender does not offer attach).
     pub pid: u32,
     /// Address of the cookie in the sender's memory.
     pub addr: u64,
-    /// The cookie's bytes.
+    /// The sender's nonce (in the first two frames), or, in a verdict, the
+    /// receiver's proof bytes that the sender read (zeros if it read none).
     pub cookie: [u8; 16],
     /// Whether the sender could read the receiver's cookie.
     pub verdict: Verdict,

@@ -454,13 +454,13 @@ impl World {
                     }
                 }
             }
-            Ok(Step::AttachOffer { .. }) => self.conns[c].s.attach_offered(None, false),
+            Ok(Step::AttachOffer { .. }) => self.conns[c].s.attach_offered(None, [0; 16], false),
             Ok(Step::RdmaOffer { .. }) => {
                 let m = self.conns[c].s.rdma_answered(false, Vec::new(), false);
                 self.send(c, m, vec![]);
             }
             Ok(Step::AttachVerify { .. }) => {
-                let m = self.conns[c].s.attach_verified(false);
+                let m = self.conns[c].s.attach_verified(None);
                 self.send(c, m, vec![]);
             }
             Err(v) => {

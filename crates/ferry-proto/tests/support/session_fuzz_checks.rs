@@ -119,6 +119,7 @@ impl Harness<'_> {
             Message::Attach(a) => Some(a.verdict),
             _ => None,
         };
+        let proven = matches!(&msg, Message::Attach(a) if a.cookie == PROOF);
         let step = self.ends[i].s.handle_frame(msg);
         match step {
             Ok(Step::Done) => {}
@@ -164,15 +165,16 @@ impl Harness<'_> {
                 assert_eq!(i, PASSIVE);
                 let offer = self.input.bit().then_some((nonce, [0x55; 16]));
                 let cuda_ipc = self.input.bit();
-                self.ends[i].s.attach_offered(offer, cuda_ipc);
+                self.ends[i].s.attach_offered(offer, PROOF, cuda_ipc);
             }
             Ok(Step::AttachVerify { nonces, .. }) => {
                 assert_eq!(i, PASSIVE);
                 let e = &mut self.ends[i];
-                let pulls = nonces.is_some() && verdict == Some(Verdict::CanPull);
+                // The peer's word counts only with the proof bytes.
+                let pulls = nonces.is_some() && verdict == Some(Verdict::CanPull) && proven;
                 assert_eq!(e.s.caps().peer_pulls, pulls);
                 let ok = nonces.is_some() && self.input.bit();
-                let m = e.s.attach_verified(ok);
+                let m = e.s.attach_verified(ok.then_some([0x66; 16]));
                 let want = if ok {
                     Verdict::CanPull
                 } else {

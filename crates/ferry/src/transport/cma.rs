@@ -14,7 +14,11 @@
 //! the peer names its pid and the address of 16 random bytes ([`cookie`]),
 //! and we read them. That checks the permission (same user and ptrace
 //! allowed, no seccomp filter in the way — Docker's default profile refuses)
-//! and that the pid means the peer in *our* pid namespace.
+//! and that the pid means the peer in *our* pid namespace. The 16 bytes
+//! after the cookie are random bytes of this connection, which nobody can
+//! compute ([`placed`]): a reader echoes them in its verdict, and so proves
+//! it read this process's memory. A peer is lent memory (its addresses go
+//! to it) only with that proof (`ferry_proto::session::proves`).
 
 use std::io;
 use std::net::SocketAddr;
@@ -58,6 +62,23 @@ pub(crate) fn cookie(
     let mut out = [0u8; 16];
     out.copy_from_slice(&d[..16]);
     out
+}
+
+/// What one side of a connection places in its memory for the other to
+/// read: its `cookie`, then 16 fresh random bytes (its *proof bytes*),
+/// which a reader echoes to prove it read them.
+pub(crate) fn placed(cookie: [u8; 16]) -> Box<[u8; 32]> {
+    let mut b = Box::new([0u8; 32]);
+    b[..16].copy_from_slice(&cookie);
+    b[16..].copy_from_slice(&crate::host::random_bytes());
+    b
+}
+
+/// The proof bytes of what [`placed`] made.
+pub(crate) fn proof_of(placed: &[u8; 32]) -> [u8; 16] {
+    let mut p = [0u8; 16];
+    p.copy_from_slice(&placed[16..]);
+    p
 }
 
 fn canonical(a: SocketAddr) -> SocketAddr {
@@ -373,22 +394,27 @@ pub fn copy_ranges_from_process(
 
 /// Whether the 16 bytes at `addr` of `peer` equal `expected`, which is
 /// computed only after the read (so that the expected bytes are nowhere in
-/// this process's memory while it reads). May block (the peer's pages may
+/// this process's memory while it reads): the peer's proof bytes that
+/// follow them (see [`placed`]) if so. May block (the peer's pages may
 /// fault): call it from a blocking thread.
-pub(crate) fn probe(peer: &Peer, addr: u64, expected: impl FnOnce() -> [u8; 16]) -> bool {
+pub(crate) fn probe(
+    peer: &Peer,
+    addr: u64,
+    expected: impl FnOnce() -> [u8; 16],
+) -> Option<[u8; 16]> {
     let pid = peer.pid;
-    let mut got = [0u8; 16];
+    let mut got = [0u8; 32];
     match peer.pull(&mut got, addr) {
         Ok(()) => {
-            let ok = got == expected();
+            let ok = got[..16] == expected();
             if !ok {
                 tracing::debug!(pid, "cross-memory attach: the probe bytes differ (another pid namespace, or not the peer)");
             }
-            ok
+            ok.then(|| proof_of(&got))
         }
         Err(e) => {
             tracing::debug!(pid, "cross-memory attach refused: {e}");
-            false
+            None
         }
     }
 }
@@ -465,6 +491,13 @@ impl Peer {
     /// `/proc/<pid>` of this very process.
     pub(crate) fn dir(&self) -> &OwnedFd {
         &self.dir
+    }
+
+    /// Who this process is for as long as it runs the probed program: its
+    /// pid and its image's random bytes (a pid alone may come to name
+    /// another process).
+    pub(crate) fn identity(&self) -> (u32, [u8; 16]) {
+        (self.pid, self.random)
     }
 
     /// Whether the process still runs the image it ran when it was probed:
@@ -623,20 +656,17 @@ mod tests {
         let a: std::net::SocketAddr = "127.0.0.1:1000".parse().unwrap();
         let p: std::net::SocketAddr = "127.0.0.1:2000".parse().unwrap();
         let (na, np) = ([1u8; 16], [2u8; 16]);
-        let mine = Box::new(cookie(Side::Active, &na, &np, a, p));
+        let mine = placed(cookie(Side::Active, &na, &np, a, p));
         let addr = mine.as_ptr() as u64;
         let me = Peer::open(pid()).unwrap();
-        assert!(probe(&me, addr, || cookie(Side::Active, &na, &np, a, p)));
+        // The reader gets the proof bytes, which nobody could compute.
+        let proof = probe(&me, addr, || cookie(Side::Active, &na, &np, a, p));
+        assert_eq!(proof, Some(proof_of(&mine)));
+        assert_ne!(proof_of(&mine), proof_of(&placed([0; 16])));
         // Another role, other nonces or another connection: other bytes.
-        assert!(!probe(&me, addr, || cookie(Side::Passive, &na, &np, a, p)));
-        assert!(!probe(&me, addr, || cookie(
-            Side::Active,
-            &na,
-            &[3; 16],
-            a,
-            p
-        )));
-        assert!(!probe(&me, addr, || cookie(Side::Active, &na, &np, p, a)));
+        assert!(probe(&me, addr, || cookie(Side::Passive, &na, &np, a, p)).is_none());
+        assert!(probe(&me, addr, || cookie(Side::Active, &na, &[3; 16], a, p)).is_none());
+        assert!(probe(&me, addr, || cookie(Side::Active, &na, &np, p, a)).is_none());
         assert!(Peer::open(0).is_err());
         // An unmapped address is an error, not a crash.
         let mut b = [0u8; 4];

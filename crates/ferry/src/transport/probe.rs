@@ -11,7 +11,8 @@
 //!   FUSE file that never answers: the kernel offers no way to interrupt the
 //!   copy), so probes run on small threads of their own, never on the
 //!   runtime's blocking pool, and at most [`MAX_PROBE_THREADS`] of them live
-//!   at once, stuck ones included: beyond that, probes are refused;
+//!   at once, stuck ones included: beyond that, probes are refused (and
+//!   come back as soon as stuck ones end: a refusal changes no count);
 //! - **in work**: the check that the claimed process holds the peer's
 //!   socket examines at most the first [`DEFAULT_PROBE_FILES`] of its open
 //!   files (`FERRY_CMA_PROBE_FILES`); a socket further down is not looked
@@ -45,15 +46,16 @@ const PROBE_STACK: usize = 256 * 1024;
 /// Whether process `pid` is the other end of this connection (the kernel
 /// says it holds the socket `sock` -> `remote`) and this process may copy
 /// from it (its cookie at `addr` reads as `expected`): the process, held
-/// by a handle that notices a new program image, or `None` (the connection
-/// uses TCP). Bounded as the module says.
+/// by a handle that notices a new program image, and the proof bytes that
+/// follow its cookie (see `cma::placed`: echoed in this side's verdict), or
+/// `None` (the connection uses TCP). Bounded as the module says.
 pub(crate) async fn verify_peer(
     pid: u32,
     addr: u64,
     sock: SocketAddr,
     remote: SocketAddr,
     expected: impl FnOnce() -> [u8; 16] + Send + 'static,
-) -> Option<Arc<Peer>> {
+) -> Option<(Arc<Peer>, [u8; 16])> {
     static SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_PROBES);
     if pid == 0 {
         return None;
@@ -85,7 +87,7 @@ pub(crate) async fn verify_peer(
     // The slot is free from here on, whatever the thread still does.
     drop(slot);
     match outcome {
-        Ok(Ok(peer)) => peer.map(Arc::new),
+        Ok(Ok(peer)) => peer.map(|(p, proof)| (Arc::new(p), proof)),
         Ok(Err(_)) => None,
         Err(_) => {
             tracing::debug!(
@@ -100,32 +102,44 @@ pub(crate) async fn verify_peer(
 /// Probe threads alive.
 static THREADS: AtomicUsize = AtomicUsize::new(0);
 
-/// One live probe thread, counted against [`MAX_PROBE_THREADS`].
-struct ProbeThread(());
+/// One live probe thread, counted against [`MAX_PROBE_THREADS`] in its
+/// counter.
+struct ProbeThread(&'static AtomicUsize);
 
 impl ProbeThread {
+    /// One more probe thread, if fewer than [`MAX_PROBE_THREADS`] live.
     fn count() -> Option<ProbeThread> {
-        let counted = THREADS.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-            (n < MAX_PROBE_THREADS).then_some(n + 1)
-        });
-        counted.is_ok().then_some(ProbeThread(()))
+        Self::count_in(&THREADS)
+    }
+
+    /// One more in `threads`. Only a count that went up makes a
+    /// `ProbeThread`, whose drop takes it down again: a refusal leaves the
+    /// count as it was.
+    fn count_in(threads: &'static AtomicUsize) -> Option<ProbeThread> {
+        threads
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_PROBE_THREADS).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| ProbeThread(threads))
     }
 }
 
 impl Drop for ProbeThread {
     fn drop(&mut self) {
-        THREADS.fetch_sub(1, Ordering::AcqRel);
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
-/// The probe itself, on its own thread (it may block on the peer's pages).
+/// The probe itself, on its own thread (it may block on the peer's pages):
+/// the peer and its proof bytes.
 fn probe(
     pid: u32,
     addr: u64,
     sock: SocketAddr,
     remote: SocketAddr,
     expected: impl FnOnce() -> [u8; 16],
-) -> Option<Peer> {
+) -> Option<(Peer, [u8; 16])> {
     let peer = match Peer::open(pid) {
         Ok(p) => p,
         Err(e) => {
@@ -136,9 +150,10 @@ fn probe(
             return None;
         }
     };
-    if !owns_socket(&peer, sock, remote) || !cma::probe(&peer, addr, expected) {
+    if !owns_socket(&peer, sock, remote) {
         return None;
     }
+    let proof = cma::probe(&peer, addr, expected)?;
     // The socket check and the cookie saw the image noted at the start.
     if !peer.unchanged() {
         tracing::debug!(
@@ -147,7 +162,7 @@ fn probe(
         );
         return None;
     }
-    Some(peer)
+    Some((peer, proof))
 }
 
 /// Whether `peer` holds the TCP socket whose own address is `sock` and whose
@@ -297,6 +312,23 @@ mod tests {
     /// The tests that open many files, and those that need few: one at a
     /// time.
     static FILES: Mutex<()> = Mutex::new(());
+
+    #[test]
+    fn a_refused_probe_thread_leaves_the_count_as_it_was() {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let all: Vec<ProbeThread> = (0..MAX_PROBE_THREADS)
+            .map(|_| ProbeThread::count_in(&N).expect("below the bound"))
+            .collect();
+        for _ in 0..3 {
+            assert!(ProbeThread::count_in(&N).is_none(), "at the bound");
+        }
+        assert_eq!(N.load(Ordering::Acquire), MAX_PROBE_THREADS);
+        drop(all);
+        // Before the fix, each refusal took one off: the count wrapped
+        // below zero here, and every later probe was refused.
+        assert_eq!(N.load(Ordering::Acquire), 0);
+        assert!(ProbeThread::count_in(&N).is_some());
+    }
 
     #[test]
     fn the_kernel_names_the_owner_of_a_socket() {

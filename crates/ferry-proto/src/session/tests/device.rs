@@ -247,7 +247,7 @@ fn the_cuda_ipc_offer_needs_both_sides() {
             Ok(Step::AttachOffer { .. })
         ));
         let nonces = (!declined).then_some(([9; 16], [1; 16]));
-        s.attach_offered(nonces, mine);
+        s.attach_offered(nonces, [5; 16], mine);
         assert_eq!(
             s.caps().cuda_ipc,
             mine && theirs && !declined,

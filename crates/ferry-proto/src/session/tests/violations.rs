@@ -449,7 +449,7 @@ fn attach_frames_out_of_the_exchange_order() {
     // The offer sent: a nonce instead of a verdict.
     let mut s = passive(ATTACH);
     s.handle_frame(attach(Verdict::Unknown)).unwrap();
-    s.attach_offered(Some(([9; 16], [8; 16])), false);
+    s.attach_offered(Some(([9; 16], [8; 16])), [5; 16], false);
     assert_eq!(
         s.handle_frame(attach(Verdict::Unknown)).unwrap_err(),
         Violation::AttachOutOfTurn
@@ -457,7 +457,7 @@ fn attach_frames_out_of_the_exchange_order() {
     // A fifth frame after the exchange.
     let mut s = passive(ATTACH);
     s.handle_frame(attach(Verdict::Unknown)).unwrap();
-    s.attach_offered(None, false);
+    s.attach_offered(None, [5; 16], false);
     s.handle_frame(attach(Verdict::Refused)).unwrap();
     for v in [Verdict::Unknown, Verdict::CanPull, Verdict::Refused] {
         assert_eq!(
@@ -470,10 +470,14 @@ fn attach_frames_out_of_the_exchange_order() {
 #[test]
 fn the_attach_exchange_in_order_sets_the_caps() {
     let nonces = ([9; 16], [8; 16]);
-    for (offer, verdict, ok) in [
-        (Some(nonces), Verdict::CanPull, true),
-        (Some(nonces), Verdict::Refused, false),
-        (None, Verdict::CanPull, false),
+    // The proof bytes this side placed; the test's verdicts carry [9; 16]
+    // (see `attach`), and echo them where the peer read them.
+    let (read, not_read) = ([9; 16], [4; 16]);
+    for (offer, verdict, proof, ok) in [
+        (Some(nonces), Verdict::CanPull, read, true),
+        (Some(nonces), Verdict::CanPull, not_read, false),
+        (Some(nonces), Verdict::Refused, read, false),
+        (None, Verdict::CanPull, read, false),
     ] {
         let mut s = passive(Caps {
             attach: true,
@@ -483,27 +487,50 @@ fn the_attach_exchange_in_order_sets_the_caps() {
             Ok(Step::AttachOffer { nonce }) => assert_eq!(nonce, [9; 16]),
             other => panic!("{other:?}"),
         }
-        s.attach_offered(offer, false);
+        s.attach_offered(offer, proof, false);
         match s.handle_frame(attach(verdict)) {
             Ok(Step::AttachVerify { nonces, pid, addr }) => {
                 assert_eq!((nonces, pid, addr), (offer, 42, 0x5000))
             }
             other => panic!("{other:?}"),
         }
-        // The peer may copy from this side only if it read our offer.
-        assert_eq!(s.caps().peer_pulls, ok, "{offer:?} {verdict:?}");
+        // The peer may copy from this side only if it read our offer and
+        // proved it (its word alone is not enough).
+        assert_eq!(s.caps().peer_pulls, ok, "{offer:?} {verdict:?} {proof:?}");
         assert!(!s.caps().can_pull);
-        for probe in [false, true] {
+        for probe in [None, Some([7; 16])] {
             let m = s.attach_verified(probe);
+            let want = if probe.is_some() {
+                Verdict::CanPull
+            } else {
+                Verdict::Refused
+            };
             assert!(matches!(
                 m,
-                Message::Attach(Attach { pid: 0, addr: 0, verdict, .. })
-                    if verdict == if probe { Verdict::CanPull } else { Verdict::Refused }
+                Message::Attach(Attach { pid: 0, addr: 0, verdict, cookie, .. })
+                    if verdict == want && cookie == probe.unwrap_or_default()
             ));
-            assert_eq!(s.caps().can_pull, probe);
+            assert_eq!(s.caps().can_pull, probe.is_some());
         }
         assert!(acts(&mut s).is_empty());
     }
+}
+
+#[test]
+fn a_verdict_without_its_proof_bytes_proves_nothing() {
+    let with = |verdict, cookie| Attach {
+        pid: 0,
+        addr: 0,
+        cookie,
+        verdict,
+        cuda_ipc: false,
+    };
+    assert!(proves(&with(Verdict::CanPull, [3; 16]), &[3; 16]));
+    assert!(!proves(&with(Verdict::CanPull, [3; 16]), &[4; 16]));
+    assert!(!proves(&with(Verdict::Refused, [3; 16]), &[3; 16]));
+    assert!(!proves(&with(Verdict::Unknown, [3; 16]), &[3; 16]));
+    // Zeros, what a verdict without a proof carries, never count.
+    assert!(!proves(&with(Verdict::CanPull, [0; 16]), &[0; 16]));
 }
 
 #[test]

@@ -20,7 +20,7 @@ use crate::region::Region;
 use crate::transport::admission::{Activity, Ticket};
 use crate::transport::api::ActiveLink;
 use crate::transport::cma;
-use crate::transport::stall::{self, CopySlot, CopySlots};
+use crate::transport::stall::{self, CopySlot, CopySlots, NoSlot};
 use crate::transport::ucx::Endpoint;
 use crate::Error;
 
@@ -113,9 +113,9 @@ pub(crate) struct Conn {
     pub(super) via_ucx: AtomicBool,
     /// `(active, passive)` socket addresses of this connection.
     pub(super) tuple: OnceLock<(SocketAddr, SocketAddr)>,
-    /// This side's cookie, kept at a fixed address for the peer to read
-    /// while the connection lives.
-    pub(super) cookie: Mutex<Option<Box<[u8; 16]>>>,
+    /// This side's cookie and proof bytes (`cma::placed`), kept at a fixed
+    /// address for the peer to read while the connection lives.
+    pub(super) cookie: Mutex<Option<Box<[u8; 32]>>>,
     /// Bounds this connection's copies from the peer (see `stall.rs`).
     pub(super) copy_slots: Arc<CopySlots>,
     /// What to do once the reader has ended (`None` inside: it has).
@@ -342,7 +342,9 @@ impl Conn {
 
     /// Copies a lease into `region` from a blocking thread (never the
     /// reader task: the peer's pages may fault slowly, or never arrive),
-    /// once a copy slot is free (see `stall.rs`), then tells the
+    /// under the copy slot its request took (see `stall.rs`: without one, it
+    /// waits only for its own peer's copies, and is refused at once where
+    /// the process has none: `refuse_copy`), then tells the
     /// source that every byte is copied (`Finish`). A closed region ends it silently:
     /// whoever closed it tells the peer. A failed copy by cross-memory
     /// attach or UCX means the peer died (its memory went away) or lent
@@ -385,7 +387,18 @@ impl Conn {
                 }
             }
         };
-        let shared_ended = shared.clone();
+        // The slot was taken when the copy was planned; a lease on a
+        // request that took none finds one now, or waits for one of its own
+        // peer's copies to end (see `stall.rs`), or, where the process has
+        // none free, is refused at once: never does a copy wait for a slot
+        // that another peer holds.
+        let slot = match target.take_slot().map_or_else(|| self.copy_slot(), Ok) {
+            Ok(slot) => Some(slot),
+            Err(NoSlot::Process) => return self.refuse_copy(req, &target, NoSlot::Process),
+            Err(NoSlot::Connection | NoSlot::Peer) => None,
+        };
+        let ended = shared.clone();
+        let refused = target.clone();
         // The copy thread answers the peer itself (no hop back to the
         // runtime) and holds the connection only weakly: a copy that the
         // peer stalls must not keep its socket alive.
@@ -425,14 +438,17 @@ impl Conn {
                 PullEnd::Failed(why) => conn.kill(why),
             }
         };
-        if let Some(slot) = self.copy_slots.try_acquire() {
+        if let Some(slot) = slot {
             return stall::run(move || copy(slot));
         }
-        let (slots, ended) = (self.copy_slots.clone(), shared_ended);
-        let me = Arc::downgrade(self);
+        let (slots, key, me) = (
+            self.copy_slots.clone(),
+            self.copy_key(),
+            Arc::downgrade(self),
+        );
         self.handle.spawn(async move {
             let slot = tokio::select! {
-                slot = slots.acquire() => slot,
+                slot = slots.acquire_own(key) => slot,
                 // Ended while waiting: whoever ended it tells the peer;
                 // with RDMA leases, the lease ends here (no get was posted).
                 _ = ended.ended() => {
@@ -445,8 +461,40 @@ impl Conn {
                     return;
                 }
             };
-            stall::run(move || copy(slot));
+            match slot {
+                Ok(slot) => stall::run(move || copy(slot)),
+                Err(why) => {
+                    if let Some(conn) = me.upgrade() {
+                        conn.refuse_copy(req, &refused, why);
+                    }
+                }
+            }
         });
+    }
+
+    /// Ends request `req`, whose lease this side cannot copy now for want
+    /// of a copy slot (`why`), with a typed error on both sides
+    /// (`AbortReason::CopySlots`), at once.
+    fn refuse_copy(self: &Arc<Self>, req: u64, target: &Target, why: NoSlot) {
+        let detail = why.to_string();
+        tracing::debug!(peer = self.peer, req, "{detail}");
+        let release = {
+            let mut s = lock(&self.session);
+            s.forget(req);
+            // With RDMA leases, the source waits for this side to say it
+            // stopped (no get was posted).
+            s.pull_ended(req, false)
+        };
+        if let Some(m) = release {
+            self.send_soon(m.to_vec(), None, false);
+        }
+        let error = Error::Rejected {
+            reason: AbortReason::CopySlots,
+            detail: detail.clone(),
+        };
+        if target.end(OperationStatus::Errored, Some(error)) && target.stripe.is_none() {
+            self.abort_detached(req, AbortReason::CopySlots, detail);
+        }
     }
 
     pub(super) fn is_alive(&self) -> bool {

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use ferry_proto::session::{Caps, Role, Session};
+use ferry_proto::session::{self, Caps, Role, Session};
 use ferry_proto::wire::{self, AbortReason, Attach, Auth, Expect, Hello, Message, Rdma, Verdict};
 use ferry_proto::RdmaMetadata;
 use tokio::net::TcpStream;
@@ -208,18 +208,20 @@ pub(super) async fn handshake(
         let np = theirs.cookie;
         // A peer that declined (pid 0) lends nothing by attach.
         cuda_ipc = offer && theirs.cuda_ipc && theirs.pid != 0;
-        let cookie = Box::new(cma::cookie(cma::Side::Active, &na, &np, me, them));
+        // Our cookie, then proof bytes the peer must echo to be lent memory.
+        let cookie = cma::placed(cma::cookie(cma::Side::Active, &na, &np, me, them));
         // The passive end of this connection is `them` -> `me`.
         let verified = verify_peer(theirs.pid, theirs.addr, them, me, move || {
             cma::cookie(cma::Side::Passive, &na, &np, me, them)
         })
         .await;
         let ok = verified.is_some();
-        // 3. Our verdict, and where our cookie lies.
+        // 3. Our verdict (with their proof bytes, read), and where our
+        // cookie lies.
         let answer = Message::Attach(Attach {
             pid: cma::pid(),
             addr: cookie.as_ptr() as u64,
-            cookie: [0; 16],
+            cookie: verified.as_ref().map(|v| v.1).unwrap_or_default(),
             verdict: if ok {
                 Verdict::CanPull
             } else {
@@ -230,9 +232,10 @@ pub(super) async fn handshake(
         w.write_all(&answer.to_vec())
             .await
             .map_err(|e| unreachable(e.to_string()))?;
-        // 4. Their verdict on us.
-        peer_pulls = next(&mut rd).await?.verdict == Verdict::CanPull;
-        peer_pid = verified;
+        // 4. Their verdict on us: their word counts only with the proof
+        // that they read our memory (our proof bytes, echoed).
+        peer_pulls = session::proves(&next(&mut rd).await?, &cma::proof_of(&cookie));
+        peer_pid = verified.map(|v| v.0);
         my_cookie = Some(cookie);
         tracing::debug!(
             peer,

@@ -14,6 +14,7 @@ use crate::region::Region;
 use crate::transport::cma;
 use crate::transport::pull::cuda_ipc::{CudaIpcPuller, IpcPeer};
 use crate::transport::pull::{cma::CmaPuller, ucx::UcxPuller, LeaseBlob, Puller};
+use crate::transport::stall::{CopySlot, NoSlot, PeerKey};
 
 use super::conn::Conn;
 
@@ -34,6 +35,34 @@ impl Conn {
         } else {
             CmaPuller.kind()
         }
+    }
+
+    /// Who this connection's copies read from, for the copy shares
+    /// (`stall.rs`): the process that passed the attach probe, or over UCX
+    /// the two hosts' addresses; `None` where this side copies nothing.
+    fn copy_peer(&self) -> Option<PeerKey> {
+        if self.by_ucx() {
+            let (a, p) = self.tuple.get()?;
+            let (a, p) = (a.ip().to_canonical(), p.ip().to_canonical());
+            return Some(PeerKey::Hosts(a.min(p), a.max(p)));
+        }
+        let (pid, image) = self.peer_pid.get()?.identity();
+        Some(PeerKey::Process(pid, image))
+    }
+
+    /// A slot for one copy from the peer, at once, or why there is none
+    /// (see `stall.rs`): taken when the copy is planned (an active READ
+    /// that will ask for a lease, a passive WRITE whose source lends), kept
+    /// with its request until the copy ends. Never waits.
+    pub(super) fn copy_slot(&self) -> Result<CopySlot, NoSlot> {
+        self.copy_slots.try_acquire(self.copy_key())
+    }
+
+    /// [`copy_peer`](Self::copy_peer), or a key shared by every connection
+    /// without a verified peer (which copies nothing: the session refuses
+    /// a lease on it).
+    pub(super) fn copy_key(&self) -> PeerKey {
+        self.copy_peer().unwrap_or(PeerKey::Process(0, [0; 16]))
     }
 
     /// The CUDA IPC view of the attach-probed peer `process`: one per

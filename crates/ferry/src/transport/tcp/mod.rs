@@ -178,7 +178,7 @@ impl Transport for TcpTransport {
     fn start(&self, mut job: ActiveJob) -> BoxFuture<'_, Result<Arc<dyn ActiveLink>>> {
         Box::pin(async move {
             let conn = self.conn_for(&job.remote, 0).await?;
-            let caps = lock(&conn.session).caps();
+            let mut caps = lock(&conn.session).caps();
             // Device memory on either side moves by CUDA IPC where the
             // source is GPU memory that can be lent to the destination: a
             // process of this host reached with attach (the plan checks
@@ -242,7 +242,21 @@ impl Transport for TcpTransport {
                 stripe_from: self.local.stripe_threshold,
                 streams: self.streams_to(&job.remote),
             };
-            let plan = session::plan(job.kind, &job.sizes, caps, &thresholds);
+            let mut plan = session::plan(job.kind, &job.sizes, caps, &thresholds);
+            // A READ that will copy from the peer takes its copy slot now
+            // (`stall.rs`); where none is free it moves in band, at once,
+            // never waiting behind copies a peer may be stalling.
+            let mut slot = None;
+            if plan == Plan::Pull && job.kind == OperationKind::Read {
+                match conn.copy_slot() {
+                    Ok(s) => slot = Some(s),
+                    Err(why) => {
+                        tracing::debug!(peer = conn.peer, "READ in band: {why}");
+                        caps.can_pull = false;
+                        plan = session::plan(job.kind, &job.sizes, caps, &thresholds);
+                    }
+                }
+            }
             if let Plan::Striped { parts } = plan {
                 let mut conns = vec![conn.clone()];
                 for i in 1..parts {
@@ -260,7 +274,8 @@ impl Transport for TcpTransport {
                 }
             }
             let pull = plan == Plan::Pull;
-            let target = Target::active(job.region.clone(), job.shared.clone(), None);
+            let target =
+                Target::active(job.region.clone(), job.shared.clone(), None).with_slot(slot);
             let params = OpenParams {
                 kind: job.kind,
                 op_id: job.remote.operation_id(),

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ferry_proto::session::{lends, Nonces, Step};
 use ferry_proto::wire::{AbortReason, Attach, Message, Open, Verdict};
-use ferry_proto::OperationStatus;
+use ferry_proto::{OperationKind, OperationStatus};
 use tokio::sync::watch;
 
 use crate::exposure::{PassiveLink, Refusal};
@@ -15,6 +15,7 @@ use crate::metrics::ConnMeter;
 use crate::transport::api::Host;
 use crate::transport::cma;
 use crate::transport::probe::verify_peer;
+use crate::transport::stall::NoSlot;
 use crate::transport::ucx::Worker;
 use crate::{Error, Result};
 
@@ -199,11 +200,14 @@ fn offer_attach(conn: &Arc<Conn>, enabled: bool, theirs: [u8; 16]) {
         .get()
         .copied()
         .filter(|&(act, pas)| enabled && cma::is_local(pas, act));
-    let (answer, nonces) = match usable {
+    let (answer, nonces, proof) = match usable {
         Some((act, pas)) => {
             let np = host::random_bytes();
-            let cookie = Box::new(cma::cookie(cma::Side::Passive, &theirs, &np, act, pas));
+            // The cookie, then proof bytes the peer must echo to be lent
+            // memory.
+            let cookie = cma::placed(cma::cookie(cma::Side::Passive, &theirs, &np, act, pas));
             let at = cookie.as_ptr() as u64;
+            let proof = cma::proof_of(&cookie);
             *lock(&conn.cookie) = Some(cookie);
             let offer = Attach {
                 pid: cma::pid(),
@@ -212,7 +216,7 @@ fn offer_attach(conn: &Arc<Conn>, enabled: bool, theirs: [u8; 16]) {
                 verdict: Verdict::Unknown,
                 cuda_ipc: crate::cuda::offers_cuda_ipc(),
             };
-            (offer, Some((theirs, np)))
+            (offer, Some((theirs, np)), proof)
         }
         None => {
             let decline = Attach {
@@ -222,10 +226,10 @@ fn offer_attach(conn: &Arc<Conn>, enabled: bool, theirs: [u8; 16]) {
                 verdict: Verdict::Unknown,
                 cuda_ipc: false,
             };
-            (decline, None)
+            (decline, None, [0; 16])
         }
     };
-    lock(&conn.session).attach_offered(nonces, answer.cuda_ipc);
+    lock(&conn.session).attach_offered(nonces, proof, answer.cuda_ipc);
     conn.send_detached(Message::Attach(answer));
 }
 
@@ -273,11 +277,12 @@ fn verify_attach(conn: &Arc<Conn>, nonces: Option<Nonces>, pid: u32, addr: u64) 
             }
             _ => None,
         };
-        let ok = verified.is_some();
-        if let Some(p) = verified {
+        // The peer's proof bytes go back with the verdict.
+        let read = verified.as_ref().map(|v| v.1);
+        if let Some((p, _)) = verified {
             let _ = conn.peer_pid.set(p);
         }
-        let verdict = lock(&conn.session).attach_verified(ok);
+        let verdict = lock(&conn.session).attach_verified(read);
         conn.send_detached(verdict);
     });
 }
@@ -297,11 +302,39 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Served>, o: Open) {
         // attach (UCX lends device memory where `caps.ucx_cuda` says so).
         caps.attach = false;
     }
+    // A WRITE whose source lends its memory: this side will copy it, under
+    // a copy slot taken now (`stall.rs`). Where the process has none free
+    // it is refused at once, before it binds (the operation stays free),
+    // never queued behind copies other peers may be stalling; a request the
+    // table would refuse anyway hears the table's refusal (it learns
+    // nothing more). Where only its own connection's or peer's share is in
+    // use, its copy waits for one of its own (`spawn_pull`).
+    let mut slot = None;
+    if o.kind == OperationKind::Write
+        && o.pull
+        && o.parts <= 1
+        && session_caps.attach
+        && session_caps.can_pull
+    {
+        match conn.copy_slot() {
+            Ok(s) => slot = Some(s),
+            Err(NoSlot::Connection | NoSlot::Peer) => {}
+            Err(why @ NoSlot::Process) => {
+                let refusal = match table.check(&o, Some(&conn.peer), caps) {
+                    Err(r) => r,
+                    Ok(_) => (AbortReason::CopySlots, why.to_string()),
+                };
+                tracing::debug!(peer = conn.peer, op = o.op_id, "refused a WRITE: {why}");
+                conn.with_session(|s| s.bound(&o, Err(refusal)));
+                return;
+            }
+        }
+    }
     let verdict = match table.open(&o, Some(&conn.peer), caps, &mut bind) {
         Ok((e, _)) => {
             conn.touch();
             conn.prove();
-            Ok(Target::passive(e, table.clone(), joined))
+            Ok(Target::passive(e, table.clone(), joined).with_slot(slot.take()))
         }
         Err((reason, detail)) => {
             tracing::debug!(

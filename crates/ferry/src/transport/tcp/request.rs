@@ -11,6 +11,7 @@ use tokio::sync::watch;
 use crate::exposure::{Exposure, Exposures, PassiveLink, Refusal};
 use crate::outcome::OpShared;
 use crate::region::Region;
+use crate::transport::stall::CopySlot;
 use crate::Error;
 
 use super::util::*;
@@ -25,6 +26,9 @@ pub(super) struct Target {
     pub(super) exposure: Option<(Arc<Exposure>, Arc<Exposures>)>,
     /// The transfer is striped: all its parts.
     pub(super) stripe: Option<Arc<Stripe>>,
+    /// The copy slot taken for the copy this side will make of a lease
+    /// (`stall.rs`), until the copy takes it (or the request ends).
+    pub(super) slot: Option<Arc<Mutex<Option<CopySlot>>>>,
 }
 
 impl Fence for Target {
@@ -63,6 +67,7 @@ impl Target {
             shared,
             exposure: None,
             stripe,
+            slot: None,
         }
     }
 
@@ -76,7 +81,19 @@ impl Target {
             shared: e.shared.clone(),
             exposure: Some((e, table)),
             stripe,
+            slot: None,
         }
+    }
+
+    /// The request holds `slot` for the copy it will make of a lease.
+    pub(super) fn with_slot(mut self, slot: Option<CopySlot>) -> Self {
+        self.slot = slot.map(|s| Arc::new(Mutex::new(Some(s))));
+        self
+    }
+
+    /// The copy slot taken for this request, if any (once).
+    pub(super) fn take_slot(&self) -> Option<CopySlot> {
+        self.slot.as_ref().and_then(|s| lock(s).take())
     }
 
     /// Ends the operation (its region closes first); true if this call
