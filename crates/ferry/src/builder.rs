@@ -28,8 +28,10 @@ pub const STRIPE_THRESHOLD_ENV: &str = "FERRY_STRIPE_THRESHOLD";
 pub const IDLE_TIMEOUT_ENV: &str = "FERRY_IDLE_TIMEOUT";
 /// The environment variable that sets [`ConnectorBuilder::max_connections`].
 pub const MAX_CONNECTIONS_ENV: &str = "FERRY_MAX_CONNECTIONS";
-/// The environment variable that sets [`ConnectorBuilder::metrics_addr`],
-/// e.g. `FERRY_METRICS_ADDR=0.0.0.0:9464`.
+/// The environment variable that sets [`ConnectorBuilder::metrics_addr`]:
+/// `IP:PORT`, or a port alone for loopback (`FERRY_METRICS_ADDR=9464`
+/// serves `127.0.0.1:9464`; name an address, `10.0.0.5:9464`, to be
+/// scraped from other hosts).
 pub const METRICS_ADDR_ENV: &str = "FERRY_METRICS_ADDR";
 /// The environment variable that, set to `1`, lets UCX emulate gets where
 /// it has no RMA transport (see [`ConnectorBuilder::ucx_emulated_rma`]).
