@@ -248,24 +248,23 @@ fn answer(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
         channel: "http",
         name: key,
     };
-    let challenge = match &auth.keys {
-        None => None,
-        Some(keys) => {
-            let proof = req
-                .headers()
-                .get(PROOF_HEADER)
-                .and_then(|v| hex_decode(v.as_bytes()));
-            match proof.map(|p| keys.check(scope, &p)) {
-                Some(Ok(challenge)) => Some(challenge),
-                _ => {
-                    return unauthorized(
+    let challenge =
+        match &auth.keys {
+            None => None,
+            Some(keys) => {
+                let proof = req
+                    .headers()
+                    .get(PROOF_HEADER)
+                    .and_then(|v| hex_decode(v.as_bytes()));
+                match proof.map(|p| keys.check(scope, &p)) {
+                    Some(Ok(challenge)) => Some(challenge),
+                    _ => return unauthorized(
                         SECRET_SCHEME,
                         "this publisher answers only fetches that prove the deployment's secret\n",
-                    )
+                    ),
                 }
             }
-        }
-    };
+        };
     let Some(json) = shared.catalog.get(key) else {
         return reply(StatusCode::NOT_FOUND, "no metadata under this key\n");
     };

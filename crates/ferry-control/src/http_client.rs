@@ -122,10 +122,12 @@ impl HttpClient {
             req = req.header(PROOF_HEADER, hex_encode(&proof));
             challenge = Some(ch);
         }
-        let req = req.body(Empty::<Bytes>::new()).map_err(|e| Error::NoServer {
-            endpoint: endpoint(),
-            detail: format!("not a valid host:port ({e})"),
-        })?;
+        let req = req
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| Error::NoServer {
+                endpoint: endpoint(),
+                detail: format!("not a valid host:port ({e})"),
+            })?;
         let resp = sender.send_request(req).await.map_err(|e| {
             if e.is_parse() || e.is_parse_status() {
                 Error::BadReply {

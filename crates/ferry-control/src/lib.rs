@@ -96,8 +96,7 @@ pub use config::{
 pub use error::{Error, Result};
 pub use ferry_proto::RdmaMetadata;
 pub use http::{
-    HttpServer, CONNECTION_LIFETIME, FIRST_BYTE_TIMEOUT, HEADER_TIMEOUT, HTTP_PATH,
-    MAX_CONNECTIONS,
+    HttpServer, CONNECTION_LIFETIME, FIRST_BYTE_TIMEOUT, HEADER_TIMEOUT, HTTP_PATH, MAX_CONNECTIONS,
 };
 pub use http_client::HttpClient;
 pub use nats::NatsChannel;

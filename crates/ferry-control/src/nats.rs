@@ -66,9 +66,9 @@ fn with_credentials(options: ConnectOptions, nats: &NatsAuth) -> Result<ConnectO
             let creds = std::fs::read_to_string(path).map_err(|e| {
                 Error::Config(format!("cannot read the NATS credentials file {path}: {e}"))
             })?;
-            options.credentials(&creds).map_err(|e| {
-                Error::Config(format!("{path} is not a NATS credentials file: {e}"))
-            })?
+            options
+                .credentials(&creds)
+                .map_err(|e| Error::Config(format!("{path} is not a NATS credentials file: {e}")))?
         }
     })
 }
@@ -82,7 +82,11 @@ impl NatsChannel {
     }
 
     /// Connects to `url` with `config` (the secret, NATS credentials).
-    pub async fn connect_with(url: &str, deadline: Duration, config: &Config) -> Result<NatsChannel> {
+    pub async fn connect_with(
+        url: &str,
+        deadline: Duration,
+        config: &Config,
+    ) -> Result<NatsChannel> {
         let auth = config.resolve()?;
         let nats = &auth.nats;
         let client = until_deadline(deadline, "connecting to NATS", false, |left| async move {
@@ -179,7 +183,10 @@ impl NatsChannel {
         match seen_as.parse::<IpAddr>() {
             Ok(ip) if is_loopback(ip) => Ok(()),
             _ => Err(Error::UntrustedNetwork {
-                addr: format!("the NATS server at {} (it sees this client as {seen_as:?})", self.url),
+                addr: format!(
+                    "the NATS server at {} (it sees this client as {seen_as:?})",
+                    self.url
+                ),
                 env: TRUSTED_NETWORK_ENV,
             }),
         }

@@ -140,7 +140,13 @@ impl Keys {
         let aad = context(b'q', scope, &[]);
         let tag = self
             .request
-            .encrypt(XNonce::from_slice(&challenge), Payload { msg: &[], aad: &aad })
+            .encrypt(
+                XNonce::from_slice(&challenge),
+                Payload {
+                    msg: &[],
+                    aad: &aad,
+                },
+            )
             .unwrap_or_else(|_| unreachable!("sealing an empty message cannot fail"));
         let mut proof = [0u8; PROOF_LEN];
         proof[..4].copy_from_slice(REQUEST_MAGIC);
@@ -175,7 +181,13 @@ impl Keys {
         let aad = context(b'a', scope, challenge);
         let sealed = self
             .answer
-            .encrypt(XNonce::from_slice(&nonce), Payload { msg: json, aad: &aad })
+            .encrypt(
+                XNonce::from_slice(&nonce),
+                Payload {
+                    msg: json,
+                    aad: &aad,
+                },
+            )
             .unwrap_or_else(|_| unreachable!("metadata is far below XChaCha20's limit"));
         let mut out = Vec::with_capacity(SEAL_OVERHEAD + json.len());
         out.extend_from_slice(ANSWER_MAGIC);
@@ -229,11 +241,20 @@ mod tests {
         assert_eq!(keys.check(HTTP_K, &proof), Ok(challenge));
         let answer = keys.seal(HTTP_K, &challenge, b"{\"json\":1}");
         assert!(!answer.windows(6).any(|w| w == b"\"json\""), "in clear");
-        assert_eq!(keys.open(HTTP_K, &challenge, &answer).unwrap(), b"{\"json\":1}");
+        assert_eq!(
+            keys.open(HTTP_K, &challenge, &answer).unwrap(),
+            b"{\"json\":1}"
+        );
 
         // Another key, another channel, another request, another secret.
-        let other_key = Scope { channel: "http", name: "k2" };
-        let nats = Scope { channel: "nats", name: "k" };
+        let other_key = Scope {
+            channel: "http",
+            name: "k2",
+        };
+        let nats = Scope {
+            channel: "nats",
+            name: "k",
+        };
         let (later, _) = keys.prove(HTTP_K);
         let other = Keys::derive(b"0123456789abcdef0124");
         for (scope, ch, k) in [
@@ -248,10 +269,20 @@ mod tests {
         for i in 4..answer.len() {
             let mut bad = answer.clone();
             bad[i] ^= 1;
-            assert_eq!(keys.open(HTTP_K, &challenge, &bad), Err(Refusal::Forged), "{i}");
+            assert_eq!(
+                keys.open(HTTP_K, &challenge, &bad),
+                Err(Refusal::Forged),
+                "{i}"
+            );
         }
-        assert_eq!(keys.open(HTTP_K, &challenge, b"{\"v\":1}"), Err(Refusal::Malformed));
-        assert_eq!(keys.open(HTTP_K, &challenge, b"FCS1"), Err(Refusal::Malformed));
+        assert_eq!(
+            keys.open(HTTP_K, &challenge, b"{\"v\":1}"),
+            Err(Refusal::Malformed)
+        );
+        assert_eq!(
+            keys.open(HTTP_K, &challenge, b"FCS1"),
+            Err(Refusal::Malformed)
+        );
     }
 
     #[test]
@@ -260,7 +291,10 @@ mod tests {
         let (_, proof) = keys.prove(HTTP_K);
         let other = Keys::derive(b"another secret, long enough");
         assert_eq!(other.check(HTTP_K, &proof), Err(Refusal::Forged));
-        let k2 = Scope { channel: "http", name: "k2" };
+        let k2 = Scope {
+            channel: "http",
+            name: "k2",
+        };
         assert_eq!(keys.check(k2, &proof), Err(Refusal::Forged));
         assert_eq!(keys.check(HTTP_K, &proof[..10]), Err(Refusal::Malformed));
         assert_eq!(keys.check(HTTP_K, &[0; PROOF_LEN]), Err(Refusal::Malformed));

@@ -266,7 +266,10 @@ async fn cross_process_prefill_decode() {
 fn silent_flood(
     addr: std::net::SocketAddr,
     n: usize,
-) -> (tokio::task::JoinHandle<()>, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+) -> (
+    tokio::task::JoinHandle<()>,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let opened = std::sync::Arc::new(AtomicUsize::new(0));
     let count = opened.clone();

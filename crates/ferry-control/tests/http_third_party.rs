@@ -176,8 +176,15 @@ async fn with_a_secret_a_listener_on_the_http_wire_learns_nothing_usable() {
     assert_eq!(f.expect("GOT ", 30 * SECOND), json);
     f.expect("READ ok", 30 * SECOND);
     let wire = String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
-    assert!(wire.contains("HTTP/1.1 200"), "the relay saw the exchange: {wire}");
-    for secret_part in [token_of(&json), "\"operation".into(), "\"descriptors".into()] {
+    assert!(
+        wire.contains("HTTP/1.1 200"),
+        "the relay saw the exchange: {wire}"
+    );
+    for secret_part in [
+        token_of(&json),
+        "\"operation".into(),
+        "\"descriptors".into(),
+    ] {
         assert!(
             !wire.contains(&secret_part),
             "{secret_part} travelled in clear: {wire}"
@@ -251,7 +258,11 @@ async fn without_a_secret_the_http_server_serves_only_loopback() {
     ] {
         let p = Role::spawn(
             "child_http_publisher",
-            &[env.clone(), ("CTL_PUB", "k".into()), ("CTL_BIND", "0.0.0.0:0".into())],
+            &[
+                env.clone(),
+                ("CTL_PUB", "k".into()),
+                ("CTL_BIND", "0.0.0.0:0".into()),
+            ],
         );
         let (what, rest) = p.expect_any(&["READY ", "BINDERR "], 30 * SECOND);
         assert_eq!(what, "READY ", "{env:?}: {rest}");
@@ -271,7 +282,10 @@ async fn a_bearer_token_is_required_when_configured() {
     ] {
         let r = raw_get(&addr, &path, headers).await;
         assert!(r.starts_with("HTTP/1.1 401"), "{headers:?}: {r}");
-        assert!(r.to_ascii_lowercase().contains("www-authenticate: bearer"), "{r}");
+        assert!(
+            r.to_ascii_lowercase().contains("www-authenticate: bearer"),
+            "{r}"
+        );
         assert!(!r.contains(&token_of(&json)), "{r}");
     }
     let r = raw_get(&addr, &path, "authorization: Bearer tok-5f1e2d\r\n").await;

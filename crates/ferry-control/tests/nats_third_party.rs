@@ -138,7 +138,10 @@ async fn with_a_secret_a_third_party_on_the_server_gets_nothing_usable() {
     assert_eq!(f.expect("GOT ", 30 * SECOND), json);
     f.expect("READ ok", 30 * SECOND);
     let seen = seen.lock().unwrap();
-    assert!(seen.len() >= 4, "the third party saw the exchange: {seen:?}");
+    assert!(
+        seen.len() >= 4,
+        "the third party saw the exchange: {seen:?}"
+    );
     for (subject, payload) in seen.iter() {
         let text = String::from_utf8_lossy(payload);
         for secret_part in [&token[..], "\"operation", "\"descriptors"] {
@@ -202,7 +205,11 @@ async fn with_a_secret_a_forged_answer_is_refused_and_the_fetch_waits_for_the_re
     let (ms, message) = rest.split_once(' ').unwrap();
     assert!(message.contains("refused"), "{message}");
     assert!(ms.parse::<u64>().unwrap() >= 1400, "gave up early: {rest}");
-    assert_eq!(bait.status(), ferry::OperationStatus::Initialized, "bait read");
+    assert_eq!(
+        bait.status(),
+        ferry::OperationStatus::Initialized,
+        "bait read"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -219,8 +226,8 @@ async fn with_a_secret_a_replayed_answer_is_refused() {
     assert_eq!(f.expect("GOT ", 30 * SECOND), json);
     f.expect("READ ok", 30 * SECOND);
     drop(p); // Read: the publisher is gone.
-    // The answers it recorded (on reply inboxes), replayed for the same key
-    // and for another.
+             // The answers it recorded (on reply inboxes), replayed for the same key
+             // and for another.
     let recorded: Vec<Bytes> = seen
         .lock()
         .unwrap()
@@ -232,7 +239,8 @@ async fn with_a_secret_a_replayed_answer_is_refused() {
     let answer = recorded.last().unwrap().clone();
     for key in ["req-1", "req-2"] {
         let a = answer.clone();
-        let _replayer = answer_first(&third, &format!("ferry.metadata.{key}"), move || a.clone()).await;
+        let _replayer =
+            answer_first(&third, &format!("ferry.metadata.{key}"), move || a.clone()).await;
         let f = fetcher(&server.url(), key, 1500, &secret());
         let (what, rest) = f.expect_any(&["GOT ", "ERR "], 30 * SECOND);
         assert_eq!(what, "ERR ", "{key}: accepted a replayed answer: {rest}");
@@ -303,7 +311,7 @@ async fn without_a_secret_publish_needs_a_server_on_loopback() {
         ("FERRY_SECRET", SECRET.to_string()),
         ("FERRY_CONTROL_TRUSTED_NETWORK", "1".to_string()),
     ] {
-        let p = publisher(&url, "k", 0, &[env.clone()]);
+        let p = publisher(&url, "k", 0, std::slice::from_ref(&env));
         let (what, rest) = p.expect_any(&["READY", "PUBERR "], 30 * SECOND);
         assert_eq!(what, "READY", "{env:?}: {rest}");
     }

@@ -405,7 +405,10 @@ async fn silent_clients_cannot_keep_a_scrape_waiting() {
     }
     let t = std::time::Instant::now();
     while opened.load(Ordering::Relaxed) < 40 {
-        assert!(t.elapsed() < Duration::from_secs(20), "the flood did not start");
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the flood did not start"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // Scrapes are answered well before a silent connection's head deadline
@@ -413,7 +416,11 @@ async fn silent_clients_cannot_keep_a_scrape_waiting() {
     for i in 0..5 {
         let t = std::time::Instant::now();
         let got = tokio::time::timeout(Duration::from_secs(3), scrape(addr)).await;
-        assert!(got.is_ok(), "scrape {i} still waiting after {:?}", t.elapsed());
+        assert!(
+            got.is_ok(),
+            "scrape {i} still waiting after {:?}",
+            t.elapsed()
+        );
     }
     flood.abort_all();
 }
@@ -459,7 +466,8 @@ fn a_port_alone_means_loopback() {
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{value}: {stdout}");
         assert!(
-            stdout.contains(&format!("METRICS Some(127.0.0.1:{port})")) && stdout.contains("SCRAPED"),
+            stdout.contains(&format!("METRICS Some(127.0.0.1:{port})"))
+                && stdout.contains("SCRAPED"),
             "FERRY_METRICS_ADDR={value}: {stdout}"
         );
     }
