@@ -283,6 +283,34 @@ async fn nats_credentials_user_password_and_token() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_credentials_nkey() {
+    let user = nkeys::KeyPair::new_user();
+    let conf = std::env::temp_dir().join(format!("ferry-nkey-{}.conf", std::process::id()));
+    std::fs::write(
+        &conf,
+        format!(
+            "authorization {{ users = [ {{ nkey: \"{}\" }} ] }}\n",
+            user.public_key()
+        ),
+    )
+    .unwrap();
+    let Some(server) = NatsServer::start_with("127.0.0.1", &["-c", conf.to_str().unwrap()]) else {
+        return;
+    };
+    let e = NatsChannel::connect(&server.url(), 2 * SECOND)
+        .await
+        .unwrap_err();
+    assert!(format!("{e:?}").starts_with("Unauthorized"), "{e}");
+    let env = [("FERRY_NATS_NKEY", user.seed().unwrap())];
+    let p = publisher(&server.url(), "k", 0, &env);
+    let json = p.expect("JSON ", 30 * SECOND);
+    let f = fetcher(&server.url(), "k", 10_000, &env);
+    assert_eq!(f.expect("GOT ", 30 * SECOND), json);
+    f.expect("READ ok", 30 * SECOND);
+    let _ = std::fs::remove_file(conf);
+}
+
 /// This host's address on the interface that routes outwards, if any
 /// (nothing is sent).
 fn outward_ip() -> Option<std::net::IpAddr> {
