@@ -9,7 +9,7 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ferry_control::{HttpClient, HttpServer, HTTP_PATH};
+use ferry_control::{Config, HttpClient, HttpServer, HTTP_PATH};
 use support::{connector, read_and_check, readable, token_of, Role, SECRET};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -118,7 +118,16 @@ async fn with_a_secret_a_third_party_gets_no_capability_over_http() {
     // An unknown key answers the same: nothing is told about keys.
     let r = raw_get(&addr, &format!("{HTTP_PATH}req-1043"), "").await;
     assert!(r.starts_with("HTTP/1.1 401"), "{r}");
-    let e = HttpClient::new(addr.clone())
+    let e = HttpClient::with_config(addr.clone(), &Config::new().without_secret())
+        .unwrap()
+        .fetch("req-1042", SECOND)
+        .await
+        .unwrap_err();
+    assert_eq!(variant(&e), "SecretRequired", "{e}");
+    // Nor with another secret.
+    let other = Config::new().secret("another secret of 32 characters.");
+    let e = HttpClient::with_config(addr.clone(), &other)
+        .unwrap()
         .fetch("req-1042", SECOND)
         .await
         .unwrap_err();
@@ -235,12 +244,10 @@ async fn with_a_secret_a_fetcher_refuses_a_forged_http_answer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_secret_the_http_server_serves_only_loopback() {
-    // This test process has none of the control plane's variables.
-    for k in support::CONTROL_ENV {
-        assert!(std::env::var_os(k).is_none(), "{k} is set");
-    }
+    // No secret, whatever this process's environment says.
+    let none = Config::new().without_secret().trusted_network(false);
     for addr in ["0.0.0.0:0", "[::]:0"] {
-        match HttpServer::bind(addr).await {
+        match HttpServer::bind_with(addr, &none).await {
             Ok(s) => panic!("served without a secret on {}", s.local_addr()),
             Err(e) => {
                 assert_eq!(variant(&e), "UntrustedNetwork", "{e}");
@@ -250,7 +257,10 @@ async fn without_a_secret_the_http_server_serves_only_loopback() {
             }
         }
     }
-    HttpServer::bind("127.0.0.1:0").await.unwrap();
+    HttpServer::bind_with("127.0.0.1:0", &none).await.unwrap();
+    HttpServer::bind_with("0.0.0.0:0", &Config::new().secret(SECRET))
+        .await
+        .unwrap();
     // With the secret, or the network declared trusted, it serves there.
     for env in [
         ("FERRY_SECRET", SECRET.to_string()),
