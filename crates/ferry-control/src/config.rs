@@ -208,12 +208,24 @@ impl Config {
 }
 
 /// A [`Config`] resolved: what the server, client or channel uses.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub(crate) struct Auth {
     pub keys: Option<Keys>,
     pub trusted_network: bool,
     pub token: Option<String>,
     pub nats: NatsAuth,
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never a secret, a token or a password.
+        f.debug_struct("Auth")
+            .field("secret", &self.keys.is_some())
+            .field("trusted_network", &self.trusted_network)
+            .field("bearer_token", &self.token.is_some())
+            .field("nats", &self.nats)
+            .finish()
+    }
 }
 
 impl std::fmt::Debug for NatsAuth {
@@ -251,4 +263,35 @@ pub(crate) fn is_loopback(ip: IpAddr) -> bool {
 pub(crate) fn token_matches(presented: &[u8], expected: &str) -> bool {
     use subtle::ConstantTimeEq;
     presented.len() == expected.len() && bool::from(presented.ct_eq(expected.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nothing_secret_is_ever_printed() {
+        let c = Config::new()
+            .secret("s3cr3t-0123456789abcdef")
+            .bearer_token("t0k3n")
+            .nats_user_and_password("us3r", "pa55");
+        let auth = c.resolve().unwrap();
+        let client = crate::HttpClient::with_config("127.0.0.1:1", &c).unwrap();
+        for printed in [format!("{c:?}"), format!("{auth:?}"), format!("{client:?}")] {
+            for secret in ["s3cr3t", "t0k3n", "us3r", "pa55"] {
+                assert!(!printed.contains(secret), "{printed}");
+            }
+        }
+    }
+
+    #[test]
+    fn short_secrets_and_bad_tokens_are_refused() {
+        for c in [
+            Config::new().secret("short"),
+            Config::new().without_secret().bearer_token("has space"),
+            Config::new().without_secret().bearer_token(""),
+        ] {
+            assert!(matches!(c.resolve(), Err(Error::Config(_))), "{c:?}");
+        }
+    }
 }
