@@ -12,7 +12,10 @@
 //! The decode worker fetches the metadata, reads the buffer, checks every
 //! byte, and both learn that the transfer is done. Without `--nats-url` it
 //! starts a `nats-server` of its own on a free port (and says so, and
-//! exits 0, if none is installed).
+//! exits 0, if none is installed). Both workers run on loopback, so no
+//! secret is needed; with `FERRY_SECRET` in the environment (both inherit
+//! it) the hand-over is authenticated and sealed, and the transfer runs
+//! over the secure channel.
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

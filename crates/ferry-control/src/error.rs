@@ -107,11 +107,67 @@ pub enum Error {
     /// the message is the client's.
     #[error("NATS: {0}")]
     Nats(String),
+    /// An answer was refused because it does not prove that its sender
+    /// holds the deployment's secret: forged, replayed from another request,
+    /// sealed for another key, altered, or from a publisher without the
+    /// secret. A fetch with a secret goes on waiting for the real answer
+    /// until its deadline, and reports this if none came.
+    #[error(
+        "an answer from {endpoint} was refused: {detail}; a fetch with a secret accepts only \
+         metadata sealed with the same secret for its own request (give the publisher the same \
+         secret: FERRY_SECRET or Config::secret)"
+    )]
+    Forged {
+        /// The address, URL or subject.
+        endpoint: String,
+        /// What is wrong with the answer.
+        detail: String,
+    },
+    /// The publisher requires the deployment's secret and this fetcher has
+    /// none, or another one: give both the same secret (`FERRY_SECRET` or
+    /// [`Config::secret`](crate::Config::secret)).
+    #[error("the publisher at {endpoint} requires the deployment's secret: {detail}; give this side the same secret (FERRY_SECRET or Config::secret)")]
+    SecretRequired {
+        /// The address, URL or subject.
+        endpoint: String,
+        /// What the publisher said, or what came back.
+        detail: String,
+    },
+    /// The server refused this side's credentials: a missing or wrong HTTP
+    /// bearer token (`FERRY_CONTROL_TOKEN`), or NATS credentials the server
+    /// does not accept (`FERRY_NATS_*`).
+    #[error("the control-plane server at {endpoint} refused the credentials: {detail}")]
+    Unauthorized {
+        /// The address or URL.
+        endpoint: String,
+        /// What the server said.
+        detail: String,
+    },
+    /// Without a secret, whoever reaches the control plane can take the
+    /// capabilities it hands over, so it serves only on loopback unless the
+    /// network is declared trusted.
+    #[error(
+        "refusing to serve metadata without a secret at {addr}, which other hosts can reach: \
+         whoever reaches it could take the capabilities. Give the control plane the \
+         deployment's secret (FERRY_SECRET or Config::secret), use a loopback address \
+         (127.0.0.1), or declare the network trusted ({env}=1 or Config::trusted_network)"
+    )]
+    UntrustedNetwork {
+        /// The address that other hosts can reach.
+        addr: String,
+        /// The environment variable that declares the network trusted.
+        env: &'static str,
+    },
+    /// The configuration is invalid (a short secret, conflicting NATS
+    /// credentials, an unreadable credentials file, ...).
+    #[error("invalid control-plane configuration: {0}")]
+    Config(String),
 }
 
 impl Error {
     /// Whether asking again before the deadline may succeed: the key was not
-    /// published yet, or the server was away.
+    /// published yet, the server was away, or an answer was refused as not
+    /// sealed with the secret (the real one may still come).
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
@@ -119,6 +175,23 @@ impl Error {
                 | Error::NoServer { .. }
                 | Error::ServerGone { .. }
                 | Error::Timeout { .. }
+                | Error::Forged { .. }
+        )
+    }
+
+    /// Whether the error describes an answer that came back (rather than
+    /// the absence of one, or this side's own configuration). A fetch with
+    /// a secret trusts no answer that is not sealed, refusals included, so
+    /// it asks again after any of these until its deadline.
+    pub(crate) fn is_unauthenticated_answer(&self) -> bool {
+        matches!(
+            self,
+            Error::BadReply { .. }
+                | Error::InvalidMetadata(_)
+                | Error::Refused { .. }
+                | Error::Forged { .. }
+                | Error::SecretRequired { .. }
+                | Error::Unauthorized { .. }
         )
     }
 }

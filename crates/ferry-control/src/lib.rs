@@ -17,8 +17,23 @@
 //!   once by the server's "no responders". The client reconnects by itself
 //!   when the server restarts, and publications are re-subscribed.
 //! - HTTP ([`HttpServer`], [`HttpClient`]): `GET /ferry/v1/metadata/{key}`
-//!   answers `200` with the JSON, or `404`. HTTP/1.1, no TLS: run it on a
-//!   trusted network, as the metadata is a capability.
+//!   answers `200` with the metadata, or `404`. HTTP/1.1, no TLS.
+//!
+//! The metadata is a capability: whoever gets it can read or write the
+//! exposed memory, and whoever makes a fetcher accept its own metadata
+//! feeds it bytes. So, with the deployment's secret ([`Config::secret`] or
+//! `FERRY_SECRET`, the connector's), a fetch proves it holds the secret, the
+//! publisher answers only such fetches, with the metadata encrypted and
+//! authenticated for that one request (XChaCha20-Poly1305 under a key
+//! derived from the secret), and a fetch refuses every other answer
+//! ([`Error::Forged`]) and goes on waiting for the real one. Without a
+//! secret, an [`HttpServer`] binds only loopback addresses and a
+//! [`NatsChannel`] publishes only to a server it reaches over loopback,
+//! unless the network is declared trusted ([`Config::trusted_network`],
+//! `FERRY_CONTROL_TRUSTED_NETWORK=1`): [`Error::UntrustedNetwork`]. HTTP
+//! bearer tokens (`FERRY_CONTROL_TOKEN`) and NATS credentials
+//! (`FERRY_NATS_*`) keep out those without them. See [`Config`] and
+//! `docs/security.md`, "The control plane".
 //!
 //! A fetch waits until the deadline for the key to appear and for the server
 //! to be reachable, then fails with the last cause it saw
@@ -65,15 +80,25 @@
 #![warn(missing_docs)]
 
 mod catalog;
+mod config;
 mod error;
 mod http;
+mod http_client;
 mod nats;
 mod retry;
+mod seal;
 
 pub use catalog::Publication;
+pub use config::{
+    Config, MIN_SECRET, NATS_CREDS_ENV, NATS_NKEY_ENV, NATS_PASSWORD_ENV, NATS_TOKEN_ENV,
+    NATS_USER_ENV, SECRET_ENV, TOKEN_ENV, TRUSTED_NETWORK_ENV,
+};
 pub use error::{Error, Result};
 pub use ferry_proto::RdmaMetadata;
-pub use http::{HttpClient, HttpServer, HTTP_PATH};
+pub use http::{
+    HttpServer, CONNECTION_LIFETIME, FIRST_BYTE_TIMEOUT, HEADER_TIMEOUT, HTTP_PATH, MAX_CONNECTIONS,
+};
+pub use http_client::HttpClient;
 pub use nats::NatsChannel;
 
 /// The NATS subject prefix used unless [`NatsChannel::with_prefix`] says

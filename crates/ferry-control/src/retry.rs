@@ -9,10 +9,13 @@ use crate::{Error, Result};
 
 /// Runs `attempt` (given the time left) until it succeeds, fails for good,
 /// or `deadline` passes; then returns the last transient error it saw, or
-/// [`Error::Timeout`].
+/// [`Error::Timeout`]. With `distrust_answers` (a fetch with a secret),
+/// errors about an answer that came back are transient too: an answer
+/// that is not sealed proves nothing, so it cannot end the fetch.
 pub(crate) async fn until_deadline<T, F, Fut>(
     deadline: Duration,
     during: &'static str,
+    distrust_answers: bool,
     mut attempt: F,
 ) -> Result<T>
 where
@@ -30,7 +33,7 @@ where
         }
         match tokio::time::timeout(left, attempt(left)).await {
             Ok(Ok(v)) => return Ok(v),
-            Ok(Err(e)) if e.is_transient() => {
+            Ok(Err(e)) if e.is_transient() || distrust_answers && e.is_unauthenticated_answer() => {
                 tracing::debug!(error = %e, "control plane: will ask again");
                 last = Some(e);
             }

@@ -259,3 +259,66 @@ async fn cross_process_prefill_decode() {
         .unwrap();
     assert!(status.success(), "the prefill process failed: {status}");
 }
+
+/// Keeps `n` connections to `addr` open that never send a byte, opening a
+/// new one (20 ms later) whenever the server closes one; returns how many
+/// it has opened.
+fn silent_flood(
+    addr: std::net::SocketAddr,
+    n: usize,
+) -> (
+    tokio::task::JoinHandle<()>,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let opened = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = opened.clone();
+    let task = tokio::spawn(async move {
+        let mut holders = tokio::task::JoinSet::new();
+        for _ in 0..n {
+            let count = count.clone();
+            holders.spawn(async move {
+                loop {
+                    let Ok(mut s) = TcpStream::connect(addr).await else {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    };
+                    count.fetch_add(1, Ordering::Relaxed);
+                    // Silent until the server closes it.
+                    let mut b = [0u8; 1];
+                    let _ = s.read(&mut b).await;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            });
+        }
+        while holders.join_next().await.is_some() {}
+    });
+    (task, opened)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_clients_cannot_delay_the_hand_over() {
+    let prefill = connector().await;
+    let server = HttpServer::bind("127.0.0.1:0").await.unwrap();
+    let addr = server.local_addr();
+    let op = readable(&prefill, 5, 64).await;
+    let _p = server.publish("k", op.metadata()).unwrap();
+    // More silent connections than the server keeps, each replaced when
+    // the server closes it.
+    let n = 256 + 4; // ferry_control::MAX_CONNECTIONS + 4
+    let (flood, opened) = silent_flood(addr, n);
+    let t = Instant::now();
+    while opened.load(std::sync::atomic::Ordering::Relaxed) < n {
+        assert!(t.elapsed() < 20 * SECOND, "the flood did not start");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Fetches still get their answer, well before a silent connection's
+    // header deadline (5 s) would have freed a place.
+    let client = HttpClient::new(addr.to_string());
+    for i in 0..5 {
+        let t = Instant::now();
+        let got = client.fetch("k", 3 * SECOND).await;
+        assert!(got.is_ok(), "fetch {i} after {:?}: {got:?}", t.elapsed());
+    }
+    flood.abort();
+}

@@ -17,6 +17,7 @@ mod device;
 mod metadata;
 pub mod runs;
 pub mod session;
+pub mod slots;
 mod status;
 pub mod wire;
 

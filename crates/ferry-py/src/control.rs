@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use ferry_control::Error as E;
-use pyo3::exceptions::{PyOSError, PyTimeoutError, PyValueError};
+use pyo3::exceptions::{PyOSError, PyPermissionError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyModule, PyType};
 
@@ -16,17 +16,20 @@ use crate::lock;
 use crate::metadata::Metadata;
 
 /// The Python exception for a control-plane error: `ValueError` for a bad
-/// key, prefix or metadata, `TimeoutError` for the deadline, `OSError` for a
-/// server that cannot listen, otherwise a `ControlError` subclass of
-/// `ferry._errors`.
+/// key, prefix, metadata or configuration, `TimeoutError` for the deadline,
+/// `OSError` for a server that cannot listen, `PermissionError` for serving
+/// without a secret where other hosts can reach, otherwise a `ControlError`
+/// subclass of `ferry._errors` (`ControlError` itself for a refused forged
+/// answer, a publisher that requires the secret, or refused credentials).
 fn to_py(py: Python<'_>, e: E) -> PyErr {
     let message = e.to_string();
     let class = match e {
-        E::InvalidKey { .. } | E::InvalidPrefix { .. } | E::InvalidMetadata(_) => {
+        E::InvalidKey { .. } | E::InvalidPrefix { .. } | E::InvalidMetadata(_) | E::Config(_) => {
             return PyValueError::new_err(message)
         }
         E::Timeout { .. } => return PyTimeoutError::new_err(message),
         E::Bind { .. } => return PyOSError::new_err(message),
+        E::UntrustedNetwork { .. } => return PyPermissionError::new_err(message),
         E::AlreadyPublished { .. } => "AlreadyPublishedError",
         E::NotFound { .. } => "MetadataNotFoundError",
         E::NoServer { .. } => "NoServerError",
@@ -43,6 +46,44 @@ fn to_py(py: Python<'_>, e: E) -> PyErr {
         Ok(t) => PyErr::from_type(t, message),
         Err(err) => err,
     }
+}
+
+/// A control-plane configuration from keyword arguments; what is `None`
+/// comes from the environment.
+#[allow(clippy::too_many_arguments)]
+fn config(
+    secret: Option<&[u8]>,
+    token: Option<String>,
+    trusted_network: Option<bool>,
+    nats_user: Option<String>,
+    nats_password: Option<String>,
+    nats_token: Option<String>,
+    nats_nkey: Option<String>,
+    nats_credentials: Option<String>,
+) -> ferry_control::Config {
+    let mut c = ferry_control::Config::new();
+    if let Some(s) = secret {
+        c = c.secret(s);
+    }
+    if let Some(t) = token {
+        c = c.bearer_token(t);
+    }
+    if let Some(t) = trusted_network {
+        c = c.trusted_network(t);
+    }
+    if let Some(u) = nats_user {
+        c = c.nats_user_and_password(u, nats_password.unwrap_or_default());
+    }
+    if let Some(t) = nats_token {
+        c = c.nats_token(t);
+    }
+    if let Some(k) = nats_nkey {
+        c = c.nats_nkey(k);
+    }
+    if let Some(f) = nats_credentials {
+        c = c.nats_credentials_file(f);
+    }
+    c
 }
 
 fn seconds(timeout: f64) -> PyResult<Duration> {
@@ -97,9 +138,17 @@ pub(crate) struct HttpServer {
 impl HttpServer {
     /// Listens on `addr` (`"127.0.0.1:0"`: a free port).
     #[staticmethod]
-    fn bind(py: Python<'_>, addr: &str) -> PyResult<HttpServer> {
-        let inner =
-            block_on(py, ferry_control::HttpServer::bind(addr))?.map_err(|e| to_py(py, e))?;
+    #[pyo3(signature = (addr, secret=None, token=None, trusted_network=None))]
+    fn bind(
+        py: Python<'_>,
+        addr: &str,
+        secret: Option<&[u8]>,
+        token: Option<String>,
+        trusted_network: Option<bool>,
+    ) -> PyResult<HttpServer> {
+        let c = config(secret, token, trusted_network, None, None, None, None, None);
+        let inner = block_on(py, ferry_control::HttpServer::bind_with(addr, &c))?
+            .map_err(|e| to_py(py, e))?;
         Ok(HttpServer { inner })
     }
 
@@ -124,9 +173,18 @@ impl HttpServer {
 /// Fetches the metadata under `key` from the HTTP server at `endpoint`,
 /// waiting up to `timeout` seconds; blocks without the GIL.
 #[pyfunction]
-fn http_fetch(py: Python<'_>, endpoint: &str, key: &str, timeout: f64) -> PyResult<Metadata> {
+#[pyo3(signature = (endpoint, key, timeout, secret=None, token=None))]
+fn http_fetch(
+    py: Python<'_>,
+    endpoint: &str,
+    key: &str,
+    timeout: f64,
+    secret: Option<&[u8]>,
+    token: Option<String>,
+) -> PyResult<Metadata> {
     let deadline = seconds(timeout)?;
-    let client = ferry_control::HttpClient::new(endpoint);
+    let c = config(secret, token, None, None, None, None, None, None);
+    let client = ferry_control::HttpClient::with_config(endpoint, &c).map_err(|e| to_py(py, e))?;
     block_on(py, client.fetch(key, deadline))?
         .map(Metadata)
         .map_err(|e| to_py(py, e))
@@ -142,12 +200,42 @@ pub(crate) struct NatsChannel {
 impl NatsChannel {
     /// Connects to `url`, waiting up to `timeout` seconds for the server.
     #[staticmethod]
-    fn connect(py: Python<'_>, url: &str, timeout: f64, prefix: &str) -> PyResult<NatsChannel> {
+    #[pyo3(signature = (
+        url, timeout, prefix, secret=None, trusted_network=None, user=None, password=None,
+        token=None, nkey=None, credentials=None
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn connect(
+        py: Python<'_>,
+        url: &str,
+        timeout: f64,
+        prefix: &str,
+        secret: Option<&[u8]>,
+        trusted_network: Option<bool>,
+        user: Option<String>,
+        password: Option<String>,
+        token: Option<String>,
+        nkey: Option<String>,
+        credentials: Option<String>,
+    ) -> PyResult<NatsChannel> {
         let deadline = seconds(timeout)?;
         ferry_control::validate_prefix(prefix).map_err(|e| to_py(py, e))?;
-        let inner = block_on(py, ferry_control::NatsChannel::connect(url, deadline))?
-            .and_then(|c| c.with_prefix(prefix))
-            .map_err(|e| to_py(py, e))?;
+        let c = config(
+            secret,
+            None,
+            trusted_network,
+            user,
+            password,
+            token,
+            nkey,
+            credentials,
+        );
+        let inner = block_on(
+            py,
+            ferry_control::NatsChannel::connect_with(url, deadline, &c),
+        )?
+        .and_then(|c| c.with_prefix(prefix))
+        .map_err(|e| to_py(py, e))?;
         Ok(NatsChannel { inner })
     }
 

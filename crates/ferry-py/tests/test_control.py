@@ -111,6 +111,36 @@ def test_http_round_trip_and_errors() -> None:
     asyncio.run(main())
 
 
+SECRET = "0123456789abcdef0123456789abcdef"
+
+
+def test_http_secret_token_and_the_loopback_rule() -> None:
+    async def main() -> None:
+        # Without a secret, an address other hosts reach is refused.
+        with pytest.raises(PermissionError, match="FERRY_CONTROL_TRUSTED_NETWORK"):
+            await control.HttpServer.bind("0.0.0.0:0", trusted_network=False)
+        prefill = ferry.Connector(listen="127.0.0.1:0")
+        decode = ferry.Connector(listen="127.0.0.1:0")
+        server = await control.HttpServer.bind("0.0.0.0:0", secret=SECRET, token="tok-1")
+        where = "127.0.0.1:" + server.local_addr.rsplit(":", 1)[1]
+        data = bytes(range(256)) * 16
+        with await prefill.create_readable(ferry.Descriptor(data)) as readable:
+            with server.publish("req-1", readable.metadata()):
+                with pytest.raises(control.ControlError):  # no token
+                    await control.fetch_http(where, "req-1", timeout=0.5, secret=SECRET)
+                with pytest.raises(control.ControlError):  # no secret
+                    await control.fetch_http(where, "req-1", timeout=0.5, token="tok-1")
+                md = await control.fetch_http(
+                    where, "req-1", timeout=5, secret=SECRET.encode(), token="tok-1"
+                )
+                assert md.to_json() == readable.metadata().to_json()
+                assert await read_all(decode, md, len(data)) == data
+                await readable.wait_for_completion()
+        server.close()
+
+    asyncio.run(main())
+
+
 def test_nats_round_trip_restart_and_server_gone(nats: Nats) -> None:
     async def main() -> None:
         prefill = ferry.Connector(listen="127.0.0.1:0")

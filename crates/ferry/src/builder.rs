@@ -32,8 +32,10 @@ pub const MAX_CONNECTIONS_ENV: &str = "FERRY_MAX_CONNECTIONS";
 /// The environment variable that sets [`ConnectorBuilder::admission_prefixes`]:
 /// the IPv4 and the IPv6 prefix length, e.g. `FERRY_ADMISSION_PREFIXES=24,64`.
 pub const ADMISSION_PREFIXES_ENV: &str = "FERRY_ADMISSION_PREFIXES";
-/// The environment variable that sets [`ConnectorBuilder::metrics_addr`],
-/// e.g. `FERRY_METRICS_ADDR=0.0.0.0:9464`.
+/// The environment variable that sets [`ConnectorBuilder::metrics_addr`]:
+/// `IP:PORT`, or a port alone for loopback (`FERRY_METRICS_ADDR=9464`
+/// serves `127.0.0.1:9464`; name an address, `10.0.0.5:9464`, to be
+/// scraped from other hosts).
 pub const METRICS_ADDR_ENV: &str = "FERRY_METRICS_ADDR";
 /// The environment variable that, set to `1`, lets UCX emulate gets where
 /// it has no RMA transport (see [`ConnectorBuilder::ucx_emulated_rma`]).

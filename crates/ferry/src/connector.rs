@@ -181,9 +181,9 @@ fn start_metrics(
     let addr = match set {
         Some(a) => a,
         None => match std::env::var(METRICS_ADDR_ENV) {
-            Ok(v) if !v.trim().is_empty() => v.trim().parse().map_err(|_| {
+            Ok(v) if !v.trim().is_empty() => crate::metrics::parse_addr(&v).ok_or_else(|| {
                 Error::Config(format!(
-                    "{METRICS_ADDR_ENV}={v:?} is not an address (IP:PORT)"
+                    "{METRICS_ADDR_ENV}={v:?} is not an address (IP:PORT, or PORT for loopback)"
                 ))
             })?,
             _ => return Ok(None),

@@ -379,3 +379,96 @@ async fn connectors_share_an_address() {
         .unwrap_err();
     assert!(matches!(e, Error::Config(_)), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_clients_cannot_keep_a_scrape_waiting() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let c = tcp_connector("silent", "127.0.0.1:0".parse().unwrap()).await;
+    let addr = c.metrics_addr().unwrap();
+    // 40 connections that never send a byte (more than the endpoint keeps),
+    // each replaced 50 ms after the endpoint closes it.
+    let opened = Arc::new(AtomicUsize::new(0));
+    let mut flood = tokio::task::JoinSet::new();
+    for _ in 0..40 {
+        let opened = opened.clone();
+        flood.spawn(async move {
+            loop {
+                if let Ok(mut s) = tokio::net::TcpStream::connect(addr).await {
+                    opened.fetch_add(1, Ordering::Relaxed);
+                    let mut b = [0u8; 1];
+                    let _ = s.read(&mut b).await;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+    }
+    let t = std::time::Instant::now();
+    while opened.load(Ordering::Relaxed) < 40 {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the flood did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Scrapes are answered well before a silent connection's head deadline
+    // (5 s) would have freed a place.
+    for i in 0..5 {
+        let t = std::time::Instant::now();
+        let got = tokio::time::timeout(Duration::from_secs(3), scrape(addr)).await;
+        assert!(
+            got.is_ok(),
+            "scrape {i} still waiting after {:?}",
+            t.elapsed()
+        );
+    }
+    flood.abort_all();
+}
+
+/// Child of `a_port_alone_means_loopback`: a connector configured by
+/// `FERRY_METRICS_ADDR` only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_metrics_from_the_environment() {
+    if std::env::var_os("FERRY_METRICS_CHILD").is_none() {
+        return;
+    }
+    let c = Connector::builder()
+        .listen("127.0.0.1:0".parse().unwrap())
+        .build()
+        .await
+        .unwrap();
+    println!("\nMETRICS {:?}", c.metrics_addr());
+    if let Some(addr) = c.metrics_addr() {
+        scrape(addr).await;
+        println!("SCRAPED");
+    }
+}
+
+#[test]
+fn a_port_alone_means_loopback() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    for value in [port.to_string(), format!(":{port}")] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "child_metrics_from_the_environment",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("FERRY_METRICS_CHILD", "1")
+            .env("FERRY_METRICS_ADDR", &value)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{value}: {stdout}");
+        assert!(
+            stdout.contains(&format!("METRICS Some(127.0.0.1:{port})"))
+                && stdout.contains("SCRAPED"),
+            "FERRY_METRICS_ADDR={value}: {stdout}"
+        );
+    }
+}

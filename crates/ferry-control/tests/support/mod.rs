@@ -20,12 +20,21 @@ pub fn free_port() -> u16 {
 pub struct NatsServer {
     pub port: u16,
     child: Option<Child>,
+    /// Arguments after the port (authorization, say).
+    args: Vec<String>,
+    /// The address it listens on.
+    pub host: String,
 }
 
 impl NatsServer {
     /// Starts one on a free port, or returns `None` (having said why) when
     /// `nats-server` is not installed.
     pub fn start() -> Option<NatsServer> {
+        Self::start_with("127.0.0.1", &[])
+    }
+
+    /// Starts one listening on `host` with more arguments (`--user`, ...).
+    pub fn start_with(host: &str, args: &[&str]) -> Option<NatsServer> {
         if Command::new("nats-server")
             .arg("--version")
             .output()
@@ -40,6 +49,8 @@ impl NatsServer {
         let mut s = NatsServer {
             port: free_port(),
             child: None,
+            args: args.iter().map(|a| a.to_string()).collect(),
+            host: host.into(),
         };
         s.spawn();
         Some(s)
@@ -51,7 +62,8 @@ impl NatsServer {
 
     fn spawn(&mut self) {
         let child = Command::new("nats-server")
-            .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-a", &self.host, "-p", &self.port.to_string()])
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -141,3 +153,103 @@ pub fn spawn_self(name: &str, env: &[(&str, String)]) -> Child {
     }
     cmd.spawn().expect("spawn child")
 }
+
+/// The environment variables of the control plane and the connector's
+/// secret: cleared for every child, then set as each test says.
+pub const CONTROL_ENV: &[&str] = &[
+    "FERRY_SECRET",
+    "FERRY_CONTROL_TRUSTED_NETWORK",
+    "FERRY_CONTROL_TOKEN",
+    "FERRY_NATS_USER",
+    "FERRY_NATS_PASSWORD",
+    "FERRY_NATS_TOKEN",
+    "FERRY_NATS_NKEY",
+    "FERRY_NATS_CREDS",
+];
+
+/// A child process of this test binary running one test (a role), with its
+/// stdout lines on a channel; killed when dropped.
+pub struct Role {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    name: String,
+}
+
+impl Role {
+    /// Runs the test `name` of this binary in a child with `env` (and none
+    /// of [`CONTROL_ENV`] but those given).
+    pub fn spawn(name: &str, env: &[(&str, String)]) -> Role {
+        let exe = std::env::current_exe().expect("current exe");
+        let mut cmd = Command::new(exe);
+        cmd.args([name, "--exact", "--nocapture", "--test-threads=1"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for k in CONTROL_ENV {
+            cmd.env_remove(k);
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn child");
+        let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in out.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    // Keep reading so that the child never writes to a closed pipe.
+                }
+            }
+        });
+        Role {
+            child,
+            lines,
+            name: name.into(),
+        }
+    }
+
+    /// The rest of the first line that starts with one of `prefixes` (and
+    /// which prefix), waiting up to `within`.
+    pub fn expect_any(&self, prefixes: &[&str], within: Duration) -> (String, String) {
+        let end = Instant::now() + within;
+        let mut seen = Vec::new();
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    for p in prefixes {
+                        if let Some(rest) = line.strip_prefix(p) {
+                            return (p.to_string(), rest.trim().to_owned());
+                        }
+                    }
+                    seen.push(line);
+                }
+                Err(_) => panic!(
+                    "{}: no line starting with {prefixes:?} within {within:?}; saw {seen:?}",
+                    self.name
+                ),
+            }
+        }
+    }
+
+    /// The rest of the first line that starts with `prefix`.
+    pub fn expect(&self, prefix: &str, within: Duration) -> String {
+        self.expect_any(&[prefix], within).1
+    }
+}
+
+impl Drop for Role {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The value of `"token"` in a metadata JSON.
+pub fn token_of(json: &str) -> String {
+    let start = json.find("\"token\":\"").expect("a token") + 9;
+    json[start..start + 32].to_owned()
+}
+
+/// A secret of the right length for tests.
+pub const SECRET: &str = "0123456789abcdef0123456789abcdef";

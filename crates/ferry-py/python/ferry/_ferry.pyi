@@ -125,7 +125,12 @@ class Publication:
 
 class HttpServer:
     @staticmethod
-    def bind(addr: str) -> HttpServer: ...
+    def bind(
+        addr: str,
+        secret: Optional[bytes] = None,
+        token: Optional[str] = None,
+        trusted_network: Optional[bool] = None,
+    ) -> HttpServer: ...
     @property
     def local_addr(self) -> str: ...
     def published(self) -> int: ...
@@ -133,8 +138,25 @@ class HttpServer:
 
 class NatsChannel:
     @staticmethod
-    def connect(url: str, timeout: float, prefix: str) -> NatsChannel: ...
+    def connect(
+        url: str,
+        timeout: float,
+        prefix: str,
+        secret: Optional[bytes] = None,
+        trusted_network: Optional[bool] = None,
+        user: Optional[str] = None,
+        password: Optional[str] = None,
+        token: Optional[str] = None,
+        nkey: Optional[str] = None,
+        credentials: Optional[str] = None,
+    ) -> NatsChannel: ...
     def publish(self, key: str, metadata: Metadata) -> Publication: ...
     def fetch(self, key: str, timeout: float) -> Metadata: ...
 
-def http_fetch(endpoint: str, key: str, timeout: float) -> Metadata: ...
+def http_fetch(
+    endpoint: str,
+    key: str,
+    timeout: float,
+    secret: Optional[bytes] = None,
+    token: Optional[str] = None,
+) -> Metadata: ...

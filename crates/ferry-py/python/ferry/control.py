@@ -6,15 +6,30 @@ exposing worker **publishes** its operation's metadata under a key both
 workers know (the request id), and the other worker **fetches** it with a
 deadline::
 
-    # prefill
-    server = await ferry.control.HttpServer.bind("0.0.0.0:8700")
+    # prefill (FERRY_SECRET set in both workers' environment)
+    server = await ferry.control.HttpServer.bind("10.0.0.5:8700")
     with server.publish(request_id, readable.metadata()):
         await readable.wait_for_completion()
 
     # decode
-    md = await ferry.control.fetch_http("prefill-host:8700", request_id, timeout=5)
+    md = await ferry.control.fetch_http("10.0.0.5:8700", request_id, timeout=5)
     async with connector.begin_read(md, ferry.Descriptor(dst)) as read:
         await read.wait_for_completion()
+
+The metadata is a capability. With the deployment's secret (``secret=``,
+or ``FERRY_SECRET`` as for the connector), a fetch proves it holds the
+secret, the publisher answers only such fetches, with the metadata
+encrypted and authenticated for that one request, and a fetch refuses any
+other answer and goes on waiting for the real one. Without a secret, a
+server binds only loopback addresses and a NATS channel publishes only to a
+server it reaches over loopback, unless the network is declared trusted
+(``trusted_network=True`` or ``FERRY_CONTROL_TRUSTED_NETWORK=1``;
+``PermissionError`` otherwise). ``token=`` (``FERRY_CONTROL_TOKEN``) makes
+the HTTP server require ``Authorization: Bearer <token>``; NATS takes
+``user``/``password``, ``token``, ``nkey`` or ``credentials`` (a file), or
+``FERRY_NATS_USER``/``FERRY_NATS_PASSWORD``, ``FERRY_NATS_TOKEN``,
+``FERRY_NATS_NKEY``, ``FERRY_NATS_CREDS``. See ``docs/security.md``, "The
+control plane".
 
 Over NATS, both sides use a :class:`NatsChannel` (request/reply on
 ``ferry.metadata.<key>``); the client reconnects by itself when the server
@@ -30,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from types import TracebackType
-from typing import Callable, Optional, Type, TypeVar
+from typing import Callable, Optional, Type, TypeVar, Union
 
 from . import _ferry
 from ._errors import (
@@ -69,6 +84,14 @@ _T = TypeVar("_T")
 async def _off_loop(fn: Callable[..., _T], *args: object) -> _T:
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(None, functools.partial(fn, *args))
+
+
+def _secret(secret: Union[str, bytes, None]) -> Optional[bytes]:
+    if secret is None or isinstance(secret, bytes):
+        return secret
+    if isinstance(secret, str):
+        return secret.encode()
+    raise TypeError(f"secret must be str or bytes, not {type(secret).__name__}")
 
 
 def _core(metadata: RdmaMetadata) -> _ferry.Metadata:
@@ -116,9 +139,10 @@ class Publication:
 
 class HttpServer:
     """The exposing worker's HTTP server: ``GET /ferry/v1/metadata/<key>``
-    answers the metadata published under ``key`` (JSON), or 404. Plain
-    HTTP/1.1: the metadata is a capability, so keep it on a trusted network.
-    It stops when :meth:`close` is called or it is garbage collected."""
+    answers the metadata published under ``key``, or 404. Plain HTTP/1.1:
+    give it the deployment's secret to serve other hosts (see the module's
+    documentation). It stops when :meth:`close` is called or it is garbage
+    collected."""
 
     __slots__ = ("_core",)
 
@@ -126,9 +150,25 @@ class HttpServer:
         self._core: Optional[_ferry.HttpServer] = core
 
     @classmethod
-    async def bind(cls, addr: str = "127.0.0.1:0") -> HttpServer:
-        """Listens on ``addr`` (port 0: a free one)."""
-        return cls(await _off_loop(_ferry.HttpServer.bind, addr))
+    async def bind(
+        cls,
+        addr: str = "127.0.0.1:0",
+        *,
+        secret: Union[str, bytes, None] = None,
+        token: Optional[str] = None,
+        trusted_network: Optional[bool] = None,
+    ) -> HttpServer:
+        """Listens on ``addr`` (port 0: a free one). ``secret``, ``token``
+        and ``trusted_network`` default to ``FERRY_SECRET``,
+        ``FERRY_CONTROL_TOKEN`` and ``FERRY_CONTROL_TRUSTED_NETWORK=1``.
+        Without a secret, an address other hosts can reach (``0.0.0.0``
+        too) raises :class:`PermissionError` unless the network is
+        declared trusted."""
+        return cls(
+            await _off_loop(
+                _ferry.HttpServer.bind, addr, _secret(secret), token, trusted_network
+            )
+        )
 
     def _server(self) -> _ferry.HttpServer:
         if self._core is None:
@@ -158,11 +198,23 @@ class HttpServer:
         return f"HttpServer({where})"
 
 
-async def fetch_http(endpoint: str, key: str, timeout: float = 10.0) -> RdmaMetadata:
+async def fetch_http(
+    endpoint: str,
+    key: str,
+    timeout: float = 10.0,
+    *,
+    secret: Union[str, bytes, None] = None,
+    token: Optional[str] = None,
+) -> RdmaMetadata:
     """The metadata published under ``key`` on the :class:`HttpServer` at
     ``endpoint`` (``host:port`` or ``http://host:port``), waiting up to
-    ``timeout`` seconds for the server and the key."""
-    core = await _off_loop(_ferry.http_fetch, endpoint, key, float(timeout))
+    ``timeout`` seconds for the server and the key. With a secret
+    (``FERRY_SECRET`` by default), only metadata sealed with it for this
+    fetch is accepted; ``token`` (``FERRY_CONTROL_TOKEN``) is sent as a
+    bearer token."""
+    core = await _off_loop(
+        _ferry.http_fetch, endpoint, key, float(timeout), _secret(secret), token
+    )
     return RdmaMetadata._wrap(core)
 
 
@@ -177,12 +229,39 @@ class NatsChannel:
 
     @classmethod
     async def connect(
-        cls, url: str, timeout: float = 10.0, prefix: str = DEFAULT_PREFIX
+        cls,
+        url: str,
+        timeout: float = 10.0,
+        prefix: str = DEFAULT_PREFIX,
+        *,
+        secret: Union[str, bytes, None] = None,
+        trusted_network: Optional[bool] = None,
+        user: Optional[str] = None,
+        password: Optional[str] = None,
+        token: Optional[str] = None,
+        nkey: Optional[str] = None,
+        credentials: Optional[str] = None,
     ) -> NatsChannel:
         """Connects to ``url`` (``nats://host:4222``), waiting up to
         ``timeout`` seconds for the server. Both sides must use the same
-        ``prefix``."""
-        return cls(await _off_loop(_ferry.NatsChannel.connect, url, float(timeout), prefix))
+        ``prefix`` (and the same secret). NATS credentials: ``user`` and
+        ``password``, ``token``, ``nkey`` (a seed) or ``credentials`` (a
+        file); each defaults to its ``FERRY_NATS_*`` variable."""
+        return cls(
+            await _off_loop(
+                _ferry.NatsChannel.connect,
+                url,
+                float(timeout),
+                prefix,
+                _secret(secret),
+                trusted_network,
+                user,
+                password,
+                token,
+                nkey,
+                credentials,
+            )
+        )
 
     async def publish(self, key: str, metadata: RdmaMetadata) -> Publication:
         """Answers requests for ``key`` with ``metadata`` until the

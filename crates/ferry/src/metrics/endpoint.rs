@@ -10,10 +10,12 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use crate::sync::lock;
+use ferry_proto::slots::{Admission, SlotId, Slots};
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::task::AbortHandle;
 
 use super::store::Metrics;
 
@@ -45,12 +47,29 @@ struct Endpoint {
 
 static ENDPOINTS: Mutex<Vec<Endpoint>> = Mutex::new(Vec::new());
 
-/// At most this many scrapes at once; more wait for the kernel's backlog.
+/// At most this many connections at once. When all are taken, a new one
+/// takes the place of the oldest that has not sent its request yet; only
+/// when every one is being served is a new one closed at once.
 const MAX_SCRAPES: usize = 16;
+/// A scrape that has not sent the first byte of its request by then is
+/// dropped.
+const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(1);
 /// A scrape that has not sent its request head by then is dropped.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// Nor may a connection live longer than this.
 const CONN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where the endpoint listens, from `FERRY_METRICS_ADDR`: `IP:PORT`, or a
+/// port alone (`9464` or `:9464`), which means loopback (`127.0.0.1`):
+/// other hosts reach the endpoint only when an address says so.
+pub(crate) fn parse_addr(value: &str) -> Option<SocketAddr> {
+    let v = value.trim();
+    if let Ok(a) = v.parse() {
+        return Some(a);
+    }
+    let port: u16 = v.strip_prefix(':').unwrap_or(v).parse().ok()?;
+    Some(SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port)))
+}
 
 /// Serves `metrics` at `addr` (a port of 0 picks one), starting the
 /// endpoint unless this process already serves that address. Returns the
@@ -94,6 +113,8 @@ pub(crate) fn serve(
     Ok((bound, listing))
 }
 
+type Places = Arc<Mutex<Slots<AbortHandle>>>;
+
 async fn run(listener: std::net::TcpListener, served: Served) {
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
@@ -102,11 +123,10 @@ async fn run(listener: std::net::TcpListener, served: Served) {
             return;
         }
     };
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES));
+    // Accept first, then find a place: silent connections give theirs to
+    // newer ones, so they cannot keep a scrape waiting.
+    let places: Places = Arc::new(Mutex::new(Slots::new(MAX_SCRAPES)));
     loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
-        };
         let (stream, _) = match listener.accept().await {
             Ok(s) => s,
             Err(e) => {
@@ -116,21 +136,46 @@ async fn run(listener: std::net::TcpListener, served: Served) {
                 continue;
             }
         };
-        let served = served.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let served = served.clone();
-                async move { Ok::<_, Infallible>(respond(&req, &served)) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEAD_TIMEOUT)
-                .keep_alive(false)
-                .serve_connection(TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(CONN_TIMEOUT, conn).await;
-            drop(permit);
-        });
+        let mut table = lock(&places);
+        let Admission::Admitted { id, evicted } = table.admit() else {
+            continue; // Every place is serving a scrape: drop this one.
+        };
+        let task = tokio::spawn(scrape(stream, id, places.clone(), served.clone()));
+        table.attach(id, task.abort_handle());
+        drop(table);
+        if let Some(silent) = evicted {
+            silent.abort();
+        }
     }
+}
+
+/// Frees a connection's place when its task ends, however it ends.
+struct Leave(Places, SlotId);
+
+impl Drop for Leave {
+    fn drop(&mut self) {
+        lock(&self.0).remove(self.1);
+    }
+}
+
+async fn scrape(stream: tokio::net::TcpStream, id: SlotId, places: Places, served: Served) {
+    let _leave = Leave(places.clone(), id);
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(FIRST_BYTE_TIMEOUT, stream.peek(&mut first)).await {
+        Ok(Ok(n)) if n > 0 => {}
+        _ => return, // Silent, closed or broken.
+    }
+    let service = hyper::service::service_fn(move |req| {
+        lock(&places).serving(id);
+        let served = served.clone();
+        async move { Ok::<_, Infallible>(respond(&req, &served)) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEAD_TIMEOUT)
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(stream), service);
+    let _ = tokio::time::timeout(CONN_TIMEOUT, conn).await;
 }
 
 fn respond(req: &Request<Incoming>, served: &Served) -> Response<Full<Bytes>> {

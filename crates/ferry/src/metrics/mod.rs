@@ -34,7 +34,7 @@ mod endpoint;
 mod meter;
 mod store;
 
-pub(crate) use endpoint::{serve, Listing};
+pub(crate) use endpoint::{parse_addr, serve, Listing};
 pub(crate) use meter::OpMeter;
 pub(crate) use store::{ConnMeter, Metrics};
 pub use store::{ERROR_CAUSES, XFER_TIME_BUCKETS_US};
