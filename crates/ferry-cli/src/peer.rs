@@ -384,6 +384,10 @@ impl PeerState {
         let result = tokio::select! {
             res = waited => {
                 if let Some(after) = r.after {
+                    if let Err(e) = &res {
+                        // Only when it did not complete: says why, on stderr.
+                        eprintln!("peer: request {id} ended {}: {e}", op.status());
+                    }
                     end_process(after, res.is_ok());
                 }
                 ev.done_ns = Some(crate::clock::monotonic_ns());
