@@ -68,6 +68,26 @@ pub enum Cmd {
     UcxPull,
 }
 
+/// What a peer process does as soon as an operation it serves ends, before
+/// it answers anything: how a worker that exits after its last request
+/// ends (the exit code says how the operation ended, [`EXIT_COMPLETE`] or
+/// [`EXIT_NOT_COMPLETE`], since no answer follows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum After {
+    /// Exit at once, without any clean-up (`_exit`, as Python's `os._exit`).
+    Exit,
+    /// Exit normally (`exit`: the C library's exit handlers run, open
+    /// sockets close as the process ends).
+    Quit,
+}
+
+/// The exit code of a peer that ended as its request's [`After`] said,
+/// its operation COMPLETE.
+pub const EXIT_COMPLETE: i32 = 0;
+/// The same, its operation not COMPLETE.
+pub const EXIT_NOT_COMPLETE: i32 = 3;
+
 /// One request line.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Request {
@@ -118,6 +138,10 @@ pub struct Request {
     /// For `ucx_pull`: the offer of the lender's `lent`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ucx: Option<Vec<u8>>,
+    /// For `readable`, `writable`, `read` and `write`: end the process as
+    /// soon as the operation ends (see [`After`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<After>,
 }
 
 impl Request {
@@ -138,6 +162,7 @@ impl Request {
             lane: None,
             ucx: None,
             device: None,
+            after: None,
         }
     }
 }
@@ -357,9 +382,16 @@ impl PeerState {
             }
         };
         let result = tokio::select! {
-            r = waited => {
+            res = waited => {
+                if let Some(after) = r.after {
+                    if let Err(e) = &res {
+                        // Only when it did not complete: says why, on stderr.
+                        eprintln!("peer: request {id} ended {}: {e}", op.status());
+                    }
+                    end_process(after, res.is_ok());
+                }
                 ev.done_ns = Some(crate::clock::monotonic_ns());
-                r
+                res
             }
             _ = rx => {
                 ev.before_cancel = Some(op.status().to_string());
@@ -541,6 +573,23 @@ impl PeerState {
                 self.send(ev)
             }
         }
+    }
+}
+
+/// Ends the process as `after` says, at once, its exit code saying whether
+/// the operation completed.
+fn end_process(after: After, complete: bool) -> ! {
+    let code = if complete {
+        EXIT_COMPLETE
+    } else {
+        EXIT_NOT_COMPLETE
+    };
+    match after {
+        After::Quit => std::process::exit(code),
+        #[allow(unsafe_code)]
+        // SAFETY: `_exit` takes no pointer and ends the process at once;
+        // nothing of this process runs after it.
+        After::Exit => unsafe { libc::_exit(code) },
     }
 }
 

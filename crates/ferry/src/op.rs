@@ -36,7 +36,8 @@ impl OpCore {
         self.region.close();
         if self.shared.is_sealed() {
             // Too late to cancel: the remote has (or will have) every byte
-            // and decides the outcome; both sides will agree on it.
+            // and decides the outcome, or this side decided it and its
+            // confirmation is on its way; both sides will agree on it.
             return;
         }
         if let Link::Passive {

@@ -29,8 +29,9 @@ pub(crate) struct OpShared {
     /// finds a CUDA IPC lease names it, and a lend that failed leaves it
     /// to the in-band path ([`moved_by`](Self::moved_by)).
     transport: Mutex<Option<TransportKind>>,
-    /// Every byte and the final `Finish` are on their way: the outcome is
-    /// now the remote's to decide, and a cancel no longer changes it.
+    /// Every byte and the final `Finish` are on their way (the outcome is
+    /// now the remote's to decide), or a destination has every byte and
+    /// committed (its confirmation decides): a cancel no longer changes it.
     sealed: AtomicBool,
     /// Metrics and the trace span (`None` in unit tests of transports).
     meter: Option<OpMeter>,
@@ -65,13 +66,6 @@ impl OpShared {
 
     pub(crate) fn seal(&self) {
         self.sealed.store(true, Ordering::Release);
-        if let Some(m) = &self.meter {
-            m.sealed();
-        }
-    }
-
-    /// The destination has every byte and commits (traced as the seal).
-    pub(crate) fn committed(&self) {
         if let Some(m) = &self.meter {
             m.sealed();
         }

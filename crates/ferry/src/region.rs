@@ -728,15 +728,20 @@ impl Region {
         *open
     }
 
-    /// Closes the region unless it is already closed or closing; true if
-    /// every access so far found it open (nothing was dropped).
-    pub(crate) fn close_if_intact(&self) -> bool {
+    /// Closes the region unless it is already closed or closing, and if
+    /// every access so far found it open (nothing was dropped) runs `f`
+    /// under its lock, so that a `close` that follows finds what `f` did
+    /// (a destination's seal); true if it did.
+    pub(crate) fn close_if_intact(&self, f: impl FnOnce()) -> bool {
         if self.closing.load(Ordering::Acquire) {
             return false;
         }
         let mut open = self.state();
         let intact = *open && !self.closing.swap(true, Ordering::AcqRel);
         *open = false;
+        if intact {
+            f();
+        }
         intact
     }
 

@@ -189,6 +189,15 @@ impl PeerProcess {
         self.child.as_ref().and_then(|c| c.id())
     }
 
+    /// Waits for the child process to exit on its own, and returns its exit
+    /// code (`None`: it ended by a signal, or this peer is no child).
+    pub async fn exit_code(&mut self) -> anyhow::Result<Option<i32>> {
+        match &mut self.child {
+            Some(c) => Ok(c.wait().await?.code()),
+            None => Ok(None),
+        }
+    }
+
     /// Kills the child process with SIGKILL and waits for it.
     pub async fn kill(&mut self) -> anyhow::Result<()> {
         if let Some(c) = &mut self.child {

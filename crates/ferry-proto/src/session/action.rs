@@ -142,11 +142,22 @@ pub enum Action<T> {
         target: T,
     },
     /// The destination has every byte (in-band destination: close the
-    /// region if intact, else a cancel is under way and tells the peer);
-    /// or the source lent and the peer copied everything (seal under the
-    /// region's lock, unless a cancel came first). Then end the operation
-    /// as COMPLETE; if that call ended it, send `Finish { req }` as the
-    /// confirmation, else `Abort(Cancelled)`.
+    /// region if intact and seal, both under the region's lock, else a
+    /// cancel is under way and tells the peer); or the source lent and the
+    /// peer copied everything (seal under the region's lock, unless a
+    /// cancel came first). Sealed, the outcome is decided: send `Finish {
+    /// req }` as the confirmation, and end the operation as COMPLETE only
+    /// once that frame is in the socket (ended with the connection's loss
+    /// if it never gets there).
+    ///
+    /// This side reports COMPLETE *first*: the peer, sealed, waits for this
+    /// confirmation and has no other way to learn the outcome (a close
+    /// tells it nothing: the same close follows a cancel whose `Abort` was
+    /// lost, or a process that died before it decided). So this side's
+    /// COMPLETE must not be seen before the confirmation is beyond this
+    /// process's reach: a process that exits, or drops its connector, as
+    /// soon as it sees COMPLETE then still delivers it, and both sides
+    /// agree whatever it does next.
     Commit {
         /// The request.
         req: u64,

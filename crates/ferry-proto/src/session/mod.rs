@@ -564,14 +564,27 @@ impl<T: Fence> Session<T> {
         self.rdma_leases = true;
     }
 
-    /// The connection ended: every request's handle and every lent
-    /// memory's, for the driver to end and give back.
+    /// The connection ended: the handles of the requests whose operation
+    /// ends with it, and every lent memory's, for the driver to end and
+    /// give back.
+    ///
+    /// A part other than 0 that is done, of an operation that is sealed,
+    /// ends nothing: its outcome is decided, and comes on part 0's
+    /// connection (the confirmation there, or that connection's end). The
+    /// peer may report COMPLETE, then exit at once, and the end of this
+    /// connection can be seen before the confirmation that part 0's
+    /// carried: it must not fail an operation that the peer completed.
     pub fn drain(&mut self) -> (Vec<T>, Vec<T>) {
         let reqs = std::mem::take(&mut self.requests);
         let lent = std::mem::take(&mut self.lent);
         self.actions.clear();
+        let settled =
+            |r: &Request<T>| r.part.is_some_and(|p| p.index != 0 && p.done) && r.target.is_sealed();
         (
-            reqs.into_values().map(|r| r.target).collect(),
+            reqs.into_values()
+                .filter(|r| !settled(r))
+                .map(|r| r.target)
+                .collect(),
             lent.into_values().map(|(t, _)| t).collect(),
         )
     }

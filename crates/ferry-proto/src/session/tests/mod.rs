@@ -14,6 +14,7 @@ use crate::Token;
 mod answers;
 mod device;
 mod rdma;
+mod settled;
 mod violations;
 
 // ---------------------------------------------------------------------------

@@ -136,6 +136,10 @@ pub(crate) struct Conn {
 
 pub(super) type CloseHook = Box<dyn FnOnce() + Send>;
 
+/// What follows a frame's write: `Ok` once it is in the socket, else why
+/// it never will be.
+pub(super) type Sent = Box<dyn FnOnce(Result<(), String>) + Send>;
+
 impl Conn {
     pub(super) fn new(
         peer: String,
@@ -293,33 +297,42 @@ impl Conn {
                 }
             }
             Action::Commit { req, target, lent } => {
-                // Unless a cancel got here first (it tells the remote).
-                let ok = if lent {
-                    target.region.seal_if_open(|| target.shared.seal())
+                // Decided under the region's lock, unless a cancel got
+                // there first (it tells the remote): a lent source seals; a
+                // destination closes its region, intact, and seals. Sealed,
+                // a cancel no longer changes the outcome.
+                let seal = || target.shared.seal();
+                let decided = if lent {
+                    target.region.seal_if_open(seal)
                 } else {
-                    target.region.close_if_intact()
+                    target.region.close_if_intact(seal)
                 };
-                if !ok {
+                if !decided {
                     return;
                 }
-                if lent {
-                    // Sealed: a cancel can no longer end the operation, only
-                    // the connection's end can. The confirmation reaches the
-                    // socket before the operation is seen complete, so that a
-                    // process that exits as soon as its operation completes
-                    // does not take it along: the peer, sealed, would end
-                    // ERRORED where this side ended COMPLETE.
-                    self.send_soon(Message::Finish { req }.to_vec(), None, true);
-                    target.end(OperationStatus::Complete, None);
-                    return;
-                }
-                // Every byte landed here: the outcome is decided.
-                target.shared.committed();
-                if target.end(OperationStatus::Complete, None) {
-                    self.send_soon(Message::Finish { req }.to_vec(), None, true);
-                } else {
-                    self.abort_detached(req, AbortReason::Cancelled, String::new());
-                }
+                // COMPLETE only once the confirmation is in the socket: a
+                // process that exits (or drops its connector) as soon as it
+                // sees its operation complete must not take it along, for
+                // the peer, sealed, would then end ERRORED where this side
+                // ended COMPLETE. Once written, the kernel delivers it even
+                // if this process ends at once.
+                let peer = self.peer.clone();
+                self.send_soon_then(
+                    Message::Finish { req }.to_vec(),
+                    None,
+                    true,
+                    Some(Box::new(move |sent: Result<(), String>| match sent {
+                        Ok(()) => {
+                            target.end(OperationStatus::Complete, None);
+                        }
+                        Err(cause) => {
+                            target.end(
+                                OperationStatus::Errored,
+                                Some(Error::ConnectionLost { peer, cause }),
+                            );
+                        }
+                    })),
+                );
             }
             Action::Complete { target } => {
                 target.end(OperationStatus::Complete, None);
@@ -601,29 +614,57 @@ impl Conn {
         opened: Option<Arc<watch::Sender<bool>>>,
         reply: bool,
     ) {
+        self.send_soon_then(frame, opened, reply, None)
+    }
+
+    /// [`send_soon`](Self::send_soon), then `then`: `Ok` once every byte
+    /// of the frame is in the socket (the kernel has it), or why it never
+    /// will be.
+    pub(super) fn send_soon_then(
+        self: &Arc<Self>,
+        frame: Vec<u8>,
+        opened: Option<Arc<watch::Sender<bool>>>,
+        reply: bool,
+        then: Option<Sent>,
+    ) {
+        let fail = |then: Option<Sent>, why: String| {
+            if let Some(f) = then {
+                f(Err(why));
+            }
+        };
         if !self.is_alive() {
             // A write may have been abandoned mid-frame: nothing may follow.
-            return mark_opened(&opened);
+            mark_opened(&opened);
+            let cause = self.dead.borrow().clone().unwrap_or_default();
+            return fail(then, cause);
         }
         if let Ok(mut guard) = self.writer.clone().try_lock_owned() {
             match guard.try_write(&frame) {
-                Ok(n) if n == frame.len() && guard.flushed() => return mark_opened(&opened),
+                Ok(n) if n == frame.len() && guard.flushed() => {
+                    drop(guard);
+                    mark_opened(&opened);
+                    if let Some(f) = then {
+                        f(Ok(()));
+                    }
+                    return;
+                }
                 Ok(n) => {
                     let conn = self.clone();
                     self.handle.spawn(async move {
                         let mut guard = guard;
                         let r = conn.unless_dead(guard.write_all(&frame[n..])).await;
+                        drop(guard);
                         mark_opened(&opened);
-                        if let Err(e) = r {
-                            conn.kill(format!("write failed: {e}"));
-                        }
+                        conn.sent(r, then);
                     });
                     return;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => {
                     mark_opened(&opened);
-                    return self.kill(format!("write failed: {e}"));
+                    let why = format!("write failed: {e}");
+                    self.kill(why.clone());
+                    return fail(then, why);
                 }
             }
         }
@@ -632,8 +673,9 @@ impl Conn {
         if reply && self.queued.fetch_add(1, Ordering::Relaxed) >= MAX_QUEUED {
             self.queued.fetch_sub(1, Ordering::Relaxed);
             mark_opened(&opened);
-            self.kill("the peer does not read its replies".into());
-            return;
+            let why = "the peer does not read its replies".to_string();
+            self.kill(why.clone());
+            return fail(then, why);
         }
         let conn = self.clone();
         self.handle.spawn(async move {
@@ -642,10 +684,19 @@ impl Conn {
                 conn.queued.fetch_sub(1, Ordering::Relaxed);
             }
             mark_opened(&opened);
-            if let Err(e) = r {
-                conn.kill(format!("write failed: {e}"));
-            }
+            conn.sent(r, then);
         });
+    }
+
+    /// A write of [`send_soon_then`](Self::send_soon_then) ended with `r`.
+    fn sent(&self, r: io::Result<()>, then: Option<Sent>) {
+        let r = r.map_err(|e| format!("write failed: {e}"));
+        if let Err(why) = &r {
+            self.kill(why.clone());
+        }
+        if let Some(f) = then {
+            f(r);
+        }
     }
 
     /// Sends a control frame soon (see [`send_soon`](Self::send_soon)). A peer
