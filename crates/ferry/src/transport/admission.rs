@@ -54,7 +54,7 @@ pub const DEFAULT_IPV4_PREFIX: u8 = 24;
 pub const DEFAULT_IPV6_PREFIX: u8 = 64;
 
 /// The most fresh connections (that never carried an operation) for a
-/// total bound of `max`: an eighth of it, at least [`MIN_UNPROVEN`].
+/// total bound of `max`: an eighth of it, at least `MIN_UNPROVEN` (16).
 pub fn unproven_cap(max: usize) -> usize {
     (max / 8).max(MIN_UNPROVEN).min(max)
 }
