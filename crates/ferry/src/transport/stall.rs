@@ -13,12 +13,13 @@
 //! flight at once.
 //!
 //! A copy takes its slot when it is planned ([`CopySlots::try_acquire`]),
-//! and never waits for a slot that another peer holds. A READ that finds
-//! none moves in band instead (over the connection, at once). A WRITE whose
-//! source lends its memory, which this side copies, waits only where its
-//! own connection's or peer's share is in use (for one of that peer's own
-//! copies to end: [`CopySlots::acquire_own`]); where the process's slots
-//! are all in use it is refused at once (`AbortReason::CopySlots`). So a
+//! and never waits for a slot that another peer holds. A copy (a READ's, or
+//! a WRITE's whose source lends its memory) waits only where its own
+//! connection's or peer's share is in use, for one of that peer's own
+//! copies to end ([`CopySlots::acquire_own`], cancellable); where the
+//! process's slots are all in use a READ moves in band instead (over the
+//! connection, at once) and a WRITE is refused at once
+//! (`AbortReason::CopySlots`). So a
 //! peer that stalls its copies holds at most its share and delays only
 //! itself, and once every slot is held (by peers with many identities: see
 //! `docs/security.md`) honest READs go on in band.

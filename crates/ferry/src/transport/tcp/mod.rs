@@ -28,6 +28,7 @@ use tokio::sync::watch;
 use crate::exposure::abort_reason;
 use crate::kind::TransportKind;
 use crate::transport::api::{ActiveJob, ActiveLink, BoxFuture, Config, Host, Transport};
+use crate::transport::stall::NoSlot;
 use crate::{Error, Result};
 
 mod conn;
@@ -244,12 +245,16 @@ impl Transport for TcpTransport {
             };
             let mut plan = session::plan(job.kind, &job.sizes, caps, &thresholds);
             // A READ that will copy from the peer takes its copy slot now
-            // (`stall.rs`); where none is free it moves in band, at once,
-            // never waiting behind copies a peer may be stalling.
+            // (`stall.rs`). Where only this connection's or this peer's
+            // share is in use, its lease waits for one of that peer's own
+            // copies to end (cancellable: `Conn::spawn_pull`); where the
+            // process has none free, it moves in band at once, never
+            // waiting behind copies another peer may be stalling.
             let mut slot = None;
             if plan == Plan::Pull && job.kind == OperationKind::Read {
                 match conn.copy_slot() {
                     Ok(s) => slot = Some(s),
+                    Err(NoSlot::Connection | NoSlot::Peer) => {}
                     Err(why) => {
                         tracing::debug!(peer = conn.peer, "READ in band: {why}");
                         caps.can_pull = false;
