@@ -18,8 +18,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 use super::error::ConnError;
+use super::land::{host_buf, land, not_host, outside, Dst, Landing, OnFail, STAGE};
 use super::secure::{Opener, Sealer};
-use super::staged::{host_buf, land_device, Landing, OnFail, STAGE};
 use crate::cuda::stage::HostBuf;
 use crate::region::{Denied, Region};
 
@@ -307,57 +307,6 @@ impl FrameReader {
         }
         Ok(())
     }
-}
-
-pub(super) fn outside() -> ConnError {
-    ConnError::Channel("data outside the descriptors".into())
-}
-
-/// In-band bytes for device memory that reached a host access: never
-/// landed (the host would dereference GPU memory). Device regions take
-/// `land_device`; this is the safety net behind it.
-fn not_host() -> ConnError {
-    ConnError::Channel("data frames for device memory reached a host access".into())
-}
-
-/// A payload's destination: the region, and where in it the next byte goes.
-pub(super) type Dst<'a> = Option<(&'a Region, usize, u64)>;
-
-/// Copies `src` into the region from `off` of segment `seg` on, into the
-/// segments that follow: where the next byte goes, or `None` if the
-/// region closed (the rest is then discarded).
-fn land<'a>(
-    region: &'a Region,
-    seg: usize,
-    off: u64,
-    mut src: &[u8],
-    fail: Option<&OnFail>,
-) -> Result<Dst<'a>, ConnError> {
-    if !region.is_host() {
-        return land_device(region, seg, off, src, fail);
-    }
-    let (mut seg, mut off) = (seg, off);
-    while !src.is_empty() {
-        let r = region.write_span(seg, off, src.len(), |d| {
-            let mut n = 0;
-            for piece in d.iter_mut() {
-                let k = piece.len();
-                piece.copy_from_slice(&src[n..n + k]);
-                n += k;
-            }
-            n
-        });
-        match r {
-            Ok(0) | Err(Denied::OutOfBounds) => return Err(outside()),
-            Err(Denied::NotHostMemory) => return Err(not_host()),
-            Ok(n) => {
-                src = &src[n..];
-                (seg, off) = region.advance(seg, off, n);
-            }
-            Err(Denied::Closed) => return Ok(None),
-        }
-    }
-    Ok(Some((region, seg, off)))
 }
 
 /// [`FrameReader::payload`] through the secure channel: each message is

@@ -160,7 +160,7 @@ pub(super) async fn step(
                         if let Some(conn) = conn.upgrade() {
                             conn.fail_request(req, &target, why);
                         }
-                    }) as super::staged::OnFail)
+                    }) as super::land::OnFail)
                 }
                 _ => None,
             };

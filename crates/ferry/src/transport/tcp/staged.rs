@@ -6,7 +6,7 @@
 //! GPU of its own: a host on the other side reads a GPU's memory as bytes).
 //!
 //! Both directions are pipelined, two host buffers deep: the copy to or
-//! from the device runs on a blocking thread ([`Landing`], [`Staging`])
+//! from the device runs on a blocking thread ([`Landing`](super::land::Landing), [`Staging`])
 //! while the connection's task moves the previous (or next) buffer through
 //! the socket. Each copy is one locked region access, so the fence is that
 //! of host memory: once `Region::close` has returned, no copy starts, and
@@ -25,54 +25,12 @@ use ferry_proto::{Cursor, OperationStatus};
 use tokio::task::JoinHandle;
 
 use super::conn::Conn;
-use super::conn_io::{outside, ConnWriter, Dst};
-use super::error::ConnError;
+use super::conn_io::ConnWriter;
+use super::land::{failed_text, host_buf, DeviceCopyFailed, INLINE};
 use super::request::Target;
 use super::util::{lock, CHUNK};
 use crate::cuda::stage::HostBuf;
-use crate::cuda::CudaError;
 use crate::region::{Denied, Region};
-
-/// The most bytes landed at once on the receiving side: one copy to the
-/// device per this much payload.
-pub(super) const STAGE: usize = 1 << 20;
-
-/// Copies smaller than this run on the connection's task: handing them to
-/// a blocking thread would cost more than it overlaps.
-pub(super) const INLINE: usize = 64 * 1024;
-
-/// A host buffer of at least `len` bytes for device memory of `region`:
-/// `kept`, if it is large enough, else a new one.
-pub(super) fn host_buf(region: &Region, kept: Option<HostBuf>, len: usize) -> HostBuf {
-    match kept {
-        Some(b) if b.len() >= len => b,
-        _ => {
-            let device = region.device().map_or(0, |d| d.id());
-            HostBuf::new(device, len)
-        }
-    }
-}
-
-/// Ends the one request whose received bytes could not be copied into
-/// device memory, given why (see [`Conn::fail_request`]).
-pub(super) type OnFail = Arc<dyn Fn(String) + Send + Sync>;
-
-fn failed_text(e: &CudaError) -> String {
-    format!("staging GPU memory through the host failed: {e}")
-}
-
-/// A copy off the device failed: the sending side's error, which ends its
-/// request rather than the connection ([`device_failure`]).
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct DeviceCopyFailed(String);
-
-/// Why a device copy failed, where `e` says one did.
-pub(super) fn device_failure(e: &io::Error) -> Option<String> {
-    e.get_ref()
-        .and_then(|i| i.downcast_ref::<DeviceCopyFailed>())
-        .map(|f| f.0.clone())
-}
 
 impl Conn {
     /// Ends request `req` after a failed device copy: forgotten by the
@@ -91,40 +49,6 @@ impl Conn {
             self.abort_detached(req, AbortReason::DeviceMemory, why);
         }
     }
-}
-
-/// [`land`](super::conn_io) for device memory: copies `src` into the region
-/// from `off` of segment `seg` on; where the next byte goes, or `None` if
-/// the region closed (the rest is then discarded). A failed copy ends the
-/// request through `fail` (then `None`), or the connection without one.
-pub(super) fn land_device<'a>(
-    region: &'a Region,
-    seg: usize,
-    off: u64,
-    mut src: &[u8],
-    fail: Option<&OnFail>,
-) -> Result<Dst<'a>, ConnError> {
-    let (mut seg, mut off) = (seg, off);
-    while !src.is_empty() {
-        match region.stage_in(seg, off, src) {
-            Ok(Ok(0)) | Err(Denied::OutOfBounds) => return Err(outside()),
-            Ok(Ok(n)) => {
-                src = &src[n..];
-                (seg, off) = region.advance(seg, off, n);
-            }
-            Ok(Err(e)) => match fail {
-                Some(fail) => {
-                    fail(failed_text(&e));
-                    return Ok(None);
-                }
-                None => return Err(ConnError::Channel(failed_text(&e))),
-            },
-            Err(Denied::Closed) => return Ok(None),
-            // A device region never answers that; treated as outside.
-            Err(Denied::NotHostMemory) => return Err(outside()),
-        }
-    }
-    Ok(Some((region, seg, off)))
 }
 
 /// Fills all of `dst` from the region, from `off` of segment `seg` on:
@@ -148,53 +72,6 @@ fn fill_from_device(region: &Region, seg: usize, off: u64, dst: &mut [u8]) -> io
         }
     }
     Ok(true)
-}
-
-/// A buffer of received bytes on its way into device memory, copied on a
-/// blocking thread while the reader reads on (a small one at once, on the
-/// reader's task). Dropped unawaited (the connection ended), the copy
-/// still runs to its end, under the region's lock like any other, or finds
-/// the region closed.
-pub(super) enum Landing {
-    Done(HostBuf, Result<(), ConnError>),
-    Running(JoinHandle<(HostBuf, Result<(), ConnError>)>),
-}
-
-impl Landing {
-    /// Starts copying `buf[..n]` into `region` from `off` of segment `seg`
-    /// on; a failed copy ends the request through `fail`.
-    pub(super) fn start(
-        region: &Arc<Region>,
-        (seg, off): (usize, u64),
-        buf: HostBuf,
-        n: usize,
-        fail: Option<OnFail>,
-    ) -> Self {
-        if n < INLINE {
-            let r = land_device(region, seg, off, &buf[..n], fail.as_ref()).map(|_| ());
-            return Landing::Done(buf, r);
-        }
-        let region = region.clone();
-        Landing::Running(tokio::task::spawn_blocking(move || {
-            let r = land_device(&region, seg, off, &buf[..n], fail.as_ref()).map(|_| ());
-            (buf, r)
-        }))
-    }
-
-    /// Waits for the copy: its buffer back (unless the copy panicked), and
-    /// how it went.
-    pub(super) async fn wait(self) -> (Option<HostBuf>, Result<(), ConnError>) {
-        match self {
-            Landing::Done(buf, r) => (Some(buf), r),
-            Landing::Running(job) => match job.await {
-                Ok((buf, r)) => (Some(buf), r),
-                Err(e) => (
-                    None,
-                    Err(ConnError::Channel(format!("a device copy failed: {e}"))),
-                ),
-            },
-        }
-    }
 }
 
 /// One frame's bytes being copied off the device on a blocking thread:

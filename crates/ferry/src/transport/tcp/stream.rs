@@ -14,8 +14,8 @@ use crate::outcome::OpShared;
 use crate::region::Region;
 
 use super::conn_io::*;
+use super::land::device_failure;
 use super::request::*;
-use super::staged::device_failure;
 use super::util::*;
 
 use super::conn::*;

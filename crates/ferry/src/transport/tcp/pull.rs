@@ -1,0 +1,205 @@
+//! Copies from a peer's lent memory: a lease received on a connection is
+//! copied into the destination by this side (cross-memory attach, UCX or
+//! CUDA IPC), under a copy slot (`stall.rs`), on a copy thread, and the
+//! source is told when every byte is copied.
+
+use std::sync::Arc;
+
+use ferry_proto::wire::AbortReason;
+use ferry_proto::OperationStatus;
+
+use crate::kind::TransportKind;
+use crate::outcome::OpShared;
+use crate::region::Region;
+use crate::transport::cma;
+use crate::transport::pull::cuda_ipc::{self, CudaIpcPuller, IpcPeer};
+use crate::transport::pull::{cma::CmaPuller, ucx::UcxPuller, LeaseBlob, PullEnd, Puller};
+use crate::transport::stall::{self, CopySlot, NoSlot};
+use crate::transport::ucx::Endpoint;
+use crate::Error;
+
+use super::conn::Conn;
+use super::request::Target;
+use super::util::lock;
+
+/// Whom a pull copies from.
+enum PullPeer {
+    Cma(Arc<cma::Peer>),
+    Ucx(Arc<Endpoint>),
+    CudaIpc(Arc<IpcPeer>),
+}
+
+/// Registers the destination with `puller`, pulls, deregisters.
+fn pull_with<P: Puller>(
+    puller: &P,
+    peer: &P::Peer,
+    lease: &LeaseBlob,
+    region: &Region,
+    shared: &OpShared,
+) -> PullEnd {
+    if let Err(e) = puller.register(region) {
+        return PullEnd::Failed(format!("cannot register the destination: {e}"));
+    }
+    let end = puller.pull(peer, lease, region, shared);
+    let _ = puller.deregister(region);
+    end
+}
+
+impl Conn {
+    /// Copies a lease into `region` from a blocking thread (never the
+    /// reader task: the peer's pages may fault slowly, or never arrive),
+    /// under the copy slot its request took (see `stall.rs`: without one, it
+    /// waits only for its own peer's copies, and is refused at once where
+    /// the process has none: `refuse_copy`), then tells the
+    /// source that every byte is copied (`Finish`). A closed region ends it silently:
+    /// whoever closed it tells the peer. A failed copy by cross-memory
+    /// attach or UCX means the peer died (its memory went away) or lent
+    /// memory it does not have: either way the connection is closed, which
+    /// fails every operation on it, on both sides, with
+    /// [`Error::ConnectionLost`] and the cause. A CUDA IPC lease that fails
+    /// (not offered here, a handle the driver will not open, a bad lease)
+    /// ends its one request (`fail_request`).
+    pub(super) fn spawn_pull(self: &Arc<Self>, req: u64, target: Target, lease: LeaseBlob) {
+        tracing::debug!(req, "lease received");
+        let (region, shared) = (target.region.clone(), target.shared.clone());
+        let peer = if self.by_ucx() {
+            match self.ucx_ep.get().cloned() {
+                Some(ep) => PullPeer::Ucx(ep),
+                None => {
+                    return self.kill(
+                        "the peer lent memory over UCX to a worker that cannot reach it".into(),
+                    )
+                }
+            }
+        } else {
+            match self.peer_pid.get().cloned() {
+                // The source lent GPU memory (on a connection where the
+                // attach probe proved it a process of this host).
+                Some(p) if cuda_ipc::lease::is_ipc(lease.opaque()) => {
+                    if !lock(&self.session).caps().cuda_ipc {
+                        // Not offered here (no driver): this request
+                        // fails, the connection goes on.
+                        let why = "the peer lent GPU memory by CUDA IPC, which this process did \
+                                   not offer (no CUDA driver that sees a device)";
+                        return self.fail_request(req, &target, why.into());
+                    }
+                    shared.moved_by(TransportKind::CudaIpc);
+                    PullPeer::CudaIpc(self.ipc_peer(p))
+                }
+                Some(p) => PullPeer::Cma(p),
+                None => {
+                    return self
+                        .kill("the peer lent memory to a process that cannot attach to it".into())
+                }
+            }
+        };
+        // The slot was taken when the copy was planned; a lease on a
+        // request that took none finds one now, or waits for one of its own
+        // peer's copies to end (see `stall.rs`), or, where the process has
+        // none free, is refused at once: never does a copy wait for a slot
+        // that another peer holds.
+        let slot = match target.take_slot().map_or_else(|| self.copy_slot(), Ok) {
+            Ok(slot) => Some(slot),
+            Err(NoSlot::Process) => return self.refuse_copy(req, &target, NoSlot::Process),
+            Err(NoSlot::Connection | NoSlot::Peer) => None,
+        };
+        let ended = shared.clone();
+        let refused = target.clone();
+        // The copy thread answers the peer itself (no hop back to the
+        // runtime) and holds the connection only weakly: a copy that the
+        // peer stalls must not keep its socket alive.
+        let conn = Arc::downgrade(self);
+        let copy = move |slot: CopySlot| {
+            // The session checked the lease's shape; the copy checks again.
+            let end = if !lease.fits(&region) {
+                PullEnd::Failed("the lease does not match the descriptors".into())
+            } else {
+                match &peer {
+                    PullPeer::Cma(p) => pull_with(&CmaPuller, p, &lease, &region, &shared),
+                    PullPeer::Ucx(ep) => pull_with(&UcxPuller, ep, &lease, &region, &shared),
+                    PullPeer::CudaIpc(p) => pull_with(&CudaIpcPuller, p, &lease, &region, &shared),
+                }
+            };
+            drop(slot);
+            let Some(conn) = conn.upgrade() else {
+                return;
+            };
+            match end {
+                PullEnd::Done | PullEnd::Closed => {
+                    let done = end == PullEnd::Done;
+                    // `Finish`; or, with RDMA leases, `Release` once the
+                    // gets of a stopped copy have drained.
+                    let m = lock(&conn.session).pull_ended(req, done);
+                    if let Some(m) = m {
+                        conn.send_soon(m.to_vec(), None, false);
+                    }
+                }
+                // A CUDA IPC copy fails for reasons of this request (no GPU
+                // here, no peer access between the two devices, memory the
+                // driver would not map): it ends alone, both sides told; a
+                // source that went away ends the connection on its own.
+                PullEnd::Failed(why) if matches!(peer, PullPeer::CudaIpc(_)) => {
+                    conn.fail_request(req, &target, why)
+                }
+                PullEnd::Failed(why) => conn.kill(why),
+            }
+        };
+        if let Some(slot) = slot {
+            return stall::run(move || copy(slot));
+        }
+        let (slots, key, me) = (
+            self.copy_slots.clone(),
+            self.copy_key(),
+            Arc::downgrade(self),
+        );
+        self.handle.spawn(async move {
+            let slot = tokio::select! {
+                slot = slots.acquire_own(key) => slot,
+                // Ended while waiting: whoever ended it tells the peer;
+                // with RDMA leases, the lease ends here (no get was posted).
+                _ = ended.ended() => {
+                    if let Some(conn) = me.upgrade() {
+                        let m = lock(&conn.session).pull_ended(req, false);
+                        if let Some(m) = m {
+                            conn.send_soon(m.to_vec(), None, false);
+                        }
+                    }
+                    return;
+                }
+            };
+            match slot {
+                Ok(slot) => stall::run(move || copy(slot)),
+                Err(why) => {
+                    if let Some(conn) = me.upgrade() {
+                        conn.refuse_copy(req, &refused, why);
+                    }
+                }
+            }
+        });
+    }
+
+    /// Ends request `req`, whose lease this side cannot copy now for want
+    /// of a copy slot (`why`), with a typed error on both sides
+    /// (`AbortReason::CopySlots`), at once.
+    fn refuse_copy(self: &Arc<Self>, req: u64, target: &Target, why: NoSlot) {
+        let detail = why.to_string();
+        tracing::debug!(peer = self.peer, req, "{detail}");
+        let release = {
+            let mut s = lock(&self.session);
+            s.forget(req);
+            // With RDMA leases, the source waits for this side to say it
+            // stopped (no get was posted).
+            s.pull_ended(req, false)
+        };
+        if let Some(m) = release {
+            self.send_soon(m.to_vec(), None, false);
+        }
+        let error = Error::Rejected {
+            reason: AbortReason::CopySlots,
+            detail: detail.clone(),
+        };
+        if target.end(OperationStatus::Errored, Some(error)) && target.stripe.is_none() {
+            self.abort_detached(req, AbortReason::CopySlots, detail);
+        }
+    }
+}
