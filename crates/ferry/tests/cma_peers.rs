@@ -17,15 +17,15 @@
 //!   of them.
 
 use std::ffi::CString;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ferry::{Error, OperationKind, OperationStatus, RdmaMetadata, TransportKind};
-use ferry_proto::wire::{self, Attach, Hello, Lease, Message, Open, Verdict, PROTOCOL_VERSION};
+use ferry_proto::wire::{Attach, Lease, Message, Open, Verdict};
 
 /// What untouched exposed memory holds.
 const UNTOUCHED: u8 = 0xEE;
@@ -84,70 +84,7 @@ fn drain(mut out: BufReader<ChildStdout>) {
     std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
 }
 
-/// The cookie the passive side expects from the active side of the
-/// connection `act` -> `pas` (see `cma::cookie`).
-fn active_cookie(na: &[u8; 16], np: &[u8; 16], act: SocketAddr, pas: SocketAddr) -> [u8; 16] {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    h.update(b"ferry-cma-cookie-v1\0");
-    h.update([1u8]);
-    h.update(na);
-    h.update(np);
-    h.update(act.to_string().as_bytes());
-    h.update([0u8]);
-    h.update(pas.to_string().as_bytes());
-    let mut o = [0u8; 16];
-    o.copy_from_slice(&h.finalize()[..16]);
-    o
-}
-
-/// A hand-driven connection, blocking (the roles below run no runtime, so
-/// that they may fork).
-struct Wire {
-    s: TcpStream,
-    buf: Vec<u8>,
-}
-
 impl Wire {
-    /// Connects to a connector and exchanges hellos.
-    fn hello(addr: SocketAddr, name: &str) -> Wire {
-        let s = TcpStream::connect(addr).unwrap();
-        s.set_nodelay(true).unwrap();
-        let mut w = Wire { s, buf: Vec::new() };
-        w.send(&Message::Hello(Hello {
-            version: PROTOCOL_VERSION,
-            worker_id: name.into(),
-        }));
-        assert!(matches!(w.next(), Some(Message::Hello(_))));
-        w
-    }
-
-    fn send(&mut self, m: &Message) {
-        self.s.write_all(&m.to_vec()).unwrap();
-    }
-
-    /// The next frame (payloads skipped), or `None` once the connection is
-    /// closed or quiet for the read timeout.
-    fn next(&mut self) -> Option<Message> {
-        loop {
-            if let Ok(Some((msg, used))) = wire::decode_frame(&self.buf) {
-                let payload = match &msg {
-                    Message::Data(d) => d.len as usize,
-                    _ => 0,
-                };
-                if self.buf.len() >= used + payload {
-                    self.buf.drain(..used + payload);
-                    return Some(msg);
-                }
-            }
-            let mut tmp = [0u8; 4096];
-            match self.s.read(&mut tmp) {
-                Ok(0) | Err(_) => return None,
-                Ok(n) => self.buf.extend_from_slice(&tmp[..n]),
-            }
-        }
-    }
-
     fn expect_attach(&mut self) -> Option<Attach> {
         match self.next() {
             Some(Message::Attach(a)) => Some(a),
@@ -591,6 +528,7 @@ const SLOTS: usize = 16;
 const PROBE_TIMEOUT_MS: u64 = 300;
 
 mod support;
+use support::hand::{active_cookie, Wire};
 use support::{attach, attaching_connector, sizes_of, uffd};
 
 /// One page of this process that never arrives (registered with

@@ -18,36 +18,18 @@
 //! A peer that does read the bytes and echoes them still gets its lease
 //! (the control, in the first test).
 
-use std::net::SocketAddr;
-
 use ferry::{OperationKind, RdmaMetadata};
 use ferry_proto::wire::{Attach, Hello, Message, Verdict, PROTOCOL_VERSION};
 use ferry_proto::{DescriptorInfo, Token};
 
 mod support;
+use support::hand::active_cookie;
 use support::{
     assert_no_library_panic, attach, attaching_connector, expect_attach, open_frame, pattern,
     within, Raw, FAKE_WORKER,
 };
 
 const SIZE: usize = 256 << 10;
-
-/// The cookie the passive side expects from the active side of the
-/// connection `act` -> `pas` (see `cma::cookie`).
-fn active_cookie(na: &[u8; 16], np: &[u8; 16], act: SocketAddr, pas: SocketAddr) -> [u8; 16] {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    h.update(b"ferry-cma-cookie-v1\0");
-    h.update([1u8]);
-    h.update(na);
-    h.update(np);
-    h.update(act.to_string().as_bytes());
-    h.update([0u8]);
-    h.update(pas.to_string().as_bytes());
-    let mut o = [0u8; 16];
-    o.copy_from_slice(&h.finalize()[..16]);
-    o
-}
 
 /// How the hand-driven peer answers the connector's attach offer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,6 +11,7 @@
 //! - [`uffd`]: memory whose pages never arrive, for peers that stall a copy.
 #![allow(dead_code)]
 
+pub mod hand;
 pub mod uffd;
 
 use std::io;
