@@ -12,7 +12,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target-py}"
+# The release build shares the workspace's target/ (what `cargo run --release`
+# builds for the bench): the dependencies compile once for both.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
 python="${PYTHON:-python3}"
 venv="$root/target-py/venv"
 
