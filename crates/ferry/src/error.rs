@@ -126,6 +126,11 @@ pub enum Error {
     /// The connector was configured wrongly (bad listen address, no transport left).
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A knob (a [`ConnectorBuilder`](crate::ConnectorBuilder) setting or
+    /// its `FERRY_*` variable) set to a value it cannot take: which, set
+    /// where, and what is wrong (see [`config`](crate::config)).
+    #[error("invalid configuration: {0}")]
+    InvalidSetting(#[from] crate::config::SettingError),
 
     // ---- bad metadata ----
     /// The metadata does not parse or does not validate.
@@ -271,6 +276,7 @@ impl Error {
                 | Error::CountMismatch { .. }
                 | Error::SizeMismatch { .. }
                 | Error::Config(_)
+                | Error::InvalidSetting(_)
         )
     }
 
