@@ -65,8 +65,9 @@ pub use config::{
 };
 pub use connector::{Connector, Scope};
 pub use descriptor::Descriptor;
-pub use error::{Error, Result};
-pub use ferry_proto::wire::AbortReason;
+pub use error::{Error, PeerMisbehaved, Result};
+pub use ferry_proto::session::Violation;
+pub use ferry_proto::wire::{AbortReason, WireError};
 pub use ferry_proto::{
     Device, DeviceKind, MetadataError, OperationKind, OperationStatus, ParseDeviceError,
     RdmaMetadata,
