@@ -15,7 +15,7 @@ use crate::kind::TransportKind;
 use crate::transport::admission::Grouping;
 
 /// A connector's configuration as resolved from its
-/// [`ConnectorBuilder`] and the environment (see [the module](self)):
+/// [`ConnectorBuilder`] and the environment (see [the module](crate::config)):
 /// every knob validated, each with where its value came from.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -95,7 +95,11 @@ impl Config {
             DEFAULT_IDLE_TIMEOUT,
         );
         if idle_timeout.value.is_zero() {
-            let shown = format!("{:?}", idle_timeout.value);
+            // As it was given: seconds in the variable, a duration in code.
+            let shown = match idle_timeout.origin {
+                Origin::Environment => idle_timeout.value.as_secs().to_string(),
+                _ => format!("{:?}", idle_timeout.value),
+            };
             return Err(idle_timeout.invalid(IDLE_TIMEOUT_ENV, Some(shown), Problem::NotPositive));
         }
         let max_connections = Setting::pick(
