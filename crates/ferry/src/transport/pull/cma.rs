@@ -318,7 +318,7 @@ mod tests {
             &self.0
         }
 
-        fn chunk(&self) -> usize {
+        fn chunk(&self, _into: DeviceKind) -> usize {
             CHUNK
         }
 

@@ -4,10 +4,13 @@
 //! does not have. A backend supplies its sources ([`Backend`]) and runs the
 //! whole suite with [`conformance_tests!`](conformance_tests).
 //!
-//! Every case runs for every lane, or says why it does not apply to it and
-//! passes (a line `<case>: not applicable to <lane>: <why>` on standard
-//! output, which `--nocapture` shows): the lane cannot start here (no
-//! `libucp`, no CUDA driver), or the backend cannot bring about what the
+//! Every case runs twice, into host memory and into device memory, for
+//! every lane, or says why it does not apply and passes (a line `<case>
+//! into <memory>: not applicable to <lane>: <why>` on standard output,
+//! which `--nocapture` shows): the lane cannot start here (no `libucp`, no
+//! CUDA driver), it does not declare the destination's memory
+//! ([`Puller::memory_kinds`]) or cannot move it here
+//! ([`Backend::pulls_into`]), or the backend cannot bring about what the
 //! case needs with this lane (a source whose copy can be held mid-chunk, a
 //! source that goes away). Nothing is skipped in silence.
 //!
@@ -22,13 +25,15 @@
 //! ([`Region::wait_quiet`]): from then on the fence guarantees that no copy
 //! starts, so reading it races with nothing.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_proto::OperationStatus;
+use ferry_proto::{DeviceKind, OperationStatus};
 
 use super::{LeaseBlob, PullEnd, Puller};
+use crate::cuda::CudaBuffer;
 use crate::outcome::OpShared;
 use crate::region::Region;
 use crate::Descriptor;
@@ -39,6 +44,11 @@ pub(super) const FILL: u8 = 0xAA;
 
 /// Generous bound for what must be prompt; speed is not what is tested.
 const PROMPT: Duration = Duration::from_secs(10);
+
+/// The most bytes the cases count as a lane's chunk when they size
+/// segments: a lane whose chunk is larger (CUDA IPC on one GPU: 1 GiB)
+/// would make them move gigabytes; its large segments are then one copy.
+const MAX_UNIT: usize = 16 << 20;
 
 /// The peer type of a backend's puller.
 pub(super) type PeerOf<B> = <<B as Backend>::P as Puller>::Peer;
@@ -64,8 +74,16 @@ pub(super) trait Backend {
         None
     }
 
-    /// The most bytes one copy of the puller moves (its chunk).
-    fn chunk(&self) -> usize;
+    /// The most bytes one copy of the puller moves (its chunk) into memory
+    /// of kind `into`.
+    fn chunk(&self, into: DeviceKind) -> usize;
+
+    /// Why the lane cannot pull into memory of kind `into` here although
+    /// it declares that kind ([`Puller::memory_kinds`]); `Ok` where it can.
+    fn pulls_into(&self, into: DeviceKind) -> Applies<()> {
+        let _ = into;
+        Ok(())
+    }
 
     /// The most copies one pull of `len` bytes runs at once (threads that
     /// share its chunks): so many chunks may be in flight when a close
@@ -184,21 +202,62 @@ pub(super) fn not_applicable<B: Backend>(b: &B, case: &str, why: &str) {
     println!("{case}: not applicable to {}: {why}", b.puller().kind());
 }
 
-/// Whether `b`'s lane runs here; says why not.
-fn here<B: Backend>(b: &B, case: &str) -> bool {
-    match b.absent() {
-        Some(why) => {
-            not_applicable(b, case, &why);
-            false
-        }
-        None => true,
+/// Whether `b`'s lane runs here and pulls into memory of kind `into`;
+/// says why not.
+fn here<B: Backend>(b: &B, case: &str, into: DeviceKind) -> bool {
+    let why = if let Some(why) = b.absent() {
+        why
+    } else if !b.puller().supports(into) {
+        format!(
+            "it moves {:?} memory only (memory_kinds)",
+            b.puller().memory_kinds()
+        )
+    } else if let Err(why) = device_memory_here(into) {
+        why
+    } else if let Err(why) = b.pulls_into(into) {
+        why
+    } else {
+        return true;
+    };
+    not_applicable(b, &named(case, into), &why);
+    false
+}
+
+/// Whether this process can make destinations of kind `into`.
+fn device_memory_here(into: DeviceKind) -> Applies<()> {
+    match into {
+        DeviceKind::Cpu => Ok(()),
+        DeviceKind::Cuda if crate::cuda::available() => Ok(()),
+        DeviceKind::Cuda => Err(format!(
+            "no device memory here to pull into ({})",
+            crate::cuda::status().err().unwrap_or_default()
+        )),
     }
 }
 
-/// Owned buffers and a region over them, closed (and waited for) on drop.
+/// `case`, with the kind of memory it pulls into.
+fn named(case: &str, into: DeviceKind) -> String {
+    let memory = match into {
+        DeviceKind::Cpu => "host",
+        DeviceKind::Cuda => "device",
+    };
+    format!("{case} into {memory} memory")
+}
+
+/// The lane's chunk into `into`, at most [`MAX_UNIT`]: what the cases size
+/// segments by.
+fn unit<B: Backend>(b: &B, into: DeviceKind) -> usize {
+    b.chunk(into).min(MAX_UNIT)
+}
+
+/// Owned buffers and a region over them, closed (and waited for) on drop:
+/// host memory, or one allocation of device memory carved into the
+/// segments.
 pub(super) struct Mem {
     pub(super) region: Arc<Region>,
     descs: Vec<Descriptor<'static>>,
+    /// Device memory: the allocation, and where each segment starts in it.
+    device: Option<(CudaBuffer, Vec<usize>)>,
 }
 
 impl Mem {
@@ -209,12 +268,68 @@ impl Mem {
         // flight before they are freed (or leaks them); the test reads them
         // only while no copy can touch them (see the module).
         let region = Arc::new(unsafe { Region::new(&descs, writable) });
-        Mem { region, descs }
+        Mem {
+            region,
+            descs,
+            device: None,
+        }
+    }
+
+    /// `bufs`, end to end in one allocation on `cuda:0`.
+    pub(super) fn on_device(bufs: Vec<Vec<u8>>, writable: bool) -> Mem {
+        let image = bufs.concat();
+        let mut arena = CudaBuffer::new(0, image.len().max(1)).expect("device memory");
+        arena
+            .copy_from_host(&image)
+            .expect("fill the device memory");
+        let base = arena.device_ptr();
+        let mut at = Vec::with_capacity(bufs.len());
+        let mut off = 0;
+        let descs = bufs
+            .iter()
+            .map(|b| {
+                at.push(off);
+                // SAFETY: `b.len()` bytes at `off` of `arena`, which `Mem`
+                // keeps until after the region is closed and quiet (or
+                // leaks); no two descriptors overlap.
+                let d =
+                    unsafe { Descriptor::from_cuda_ptr(base + off as u64, b.len(), 0, writable) };
+                off += b.len();
+                d
+            })
+            .collect::<Vec<_>>();
+        // SAFETY: as for `new`, the allocation standing for the buffers.
+        let region = Arc::new(unsafe { Region::new(&descs, writable) });
+        Mem {
+            region,
+            descs,
+            device: Some((arena, at)),
+        }
+    }
+
+    /// The bytes of every segment: only while no copy can write them.
+    pub(super) fn read(&self) -> Vec<Cow<'_, [u8]>> {
+        let Some((arena, at)) = &self.device else {
+            return (0..self.descs.len())
+                .map(|i| Cow::Borrowed(self.descs[i].as_slice().expect("host memory")))
+                .collect();
+        };
+        let mut all = vec![0; arena.len()];
+        arena
+            .copy_to_host(&mut all)
+            .expect("read the device memory");
+        at.iter()
+            .zip(&self.descs)
+            .map(|(&off, d)| Cow::Owned(all[off..off + d.size()].to_vec()))
+            .collect()
     }
 
     /// The bytes of segment `i`: only while no copy can write them.
-    pub(super) fn bytes(&self, i: usize) -> &[u8] {
-        self.descs[i].as_slice().expect("host memory")
+    pub(super) fn bytes(&self, i: usize) -> Cow<'_, [u8]> {
+        match &self.device {
+            None => Cow::Borrowed(self.descs[i].as_slice().expect("host memory")),
+            Some(_) => self.read().swap_remove(i),
+        }
     }
 }
 
@@ -224,6 +339,7 @@ impl Drop for Mem {
         if !self.region.wait_quiet(PROMPT) {
             // A copy is still stuck in it: the memory must outlive it.
             std::mem::forget(std::mem::take(&mut self.descs));
+            std::mem::forget(self.device.take());
         }
     }
 }
@@ -242,9 +358,14 @@ pub(super) fn patterns(sizes: &[usize]) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// A destination of `sizes` bytes per segment, every byte [`FILL`].
-fn destination(sizes: &[usize]) -> Mem {
-    Mem::new(sizes.iter().map(|&n| vec![FILL; n]).collect(), true)
+/// A destination in memory of kind `into`, of `sizes` bytes per segment,
+/// every byte [`FILL`].
+fn destination(sizes: &[usize], into: DeviceKind) -> Mem {
+    let bufs = sizes.iter().map(|&n| vec![FILL; n]).collect();
+    match into {
+        DeviceKind::Cpu => Mem::new(bufs, true),
+        DeviceKind::Cuda => Mem::on_device(bufs, true),
+    }
 }
 
 /// A digest of `bytes`, to compare large buffers without a copy.
@@ -263,17 +384,18 @@ fn op() -> Arc<OpShared> {
 /// an empty one, more in a row than one vectored call takes, some larger
 /// than a chunk: more bytes than a copy by several threads needs), and the
 /// operation is sealed, the region left open.
-pub(super) fn lend_then_pull_moves_every_byte_and_seals<B: Backend>(b: &B) {
-    if !here(b, "lend_then_pull_moves_every_byte_and_seals") {
+pub(super) fn lend_then_pull_moves_every_byte_and_seals<B: Backend>(b: &B, into: DeviceKind) {
+    if !here(b, "lend_then_pull_moves_every_byte_and_seals", into) {
         return;
     }
     let p = b.puller();
-    let mut sizes = vec![1, 100, 0, 4096, 3, 2 * b.chunk() + 17, 5];
+    let chunk = unit(b, into);
+    let mut sizes = vec![1, 100, 0, 4096, 3, 2 * chunk + 17, 5];
     sizes.extend(std::iter::repeat_n(1, 1100));
-    sizes.extend([4 * b.chunk() + 9, 7]);
+    sizes.extend([4 * chunk + 9, 7]);
     sizes.extend(std::iter::repeat_n(3000, 900));
     let src = b.source(&sizes);
-    let dst = destination(&sizes);
+    let dst = destination(&sizes, into);
     p.register(&dst.region).expect("register the destination");
     assert!(src.lease.fits(&dst.region));
     let shared = op();
@@ -284,8 +406,8 @@ pub(super) fn lend_then_pull_moves_every_byte_and_seals<B: Backend>(b: &B) {
     assert!(shared.is_sealed(), "Done means sealed");
     assert!(dst.region.is_open(), "the puller leaves the region open");
     assert!(dst.region.is_quiet());
-    for (i, &n) in sizes.iter().enumerate() {
-        assert!(dst.bytes(i) == pattern(i, n), "segment {i} differs");
+    for (i, (got, &n)) in dst.read().iter().zip(&sizes).enumerate() {
+        assert!(**got == pattern(i, n), "segment {i} differs");
     }
     p.deregister(&dst.region)
         .expect("deregister the destination");
@@ -294,14 +416,15 @@ pub(super) fn lend_then_pull_moves_every_byte_and_seals<B: Backend>(b: &B) {
 /// (b) A region closed before the pull: `Closed`, not sealed, no byte
 /// written (whether the lease starts with small segments or a large one;
 /// with nothing to copy, the seal alone must see the close).
-pub(super) fn a_region_closed_before_the_pull_gets_no_byte<B: Backend>(b: &B) {
-    if !here(b, "a_region_closed_before_the_pull_gets_no_byte") {
+pub(super) fn a_region_closed_before_the_pull_gets_no_byte<B: Backend>(b: &B, into: DeviceKind) {
+    if !here(b, "a_region_closed_before_the_pull_gets_no_byte", into) {
         return;
     }
     let p = b.puller();
-    for sizes in [vec![3, 5, 2 * b.chunk()], vec![2 * b.chunk()], vec![0]] {
+    let chunk = unit(b, into);
+    for sizes in [vec![3, 5, 2 * chunk], vec![2 * chunk], vec![0]] {
         let src = b.source(&sizes);
-        let dst = destination(&sizes);
+        let dst = destination(&sizes, into);
         dst.region.close();
         let shared = op();
         assert_eq!(
@@ -310,11 +433,8 @@ pub(super) fn a_region_closed_before_the_pull_gets_no_byte<B: Backend>(b: &B) {
         );
         assert!(!shared.is_sealed());
         assert!(dst.region.is_quiet());
-        for i in 0..sizes.len() {
-            assert!(
-                dst.bytes(i).iter().all(|&x| x == FILL),
-                "segment {i} written"
-            );
+        for (i, got) in dst.read().iter().enumerate() {
+            assert!(got.iter().all(|&x| x == FILL), "segment {i} written");
         }
     }
 }
@@ -324,22 +444,25 @@ pub(super) fn a_region_closed_before_the_pull_gets_no_byte<B: Backend>(b: &B) {
 /// `Done`, not sealed, and once the stuck copies returned nothing but their
 /// own chunks was written (the first, or the first few where the pull's
 /// chunks are shared among threads): no copy started after the close.
-pub(super) fn a_cancel_mid_chunk_lands_nothing_after_the_close<B: Backend>(b: &B) {
+pub(super) fn a_cancel_mid_chunk_lands_nothing_after_the_close<B: Backend>(
+    b: &B,
+    into: DeviceKind,
+) {
     const CASE: &str = "a_cancel_mid_chunk_lands_nothing_after_the_close";
-    if !here(b, CASE) {
+    if !here(b, CASE, into) {
         return;
     }
     let p = b.puller();
-    let len = 4 * b.chunk();
+    let (chunk, len) = (b.chunk(into), 4 * unit(b, into));
     let Stalled {
         source,
         stuck,
         release,
     } = match b.stalled_source(len) {
         Ok(s) => s,
-        Err(why) => return not_applicable(b, CASE, &why),
+        Err(why) => return not_applicable(b, &named(CASE, into), &why),
     };
-    let dst = destination(&[len]);
+    let dst = destination(&[len], into);
     let shared = op();
     let (peer, lease) = (source.peer(), &source.lease);
     let end = std::thread::scope(|scope| {
@@ -360,7 +483,7 @@ pub(super) fn a_cancel_mid_chunk_lands_nothing_after_the_close<B: Backend>(b: &B
     let d = dst.bytes(0);
     let in_flight = b.copiers(len).min(4);
     assert!(
-        d[in_flight * b.chunk()..].iter().all(|&x| x == FILL),
+        d[(in_flight * chunk).min(len)..].iter().all(|&x| x == FILL),
         "bytes past the stuck chunks landed after the close"
     );
     drop(source);
@@ -370,21 +493,40 @@ pub(super) fn a_cancel_mid_chunk_lands_nothing_after_the_close<B: Backend>(b: &B
 /// flight): the pull ends `Closed` unsealed or, had it sealed first,
 /// `Done` sealed; once the close returned and the copy in flight ended,
 /// the destination never changes again.
-pub(super) fn a_close_during_a_long_pull_freezes_the_destination<B: Backend>(b: &B) {
-    if !here(b, "a_close_during_a_long_pull_freezes_the_destination") {
+pub(super) fn a_close_during_a_long_pull_freezes_the_destination<B: Backend>(
+    b: &B,
+    into: DeviceKind,
+) {
+    if !here(
+        b,
+        "a_close_during_a_long_pull_freezes_the_destination",
+        into,
+    ) {
         return;
     }
     let p = b.puller();
+    let chunk = b.chunk(into);
+    if chunk > MAX_UNIT {
+        let why = format!(
+            "its chunk into this memory is {chunk} bytes: a pull of the many chunks that a \
+             close must meet mid-way is more than this suite moves"
+        );
+        return not_applicable(
+            b,
+            &named("a_close_during_a_long_pull_freezes_the_destination", into),
+            &why,
+        );
+    }
     // Long enough (many chunks, several of a scheduler's time slices) that
     // this thread runs while the pull does, even on a busy machine.
-    let len = (16 * b.chunk()).max(128 << 20);
+    let len = (16 * chunk).max(128 << 20);
     let src = b.source(&[len]);
     let (peer, lease) = (src.peer(), &src.lease);
     // A close that comes too late (the pull ended first: a busy machine
     // may not run this thread meanwhile) proves little: try again.
     let mut closed = false;
     for _ in 0..10 {
-        let dst = destination(&[len]);
+        let dst = destination(&[len], into);
         let shared = op();
         let running = AtomicBool::new(true);
         let (end, frozen) = std::thread::scope(|scope| {
@@ -399,11 +541,11 @@ pub(super) fn a_close_during_a_long_pull_freezes_the_destination<B: Backend>(b: 
             dst.region.close();
             assert!(dst.region.wait_quiet(PROMPT), "a copy did not return");
             // Closed and quiet: no copy touches the memory any more.
-            let frozen = digest(dst.bytes(0));
+            let frozen = digest(&dst.bytes(0));
             (pull.join().expect("the pull panicked"), frozen)
         });
         assert_eq!(
-            digest(dst.bytes(0)),
+            digest(&dst.bytes(0)),
             frozen,
             "a byte landed after the close"
         );
@@ -423,28 +565,28 @@ pub(super) fn a_close_during_a_long_pull_freezes_the_destination<B: Backend>(b: 
 /// (d) The source goes away (its process exits, the connection is lost):
 /// a pull from it fails and never seals, after one before the loss moved
 /// every byte.
-pub(super) fn a_lost_source_fails_the_pull_unsealed<B: Backend>(b: &B) {
+pub(super) fn a_lost_source_fails_the_pull_unsealed<B: Backend>(b: &B, into: DeviceKind) {
     const CASE: &str = "a_lost_source_fails_the_pull_unsealed";
-    if !here(b, CASE) {
+    if !here(b, CASE, into) {
         return;
     }
     let p = b.puller();
-    let sizes = [4096, 3, b.chunk() + 1];
+    let sizes = [4096, 3, unit(b, into) + 1];
     let (src, lose) = match b.mortal_source(&sizes) {
         Ok(s) => s,
-        Err(why) => return not_applicable(b, CASE, &why),
+        Err(why) => return not_applicable(b, &named(CASE, into), &why),
     };
-    let dst = destination(&sizes);
+    let dst = destination(&sizes, into);
     let shared = op();
     assert_eq!(
         p.pull(src.peer(), &src.lease, &dst.region, &shared),
         PullEnd::Done
     );
-    for (i, &n) in sizes.iter().enumerate() {
-        assert!(dst.bytes(i) == pattern(i, n), "segment {i} differs");
+    for (i, (got, &n)) in dst.read().iter().zip(&sizes).enumerate() {
+        assert!(**got == pattern(i, n), "segment {i} differs");
     }
     lose();
-    let dst = destination(&sizes);
+    let dst = destination(&sizes, into);
     let shared = op();
     match p.pull(src.peer(), &src.lease, &dst.region, &shared) {
         PullEnd::Failed(why) => assert!(!why.is_empty()),
@@ -459,14 +601,14 @@ pub(super) fn a_lost_source_fails_the_pull_unsealed<B: Backend>(b: &B) {
 /// (d') A lease of memory the source does not have (an address that is
 /// mapped nowhere, with the backend's own bytes of a real lease) fails
 /// the pull: no crash, no seal.
-pub(super) fn a_lease_of_memory_the_source_lacks_fails<B: Backend>(b: &B) {
-    if !here(b, "a_lease_of_memory_the_source_lacks_fails") {
+pub(super) fn a_lease_of_memory_the_source_lacks_fails<B: Backend>(b: &B, into: DeviceKind) {
+    if !here(b, "a_lease_of_memory_the_source_lacks_fails", into) {
         return;
     }
     let p = b.puller();
     let src = b.source(&[64]);
     for sizes in [vec![4096], vec![16, 16]] {
-        let dst = destination(&sizes);
+        let dst = destination(&sizes, into);
         // Page 0 is never mapped (`vm.mmap_min_addr`).
         let bogus = LeaseBlob::new(
             sizes.iter().map(|&n| (8, n as u64)).collect(),
@@ -483,47 +625,52 @@ pub(super) fn a_lease_of_memory_the_source_lacks_fails<B: Backend>(b: &B) {
     }
 }
 
-/// The whole suite as `#[test]`s, for the backend that `$backend` builds.
+/// The whole suite as `#[test]`s, for the backend that `$backend` builds:
+/// into host memory here, into device memory in a module `into_device`.
 macro_rules! conformance_tests {
     ($backend:expr) => {
+        $crate::transport::pull::conformance::conformance_tests!(
+            @cases $backend, ::ferry_proto::DeviceKind::Cpu
+        );
+
+        mod into_device {
+            #[allow(unused_imports)]
+            use super::*;
+
+            $crate::transport::pull::conformance::conformance_tests!(
+                @cases $backend, ::ferry_proto::DeviceKind::Cuda
+            );
+        }
+    };
+    (@cases $backend:expr, $into:expr) => {
         #[test]
         fn lend_then_pull_moves_every_byte_and_seals() {
-            $crate::transport::pull::conformance::lend_then_pull_moves_every_byte_and_seals(
-                &$backend,
-            );
+            $crate::transport::pull::conformance::lend_then_pull_moves_every_byte_and_seals(&$backend, $into);
         }
 
         #[test]
         fn a_region_closed_before_the_pull_gets_no_byte() {
-            $crate::transport::pull::conformance::a_region_closed_before_the_pull_gets_no_byte(
-                &$backend,
-            );
+            $crate::transport::pull::conformance::a_region_closed_before_the_pull_gets_no_byte(&$backend, $into);
         }
 
         #[test]
         fn a_cancel_mid_chunk_lands_nothing_after_the_close() {
-            $crate::transport::pull::conformance::a_cancel_mid_chunk_lands_nothing_after_the_close(
-                &$backend,
-            );
+            $crate::transport::pull::conformance::a_cancel_mid_chunk_lands_nothing_after_the_close(&$backend, $into);
         }
 
         #[test]
         fn a_close_during_a_long_pull_freezes_the_destination() {
-            $crate::transport::pull::conformance::a_close_during_a_long_pull_freezes_the_destination(
-                &$backend,
-            );
+            $crate::transport::pull::conformance::a_close_during_a_long_pull_freezes_the_destination(&$backend, $into);
         }
 
         #[test]
         fn a_lost_source_fails_the_pull_unsealed() {
-            $crate::transport::pull::conformance::a_lost_source_fails_the_pull_unsealed(&$backend);
+            $crate::transport::pull::conformance::a_lost_source_fails_the_pull_unsealed(&$backend, $into);
         }
 
         #[test]
         fn a_lease_of_memory_the_source_lacks_fails() {
-            $crate::transport::pull::conformance::a_lease_of_memory_the_source_lacks_fails(
-                &$backend,
-            );
+            $crate::transport::pull::conformance::a_lease_of_memory_the_source_lacks_fails(&$backend, $into);
         }
     };
 }

@@ -201,7 +201,7 @@ mod tests {
             &self.0
         }
 
-        fn chunk(&self) -> usize {
+        fn chunk(&self, _into: DeviceKind) -> usize {
             self.0.chunk
         }
 

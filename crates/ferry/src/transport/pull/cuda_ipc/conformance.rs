@@ -3,7 +3,9 @@
 //! alone), since a driver opens no IPC handle of the process that exported
 //! it. It allocates device memory, fills it, exports it
 //! ([`CudaIpcPuller::register`]) and prints its lease; this process pulls
-//! it through an [`IpcPeer`] on that process, into host memory.
+//! it through an [`IpcPeer`] on that process, into host memory
+//! (device-to-host copies) and into device memory of its own `cuda:0`
+//! (device to device, as between two processes on one GPU).
 //!
 //! Runs wherever CUDA is: on a GPU, or against the model of the driver
 //! (`crates/fake-cuda`, loaded with `FERRY_CUDA_LIB`, as `.ci/test` does).
@@ -20,7 +22,9 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Mutex};
 
-use super::{CudaIpcPuller, IpcPeer, HOST_CHUNK};
+use ferry_proto::DeviceKind;
+
+use super::{CudaIpcPuller, IpcPeer, DEVICE_CHUNK, HOST_CHUNK};
 use crate::cuda::CudaBuffer;
 use crate::region::Region;
 use crate::transport::cma;
@@ -94,7 +98,7 @@ fn read_lease(out: &mut impl BufRead) -> Option<LeaseBlob> {
     }
 }
 
-/// CUDA IPC from a source process, into host memory.
+/// CUDA IPC from a source process.
 #[derive(Default)]
 struct CudaIpcBackend(CudaIpcPuller);
 
@@ -164,9 +168,12 @@ impl Backend for CudaIpcBackend {
         ))
     }
 
-    fn chunk(&self) -> usize {
-        // Into host memory.
-        HOST_CHUNK as usize
+    fn chunk(&self, into: DeviceKind) -> usize {
+        match into {
+            DeviceKind::Cpu => HOST_CHUNK as usize,
+            // The source's device is this process's `cuda:0` too.
+            DeviceKind::Cuda => DEVICE_CHUNK as usize,
+        }
     }
 
     fn source(&self, sizes: &[usize]) -> Source<IpcPeer> {

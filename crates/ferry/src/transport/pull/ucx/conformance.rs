@@ -17,6 +17,7 @@
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use ferry_proto::DeviceKind;
 use tokio::runtime::Runtime;
 use tokio::sync::watch;
 
@@ -112,8 +113,20 @@ impl Backend for UcxBackend {
         Some(why)
     }
 
-    fn chunk(&self) -> usize {
+    fn chunk(&self, _into: DeviceKind) -> usize {
         PULL_CHUNK as usize
+    }
+
+    fn pulls_into(&self, into: DeviceKind) -> Applies<()> {
+        match into {
+            DeviceKind::Cpu => Ok(()),
+            _ if ucx::moves_cuda() => Ok(()),
+            _ => Err(
+                "this process's UCX does not move CUDA memory (a UCX built without \
+                      CUDA, or FERRY_UCX_CUDA off): the pull would refuse it"
+                    .into(),
+            ),
+        }
     }
 
     fn source(&self, sizes: &[usize]) -> Source<Endpoint> {
@@ -223,7 +236,6 @@ conformance_tests!(UcxBackend::default());
 /// process's UCX moves CUDA memory (checked per pull).
 #[test]
 fn ucx_declares_host_and_device_memory() {
-    use ferry_proto::DeviceKind;
     let p = UcxPuller;
     assert_eq!(p.kind(), crate::TransportKind::Ucx);
     assert!(p.supports(DeviceKind::Cpu) && p.supports(DeviceKind::Cuda));
