@@ -291,7 +291,7 @@ fn merged(ranges: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
 
 #[cfg(all(test, target_os = "linux"))]
 #[path = "../../../tests/support/uffd.rs"]
-mod uffd;
+pub(super) mod uffd;
 
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
