@@ -6,8 +6,8 @@
 //!
 //! Every case runs twice, into host memory and into device memory, for
 //! every lane, or says why it does not apply and passes (a line `<case>
-//! into <memory>: not applicable to <lane>: <why>` on standard output,
-//! which `--nocapture` shows): the lane cannot start here (no `libucp`, no
+//! into <memory>: not applicable to <lane> (<backend>): <why>` on standard
+//! output, which `--nocapture` shows): the lane cannot start here (no `libucp`, no
 //! CUDA driver), it does not declare the destination's memory
 //! ([`Puller::memory_kinds`]) or cannot move it here
 //! ([`Backend::pulls_into`]), or the backend cannot bring about what the
@@ -199,7 +199,14 @@ pub(super) fn host_source<P: Puller + Clone>(
 
 /// Says that `case` does not apply to `b`'s lane, and why.
 pub(super) fn not_applicable<B: Backend>(b: &B, case: &str, why: &str) {
-    println!("{case}: not applicable to {}: {why}", b.puller().kind());
+    let backend = std::any::type_name::<B>()
+        .rsplit("::")
+        .next()
+        .unwrap_or("?");
+    println!(
+        "{case}: not applicable to {} ({backend}): {why}",
+        b.puller().kind()
+    );
 }
 
 /// Whether `b`'s lane runs here and pulls into memory of kind `into`;

@@ -83,6 +83,11 @@ fn fixture() -> Result<&'static Fixture, String> {
             .build()
             .map_err(|e| format!("a runtime: {e}"))?;
         let (dst, src) = (Node::start(&rt), Node::start(&rt));
+        // Endpoints with peer error handling, as Ferry makes them: where
+        // no transport of this UCX allows that (`UCX_TLS=sm`), none.
+        dst.worker
+            .connect(src.worker.address())
+            .map_err(|why| format!("UCX cannot connect two workers here: {why}"))?;
         Ok(Fixture { rt, dst, src })
     })
     .as_ref()
