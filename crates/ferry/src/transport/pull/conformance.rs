@@ -6,16 +6,20 @@
 //!
 //! Every case runs twice, into host memory and into device memory, for
 //! every lane, or says why it does not apply and passes (a line `<case>
-//! into <memory>: not applicable to <lane> (<backend>): <why>` on standard
-//! output, which `--nocapture` shows): the lane cannot start here (no `libucp`, no
-//! CUDA driver), it does not declare the destination's memory
-//! ([`Puller::memory_kinds`]) or cannot move it here
+//! into <memory>: not applicable to <lane> (<backend>): <why>` on
+//! standard output, which `--nocapture` shows): the lane cannot start here
+//! (no `libucp`, no CUDA driver), it does not declare the destination's
+//! memory ([`Puller::memory_kinds`]) or cannot move it here
 //! ([`Backend::pulls_into`]), or the backend cannot bring about what the
 //! case needs with this lane (a source whose copy can be held mid-chunk, a
 //! source that goes away). Nothing is skipped in silence.
 //!
-//! A source lives in this process (cross-memory attach to itself, UCX
-//! between two workers of it, the test puller) or in another (CUDA IPC,
+//! The lanes that run it: cross-memory attach (`cma.rs`), UCX
+//! (`ucx/conformance.rs`), CUDA IPC (`cuda_ipc/conformance.rs`), the
+//! same-process lane of `local` (`process.rs`), and the test puller
+//! (`testing.rs`). A source lives in this process (cross-memory attach to
+//! itself, UCX between two workers of it, the same-process lane, the test
+//! puller) or in another (CUDA IPC,
 //! whose handles open only in another process): the suite sees it only
 //! through its lease and its peer ([`Source`]), and knows what it holds
 //! ([`pattern`]).
