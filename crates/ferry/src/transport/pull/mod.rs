@@ -33,6 +33,7 @@ pub(crate) mod cma;
 #[cfg(test)]
 mod conformance;
 pub(crate) mod cuda_ipc;
+pub(crate) mod process;
 pub(crate) mod share;
 #[cfg(test)]
 mod testing;
