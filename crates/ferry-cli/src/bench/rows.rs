@@ -142,7 +142,7 @@ impl Bench {
         };
         let mut b = base.into_row(base_name, via_name, op, block, batch);
         if via == Lane::Ucx {
-            b.reg_us = super::ucx::median_us(&mut reg);
+            b.reg_us = median_us(&mut reg);
         }
         let used = used.map(|t| t.name()).unwrap_or("?");
         let mut rows = vec![ferry.into_row("ferry", used, op, block, batch)];
@@ -435,6 +435,12 @@ impl Bench {
             start.elapsed(),
         ))
     }
+}
+
+/// The median of `ns` (nanoseconds) in microseconds, `None` if empty.
+fn median_us(ns: &mut [u64]) -> Option<f64> {
+    ns.sort_unstable();
+    ns.get(ns.len() / 2).map(|&n| n as f64 / 1e3)
 }
 
 #[cfg(test)]
