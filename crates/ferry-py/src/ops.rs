@@ -10,7 +10,7 @@ use ferry::{OperationKind, OperationStatus};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::bridge::{block_on, run_future, Outcome};
+use crate::bridge::{block_on, run_future, ToPython};
 use crate::errors::error_to_py;
 use crate::lock;
 use crate::memory::Owners;
@@ -110,6 +110,13 @@ impl Operation {
     }
 }
 
+/// A started operation completes the asyncio future of its `begin_*`.
+impl ToPython for Box<Operation> {
+    fn to_python(self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        Ok(Py::new(py, *self)?.into_any())
+    }
+}
+
 fn timeout_arg(timeout: Option<f64>) -> PyResult<Option<Duration>> {
     timeout
         .map(|t| {
@@ -182,10 +189,10 @@ impl Operation {
         let timeout = timeout_arg(timeout)?;
         let holder = self.snapshot();
         run_future(py, async move {
-            Outcome::Done(match holder {
+            match holder {
                 Ok(h) => h.wait(timeout).await,
                 Err(outcome) => outcome,
-            })
+            }
         })
     }
 
