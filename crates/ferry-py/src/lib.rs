@@ -31,6 +31,7 @@
 #![deny(unsafe_code)]
 
 mod bridge;
+mod claims;
 mod connector;
 mod control;
 mod errors;

@@ -11,6 +11,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::bridge::{block_on, run_future, ToPython};
+use crate::claims::Claimant;
 use crate::errors::error_to_py;
 use crate::lock;
 use crate::memory::Owners;
@@ -47,6 +48,12 @@ impl Holder {
             Poll::Ready(r) => r,
             Poll::Pending => Err(ferry::Error::Cancelled),
         }
+    }
+}
+
+impl Claimant for Holder {
+    fn is_released(&self) -> bool {
+        self.op.is_released()
     }
 }
 
