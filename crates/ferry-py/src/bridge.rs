@@ -218,7 +218,7 @@ where
         Poll::Ready(result) => resolve(&future, |py| result_to_py(py, result))?,
         Poll::Pending => {
             let bridge = BRIDGE_FOR
-                .import(py, "ferry._api", "_bridge_for")?
+                .import(py, "ferry._bridge", "_bridge_for")?
                 .call1((&event_loop,))?;
             let mailbox = bridge.cast::<Bridge>()?.get().0.clone();
             let f = future.clone().unbind();
