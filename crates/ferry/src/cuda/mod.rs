@@ -188,15 +188,15 @@ pub(crate) fn offers_cuda_ipc() -> bool {
 /// memory): no CUDA on this host (with what [`status`] says). `None` where
 /// CUDA is available: device memory then moves (by CUDA IPC or staged),
 /// and [`policy`] checks that the operation does not mix memories.
-pub(crate) fn refusal(index: usize, device: Device) -> Option<crate::Error> {
+pub(crate) fn refusal(index: usize, device: Device) -> Option<crate::error::Error> {
     if device.kind() != DeviceKind::Cuda {
-        return Some(crate::Error::UnsupportedDevice { index, device });
+        return Some(crate::error::Error::UnsupportedDevice { index, device });
     }
     if !available() {
         let reason = status()
             .err()
             .unwrap_or_else(|| "the CUDA driver sees no device".into());
-        return Some(crate::Error::CudaUnavailable {
+        return Some(crate::error::Error::CudaUnavailable {
             index,
             device,
             reason,
