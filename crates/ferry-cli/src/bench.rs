@@ -159,7 +159,7 @@ fn row(
 }
 
 /// Local buffers reused across iterations, allocated as NumPy allocates
-/// large arrays (see [`peer::host_buffer`]).
+/// large arrays (see [`host_buffer`](crate::buffers::host_buffer)).
 #[derive(Default)]
 struct Pool(HashMap<(bool, u64), Vec<Descriptor<'static>>>);
 
@@ -176,8 +176,8 @@ impl Pool {
             .map(|_| match self.0.get_mut(&key).and_then(|l| l.pop()) {
                 Some(d) => Ok(d),
                 None => match device {
-                    None => peer::host_buffer(block as usize),
-                    Some(dev) => crate::gpu::device_buffer(dev, block as usize),
+                    None => crate::buffers::host_buffer(block as usize),
+                    Some(dev) => crate::buffers::device_buffer(dev, block as usize),
                 },
             })
             .collect()
@@ -422,7 +422,7 @@ pub async fn initiator(
         if d == "sim" {
             // SAFETY: no device descriptor exists yet in this process (the
             // sweeps before this make none), and the device sweep makes
-            // them only through `gpu::device_buffer`.
+            // them only through `buffers::device_buffer`.
             #[allow(unsafe_code)]
             unsafe {
                 crate::gpu::simulate_gpu()

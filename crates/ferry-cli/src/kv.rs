@@ -129,7 +129,7 @@ struct Req {
 }
 
 /// One plain buffer of `blocks` blocks of `block` bytes (see
-/// [`peer::host_buffer`](crate::peer::host_buffer)): block `k` filled as
+/// [`host_buffer`](crate::buffers::host_buffer)): block `k` filled as
 /// [`fill_block`] fills block id `k` for a source, with `0xff` (written,
 /// so that its pages are real, and unlike any block) for a destination.
 fn contiguous_buffer(
@@ -137,7 +137,7 @@ fn contiguous_buffer(
     blocks: u32,
     source: bool,
 ) -> anyhow::Result<ferry::Descriptor<'static>> {
-    let mut d = crate::peer::host_buffer(block * blocks as usize)?;
+    let mut d = crate::buffers::host_buffer(block * blocks as usize)?;
     let b = d.as_mut_slice().unwrap_or_default();
     if source {
         for (k, c) in b.chunks_exact_mut(block).enumerate() {

@@ -224,7 +224,7 @@ async fn main() -> anyhow::Result<()> {
             }
             // SAFETY: at the start of the peer process, before any device
             // descriptor; the peer describes device memory only through
-            // `gpu::device_buffer`.
+            // `buffers::device_buffer`.
             unsafe { ferry_cli::gpu::simulate_gpu_if_asked() };
             let mut b = ferry::Connector::builder().listen(listen);
             if let Some(id) = worker_id {

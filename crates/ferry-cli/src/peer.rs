@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::gpu::{device_buffer, device_of};
+use crate::buffers::{device_buffer, device_of, host_buffer};
 use crate::pattern;
 
 mod driver;
@@ -603,19 +603,6 @@ pub fn ucx_lane(b: ConnectorBuilder) -> ConnectorBuilder {
         .cma_threshold(0)
         .ucx_trusted_network(true)
         .ucx_emulated_rma(true)
-}
-
-/// A buffer of `len` bytes for the benchmark, allocated as NumPy allocates
-/// large arrays (page-aligned, advised for transparent huge pages: see
-/// [`Descriptor::allocate`]) and written once, so that its pages are real
-/// (a never-written buffer reads from the shared zero page, which flatters
-/// a READ).
-pub fn host_buffer(len: usize) -> std::io::Result<Descriptor<'static>> {
-    let mut d = Descriptor::allocate(len)?;
-    if let Some(b) = d.as_mut_slice() {
-        b.fill(1);
-    }
-    Ok(d)
 }
 
 /// The raw cross-memory-attach baseline: copies `buf.len()` bytes from

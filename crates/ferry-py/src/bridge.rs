@@ -16,7 +16,6 @@ use pyo3::sync::PyOnceLock;
 
 use crate::errors::error_to_py;
 use crate::lock;
-use crate::ops::Operation;
 
 /// What the extension keeps per process.
 pub(crate) struct Core {
@@ -58,40 +57,46 @@ pub(crate) fn core() -> PyResult<&'static Core> {
     Ok(core)
 }
 
-/// What a Rust future hands to the asyncio future awaiting it.
-pub(crate) enum Outcome {
-    /// A wait ended.
-    Done(ferry::Result<()>),
-    /// A `begin_read`/`begin_write` ended.
-    Started(ferry::Result<Box<Operation>>),
+/// A value that a Rust future completes its asyncio future with: `None`
+/// for a wait, an operation for a `begin_read`/`begin_write`.
+pub(crate) trait ToPython: Send + 'static {
+    /// The Python object, made on the loop's thread, with the GIL.
+    fn to_python(self, py: Python<'_>) -> PyResult<Py<PyAny>>;
 }
 
-/// `(exception, value)` for `resolve`: one of the two is `None`.
-fn outcome_to_py(py: Python<'_>, outcome: Outcome) -> (Py<PyAny>, Py<PyAny>) {
-    let result: PyResult<Py<PyAny>> = match outcome {
-        Outcome::Done(r) => r.map(|()| py.None()).map_err(|e| error_to_py(py, e)),
-        Outcome::Started(r) => r
-            .map_err(|e| error_to_py(py, e))
-            .and_then(|op| Ok(Py::new(py, *op)?.into_any())),
-    };
-    match result {
-        Ok(v) => (py.None(), v),
-        Err(e) => (e.into_value(py).into_any(), py.None()),
+impl ToPython for () {
+    fn to_python(self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        Ok(py.None())
     }
 }
 
-/// Completes `future` with `outcome`, unless it is already done (cancelled).
-/// An operation that nobody receives is dropped, which cancels it.
-fn resolve(future: &Bound<'_, PyAny>, outcome: Outcome) -> PyResult<()> {
+/// A finished future's result, made Python objects only on the loop's
+/// thread (see [`Mailbox`]).
+type Outcome = Box<dyn FnOnce(Python<'_>) -> PyResult<Py<PyAny>> + Send>;
+
+/// The value of `result`, or the exception that Ferry's error maps to.
+fn result_to_py<T: ToPython>(py: Python<'_>, result: ferry::Result<T>) -> PyResult<Py<PyAny>> {
+    result
+        .map_err(|e| error_to_py(py, e))
+        .and_then(|v| v.to_python(py))
+}
+
+/// Completes `future` with what `outcome` makes, unless it is already done
+/// (cancelled): then `outcome` is dropped unmade, and an operation that
+/// nobody receives is dropped, which cancels it.
+fn resolve(
+    future: &Bound<'_, PyAny>,
+    outcome: impl FnOnce(Python<'_>) -> PyResult<Py<PyAny>>,
+) -> PyResult<()> {
     let py = future.py();
     if future.call_method0(intern!(py, "done"))?.is_truthy()? {
         return Ok(());
     }
-    match outcome_to_py(py, outcome) {
-        (exception, value) if exception.is_none(py) => {
-            future.call_method1(intern!(py, "set_result"), (value,))?
+    match outcome(py) {
+        Ok(value) => future.call_method1(intern!(py, "set_result"), (value,))?,
+        Err(e) => {
+            future.call_method1(intern!(py, "set_exception"), (e.into_value(py).into_any(),))?
         }
-        (exception, _) => future.call_method1(intern!(py, "set_exception"), (exception,))?,
     };
     Ok(())
 }
@@ -198,9 +203,10 @@ fn poll_once<F: Future>(core: &Core, fut: Pin<&mut F>) -> Poll<F::Output> {
 /// An `asyncio.Future` of the running loop with the outcome of `work`: set
 /// at once when `work` is ready at once, else from the runtime through the
 /// loop's [`Bridge`]. Cancelling the asyncio future drops `work`.
-pub(crate) fn run_future<'py, F>(py: Python<'py>, work: F) -> PyResult<Bound<'py, PyAny>>
+pub(crate) fn run_future<'py, F, T>(py: Python<'py>, work: F) -> PyResult<Bound<'py, PyAny>>
 where
-    F: Future<Output = Outcome> + Send + 'static,
+    F: Future<Output = ferry::Result<T>> + Send + 'static,
+    T: ToPython,
 {
     let core = core()?;
     let event_loop = GET_RUNNING_LOOP
@@ -209,16 +215,16 @@ where
     let future = event_loop.call_method0(intern!(py, "create_future"))?;
     let mut work = Box::pin(work);
     match poll_once(core, work.as_mut()) {
-        Poll::Ready(outcome) => resolve(&future, outcome)?,
+        Poll::Ready(result) => resolve(&future, |py| result_to_py(py, result))?,
         Poll::Pending => {
             let bridge = BRIDGE_FOR
-                .import(py, "ferry._api", "_bridge_for")?
+                .import(py, "ferry._bridge", "_bridge_for")?
                 .call1((&event_loop,))?;
             let mailbox = bridge.cast::<Bridge>()?.get().0.clone();
             let f = future.clone().unbind();
             let task = core.rt.spawn(async move {
-                let outcome = work.await;
-                mailbox.post(f, outcome);
+                let result = work.await;
+                mailbox.post(f, Box::new(move |py| result_to_py(py, result)));
             });
             future.call_method1(
                 intern!(py, "add_done_callback"),

@@ -7,7 +7,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::bridge::{block_on, run_future, Outcome};
+use crate::bridge::{block_on, run_future};
 use crate::errors::error_to_py;
 use crate::memory::{descriptors, KeepAlive, RawItem};
 use crate::metadata::Metadata;
@@ -104,7 +104,7 @@ impl Connector {
         descriptors: Vec<RawItem>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let work = self.begin(py, metadata, descriptors, false)?;
-        run_future(py, async move { Outcome::Started(work.await) })
+        run_future(py, work)
     }
 
     /// Starts writing into the remote writable `metadata` describes; returns
@@ -116,7 +116,7 @@ impl Connector {
         metadata: &Metadata,
     ) -> PyResult<Bound<'py, PyAny>> {
         let work = self.begin(py, metadata, descriptors, true)?;
-        run_future(py, async move { Outcome::Started(work.await) })
+        run_future(py, work)
     }
 
     /// `begin_read`, blocking (without the GIL) until the operation has started.

@@ -10,8 +10,8 @@
 //!   `_blocking` forms).
 //! - `Operation` (`ops.rs`) is any of the four operations, together with
 //!   the Python objects that own the memory it moves (`memory.rs`: the
-//!   descriptors, and the claims that keep two operations off the same
-//!   bytes).
+//!   descriptors) and its claim on that memory (`claims.rs`: what keeps two
+//!   operations off the same bytes).
 //! - `Metadata` (`metadata.rs`) wraps a [`ferry::RdmaMetadata`].
 //! - `Pool` and `Blocks` (`pool.rs`): a registered region cut into blocks,
 //!   and blocks of it by id (a paged descriptor), taken by an operation
@@ -25,12 +25,13 @@
 //! pooled connection) completes on the calling thread. The others run on the
 //! runtime and post their result to the `Mailbox` of the event loop that
 //! awaits them, which wakes that loop through a socket pair it watches
-//! (`bridge.rs`). So no thread but the loop's ever takes the GIL, nothing
+//! (`bridge.rs`, and `python/ferry/_bridge.py` for the loops' registry). So no thread but the loop's ever takes the GIL, nothing
 //! polls, and a Python thread that blocks on Rust releases the GIL first.
 //! Ferry's errors become Python exceptions in `errors.rs`.
 #![deny(unsafe_code)]
 
 mod bridge;
+mod claims;
 mod connector;
 mod control;
 mod errors;

@@ -1,19 +1,17 @@
-//! Descriptors, and the memory they point into: the claims that keep two
-//! operations from racing on the same bytes, and the Python objects that
-//! own the memory, kept alive until no operation uses it.
+//! Descriptors, and the memory they point into: the Python objects that own
+//! the memory, kept alive until no operation uses it, with the operation's
+//! claim on it (`claims.rs`).
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::task::{Context, Poll};
 
 use ferry::Device;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::lock;
-use crate::ops::Holder;
-use crate::pool::{Blocks, Table};
+use crate::claims::{Claim, Range};
+use crate::pool::Blocks;
 
 /// A descriptor as the Python layer hands it over: address, size, device,
 /// writable, and the object that keeps the memory alive (and, for buffers,
@@ -154,159 +152,6 @@ pub(crate) fn descriptors(
             _keep: keep,
         },
     ))
-}
-
-/// Host memory that operations in progress use. A second operation that
-/// would write bytes another one uses, or use bytes another one writes, is
-/// refused: the two would race on those bytes. (The reference leaves this to
-/// the caller; from Python, passing one buffer to two operations is easy.)
-static CLAIMS: Mutex<Vec<Claimed>> = Mutex::new(Vec::new());
-
-struct Claimed {
-    start: usize,
-    end: usize,
-    writes: bool,
-    /// The pool whose blocks these are (0: none): the pool keeps apart the
-    /// blocks of its own descriptors, so claims of one pool do not conflict.
-    pool: u64,
-    by: Arc<ClaimOwner>,
-}
-
-/// One descriptor's memory, to be claimed: descriptor `index` covers
-/// `start..end` (all of its pool's memory if it is paged: `pool` is then
-/// the pool's number, else 0).
-pub(crate) struct Range {
-    index: usize,
-    start: usize,
-    end: usize,
-    pool: u64,
-}
-
-impl Range {
-    fn overlaps(&self, start: usize, end: usize, pool: u64) -> bool {
-        self.start < end && start < self.end && (pool == 0 || pool != self.pool)
-    }
-}
-
-/// The operation behind a claim: unknown while it starts.
-#[derive(Default)]
-pub(crate) struct ClaimOwner(OnceLock<Weak<Holder>>);
-
-impl ClaimOwner {
-    /// Whether the operation may still touch its memory: until it has
-    /// ended and no copy into its memory (one a same-host peer stalled) is
-    /// still in flight, nor a peer's lease of it outstanding
-    /// (`is_released`). An ended operation has closed its region, even if
-    /// its handle lives on. A handle found here is pushed to `found`, to be
-    /// dropped only after `CLAIMS` is unlocked (its drop takes that lock).
-    pub(crate) fn in_use(&self, found: &mut Vec<Arc<Holder>>) -> bool {
-        match self.0.get() {
-            None => true,
-            Some(op) => match op.upgrade() {
-                None => false,
-                Some(h) => {
-                    let open = !h.op.is_released();
-                    found.push(h);
-                    open
-                }
-            },
-        }
-    }
-}
-
-/// One operation's claim on its memory, released when dropped: its ranges
-/// in `CLAIMS`, and the blocks it holds in the tables of pools.
-pub(crate) struct Claim(Arc<ClaimOwner>, Vec<Arc<Table>>);
-
-impl Claim {
-    /// Claims `ranges`, or says which one conflicts.
-    fn new(mut ranges: Vec<Range>, writes: bool) -> PyResult<Claim> {
-        let by = Arc::new(ClaimOwner::default());
-        if ranges.is_empty() {
-            return Ok(Claim(by, Vec::new()));
-        }
-        ranges.sort_unstable_by_key(|r| r.start);
-        // Descriptors of one pool claim the same span once: the pool
-        // refuses blocks that two of them would conflict on.
-        let mut pools = Vec::new();
-        ranges.retain(|r| {
-            if r.pool == 0 {
-                return true;
-            }
-            let first = !pools.contains(&r.pool);
-            pools.push(r.pool);
-            first
-        });
-        if writes {
-            if let Some(w) = ranges.windows(2).find(|w| w[1].start < w[0].end) {
-                return Err(PyValueError::new_err(format!(
-                    "descriptors {} and {} overlap, and this operation writes into them",
-                    w[0].index.min(w[1].index),
-                    w[0].index.max(w[1].index)
-                )));
-            }
-        }
-        let low = ranges[0].start;
-        let high = ranges.iter().map(|r| r.end).max().unwrap_or(low);
-        let mut found = Vec::new();
-        let mut claims = lock(&CLAIMS);
-        claims.retain(|c| c.by.in_use(&mut found));
-        let conflict = claims
-            .iter()
-            .filter(|c| (writes || c.writes) && c.start < high && low < c.end)
-            .find_map(|c| {
-                ranges
-                    .iter()
-                    .find(|r| r.overlaps(c.start, c.end, c.pool))
-                    .map(|r| (r.index, c.writes))
-            });
-        if conflict.is_none() {
-            claims.extend(ranges.iter().map(|r| Claimed {
-                start: r.start,
-                end: r.end,
-                writes,
-                pool: r.pool,
-                by: by.clone(),
-            }));
-        }
-        drop(claims);
-        drop(found);
-        match conflict {
-            None => Ok(Claim(by, Vec::new())),
-            Some((index, other_writes)) => Err(PyValueError::new_err(format!(
-                "descriptor {index} overlaps memory that an operation in progress {}: \
-                 the two would race on those bytes; wait for the other operation to end \
-                 (or cancel it), or use another buffer",
-                if other_writes { "writes into" } else { "reads" }
-            ))),
-        }
-    }
-
-    /// Who holds the claim (for the tables of pools).
-    pub(crate) fn owner(&self) -> &Arc<ClaimOwner> {
-        &self.0
-    }
-
-    /// Records that the claim holds blocks of `table`, to be given back
-    /// when it is dropped.
-    pub(crate) fn hold(&mut self, table: Arc<Table>) {
-        self.1.push(table);
-    }
-
-    /// Ties the claim to the operation, so that it lapses when the
-    /// operation ends.
-    pub(crate) fn attach(&self, holder: &Arc<Holder>) {
-        let _ = self.0 .0.set(Arc::downgrade(holder));
-    }
-}
-
-impl Drop for Claim {
-    fn drop(&mut self) {
-        lock(&CLAIMS).retain(|c| !Arc::ptr_eq(&c.by, &self.0));
-        for table in &self.1 {
-            table.release(&self.0);
-        }
-    }
 }
 
 /// A future that owns the Python objects its descriptors point into, and

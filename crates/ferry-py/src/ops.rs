@@ -10,7 +10,8 @@ use ferry::{OperationKind, OperationStatus};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::bridge::{block_on, run_future, Outcome};
+use crate::bridge::{block_on, run_future, ToPython};
+use crate::claims::Claimant;
 use crate::errors::error_to_py;
 use crate::lock;
 use crate::memory::Owners;
@@ -47,6 +48,12 @@ impl Holder {
             Poll::Ready(r) => r,
             Poll::Pending => Err(ferry::Error::Cancelled),
         }
+    }
+}
+
+impl Claimant for Holder {
+    fn is_released(&self) -> bool {
+        self.op.is_released()
     }
 }
 
@@ -107,6 +114,13 @@ impl Operation {
             State::Open(h) => Ok(h.clone()),
             State::Closed(_, outcome) => Err(outcome.clone()),
         }
+    }
+}
+
+/// A started operation completes the asyncio future of its `begin_*`.
+impl ToPython for Box<Operation> {
+    fn to_python(self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        Ok(Py::new(py, *self)?.into_any())
     }
 }
 
@@ -182,10 +196,10 @@ impl Operation {
         let timeout = timeout_arg(timeout)?;
         let holder = self.snapshot();
         run_future(py, async move {
-            Outcome::Done(match holder {
+            match holder {
                 Ok(h) => h.wait(timeout).await,
                 Err(outcome) => outcome,
-            })
+            }
         })
     }
 

@@ -2,18 +2,17 @@
 //! hands out (`ferry.PagedDescriptor`), with no Python object per block.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use ferry::{BlockView, Device, PoolError};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes};
 
+use crate::claims::{Claim, Table};
 use crate::errors::{named_error, pool_error_to_py};
-use crate::lock;
-use crate::memory::{Claim, ClaimOwner};
 
-/// Numbers pools, so that claims (`memory.rs`) can tell the descriptors of
+/// Numbers pools, so that claims (`claims.rs`) can tell the descriptors of
 /// one pool (whose blocks the pool itself keeps apart) from other memory.
 static NEXT_POOL: AtomicU64 = AtomicU64::new(1);
 
@@ -38,99 +37,6 @@ pub(crate) struct Pool {
     /// the memory alive (the `owner` given to `new`).
     inner: ferry::Pool,
     table: Arc<Table>,
-}
-
-/// Which blocks of a pool operations in progress hold.
-pub(crate) struct Table(Mutex<TableState>);
-
-struct TableState {
-    /// Per block: 0 free, n > 0 read by n operations, -1 written by one.
-    taken: Vec<i32>,
-    users: Vec<User>,
-}
-
-/// Blocks held by one operation (`by`), `shared` if it only reads them.
-struct User {
-    by: Arc<ClaimOwner>,
-    ids: Arc<[u32]>,
-    shared: bool,
-}
-
-fn undo(taken: &mut [i32], ids: &[u32], shared: bool) {
-    for &id in ids {
-        let v = &mut taken[id as usize];
-        *v = if shared { *v - 1 } else { 0 };
-    }
-}
-
-impl Table {
-    fn state(&self) -> MutexGuard<'_, TableState> {
-        lock(&self.0)
-    }
-
-    /// Takes `ids` for the operation `by`: shared, or exclusively.
-    fn take(
-        &self,
-        py: Python<'_>,
-        ids: &Arc<[u32]>,
-        shared: bool,
-        by: &Arc<ClaimOwner>,
-    ) -> PyResult<()> {
-        let mut found = Vec::new();
-        let mut t = self.state();
-        let TableState { taken, users } = &mut *t;
-        // Blocks of operations that have ended are free again.
-        users.retain(|u| {
-            let keep = u.by.in_use(&mut found);
-            if !keep {
-                undo(taken, &u.ids, u.shared);
-            }
-            keep
-        });
-        let mut busy = None;
-        for (index, &id) in ids.iter().enumerate() {
-            let v = &mut taken[id as usize];
-            let ok = if shared {
-                (0..i32::MAX).contains(v)
-            } else {
-                *v == 0
-            };
-            if !ok {
-                undo(taken, &ids[..index], shared);
-                busy = Some(id);
-                break;
-            }
-            *v = if shared { *v + 1 } else { -1 };
-        }
-        if busy.is_none() {
-            users.push(User {
-                by: by.clone(),
-                ids: ids.clone(),
-                shared,
-            });
-        }
-        drop(t);
-        // Operations found above are dropped (if that was their last handle)
-        // only now: their drop releases their own blocks, under the lock.
-        drop(found);
-        match busy {
-            None => Ok(()),
-            Some(id) => Err(pool_error_to_py(py, PoolError::Busy { id })),
-        }
-    }
-
-    /// Gives back what the operation `by` holds (it was dropped).
-    pub(crate) fn release(&self, by: &Arc<ClaimOwner>) {
-        let mut t = self.state();
-        let TableState { taken, users } = &mut *t;
-        users.retain(|u| {
-            let mine = Arc::ptr_eq(&u.by, by);
-            if mine {
-                undo(taken, &u.ids, u.shared);
-            }
-            !mine
-        });
-    }
 }
 
 /// Blocks of a pool, by id, and the part of each block taken: what an
@@ -317,10 +223,7 @@ impl Pool {
             device,
             writable,
             inner,
-            table: Arc::new(Table(Mutex::new(TableState {
-                taken: vec![0; size / block_size],
-                users: Vec::new(),
-            }))),
+            table: Arc::new(Table::new(size / block_size)),
         })
     }
 

@@ -34,7 +34,7 @@ from ferry import (
     WritableOperation,
     WriteOperation,
 )
-from ferry import _api
+from ferry import _bridge
 
 
 def pair():
@@ -144,7 +144,7 @@ def test_bridges_go_with_their_loops():
         loop.close()
         loops.append(loop)  # closed, but still referenced
     run(transfer(a, b))  # a new bridge: the closed loops' ones are dropped
-    assert not any(held() in loops for held, _ in _api._bridges.values())
+    assert not any(held() in loops for held, _ in _bridge._bridges.values())
     del loops
     gc.collect()
     assert len(os.listdir("/proc/self/fd")) <= before + 2
@@ -168,15 +168,15 @@ class _LoopWithoutWeakref:
 
 def test_a_loop_without_weak_references_is_held_until_closed():
     first, second = _LoopWithoutWeakref(), _LoopWithoutWeakref()
-    bridge = _api._bridge_for(first)
-    assert _api._bridge_for(first) is bridge and list(first.readers) == [bridge.fileno()]
+    bridge = _bridge._bridge_for(first)
+    assert _bridge._bridge_for(first) is bridge and list(first.readers) == [bridge.fileno()]
     first.closed = True
-    other = _api._bridge_for(second)
+    other = _bridge._bridge_for(second)
     assert other is not bridge
-    assert all(held() is not first for held, _ in _api._bridges.values())
+    assert all(held() is not first for held, _ in _bridge._bridges.values())
     second.closed = True
-    _api._bridge_for(_LoopWithoutWeakref()).fileno()  # drops `second`'s
-    assert all(held() is not second for held, _ in _api._bridges.values())
+    _bridge._bridge_for(_LoopWithoutWeakref()).fileno()  # drops `second`'s
+    assert all(held() is not second for held, _ in _bridge._bridges.values())
 
 
 def test_a_loop_without_add_reader_is_a_clear_error():
@@ -187,7 +187,7 @@ def test_a_loop_without_add_reader_is_a_clear_error():
             raise NotImplementedError
 
     with pytest.raises(RuntimeError, match="add_reader"):
-        _api._bridge_for(NoReaders())
+        _bridge._bridge_for(NoReaders())
 
 
 # ---- 1. Connector: equality, initialize, _create_connection ----

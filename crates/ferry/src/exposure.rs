@@ -11,11 +11,11 @@ use ferry_proto::session::{self, Caps};
 use ferry_proto::wire::{AbortReason, Open};
 use ferry_proto::{OperationKind, OperationStatus, Token};
 
+use crate::error::Error;
 use crate::host;
 use crate::outcome::OpShared;
 use crate::region::Region;
 use crate::sync::lock;
-use crate::Error;
 
 pub(crate) struct Exposure {
     pub(crate) op_id: u64,
@@ -400,7 +400,7 @@ pub(crate) fn abort_reason(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Descriptor;
+    use crate::descriptor::Descriptor;
 
     struct Link;
     impl PassiveLink for Link {

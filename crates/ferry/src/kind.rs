@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// A way of moving bytes between two workers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

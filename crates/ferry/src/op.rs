@@ -6,12 +6,13 @@ use std::time::Duration;
 use ferry_proto::{OperationStatus, RdmaMetadata};
 use tokio::time::Instant;
 
+use crate::descriptor::Descriptor;
+use crate::error::{Error, Result};
 use crate::exposure::{Exposure, Exposures};
 use crate::kind::TransportKind;
 use crate::outcome::OpShared;
 use crate::region::Region;
 use crate::transport::ActiveLink;
-use crate::{Descriptor, Error, Result};
 
 /// What a handle must undo when it is cancelled or dropped.
 pub(crate) enum Link {

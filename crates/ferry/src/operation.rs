@@ -6,10 +6,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use crate::{
-    Descriptor, OperationKind, OperationStatus, RdmaMetadata, ReadOperation, ReadableOperation,
-    Result, TransportKind, WritableOperation, WriteOperation,
-};
+use ferry_proto::{OperationKind, OperationStatus, RdmaMetadata};
+
+use crate::descriptor::Descriptor;
+use crate::error::Result;
+use crate::kind::TransportKind;
+use crate::op::{ReadOperation, ReadableOperation, WritableOperation, WriteOperation};
 
 mod sealed {
     /// Only this crate's four operations implement [`Operation`](super::Operation).

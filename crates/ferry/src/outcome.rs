@@ -10,10 +10,10 @@ use ferry_proto::OperationStatus;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::error::{Error, Result};
 use crate::kind::TransportKind;
 use crate::metrics::OpMeter;
 use crate::sync::lock;
-use crate::{Error, Result};
 
 #[derive(Clone)]
 pub(crate) struct OpState {

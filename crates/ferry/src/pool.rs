@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use ferry_proto::{Device, MAX_DESCRIPTORS};
 
 use crate::descriptor::Blocks;
+use crate::descriptor::Descriptor;
 use crate::regcache::RegCache;
-use crate::Descriptor;
 
 /// Why a pool or a paged descriptor was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

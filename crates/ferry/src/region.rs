@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 use ferry_proto::Device;
 
 use crate::cuda::CudaError;
+use crate::descriptor::Descriptor;
 use crate::regcache::RegCache;
-use crate::Descriptor;
 
 /// How long [`Region::close`] waits for an unlocked copy in flight before it
 /// leaves it behind: far longer than an ordinary chunk takes, far shorter

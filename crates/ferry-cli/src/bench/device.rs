@@ -114,7 +114,7 @@ impl Bench {
     pub(super) async fn ipc_rows(&mut self, block: u64, batch: usize) -> anyhow::Result<Vec<Row>> {
         let bytes = (block * batch as u64) as usize;
         let device = self.opts.device.clone().unwrap_or_default();
-        let d = crate::gpu::device_of(&device)?;
+        let d = crate::buffers::device_of(&device)?;
         let dtod = {
             let src = ferry::cuda::CudaBuffer::new(d.id(), bytes)?;
             let mut dst = ferry::cuda::CudaBuffer::new(d.id(), bytes)?;
@@ -192,7 +192,7 @@ impl Bench {
         let mut host = vec![1u8; bytes];
         let mut rows = Vec::new();
         if device == "sim" {
-            let src = crate::peer::host_buffer(bytes)?;
+            let src = crate::buffers::host_buffer(bytes)?;
             let s = src.as_slice().unwrap_or_default();
             let r = self.timed("memcpy (sim)", "copy", block, batch, || {
                 host.copy_from_slice(black_box(s));
@@ -202,7 +202,7 @@ impl Bench {
             rows.push(r);
             return Ok(rows);
         }
-        let d = crate::gpu::device_of(&device)?;
+        let d = crate::buffers::device_of(&device)?;
         let mut buf = ferry::cuda::CudaBuffer::new(d.id(), bytes)?;
         buf.copy_from_host(&host)?;
         rows.push(self.timed("cuMemcpyDtoH", "copy", block, batch, || {

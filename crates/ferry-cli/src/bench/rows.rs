@@ -142,7 +142,7 @@ impl Bench {
         };
         let mut b = base.into_row(base_name, via_name, op, block, batch);
         if via == Lane::Ucx {
-            b.reg_us = super::ucx::median_us(&mut reg);
+            b.reg_us = median_us(&mut reg);
         }
         let used = used.map(|t| t.name()).unwrap_or("?");
         let mut rows = vec![ferry.into_row("ferry", used, op, block, batch)];
@@ -293,7 +293,7 @@ impl Bench {
         let addr = a.expect("listening").await?.address.unwrap_or_default();
         let mut s = tokio::net::TcpStream::connect(&addr).await?;
         s.set_nodelay(true)?;
-        let mut d = peer::host_buffer(bytes as usize)?;
+        let mut d = crate::buffers::host_buffer(bytes as usize)?;
         let buf = d.as_mut_slice().unwrap_or_default();
         let mut lat = Vec::with_capacity(sl.n);
         let mut ack = [0u8; 1];
@@ -345,7 +345,7 @@ impl Bench {
             let lent = self.peer.request(r).await?.expect("lent").await?;
             let pid = lent.pid.unwrap_or(0);
             let addr: u64 = lent.address.as_deref().unwrap_or("0").parse()?;
-            let mut d = peer::host_buffer(bytes as usize)?;
+            let mut d = crate::buffers::host_buffer(bytes as usize)?;
             let buf = d.as_mut_slice().unwrap_or_default();
             peer::copy_in_chunks(pid, addr, buf)?;
             let mut lat = Vec::with_capacity(iters);
@@ -357,7 +357,7 @@ impl Bench {
             }
             (lat, start.elapsed())
         } else {
-            let buf = peer::host_buffer(bytes as usize)?;
+            let buf = crate::buffers::host_buffer(bytes as usize)?;
             let mut r = Request::new(0, Cmd::Pull);
             r.sizes = vec![bytes];
             r.pid = Some(std::process::id());
@@ -390,8 +390,8 @@ impl Bench {
 
     pub(super) fn memcpy_row(&self, block: u64, batch: usize) -> anyhow::Result<Row> {
         let bytes = (block * batch as u64) as usize;
-        let s = peer::host_buffer(bytes)?;
-        let mut d = peer::host_buffer(bytes)?;
+        let s = crate::buffers::host_buffer(bytes)?;
+        let mut d = crate::buffers::host_buffer(bytes)?;
         let (src, dst) = (
             s.as_slice().unwrap_or_default(),
             d.as_mut_slice().unwrap_or_default(),
@@ -435,6 +435,12 @@ impl Bench {
             start.elapsed(),
         ))
     }
+}
+
+/// The median of `ns` (nanoseconds) in microseconds, `None` if empty.
+fn median_us(ns: &mut [u64]) -> Option<f64> {
+    ns.sort_unstable();
+    ns.get(ns.len() / 2).map(|&n| n as f64 / 1e3)
 }
 
 #[cfg(test)]

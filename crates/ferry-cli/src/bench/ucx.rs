@@ -58,11 +58,6 @@ impl Side {
     }
 }
 
-pub(super) fn median_us(ns: &mut [u64]) -> Option<f64> {
-    ns.sort_unstable();
-    ns.get(ns.len() / 2).map(|&n| n as f64 / 1e3)
-}
-
 impl Bench {
     /// Whether the UCX rows can run: one READ and one WRITE of 4 KiB over
     /// the UCX lane, both carried by UCX (else one printed line says why).

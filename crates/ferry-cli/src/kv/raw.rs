@@ -47,7 +47,7 @@ impl Source {
 pub(super) fn measure(src: &Source, s: &Shape, rounds: usize) -> anyhow::Result<[KvRow; 2]> {
     let n = s.blocks as usize;
     let bytes = s.block * n;
-    let mut buf = crate::peer::host_buffer(bytes)?;
+    let mut buf = crate::buffers::host_buffer(bytes)?;
     let local = buf
         .as_mut_slice()
         .ok_or_else(|| anyhow!("the baseline's buffer is not host memory"))?;

@@ -14,21 +14,19 @@ Writing works the same way with a :class:`WritableOperation` and a
 cancellation; waiting is event driven and releases the GIL.
 """
 
-from ._api import (
+from ._connection import Connection
+from ._connector import Connector
+from ._operations import (
     AbstractOperation,
     ActiveOperation,
-    Connection,
-    Connector,
-    DescriptorInfo,
     PassiveOperation,
     PendingOperation,
-    RdmaMetadata,
     ReadableOperation,
     ReadOperation,
-    Remote,
     WritableOperation,
     WriteOperation,
 )
+from ._remote import Remote
 from ._errors import (
     BlockBusyError,
     BlockIdTypeError,
@@ -52,7 +50,7 @@ from ._errors import (
     WrongPairingError,
 )
 from ._ferry import __version__
-from ._metadata import ForeignMetadataError
+from ._metadata import DescriptorInfo, ForeignMetadataError, RdmaMetadata
 from ._descriptor import Descriptor, SerializedDescriptor
 from ._sequence import DescriptorSequence
 from ._pool import PagedDescriptor, Pool

@@ -4,7 +4,6 @@ awaitable that creates one."""
 from __future__ import annotations
 
 from typing import (
-    TYPE_CHECKING,
     Any,
     Awaitable,
     Callable,
@@ -13,6 +12,7 @@ from typing import (
     Generic,
     List,
     Optional,
+    Sequence,
     Tuple,
     Type,
     TypeVar,
@@ -26,10 +26,13 @@ from ._descriptor import Descriptor
 from ._pool import AnyDescriptor, PagedDescriptor
 from ._types import OperationKind, OperationStatus
 
-from ._api import _STATUSES, Connection, Descriptors, Remote
+from ._connection import Connection, _ConnectorBase, _connection_result
+from ._remote import Remote
 
-if TYPE_CHECKING:
-    from ._api import Connector
+_STATUSES = tuple(OperationStatus)
+
+# What an operation takes as its local memory: one descriptor, or several.
+Descriptors = Union[AnyDescriptor, Sequence[AnyDescriptor]]
 
 
 class AbstractOperation:
@@ -43,7 +46,7 @@ class AbstractOperation:
 
     _op: _ferry.Operation
     _descriptors: List[AnyDescriptor]
-    _connector: Connector
+    _connector: _ConnectorBase
     _connection: Optional[Connection]
     # The registrations an operation made from a Connection claimed.
     _registrations: Optional[List[Tuple[AnyDescriptor, object]]]
@@ -59,7 +62,7 @@ class AbstractOperation:
         cls: Type[_Op],
         op: _ferry.Operation,
         descriptors: List[AnyDescriptor],
-        connector: Connector,
+        connector: _ConnectorBase,
         connection: Optional[Connection] = None,
     ) -> _Op:
         self = cls.__new__(cls)
@@ -70,7 +73,7 @@ class AbstractOperation:
         self,
         op: _ferry.Operation,
         descriptors: List[AnyDescriptor],
-        connector: Connector,
+        connector: _ConnectorBase,
         connection: Optional[Connection],
         registrations: Optional[List[Tuple[AnyDescriptor, object]]] = None,
     ) -> None:
@@ -107,7 +110,7 @@ class AbstractOperation:
         return self._kind
 
     @property
-    def connector(self) -> Connector:
+    def connector(self) -> _ConnectorBase:
         """The connector that created the operation."""
         return self._connector
 
@@ -204,7 +207,7 @@ class ActiveOperation(AbstractOperation):
         self,
         op: _ferry.Operation,
         descriptors: List[AnyDescriptor],
-        connector: Connector,
+        connector: _ConnectorBase,
         connection: Optional[Connection],
         remote_metadata: RdmaMetadata,
         registrations: Optional[List[Tuple[AnyDescriptor, object]]] = None,
@@ -235,7 +238,7 @@ def _new_active(
     cls: Type[_Act],
     op: _ferry.Operation,
     descriptors: List[AnyDescriptor],
-    connector: Connector,
+    connector: _ConnectorBase,
     connection: Optional[Connection],
     remote_metadata: RdmaMetadata,
 ) -> _Act:
@@ -300,7 +303,7 @@ class ReadableOperation(PassiveOperation):
     __slots__ = ()
     _kind = OperationKind.READ
 
-    def __init__(self, connection: Union[Connection, Connector], local_descriptors: Descriptors) -> None:
+    def __init__(self, connection: Union[Connection, _ConnectorBase], local_descriptors: Descriptors) -> None:
         conn, connector = _connection_of(connection)
         descs = _descriptor_list(local_descriptors, "local_descriptors")
         core, regs = _created(conn, descs, connector._core.create_readable)
@@ -321,7 +324,7 @@ class WritableOperation(PassiveOperation):
     __slots__ = ()
     _kind = OperationKind.WRITE
 
-    def __init__(self, connection: Union[Connection, Connector], local_descriptors: Descriptors) -> None:
+    def __init__(self, connection: Union[Connection, _ConnectorBase], local_descriptors: Descriptors) -> None:
         conn, connector = _connection_of(connection)
         descs = _descriptor_list(local_descriptors, "local_descriptors")
         _check_writable(descs, "WritableOperation")
@@ -344,7 +347,7 @@ class ReadOperation(ActiveOperation):
 
     def __init__(
         self,
-        connection: Union[Connection, Connector],
+        connection: Union[Connection, _ConnectorBase],
         remote_metadata: RdmaMetadata,
         local_descriptors: Descriptors,
     ) -> None:
@@ -376,7 +379,7 @@ class WriteOperation(ActiveOperation):
 
     def __init__(
         self,
-        connection: Union[Connection, Connector],
+        connection: Union[Connection, _ConnectorBase],
         local_descriptors: Descriptors,
         remote_metadata: RdmaMetadata,
     ) -> None:
@@ -402,7 +405,7 @@ class PendingOperation(Generic[T]):
 
     def __init__(
         self,
-        connector: Connector,
+        connector: _ConnectorBase,
         begin: Optional[Callable[[], Awaitable[_ferry.Operation]]],
         begin_blocking: Callable[[], _ferry.Operation],
         wrap: Callable[[_ferry.Operation, Optional[Connection]], T],
@@ -535,22 +538,13 @@ def _write_args(local_descriptors: Any, remote_metadata: Any) -> Tuple[List[AnyD
     return descs, meta
 
 
-def _connection_of(value: Any) -> Tuple[Optional[Connection], Connector]:
+def _connection_of(value: Any) -> Tuple[Optional[Connection], _ConnectorBase]:
     """`(connection, connector)` of an operation created directly: from a
     :class:`Connection`, or from a :class:`Connector` (the reference's
     older form)."""
     if isinstance(value, Connection):
         return value, value.connector
-    from ._api import Connector  # defined after the operations
-
-    if isinstance(value, Connector):
+    if isinstance(value, _ConnectorBase):
         return None, value
     raise TypeError(f"connection must be a ferry.Connection, not {type(value).__name__}")
 
-
-def _connection_result(value: Any) -> Connection:
-    if not isinstance(value, Connection):
-        raise TypeError(
-            f"_create_connection() must return a ferry.Connection, not {type(value).__name__}"
-        )
-    return value

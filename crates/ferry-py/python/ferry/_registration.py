@@ -4,13 +4,9 @@ pools use it: what :class:`Descriptor` and :class:`PagedDescriptor` share."""
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
-# Connection is defined in _api, which imports this module: imported for the
-# type checker only, and at call time by the methods that need it.
-
-if TYPE_CHECKING:
-    from ._api import Connection
+from ._connection import Connection
 
 # Guards the check-then-set of register/deregister_with_connector.
 # Reentrant: an operation's finalizer releases its registrations, and the
@@ -102,8 +98,6 @@ class _Registrable:
 
 
 def _connection_arg(connection: Any) -> None:
-    from ._api import Connection
-
     if not isinstance(connection, Connection):
         raise TypeError(
             f"connection must be a ferry.Connection (from `await connector._create_connection()` "

@@ -47,7 +47,15 @@ import functools
 from types import TracebackType
 from typing import Callable, Optional, Type, TypeVar, Union
 
-from . import _ferry
+# The compiled core's control plane, which the classes below wrap.
+from ._ferry import (
+    DEFAULT_PREFIX as _CORE_PREFIX,
+    HttpServer as _CoreHttpServer,
+    Metadata as _CoreMetadata,
+    NatsChannel as _CoreNatsChannel,
+    Publication as _CorePublication,
+    http_fetch as _core_http_fetch,
+)
 from ._errors import (
     AlreadyPublishedError,
     BadReplyError,
@@ -74,7 +82,7 @@ __all__ = [
     "AlreadyPublishedError",
 ]
 
-DEFAULT_PREFIX: str = _ferry.DEFAULT_PREFIX
+DEFAULT_PREFIX: str = _CORE_PREFIX
 """The NATS subject prefix unless told otherwise: key ``k`` is requested on
 ``ferry.metadata.k``."""
 
@@ -94,7 +102,7 @@ def _secret(secret: Union[str, bytes, None]) -> Optional[bytes]:
     raise TypeError(f"secret must be str or bytes, not {type(secret).__name__}")
 
 
-def _core(metadata: RdmaMetadata) -> _ferry.Metadata:
+def _core(metadata: RdmaMetadata) -> _CoreMetadata:
     if not isinstance(metadata, RdmaMetadata):
         raise TypeError(f"metadata must be ferry.RdmaMetadata, not {type(metadata).__name__}")
     return metadata._core
@@ -106,7 +114,7 @@ class Publication:
 
     __slots__ = ("_core",)
 
-    def __init__(self, core: _ferry.Publication) -> None:
+    def __init__(self, core: _CorePublication) -> None:
         self._core = core
 
     @property
@@ -146,8 +154,8 @@ class HttpServer:
 
     __slots__ = ("_core",)
 
-    def __init__(self, core: _ferry.HttpServer) -> None:
-        self._core: Optional[_ferry.HttpServer] = core
+    def __init__(self, core: _CoreHttpServer) -> None:
+        self._core: Optional[_CoreHttpServer] = core
 
     @classmethod
     async def bind(
@@ -166,11 +174,11 @@ class HttpServer:
         declared trusted."""
         return cls(
             await _off_loop(
-                _ferry.HttpServer.bind, addr, _secret(secret), token, trusted_network
+                _CoreHttpServer.bind, addr, _secret(secret), token, trusted_network
             )
         )
 
-    def _server(self) -> _ferry.HttpServer:
+    def _server(self) -> _CoreHttpServer:
         if self._core is None:
             raise ControlError("this HttpServer is closed")
         return self._core
@@ -213,7 +221,7 @@ async def fetch_http(
     fetch is accepted; ``token`` (``FERRY_CONTROL_TOKEN``) is sent as a
     bearer token."""
     core = await _off_loop(
-        _ferry.http_fetch, endpoint, key, float(timeout), _secret(secret), token
+        _core_http_fetch, endpoint, key, float(timeout), _secret(secret), token
     )
     return RdmaMetadata._wrap(core)
 
@@ -224,7 +232,7 @@ class NatsChannel:
 
     __slots__ = ("_core",)
 
-    def __init__(self, core: _ferry.NatsChannel) -> None:
+    def __init__(self, core: _CoreNatsChannel) -> None:
         self._core = core
 
     @classmethod
@@ -249,7 +257,7 @@ class NatsChannel:
         file); each defaults to its ``FERRY_NATS_*`` variable."""
         return cls(
             await _off_loop(
-                _ferry.NatsChannel.connect,
+                _CoreNatsChannel.connect,
                 url,
                 float(timeout),
                 prefix,

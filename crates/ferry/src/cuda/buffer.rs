@@ -4,7 +4,7 @@
 use ferry_proto::Device;
 
 use super::{CudaError, DeviceBuffer};
-use crate::Descriptor;
+use crate::descriptor::Descriptor;
 
 /// `len` bytes of memory on one GPU (`cuda:N`), allocated through the
 /// device's primary context and freed on drop: device memory for tests and

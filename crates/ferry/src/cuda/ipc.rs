@@ -14,8 +14,8 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 
+use super::context::PrimaryCtx;
 use super::driver::{CuDevicePtr, IpcMemHandle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS};
-use super::memory::PrimaryCtx;
 use super::CudaError;
 
 /// An IPC handle's bytes (a `CUipcMemHandle`).
@@ -245,7 +245,7 @@ impl CopyStream {
 
     /// Makes the stream's context current on this thread (once per thread
     /// that queues copies).
-    pub(crate) fn enter(&self) -> Result<crate::cuda::memory::Current<'_>, CudaError> {
+    pub(crate) fn enter(&self) -> Result<crate::cuda::context::Current<'_>, CudaError> {
         self.stream.stream().ctx().make_current()
     }
 

@@ -1,5 +1,5 @@
-//! Owned CUDA memory: a device's primary context, device buffers and pinned
-//! host buffers, each freed on drop.
+//! Owned CUDA memory: device buffers, pinned host buffers and streams, each
+//! made in a device's primary context (`context`) and freed on drop.
 //!
 //! Written against the driver API's documentation without a GPU; verified
 //! on one H100 on 2026-11-24 (the `cuda` unit tests and the GPU integration
@@ -16,123 +16,9 @@ use std::ffi::{c_int, c_void};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use super::driver::{
-    CuContext, CuDevice, CuDevicePtr, CuStream, CU_MEMHOSTALLOC_PORTABLE, CU_STREAM_NON_BLOCKING,
-};
-use super::{driver_or_unavailable, CudaError, Driver};
-
-/// A retained primary context of one device, released on drop. Every call
-/// that needs a context makes this one current on its thread first
-/// ([`make_current`](Self::make_current)), so any thread may use it.
-pub(crate) struct PrimaryCtx {
-    pub(crate) drv: &'static Driver,
-    dev: CuDevice,
-    ordinal: u32,
-    ctx: CuContext,
-}
-
-// SAFETY: a primary context is a process-wide driver object; the driver
-// API is thread safe and a context may be made current on any thread
-// (`cuCtxSetCurrent`), which every use here does first.
-unsafe impl Send for PrimaryCtx {}
-// SAFETY: see `Send`; `&PrimaryCtx` only reads the handle.
-unsafe impl Sync for PrimaryCtx {}
-
-impl PrimaryCtx {
-    /// Retains the primary context of `cuda:ordinal`.
-    pub(crate) fn retain(ordinal: u32) -> Result<Arc<PrimaryCtx>, CudaError> {
-        if super::stage::simulated() {
-            // Every driver use goes through a context: none in a process
-            // whose "device memory" is host memory, so no real device
-            // memory is made there (`CudaBuffer::new` fails) and nothing
-            // hands a host address to the driver.
-            return Err(CudaError::Unavailable(
-                "this process simulates a GPU with host memory: the CUDA driver is not used".into(),
-            ));
-        }
-        let drv = driver_or_unavailable()?;
-        let n = drv.device_count()?;
-        if n == 0 {
-            return Err(CudaError::Unavailable(
-                "the CUDA driver sees no device".into(),
-            ));
-        }
-        let dev = drv.device(ordinal)?;
-        let mut ctx: CuContext = std::ptr::null_mut();
-        // SAFETY: `ctx` is writable; `dev` came from `cuDeviceGet`.
-        let r = unsafe { (drv.api.primary_ctx_retain)(&mut ctx, dev) };
-        drv.check("cuDevicePrimaryCtxRetain", r)?;
-        Ok(Arc::new(PrimaryCtx {
-            drv,
-            dev,
-            ordinal,
-            ctx,
-        }))
-    }
-
-    /// Makes this context current on the calling thread until the guard
-    /// drops, which restores the context that was current before: Ferry's
-    /// calls may run on a caller's thread (an active WRITE lends from the
-    /// thread that called `begin_write`), whose framework (PyTorch's
-    /// current device) must find its own context afterwards.
-    pub(crate) fn make_current(&self) -> Result<Current<'_>, CudaError> {
-        let mut prev: CuContext = std::ptr::null_mut();
-        // SAFETY: `prev` is writable; the call only reads this thread's
-        // context stack.
-        let r = unsafe { (self.drv.api.ctx_get_current)(&mut prev) };
-        self.drv.check("cuCtxGetCurrent", r)?;
-        if prev != self.ctx {
-            // SAFETY: the context is retained (alive) until `self` drops,
-            // which the guard's borrow outlives.
-            let r = unsafe { (self.drv.api.ctx_set_current)(self.ctx) };
-            self.drv.check("cuCtxSetCurrent", r)?;
-        }
-        Ok(Current {
-            drv: self.drv,
-            prev: (prev != self.ctx).then_some(prev),
-            _ctx: std::marker::PhantomData,
-        })
-    }
-
-    /// The `N` of `cuda:N`.
-    pub(crate) fn ordinal(&self) -> u32 {
-        self.ordinal
-    }
-}
-
-/// This thread's current context while a [`PrimaryCtx`] is entered; the one
-/// before is current again when this drops.
-#[must_use = "the context is current only while the guard lives"]
-pub(crate) struct Current<'a> {
-    drv: &'static Driver,
-    /// The context to restore (possibly none: null), if it was changed.
-    prev: Option<CuContext>,
-    _ctx: std::marker::PhantomData<&'a PrimaryCtx>,
-}
-
-impl Drop for Current<'_> {
-    fn drop(&mut self) {
-        if let Some(prev) = self.prev {
-            // SAFETY: `prev` was current on this thread when the guard was
-            // made (or null: none); a context a caller made current stays
-            // alive while it is current, as the driver requires of it.
-            let r = unsafe { (self.drv.api.ctx_set_current)(prev) };
-            if let Err(e) = self.drv.check("cuCtxSetCurrent", r) {
-                tracing::warn!("the caller's CUDA context not restored: {e}");
-            }
-        }
-    }
-}
-
-impl Drop for PrimaryCtx {
-    fn drop(&mut self) {
-        // SAFETY: releases the one reference `retain` took.
-        let r = unsafe { (self.drv.api.primary_ctx_release)(self.dev) };
-        if let Err(e) = self.drv.check("cuDevicePrimaryCtxRelease_v2", r) {
-            tracing::warn!("cuda:{}: {e}", self.ordinal);
-        }
-    }
-}
+use super::context::PrimaryCtx;
+use super::driver::{CuDevicePtr, CuStream, CU_MEMHOSTALLOC_PORTABLE, CU_STREAM_NON_BLOCKING};
+use super::CudaError;
 
 /// `len` bytes of memory on one GPU (`cuda:N`), allocated through the
 /// device's primary context and freed on drop.
@@ -151,7 +37,9 @@ impl std::fmt::Debug for DeviceBuffer {
         write!(
             f,
             "DeviceBuffer(cuda:{}, {:#x}, {} bytes)",
-            self.ctx.ordinal, self.ptr, self.len
+            self.ctx.ordinal(),
+            self.ptr,
+            self.len
         )
     }
 }
@@ -177,7 +65,7 @@ impl DeviceBuffer {
 
     /// The `N` of the `cuda:N` it lives on.
     pub(crate) fn device(&self) -> u32 {
-        self.ctx.ordinal
+        self.ctx.ordinal()
     }
 
     /// Its device address (0 when empty). Valid while `self` lives.
@@ -266,7 +154,7 @@ impl DeviceBuffer {
         let r = unsafe { (api.mem_get_address_range)(&mut base, &mut size, self.ptr) };
         self.ctx.drv.check("cuMemGetAddressRange_v2", r)?;
         Ok(kind == super::driver::CU_MEMORYTYPE_DEVICE
-            && ordinal == self.ctx.ordinal as c_int
+            && ordinal == self.ctx.ordinal() as c_int
             && base == self.ptr
             && size >= self.len)
     }

@@ -27,6 +27,7 @@ use std::sync::OnceLock;
 use ferry_proto::{Device, DeviceKind};
 
 mod buffer;
+pub(crate) mod context;
 mod driver;
 pub(crate) mod ipc;
 mod memory;
@@ -35,12 +36,15 @@ pub(crate) mod policy;
 pub(crate) mod stage;
 
 pub use buffer::CudaBuffer;
+#[doc(hidden)]
+pub use context::simulate_with_host_memory;
+pub(crate) use context::PrimaryCtx;
 pub(crate) use driver::Driver;
-pub(crate) use memory::{DeviceBuffer, PrimaryCtx};
+pub(crate) use memory::DeviceBuffer;
 pub use pointer::device_of;
 pub(crate) use pointer::pointer_mismatch;
 #[doc(hidden)]
-pub use stage::{simulate_copy_failure, simulate_with_host_memory};
+pub use stage::simulate_copy_failure;
 
 /// The environment variable that names the `libcuda` to load (a path).
 pub const LIB_ENV: &str = driver::LIB_ENV;
@@ -117,7 +121,7 @@ pub(crate) fn driver_or_unavailable() -> Result<&'static Driver, CudaError> {
 /// in a process that simulates a GPU (`simulate_with_host_memory`). Tests
 /// that need a GPU skip where this is false.
 pub fn available() -> bool {
-    stage::simulated() || driver_sees_a_device()
+    context::simulated() || driver_sees_a_device()
 }
 
 /// Whether the CUDA driver itself is here and sees a device (what
@@ -138,7 +142,7 @@ fn driver_sees_a_device() -> bool {
 /// what a peer lends: the driver is here (not a simulation, whose "device
 /// memory" is host memory that only the staged paths move).
 pub(crate) fn lends_device_memory() -> bool {
-    !stage::simulated() && driver_sees_a_device()
+    !context::simulated() && driver_sees_a_device()
 }
 
 /// Set by [`simulate_ucx_cuda`].
@@ -157,7 +161,7 @@ pub fn simulate_ucx_cuda(on: bool) {
 
 /// Whether [`simulate_ucx_cuda`] holds in a simulating process.
 pub(crate) fn simulates_ucx_cuda() -> bool {
-    stage::simulated() && SIMULATE_UCX_CUDA.load(Ordering::Acquire)
+    context::simulated() && SIMULATE_UCX_CUDA.load(Ordering::Acquire)
 }
 
 /// Set by [`simulate_cuda_ipc_offer`].
@@ -178,22 +182,22 @@ pub fn simulate_cuda_ipc_offer(offer: bool) {
 /// exchange's `cuda_ipc`): it [lends device memory](lends_device_memory),
 /// or a test made it pretend to ([`simulate_cuda_ipc_offer`]).
 pub(crate) fn offers_cuda_ipc() -> bool {
-    lends_device_memory() || (stage::simulated() && IPC_OFFER_SIMULATED.load(Ordering::Acquire))
+    lends_device_memory() || (context::simulated() && IPC_OFFER_SIMULATED.load(Ordering::Acquire))
 }
 
 /// Why a connector refuses descriptor `index`, on `device` (not host
 /// memory): no CUDA on this host (with what [`status`] says). `None` where
 /// CUDA is available: device memory then moves (by CUDA IPC or staged),
 /// and [`policy`] checks that the operation does not mix memories.
-pub(crate) fn refusal(index: usize, device: Device) -> Option<crate::Error> {
+pub(crate) fn refusal(index: usize, device: Device) -> Option<crate::error::Error> {
     if device.kind() != DeviceKind::Cuda {
-        return Some(crate::Error::UnsupportedDevice { index, device });
+        return Some(crate::error::Error::UnsupportedDevice { index, device });
     }
     if !available() {
         let reason = status()
             .err()
             .unwrap_or_else(|| "the CUDA driver sees no device".into());
-        return Some(crate::Error::CudaUnavailable {
+        return Some(crate::error::Error::CudaUnavailable {
             index,
             device,
             reason,
@@ -213,7 +217,7 @@ pub(crate) fn refusal(index: usize, device: Device) -> Option<crate::Error> {
 /// }
 /// ```
 pub fn status() -> Result<String, String> {
-    if stage::simulated() {
+    if context::simulated() {
         return Ok("simulated: device memory is host memory in this process \
                    (ferry::cuda::simulate_with_host_memory)"
             .into());

@@ -60,7 +60,7 @@ pub(crate) fn pointer_mismatch(ordinal: u32, ptr: u64, len: usize) -> Option<Str
     if len == 0 || !super::lends_device_memory() {
         return None;
     }
-    let ctx = match super::stage::primary_ctx(ordinal) {
+    let ctx = match super::context::primary_ctx(ordinal) {
         Ok(c) => c,
         Err(e) => return Some(e.to_string()),
     };
@@ -121,7 +121,7 @@ pub fn device_of(ptr: u64) -> Result<u32, CudaError> {
     // In the context current on this thread where there is one (the
     // framework's that made the memory), else `cuda:0`'s, kept for the
     // process: no context is made or retained per call.
-    match super::stage::on_any_device(|| attributes_here(drv, ptr))? {
+    match super::context::on_any_device(|| attributes_here(drv, ptr))? {
         (CU_MEMORYTYPE_DEVICE, dev) if dev >= 0 => Ok(dev as u32),
         (kind, _) => Err(CudaError::NotDeviceMemory(format!(
             "{ptr:#x} is memory of type {kind} (CUmemorytype), not device memory"

@@ -11,7 +11,8 @@
 //! GPU memory, or two GPUs (one operation is one memory).
 use ferry_proto::Device;
 
-use crate::{Descriptor, Error, Result};
+use crate::descriptor::Descriptor;
+use crate::error::{Error, Result};
 
 /// The device of an operation's memory: `None` for host memory, else the
 /// one GPU all its descriptors are on; refused where they are mixed.

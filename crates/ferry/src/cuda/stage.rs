@@ -24,42 +24,19 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::memory::{PinnedBuf, PrimaryCtx, Stream};
+use super::context::{simulated, PrimaryCtx};
+use super::memory::{PinnedBuf, Stream};
 use super::CudaError;
 
-/// Set once by [`simulate_with_host_memory`]; never cleared.
-static SIMULATED: AtomicBool = AtomicBool::new(false);
-
-/// Makes this process treat device memory as host memory: every "device"
-/// address Ferry is given is copied with `memcpy`, CUDA is reported
-/// available ([`available`](super::available)), the driver is never used
-/// (every call that needs a context fails, so `CudaBuffer::new` is
-/// `Unavailable`), and this side does not offer CUDA IPC, so device
-/// memory never moves by it (unless a test also calls
-/// `simulate_cuda_ipc_offer(true)`, whose exports then fail). For tests of the staged paths on machines without a GPU;
-/// never in a program that has real device memory.
-///
-/// # Safety
-///
-/// Every device descriptor that exists when this is called, or is made
-/// afterwards for the rest of the process
-/// ([`Descriptor::from_cuda_ptr`], a `CudaBuffer` made before), must
-/// describe host memory that satisfies `from_cuda_ptr`'s contract as if it
-/// were device memory: valid for reads (and writes, if writable) of its
-/// size for the descriptor's life, and used by nothing else meanwhile.
-/// Real device addresses would be dereferenced on the host.
-///
-/// [`Descriptor::from_cuda_ptr`]: crate::Descriptor::from_cuda_ptr
-#[doc(hidden)]
-pub unsafe fn simulate_with_host_memory() {
-    SIMULATED.store(true, Ordering::Release);
-}
+// The lanes (`transport/ucx`, `transport/pull/ucx.rs`) still enter
+// contexts by these paths; they live in `context` now.
+pub(crate) use super::context::{on_any_device, on_any_device_with, on_device, primary_ctx};
 
 /// The simulated device range whose copies fail, if any
 /// ([`simulate_copy_failure`]).
 static FAILING: Mutex<Option<std::ops::Range<u64>>> = Mutex::new(None);
 
-/// In a process that simulates a GPU ([`simulate_with_host_memory`]),
+/// In a process that simulates a GPU ([`simulate_with_host_memory`](super::simulate_with_host_memory)),
 /// makes every staged copy that touches `range` (device addresses) fail
 /// as the driver's would (`CudaError::Copy`), or none with `None`: for
 /// tests of how a failed device copy ends an operation. Without the
@@ -86,11 +63,6 @@ fn simulated_failure(pieces: &[(u64, usize)]) -> Result<(), CudaError> {
     Ok(())
 }
 
-/// Whether [`simulate_with_host_memory`] was called in this process.
-pub(crate) fn simulated() -> bool {
-    SIMULATED.load(Ordering::Acquire)
-}
-
 /// How many streams of one device wait idle for the next copy, at most
 /// (more are made while more copies run at once, and destroyed after).
 const IDLE_STREAMS: usize = 8;
@@ -115,82 +87,13 @@ fn staging(device: u32) -> Result<Arc<Staging>, CudaError> {
     if let Some(s) = map.get(&device) {
         return Ok(s.clone());
     }
-    let ctx = PrimaryCtx::retain(device)?;
+    let ctx = primary_ctx(device)?;
     let s = Arc::new(Staging {
         ctx,
         idle: Mutex::new(Vec::new()),
     });
     map.insert(device, s.clone());
     Ok(s)
-}
-
-/// Runs `f` with `cuda:device`'s primary context current on this thread,
-/// the context that was current before restored afterwards: for a library
-/// that calls CUDA on Ferry's threads and expects a context there (UCX's
-/// CUDA transports, when they register, get and progress device memory).
-/// Where none can be entered (no driver, a simulated GPU), `f` runs as it
-/// is, and the library reports what it misses.
-pub(crate) fn on_device<R>(device: u32, f: impl FnOnce() -> R) -> R {
-    if simulated() {
-        return f();
-    }
-    let staging = match staging(device) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::debug!("cuda:{device}: no context to enter: {e}");
-            return f();
-        }
-    };
-    in_ctx(&staging.ctx, f)
-}
-
-/// Runs `f` with `ctx` current on this thread, the context before current
-/// again afterwards (`f` runs as it is where `ctx` cannot be entered).
-fn in_ctx<R>(ctx: &PrimaryCtx, f: impl FnOnce() -> R) -> R {
-    let _current = ctx
-        .make_current()
-        .map_err(|e| tracing::debug!("cuda:{}: context not entered: {e}", ctx.ordinal()))
-        .ok();
-    f()
-}
-
-/// Whether some CUDA context is current on this thread.
-fn has_current(drv: &super::Driver) -> bool {
-    let mut current: super::driver::CuContext = std::ptr::null_mut();
-    // SAFETY: `current` is writable; the call only reads this thread's
-    // context stack.
-    let r = unsafe { (drv.api.ctx_get_current)(&mut current) };
-    drv.check("cuCtxGetCurrent", r).is_ok() && !current.is_null()
-}
-
-/// Runs `f` with a CUDA context current on this thread: the one current
-/// already, if any (a pull's, entered with [`on_device`]), else
-/// `cuda:0`'s primary context ([`on_device`]). For work that is not tied
-/// to one device's memory, such as progressing a UCX worker.
-pub(crate) fn on_any_device<R>(f: impl FnOnce() -> R) -> R {
-    if simulated() {
-        return f();
-    }
-    match super::driver_or_unavailable() {
-        Ok(drv) if !has_current(drv) => on_device(0, f),
-        _ => f(),
-    }
-}
-
-/// [`on_any_device`] with `ctx` as the context entered where none is
-/// current: for a caller that keeps one (a UCX worker's progress, which
-/// runs at every wake-up), without the lookup of [`on_device`].
-pub(crate) fn on_any_device_with<R>(ctx: &PrimaryCtx, f: impl FnOnce() -> R) -> R {
-    if has_current(ctx.drv) {
-        f()
-    } else {
-        in_ctx(ctx, f)
-    }
-}
-
-/// The primary context of `cuda:device`, retained once for the process.
-pub(crate) fn primary_ctx(device: u32) -> Result<Arc<PrimaryCtx>, CudaError> {
-    Ok(staging(device)?.ctx.clone())
 }
 
 /// A stream of one device for the copies of one caller, back among the
@@ -344,7 +247,7 @@ fn check_len(pieces: &[(u64, usize)], len: usize) -> Result<(), CudaError> {
 /// # Safety
 ///
 /// Each `(address, length)` of `dst` must be device memory of `cuda:device`
-/// (host memory where [`simulate_with_host_memory`] was called) valid for
+/// (host memory where [`simulate_with_host_memory`](super::simulate_with_host_memory) was called) valid for
 /// writes of that length, which nothing else accesses until this returns.
 pub(crate) unsafe fn to_device(
     device: u32,
@@ -392,7 +295,7 @@ pub(crate) unsafe fn to_device(
 /// # Safety
 ///
 /// Each `(address, length)` of `src` must be device memory of `cuda:device`
-/// (host memory where [`simulate_with_host_memory`] was called) valid for
+/// (host memory where [`simulate_with_host_memory`](super::simulate_with_host_memory) was called) valid for
 /// reads of that length until this returns, and written by nothing
 /// meanwhile.
 pub(crate) unsafe fn from_device(

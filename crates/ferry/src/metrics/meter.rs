@@ -11,8 +11,8 @@ use tracing::field::Empty;
 
 use super::store::{cause_name, transport_name, Metrics};
 use super::OpKind;
+use crate::error::Error;
 use crate::kind::TransportKind;
-use crate::Error;
 
 /// The target of the operation spans and their events.
 pub(crate) const TARGET: &str = "ferry::op";

@@ -11,8 +11,8 @@ use super::{
     Connections, DurationHistogram, ErrorCount, MetricsSnapshot, OpKind, OperationCount, Outcome,
     Side,
 };
+use crate::error::Error;
 use crate::kind::TransportKind;
-use crate::Error;
 
 /// Upper bounds (inclusive, microseconds) of the buckets of
 /// `ferry_xfer_time_us`; a last bucket, `+Inf`, takes the rest.
