@@ -27,6 +27,7 @@ use ferry_proto::Device;
 
 use crate::cuda::CudaError;
 use crate::regcache::RegCache;
+use crate::transport::pull::registration::Registration;
 use crate::Descriptor;
 
 /// How long [`Region::close`] waits for an unlocked copy in flight before it
@@ -79,11 +80,11 @@ struct Lent {
     /// Leases of a source region to peers that copy from it by cross-memory
     /// attach.
     count: usize,
-    /// What a backend keeps while the memory is lent (UCX: its
+    /// What the lane that lends it keeps while the memory is lent (UCX: its
     /// registrations), dropped when the last lease ends. Declared before
     /// `kept` so that, dropped with the region, it ends before the storage
     /// it describes is freed.
-    lease_state: Option<Box<dyn Any + Send + Sync>>,
+    lease_state: Option<Registration>,
     kept: Vec<Box<dyn Any + Send>>,
 }
 
@@ -263,12 +264,9 @@ impl Region {
         drop(kept);
     }
 
-    /// Runs `f` on the state a backend keeps while this memory is lent
+    /// Runs `f` on the state a lane keeps while this memory is lent
     /// (see [`give_back`](Self::give_back)).
-    pub(crate) fn lease_state<R>(
-        &self,
-        f: impl FnOnce(&mut Option<Box<dyn Any + Send + Sync>>) -> R,
-    ) -> R {
+    pub(crate) fn lease_state<R>(&self, f: impl FnOnce(&mut Option<Registration>) -> R) -> R {
         f(&mut self.lent().lease_state)
     }
 

@@ -630,6 +630,7 @@ impl<T: Fence> Session<T> {
         self.push(Action::Pull {
             req: l.req,
             target,
+            lane: l.lane,
             segments: l.segments.expand(),
             key: l.key,
         });

@@ -1,4 +1,4 @@
-//! The suite every [`Puller`] must pass: lend then pull, a region closed
+//! The suite every [`Lane`] must pass: lend then pull, a region closed
 //! before the pull, a cancel while a copy is stuck mid-chunk, a close while
 //! a long pull runs, a source that goes away, a lease of memory the source
 //! does not have. A backend supplies its sources ([`Backend`]) and runs the
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use ferry_proto::OperationStatus;
 
-use super::{LeaseBlob, PullEnd, Puller};
+use super::{lend_kept, register_kept, Lane, LeaseBlob, PullEnd};
 use crate::outcome::OpShared;
 use crate::region::Region;
 use crate::Descriptor;
@@ -29,12 +29,12 @@ pub(super) const FILL: u8 = 0xAA;
 const PROMPT: Duration = Duration::from_secs(10);
 
 /// The peer type of a backend's puller.
-pub(super) type PeerOf<B> = <<B as Backend>::P as Puller>::Peer;
+pub(super) type PeerOf<B> = <<B as Backend>::P as Lane>::Peer;
 
-/// What the suite needs of a backend besides its [`Puller`]: sources to
+/// What the suite needs of a backend besides its [`Lane`]: sources to
 /// pull from, in this process (or a copy of it).
 pub(super) trait Backend {
-    type P: Puller;
+    type P: Lane;
 
     fn puller(&self) -> &Self::P;
 
@@ -154,9 +154,10 @@ pub(super) fn lend_then_pull_moves_every_byte_and_seals<B: Backend>(b: &B) {
         false,
     );
     let dst = Mem::new(sizes.iter().map(|&n| vec![FILL; n]).collect(), true);
-    p.register(&src.region).expect("register the source");
-    p.register(&dst.region).expect("register the destination");
-    let lease = p.lend(&src.region);
+    register_kept(p, &src.region).expect("register the source");
+    let kept = p.register(&dst.region).expect("register the destination");
+    let lease = lend_kept(p, &src.region);
+    assert_eq!(lease.lane(), p.id(), "a lease names its lane");
     assert!(lease.fits(&src.region), "a lease describes what was lent");
     assert!(lease.fits(&dst.region));
     src.region.lend();
@@ -173,9 +174,10 @@ pub(super) fn lend_then_pull_moves_every_byte_and_seals<B: Backend>(b: &B) {
     }
     src.region.give_back();
     assert!(!src.region.is_lent());
-    p.deregister(&dst.region)
-        .expect("deregister the destination");
-    p.deregister(&src.region).expect("deregister the source");
+    // The source's registration ended with its last lease; the
+    // destination's with the pull.
+    assert!(src.region.lease_state(|s| s.is_none()));
+    drop(kept);
 }
 
 /// (b) A region closed before the pull: `Closed`, not sealed, no byte
@@ -193,7 +195,7 @@ pub(super) fn a_region_closed_before_the_pull_gets_no_byte<B: Backend>(b: &B) {
             false,
         );
         let dst = Mem::new(sizes.iter().map(|&n| vec![FILL; n]).collect(), true);
-        let lease = p.lend(&src.region);
+        let lease = lend_kept(p, &src.region);
         // SAFETY: `src` outlives the peer and nothing writes it.
         let peer = unsafe { b.source(&src.region) };
         dst.region.close();
@@ -229,7 +231,7 @@ pub(super) fn a_cancel_mid_chunk_lands_nothing_after_the_close<B: Backend>(b: &B
         keep,
     } = s;
     let dst = Mem::new(vec![vec![FILL; len]], true);
-    let lease = p.lend(&src);
+    let lease = lend_kept(p, &src);
     src.lend();
     let shared = op();
     let end = std::thread::scope(|scope| {
@@ -268,7 +270,7 @@ pub(super) fn a_close_during_a_long_pull_freezes_the_destination<B: Backend>(b: 
     // this thread runs while the pull does, even on a busy machine.
     let len = (16 * b.chunk()).max(128 << 20);
     let src = Mem::new(vec![pattern(0, len)], false);
-    let lease = p.lend(&src.region);
+    let lease = lend_kept(p, &src.region);
     // SAFETY: `src` outlives the peer and nothing writes it.
     let peer = unsafe { b.source(&src.region) };
     // A close that comes too late (the pull ended first: a busy machine
@@ -301,7 +303,7 @@ pub(super) fn a_close_during_a_long_pull_freezes_the_destination<B: Backend>(b: 
         match end {
             PullEnd::Done => assert!(shared.is_sealed()),
             PullEnd::Closed => assert!(!shared.is_sealed()),
-            PullEnd::Failed(why) => panic!("the pull failed: {why}"),
+            PullEnd::Failed { cause, .. } => panic!("the pull failed: {cause}"),
         }
         if end == PullEnd::Closed {
             closed = true;
@@ -325,7 +327,7 @@ pub(super) fn a_lost_source_fails_the_pull_unsealed<B: Backend>(b: &B) {
             .collect(),
         false,
     );
-    let lease = p.lend(&src.region);
+    let lease = lend_kept(p, &src.region);
     src.region.lend();
     // SAFETY: `src` outlives the peer and nothing writes it.
     let (peer, lose) = unsafe { b.mortal_source(&src.region) };
@@ -339,7 +341,7 @@ pub(super) fn a_lost_source_fails_the_pull_unsealed<B: Backend>(b: &B) {
     let dst = Mem::new(sizes.iter().map(|&n| vec![FILL; n]).collect(), true);
     let shared = op();
     match p.pull(&peer, &lease, &dst.region, &shared) {
-        PullEnd::Failed(why) => assert!(!why.is_empty()),
+        PullEnd::Failed { cause, .. } => assert!(!cause.to_string().is_empty()),
         other => panic!("a pull from a source that went away ended {other:?}"),
     }
     assert!(!shared.is_sealed(), "a failed pull sealed");
@@ -359,11 +361,11 @@ pub(super) fn a_lease_of_memory_the_source_lacks_fails<B: Backend>(b: &B) {
     for sizes in [vec![4096], vec![16, 16]] {
         let dst = Mem::new(sizes.iter().map(|&n| vec![FILL; n]).collect(), true);
         // Page 0 is never mapped (`vm.mmap_min_addr`).
-        let bogus = LeaseBlob::addresses(sizes.iter().map(|&n| (8, n as u64)).collect());
+        let bogus = LeaseBlob::addresses(p.id(), sizes.iter().map(|&n| (8, n as u64)).collect());
         assert!(bogus.fits(&dst.region));
         let shared = op();
         match p.pull(&peer, &bogus, &dst.region, &shared) {
-            PullEnd::Failed(_) => {}
+            PullEnd::Failed { .. } => {}
             other => panic!("a pull of memory nobody lent ended {other:?}"),
         }
         assert!(!shared.is_sealed());

@@ -29,7 +29,7 @@ use super::error::*;
 use super::request::*;
 use super::util::*;
 use crate::transport::pull::cuda_ipc::IpcPeer;
-use crate::transport::pull::{cma::CmaPuller, LeaseBlob, Puller};
+use crate::transport::pull::LeaseBlob;
 
 /// The `Open` behind `opened` is on the wire (or never will be): an
 /// `Abort` waiting for it may follow.
@@ -249,9 +249,10 @@ impl Conn {
             // Run by `with_session`, under the session's lock.
             Action::Lend { .. } => {}
             Action::SendLease { req, target } => {
-                let (segments, key) = self.lease_of(&target.region).into_parts();
+                let (lane, segments, key) = self.lease_of(&target.region).into_parts();
                 let lease = Message::Lease(Lease {
                     req,
+                    lane,
                     segments: segments.into(),
                     key,
                 });
@@ -261,11 +262,12 @@ impl Conn {
             Action::Pull {
                 req,
                 target,
+                lane,
                 segments,
                 key,
             } => {
                 target.shared.first_byte();
-                let lease = LeaseBlob::new(segments, key);
+                let lease = LeaseBlob::new(lane, segments, key);
                 self.spawn_pull(req, target, lease)
             }
             Action::PartDone { target } => {
@@ -638,6 +640,5 @@ impl PartConn for Conn {
 /// The peer no longer copies from the target's memory: its registration
 /// ends first, then the lease (after which its owner may free it).
 pub(super) fn give_back(target: &Target) {
-    let _ = CmaPuller.deregister(&target.region);
     target.region.give_back();
 }

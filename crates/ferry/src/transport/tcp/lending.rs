@@ -5,7 +5,6 @@
 //! memory attach, device memory is lent by CUDA IPC instead, and a
 //! destination copies a lease with the puller its opaque bytes name.
 
-use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -13,7 +12,9 @@ use crate::kind::TransportKind;
 use crate::region::Region;
 use crate::transport::cma;
 use crate::transport::pull::cuda_ipc::{CudaIpcPuller, IpcPeer};
-use crate::transport::pull::{cma::CmaPuller, ucx::UcxPuller, LeaseBlob, Puller};
+use crate::transport::pull::{
+    cma::CmaPuller, lend_kept, register_kept, ucx::UcxPuller, Lane, LaneError, LeaseBlob,
+};
 use crate::transport::stall::{CopySlot, NoSlot, PeerKey};
 
 use super::conn::Conn;
@@ -29,7 +30,7 @@ impl Conn {
     /// lease: `OpShared::moved_by`).
     pub(super) fn lending_kind(&self, region: &Region) -> TransportKind {
         if self.by_ucx() {
-            UcxPuller.kind()
+            UcxPuller::default().kind()
         } else if !region.is_host() {
             CudaIpcPuller.kind()
         } else {
@@ -76,34 +77,33 @@ impl Conn {
 
     /// Prepares `region` to be lent (UCX: registers it, see
     /// [`UcxPuller::register_source`]).
-    pub(super) fn register_lent(&self, region: &Region) -> io::Result<()> {
+    pub(super) fn register_lent(&self, region: &Region) -> Result<(), LaneError> {
         if self.by_ucx() {
-            let strict = self
-                .ucx_ep
-                .get()
-                .map_or(true, |ep| ep.worker.strict_registration);
-            if !region.is_host() && !crate::transport::ucx::moves_cuda() {
-                return Err(io::Error::other(
-                    "device memory is not lent over UCX here: this process's UCX does not \
-                     move CUDA memory",
-                ));
-            }
-            UcxPuller.register_source(region, strict)
+            register_kept(&self.ucx_lane(), region)
         } else if !region.is_host() {
-            CudaIpcPuller.register(region)
+            register_kept(&CudaIpcPuller, region)
         } else {
-            CmaPuller.register(region)
+            register_kept(&CmaPuller, region)
         }
+    }
+
+    /// The UCX lane as this connection's worker registers.
+    fn ucx_lane(&self) -> UcxPuller {
+        let strict = self
+            .ucx_ep
+            .get()
+            .map_or(true, |ep| ep.worker.strict_registration);
+        UcxPuller::new(strict)
     }
 
     /// What the peer needs to copy `region`.
     pub(super) fn lease_of(&self, region: &Region) -> LeaseBlob {
         if self.by_ucx() {
-            UcxPuller.lend(region)
+            lend_kept(&self.ucx_lane(), region)
         } else if !region.is_host() {
-            CudaIpcPuller.lend(region)
+            lend_kept(&CudaIpcPuller, region)
         } else {
-            CmaPuller.lend(region)
+            lend_kept(&CmaPuller, region)
         }
     }
 }

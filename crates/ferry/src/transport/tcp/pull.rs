@@ -8,12 +8,14 @@ use std::sync::Arc;
 use ferry_proto::wire::AbortReason;
 use ferry_proto::OperationStatus;
 
+use ferry_proto::lane::{FailureScope, LaneId};
+
 use crate::kind::TransportKind;
-use crate::outcome::OpShared;
-use crate::region::Region;
 use crate::transport::cma;
-use crate::transport::pull::cuda_ipc::{self, CudaIpcPuller, IpcPeer};
-use crate::transport::pull::{cma::CmaPuller, ucx::UcxPuller, LeaseBlob, PullEnd, Puller};
+use crate::transport::pull::cuda_ipc::{CudaIpcPuller, IpcPeer};
+use crate::transport::pull::{
+    cma::CmaPuller, pull_registered, ucx::UcxPuller, LaneError, LeaseBlob, PullEnd,
+};
 use crate::transport::stall::{self, CopySlot, NoSlot};
 use crate::transport::ucx::Endpoint;
 use crate::Error;
@@ -27,22 +29,6 @@ enum PullPeer {
     Cma(Arc<cma::Peer>),
     Ucx(Arc<Endpoint>),
     CudaIpc(Arc<IpcPeer>),
-}
-
-/// Registers the destination with `puller`, pulls, deregisters.
-fn pull_with<P: Puller>(
-    puller: &P,
-    peer: &P::Peer,
-    lease: &LeaseBlob,
-    region: &Region,
-    shared: &OpShared,
-) -> PullEnd {
-    if let Err(e) = puller.register(region) {
-        return PullEnd::Failed(format!("cannot register the destination: {e}"));
-    }
-    let end = puller.pull(peer, lease, region, shared);
-    let _ = puller.deregister(region);
-    end
 }
 
 impl Conn {
@@ -62,35 +48,48 @@ impl Conn {
     pub(super) fn spawn_pull(self: &Arc<Self>, req: u64, target: Target, lease: LeaseBlob) {
         tracing::debug!(req, "lease received");
         let (region, shared) = (target.region.clone(), target.shared.clone());
-        let peer = if self.by_ucx() {
-            match self.ucx_ep.get().cloned() {
+        let lane = lease.lane();
+        let peer = match lane {
+            LaneId::UCX if self.by_ucx() => match self.ucx_ep.get().cloned() {
                 Some(ep) => PullPeer::Ucx(ep),
                 None => {
                     return self.kill(
                         "the peer lent memory over UCX to a worker that cannot reach it".into(),
                     )
                 }
-            }
-        } else {
-            match self.peer_pid.get().cloned() {
-                // The source lent GPU memory (on a connection where the
-                // attach probe proved it a process of this host).
-                Some(p) if cuda_ipc::lease::is_ipc(lease.opaque()) => {
-                    if !lock(&self.session).caps().cuda_ipc {
-                        // Not offered here (no driver): this request
-                        // fails, the connection goes on.
-                        let why = "the peer lent GPU memory by CUDA IPC, which this process did \
-                                   not offer (no CUDA driver that sees a device)";
-                        return self.fail_request(req, &target, why.into());
+            },
+            LaneId::CMA | LaneId::CUDA_IPC if !self.by_ucx() => {
+                match self.peer_pid.get().cloned() {
+                    // The source lent GPU memory (on a connection where the
+                    // attach probe proved it a process of this host).
+                    Some(p) if lane == LaneId::CUDA_IPC => {
+                        if !lock(&self.session).caps().cuda_ipc {
+                            // Not offered here (no driver): this request
+                            // fails, the connection goes on.
+                            let cause = LaneError::NotOffered {
+                                lane,
+                                detail: "the peer lent GPU memory by CUDA IPC, which this \
+                                         process did not offer (no CUDA driver that sees a \
+                                         device)"
+                                    .into(),
+                            };
+                            return self.fail_request(req, &target, cause.to_string());
+                        }
+                        shared.moved_by(TransportKind::CudaIpc);
+                        PullPeer::CudaIpc(self.ipc_peer(p))
                     }
-                    shared.moved_by(TransportKind::CudaIpc);
-                    PullPeer::CudaIpc(self.ipc_peer(p))
+                    Some(p) => PullPeer::Cma(p),
+                    None => {
+                        return self.kill(
+                            "the peer lent memory to a process that cannot attach to it".into(),
+                        )
+                    }
                 }
-                Some(p) => PullPeer::Cma(p),
-                None => {
-                    return self
-                        .kill("the peer lent memory to a process that cannot attach to it".into())
-                }
+            }
+            _ => {
+                return self.kill(format!(
+                    "the peer lent memory by {lane}, which this connection did not set up"
+                ))
             }
         };
         // The slot was taken when the copy was planned; a lease on a
@@ -112,12 +111,20 @@ impl Conn {
         let copy = move |slot: CopySlot| {
             // The session checked the lease's shape; the copy checks again.
             let end = if !lease.fits(&region) {
-                PullEnd::Failed("the lease does not match the descriptors".into())
+                let scope = match &peer {
+                    PullPeer::CudaIpc(_) => FailureScope::Request,
+                    _ => FailureScope::Connection,
+                };
+                PullEnd::failed(scope, LaneError::LeaseMismatch)
             } else {
                 match &peer {
-                    PullPeer::Cma(p) => pull_with(&CmaPuller, p, &lease, &region, &shared),
-                    PullPeer::Ucx(ep) => pull_with(&UcxPuller, ep, &lease, &region, &shared),
-                    PullPeer::CudaIpc(p) => pull_with(&CudaIpcPuller, p, &lease, &region, &shared),
+                    PullPeer::Cma(p) => pull_registered(&CmaPuller, p, &lease, &region, &shared),
+                    PullPeer::Ucx(ep) => {
+                        pull_registered(&UcxPuller::default(), ep, &lease, &region, &shared)
+                    }
+                    PullPeer::CudaIpc(p) => {
+                        pull_registered(&CudaIpcPuller, p, &lease, &region, &shared)
+                    }
                 }
             };
             drop(slot);
@@ -134,14 +141,19 @@ impl Conn {
                         conn.send_soon(m.to_vec(), None, false);
                     }
                 }
-                // A CUDA IPC copy fails for reasons of this request (no GPU
-                // here, no peer access between the two devices, memory the
-                // driver would not map): it ends alone, both sides told; a
-                // source that went away ends the connection on its own.
-                PullEnd::Failed(why) if matches!(peer, PullPeer::CudaIpc(_)) => {
-                    conn.fail_request(req, &target, why)
-                }
-                PullEnd::Failed(why) => conn.kill(why),
+                // A failure ends what the lane's scope says: the request
+                // alone, both sides told (a CUDA IPC copy: no GPU here, no
+                // peer access between the two devices, memory the driver
+                // would not map; a source that went away ends the
+                // connection on its own), or the connection.
+                PullEnd::Failed {
+                    scope: FailureScope::Request,
+                    cause,
+                } => conn.fail_request(req, &target, cause.to_string()),
+                PullEnd::Failed {
+                    scope: FailureScope::Connection,
+                    cause,
+                } => conn.kill(cause.to_string()),
             }
         };
         if let Some(slot) = slot {
