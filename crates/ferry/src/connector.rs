@@ -21,6 +21,7 @@ use crate::metrics::{Listing, Metrics, MetricsSnapshot, OpKind, OpMeter, Side};
 use crate::op::{Link, OpCore};
 use crate::outcome::OpShared;
 use crate::region::Region;
+use crate::transport::pull::lanes::Lanes;
 use crate::transport::{ActiveJob, Config, Host, Listener, Transports};
 use crate::{
     host, Descriptor, Error, ReadOperation, ReadableOperation, Result, WritableOperation,
@@ -124,7 +125,13 @@ impl ConnectorBuilder {
             Some(t) => t,
             None => std::env::var(UCX_TRUSTED_NETWORK_ENV).is_ok_and(|v| v.trim() == "1"),
         };
+        // The lanes this connector offers, built once.
+        let lanes = Lanes::new(
+            transports.contains(&TransportKind::Cma),
+            ucx.as_ref().map(|w| w.strict_registration),
+        );
         let config = Config {
+            lanes,
             worker_id: worker_id.clone(),
             host_id: host_id.clone(),
             connect_timeout: self.connect_timeout,

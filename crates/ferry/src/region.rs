@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use ferry_proto::lane::Mem;
 use ferry_proto::Device;
 
 use crate::cuda::CudaError;
@@ -173,6 +174,12 @@ impl Region {
     /// [`Denied::NotHostMemory`].
     pub(crate) fn is_host(&self) -> bool {
         self.device.is_none()
+    }
+
+    /// The kind of its memory, as the lane planner sees it
+    /// (`ferry_proto::session::lane_for`).
+    pub(crate) fn mem(&self) -> Mem {
+        Mem::of(self.device.is_some())
     }
 
     /// The device of device memory (the first descriptor not on the CPU);

@@ -1,13 +1,14 @@
 //! The destination's owner copies from memory the source lends: the plug
-//! point for cross-memory attach, RDMA READ (UCX) and CUDA IPC.
+//! point for cross-memory attach, RDMA READ (UCX) and CUDA IPC, each a
+//! [`Lane`].
 //!
 //! The source *lends* its memory: it describes it in a [`LeaseBlob`]
-//! ([`Puller::lend`]) that travels to the destination over the control
+//! ([`Lane::lend`]) that travels to the destination over the control
 //! connection, and keeps the memory alive until the lease ends (the
 //! destination's `Finish`, `Abort` or `Release`, or the loss of the
 //! connection). The destination's owner *pulls*: it copies the lent bytes
 //! into its own memory, chunk by chunk, through its [`Region`]
-//! ([`Puller::pull`]). No process ever writes into another's Ferry buffer,
+//! ([`Lane::pull`]). No process ever writes into another's Ferry buffer,
 //! so the fence that makes a cancel safe everywhere else holds here
 //! unchanged: once [`Region::close`] has returned, no new copy starts, and
 //! a copy already in flight is counted by the region, which keeps the
@@ -15,11 +16,14 @@
 //!
 //! Whether a peer may be pulled from at all is probed elsewhere, during the
 //! connection's attach exchange (`transport::probe` for cross-memory
-//! attach); what the probe yields is the backend's [`Puller::Peer`].
+//! attach); what the probe yields is the lane's [`Lane::Peer`].
 //!
-//! The TCP driver executes the session's `Pull` and `Lend` actions through
-//! a puller ([`cma::CmaPuller`], [`ucx::UcxPuller`],
-//! [`cuda_ipc::CudaIpcPuller`]).
+//! Which lane carries an operation is the planner's answer
+//! (`ferry_proto::session::lane_for`, from every lane's [`Lane::caps`]);
+//! the connector's lanes and the one place that turns a lane's id into the
+//! lane are the registry ([`lanes`]). The TCP driver executes the session's
+//! `Pull` and `Lend` actions through it ([`cma::CmaPuller`],
+//! [`ucx::UcxPuller`], [`cuda_ipc::CudaIpcPuller`]).
 
 use ferry_proto::lane::{FailureScope, LaneCaps, LaneId};
 
@@ -32,6 +36,7 @@ pub(crate) mod cma;
 mod conformance;
 pub(crate) mod cuda_ipc;
 mod error;
+pub(crate) mod lanes;
 pub(crate) mod registration;
 pub(crate) mod share;
 #[cfg(test)]

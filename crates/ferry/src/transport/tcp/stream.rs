@@ -33,7 +33,8 @@ impl Conn {
             Start::Open(open) => self.send_soon(open.to_vec(), opened, false),
             Start::OpenAndLease(open) => {
                 let mut frames = open.to_vec();
-                let (lane, segments, key) = self.lease_of(&target.region).into_parts();
+                let caps = lock(&self.session).caps();
+                let (lane, segments, key) = self.lease_of(&target.region, caps).into_parts();
                 Message::Lease(Lease {
                     req,
                     lane,
