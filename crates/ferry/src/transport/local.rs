@@ -2,13 +2,16 @@
 //! process, the bytes move with a plain copy between the two regions.
 //!
 //! The capability checks are the same as over TCP (the exposure table's
-//! `open`). The copy goes chunk by chunk, each chunk under both regions'
-//! locks, so a cancel on either side is fenced within one chunk; the last
-//! chunk seals both operations under both locks, so a cancel either stops
-//! the transfer or finds it sealed and both sides agree on the outcome.
-//! Device (GPU) memory on either side goes through a host buffer, each
-//! region's access under its own lock (`through_host`): the same fence,
-//! with the device's copies finished before each lock is let go.
+//! `open`). Host memory on both sides moves by the same-process lane
+//! (`pull::process`, which passes the lanes' conformance suite): chunk by
+//! chunk through both regions' fences, so a cancel on either side is
+//! fenced within one chunk, and sealed last under both locks, both
+//! operations at once, so a cancel either stops the transfer or finds it
+//! sealed and both sides agree on the outcome. Device (GPU) memory on
+//! either side goes through a host buffer, each region's access under its
+//! own lock (`through_host`): the same fence, with the device's copies
+//! finished before each lock is let go, and the lane's seal
+//! (`process::seal_both`).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -24,12 +27,12 @@ use crate::kind::TransportKind;
 use crate::outcome::OpShared;
 use crate::region::{Denied, Region};
 use crate::sync::lock;
+use crate::transport::pull::process::{seal_both, ProcessPeer, ProcessPuller, CHUNK};
+use crate::transport::pull::{Lane, PullEnd};
 use crate::{host, Error, Result};
 
 /// Copies larger than this run on a blocking thread, not on the runtime.
 const INLINE: u64 = 1 << 20;
-/// Bytes copied under one pair of locks.
-const CHUNK: usize = 4 << 20;
 
 type Entry = (String, Vec<SocketAddr>, Weak<Host>);
 
@@ -207,73 +210,64 @@ fn copy(
     inner: &Host,
     exposure: &Exposure,
     kind: OperationKind,
-    active: &Region,
-    shared: &OpShared,
+    active: &Arc<Region>,
+    shared: &Arc<OpShared>,
     sizes: &[u64],
 ) {
-    let (src, dst) = match kind {
-        OperationKind::Read => (&*exposure.region, active),
-        OperationKind::Write => (active, &*exposure.region),
+    let ((src, src_op), (dst, dst_op)) = match kind {
+        OperationKind::Read => ((&exposure.region, &exposure.shared), (active, shared)),
+        OperationKind::Write => ((active, shared), (&exposure.region, &exposure.shared)),
     };
     shared.first_byte();
     exposure.shared.first_byte();
+    if src.is_host() && dst.is_host() {
+        // The same-process lane, which seals both operations.
+        let peer = ProcessPeer::new(src.clone(), Some(src_op.clone()));
+        let lease = ProcessPuller.lend(src, None);
+        let done = ProcessPuller.pull(&peer, &lease, dst, dst_op) == PullEnd::Done;
+        return settle(inner, exposure, active, shared, done && shared.is_sealed());
+    }
     let mut stopped = false;
     // Device memory on either side goes through this host buffer.
     let mut tmp = Vec::new();
-    let mut failed = None;
     'outer: for (i, &size) in sizes.iter().enumerate() {
         let mut off = 0usize;
         while (off as u64) < size {
             let n = CHUNK.min(size as usize - off);
-            let r = if src.is_host() && dst.is_host() {
-                src.read_at(i, off as u64, n, |s| {
-                    dst.write_at(i, off as u64, n, |d| d.copy_from_slice(s))
-                })
-                .and_then(|r| r)
-            } else {
-                match through_host(src, dst, i, off as u64, n, &mut tmp) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        failed = Some(e);
-                        break 'outer;
-                    }
-                }
-            };
-            match r {
-                Ok(()) => off += n,
-                Err(Denied::Closed) => {
+            match through_host(src, dst, i, off as u64, n, &mut tmp) {
+                Ok(Ok(())) => off += n,
+                Ok(Err(Denied::Closed)) => {
                     stopped = true;
                     break 'outer;
                 }
-                Err(Denied::OutOfBounds | Denied::NotHostMemory) => {
-                    // Sizes were checked against the exposure, and device
-                    // memory goes through `through_host`, never the host
+                Ok(Err(Denied::OutOfBounds | Denied::NotHostMemory)) => {
+                    // Sizes were checked against the exposure, and
+                    // `through_host` stages device memory, never the host
                     // accesses; cannot happen.
                     stopped = true;
                     break 'outer;
                 }
+                Err(e) => {
+                    let error = Error::DeviceCopy {
+                        reason: e.to_string(),
+                    };
+                    active.close();
+                    shared.fail(error.clone());
+                    inner
+                        .exposures
+                        .finish(exposure, OperationStatus::Errored, Some(error));
+                    return;
+                }
             }
         }
     }
-    if let Some(e) = failed {
-        let error = Error::DeviceCopy {
-            reason: e.to_string(),
-        };
-        active.close();
-        shared.fail(error.clone());
-        inner
-            .exposures
-            .finish(exposure, OperationStatus::Errored, Some(error));
-        return;
-    }
-    let sealed = !stopped
-        && src.seal_if_open(|| {
-            dst.seal_if_open(|| {
-                shared.seal();
-                exposure.shared.seal();
-            });
-        })
-        && shared.is_sealed();
+    let sealed = !stopped && seal_both(src, dst, dst_op, Some(src_op)) && shared.is_sealed();
+    settle(inner, exposure, active, shared, sealed);
+}
+
+/// Ends both operations once the copy stopped: complete where it `sealed`
+/// them, else cancelled on the side that did not close its region.
+fn settle(inner: &Host, exposure: &Exposure, active: &Region, shared: &OpShared, sealed: bool) {
     if sealed {
         inner
             .exposures

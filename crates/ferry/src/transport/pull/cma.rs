@@ -325,7 +325,7 @@ fn merged(ranges: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
 
 #[cfg(all(test, target_os = "linux"))]
 #[path = "../../../tests/support/uffd.rs"]
-mod uffd;
+pub(super) mod uffd;
 
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
@@ -334,8 +334,11 @@ mod tests {
     use super::*;
     use crate::region::Region;
     use crate::transport::cma;
-    use crate::transport::pull::conformance::{Backend, Stalled};
+    use crate::transport::pull::conformance::{
+        host_source, Applies, Backend, Mortal, Source, Stalled,
+    };
     use crate::{Descriptor, Device};
+    use ferry_proto::DeviceKind;
 
     /// Cross-memory attach to this very process (`Peer::open` of our own
     /// pid is allowed: the kernel checks ptrace access, which a process has
@@ -350,7 +353,7 @@ mod tests {
             &self.0
         }
 
-        fn chunk(&self) -> usize {
+        fn chunk(&self, _into: DeviceKind) -> usize {
             CHUNK
         }
 
@@ -362,37 +365,53 @@ mod tests {
             }
         }
 
-        unsafe fn source(&self, _src: &Arc<Region>) -> Peer {
+        fn source(&self, sizes: &[usize]) -> Source<Peer> {
             // The memory lent is this process's own.
-            Peer::open(cma::pid()).expect("cross-memory attach to this process")
+            host_source(&self.0, sizes, |_| {
+                Peer::open(cma::pid()).expect("cross-memory attach to this process")
+            })
         }
 
-        unsafe fn mortal_source(&self, _src: &Arc<Region>) -> (Peer, Box<dyn FnOnce()>) {
-            let twin = Twin::fork();
-            let peer = Peer::open(twin.0 as u32).expect("cross-memory attach to the twin");
-            (peer, Box::new(move || drop(twin)))
+        fn mortal_source(&self, sizes: &[usize]) -> Applies<Mortal<Peer>> {
+            // Forked once the source's memory is there (and lent): the twin
+            // has it at the same addresses.
+            let mut twin = None;
+            let source = host_source(&self.0, sizes, |_| {
+                let t = Twin::fork();
+                let peer = Peer::open(t.0 as u32).expect("cross-memory attach to the twin");
+                twin = Some(t);
+                peer
+            });
+            let twin = twin.expect("the twin forked");
+            Ok((source, Box::new(move || drop(twin))))
         }
 
-        fn stalled_source(&self, len: usize) -> Option<Stalled<Peer>> {
-            let stall = match uffd::Stall::new(len) {
-                Ok(s) => s,
-                Err(e) => {
-                    eprintln!("skipped: userfaultfd refused by this kernel: {e}");
-                    return None;
-                }
-            };
+        fn stalled_source(&self, len: usize) -> Applies<Stalled<Peer>> {
+            let stall = uffd::Stall::new(len)
+                .map_err(|e| format!("userfaultfd refused by this kernel: {e}"))?;
             let (fd, base) = (stall.fd, stall.base as u64);
-            // SAFETY: the mapping lives in `stall`, kept in the `Stalled`
-            // after the region (dropped first), and only the kernel (a
+            // SAFETY: the mapping lives in `stall`, dropped in the source's
+            // end after the region is closed, and only the kernel (a
             // cross-memory copy) touches it.
             let desc = unsafe { Descriptor::from_raw_parts(stall.base, len, Device::CPU, false) };
             // SAFETY: as above: valid for reads until `stall` is dropped,
             // written by nobody.
             let region = Arc::new(unsafe { Region::new(&[desc], false) });
-            Some(Stalled {
-                region,
-                peer: Peer::open(cma::pid()).expect("cross-memory attach to this process"),
-                stuck: Box::new(move || {
+            let lease = self.0.lend(&region, None);
+            region.lend();
+            let peer = Peer::open(cma::pid()).expect("cross-memory attach to this process");
+            Ok(Stalled {
+                source: Source::new(
+                    lease,
+                    peer,
+                    Box::new(move || {
+                        region.give_back();
+                        region.close();
+                        drop(region);
+                        drop(stall);
+                    }),
+                ),
+                stuck: Box::new(move |_| {
                     let mut p = libc::pollfd {
                         fd,
                         events: libc::POLLIN,
@@ -404,7 +423,6 @@ mod tests {
                     uffd::Stall::next_fault(fd).expect("a page fault");
                 }),
                 release: Box::new(move || uffd::Stall::serve(fd, base, len as u64)),
-                keep: Box::new(stall),
             })
         }
     }

@@ -478,6 +478,9 @@ fn units(lens: &[u64], chunk: u64) -> Vec<Unit> {
 }
 
 #[cfg(test)]
+mod conformance;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::Descriptor;

@@ -37,6 +37,7 @@ mod conformance;
 pub(crate) mod cuda_ipc;
 mod error;
 pub(crate) mod lanes;
+pub(crate) mod process;
 pub(crate) mod registration;
 pub(crate) mod share;
 #[cfg(test)]

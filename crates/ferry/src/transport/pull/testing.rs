@@ -17,6 +17,7 @@ use crate::outcome::OpShared;
 use crate::region::{Denied, Region};
 
 /// Copies lent memory of this process, `chunk` bytes per copy.
+#[derive(Clone)]
 pub(super) struct TestPuller {
     pub(super) chunk: usize,
 }
@@ -207,10 +208,11 @@ impl Lane for TestPuller {
 
 #[cfg(test)]
 mod tests {
-    use std::any::Any;
-
     use super::*;
-    use crate::transport::pull::conformance::{Backend, Mem, Stalled};
+    use crate::transport::pull::conformance::{
+        host_source, Applies, Backend, Mem, Mortal, Source, Stalled,
+    };
+    use ferry_proto::DeviceKind;
 
     /// The test puller, with a small chunk so that every test crosses many
     /// chunks.
@@ -229,39 +231,51 @@ mod tests {
             &self.0
         }
 
-        fn chunk(&self) -> usize {
+        fn chunk(&self, _into: DeviceKind) -> usize {
             self.0.chunk
         }
 
-        unsafe fn source(&self, src: &Arc<Region>) -> TestPeer {
-            // SAFETY: this function's contract is `TestPeer::new`'s.
-            unsafe { TestPeer::new(&[&**src], Arc::new(AtomicBool::new(true)), None) }
+        fn source(&self, sizes: &[usize]) -> Source<TestPeer> {
+            host_source(&self.0, sizes, |src| {
+                // SAFETY: the source's memory stays, unwritten, until after
+                // the peer is dropped (`host_source`).
+                unsafe { TestPeer::new(&[&**src], Arc::new(AtomicBool::new(true)), None) }
+            })
         }
 
-        unsafe fn mortal_source(&self, src: &Arc<Region>) -> (TestPeer, Box<dyn FnOnce()>) {
+        fn mortal_source(&self, sizes: &[usize]) -> Applies<Mortal<TestPeer>> {
             let alive = Arc::new(AtomicBool::new(true));
-            // SAFETY: as in `source`.
-            let peer = unsafe { TestPeer::new(&[&**src], alive.clone(), None) };
-            (
-                peer,
+            let source = host_source(&self.0, sizes, |src| {
+                // SAFETY: as in `source`.
+                unsafe { TestPeer::new(&[&**src], alive.clone(), None) }
+            });
+            Ok((
+                source,
                 Box::new(move || alive.store(false, Ordering::Release)),
-            )
+            ))
         }
 
-        fn stalled_source(&self, len: usize) -> Option<Stalled<TestPeer>> {
+        fn stalled_source(&self, len: usize) -> Applies<Stalled<TestPeer>> {
             let mem = Mem::new(vec![vec![0x55; len]], false);
             let gate = Arc::new(Gate::default());
             let alive = Arc::new(AtomicBool::new(true));
-            // SAFETY: `mem` goes into the `Stalled` as what keeps the
-            // memory alive, dropped after its peer; nothing writes it.
+            // SAFETY: `mem` goes into the source's end, which runs after its
+            // peer is dropped; nothing writes it.
             let peer = unsafe { TestPeer::new(&[&mem.region], alive, Some(gate.clone())) };
+            let lease = self.0.lend(&mem.region, None);
+            mem.region.lend();
             let stuck = gate.clone();
-            Some(Stalled {
-                region: mem.region.clone(),
-                peer,
-                stuck: Box::new(move || stuck.wait_stuck()),
+            Ok(Stalled {
+                source: Source::new(
+                    lease,
+                    peer,
+                    Box::new(move || {
+                        mem.region.give_back();
+                        drop(mem);
+                    }),
+                ),
+                stuck: Box::new(move |_| stuck.wait_stuck()),
                 release: Box::new(move || gate.open()),
-                keep: Box::new(mem) as Box<dyn Any>,
             })
         }
     }

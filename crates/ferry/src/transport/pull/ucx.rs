@@ -384,6 +384,9 @@ fn ranges(segs: &[(u64, u64)]) -> Vec<(u64, u64)> {
 }
 
 #[cfg(test)]
+mod conformance;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
