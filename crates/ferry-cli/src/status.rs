@@ -2,7 +2,9 @@
 //! the CUDA driver (and whether GPU memory can be lent by CUDA IPC), UCX
 //! (the library, its transports, whether it moves CUDA memory), whether
 //! the kernel lets processes attach to each other (cross-memory attach),
-//! and the environment variables that change the choice of transport.
+//! and the configuration a connector of this process would get: every
+//! knob, its value, and where it came from (default or environment; a
+//! program's builder settings come on top, see `Connector::configuration`).
 //! For a first look at a new host, and for bug reports.
 
 /// The report, one `name: value` line each.
@@ -23,33 +25,28 @@ pub fn report() -> String {
     line("ucx:", found(ferry::ucx::status()));
     line(
         "ucx moves gpu memory:",
-        format!(
-            "{} ({}={})",
-            if ferry::ucx::moves_cuda() {
-                "yes"
-            } else {
-                "no"
-            },
-            ferry::ucx::CUDA_ENV,
-            std::env::var(ferry::ucx::CUDA_ENV).unwrap_or_else(|_| "unset".into()),
-        ),
+        if ferry::ucx::moves_cuda() {
+            "yes"
+        } else {
+            "no"
+        }
+        .into(),
     );
     line("cross-memory attach:", attach());
-    for var in [
-        ferry::TRANSPORTS_ENV,
-        ferry::ucx::LIB_ENV,
-        "FERRY_CUDA_LIB",
-        "UCX_TLS",
-    ] {
-        if let Ok(v) = std::env::var(var) {
-            line(&format!("{var}:"), v);
-        }
+    if let Ok(v) = std::env::var("UCX_TLS") {
+        line("UCX_TLS:", v);
     }
-    if std::env::var_os(ferry::SECRET_ENV).is_some() {
-        line(
-            &format!("{}:", ferry::SECRET_ENV),
-            "set (connections authenticated and encrypted)".into(),
-        );
+    lines.push("configuration (value, and where it came from):".into());
+    let process = ferry::config::process();
+    let knobs = ferry::config::Config::resolve(&ferry::ConnectorBuilder::default())
+        .and_then(|c| process.check().map(|()| c.knobs()));
+    match knobs {
+        Ok(knobs) => {
+            for k in knobs.into_iter().chain(process.knobs()) {
+                lines.push(format!("  {:<30} {} ({})", k.name, k.value, k.origin));
+            }
+        }
+        Err(e) => lines.push(format!("  invalid: {e}")),
     }
     lines.join("\n")
 }
@@ -89,6 +86,21 @@ mod tests {
             assert!(
                 r.lines().any(|l| l.starts_with(name) && l.len() > 23),
                 "no {name} line with a value in\n{r}"
+            );
+        }
+        // Every knob, with its value and where it came from.
+        for name in [
+            ferry::TRANSPORTS_ENV,
+            ferry::SECRET_ENV,
+            ferry::UCX_STRICT_REGISTRATION_ENV,
+            ferry::CMA_THREADS_ENV,
+            ferry::ucx::LIB_ENV,
+        ] {
+            let knob = format!("  {name} ");
+            assert!(
+                r.lines().any(|l| l.starts_with(&knob)
+                    && (l.ends_with("(default)") || l.ends_with("(environment)"))),
+                "no {name} line in\n{r}"
             );
         }
         if !ferry::cuda::available() {

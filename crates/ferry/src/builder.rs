@@ -1,53 +1,14 @@
-//! [`ConnectorBuilder`]: a connector's configuration, its defaults and the
-//! environment variables that set them ([`Connector`](crate::Connector)'s
-//! `build` lives beside the connector).
+//! [`ConnectorBuilder`]: a connector's configuration and its defaults
+//! (the environment variables that set them, and their resolution, are in
+//! [`config`](crate::config); [`Connector`](crate::Connector)'s `build`
+//! lives beside the connector).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use crate::auth::Secret;
 use crate::kind::TransportKind;
-use crate::transport::admission::Grouping;
-use crate::{Error, Result};
 
-/// The environment variable that restricts transports, e.g. `FERRY_TRANSPORTS=tcp`.
-pub const TRANSPORTS_ENV: &str = "FERRY_TRANSPORTS";
-/// The environment variable that holds the deployment's shared secret.
-pub const SECRET_ENV: &str = "FERRY_SECRET";
-/// The environment variable that sets [`ConnectorBuilder::cma_threshold`] (bytes).
-pub const CMA_THRESHOLD_ENV: &str = "FERRY_CMA_THRESHOLD";
-/// The environment variable that sets how many threads of a process may copy
-/// one cross-memory pull of 8 MiB or more at once (its own and helpers
-/// shared by every pull of the process; `1`: no helpers). Read once per
-/// process; default: the host's cores, up to 4.
-pub const CMA_THREADS_ENV: &str = "FERRY_CMA_THREADS";
-/// The environment variable that sets [`ConnectorBuilder::tcp_streams`].
-pub const TCP_STREAMS_ENV: &str = "FERRY_TCP_STREAMS";
-/// The environment variable that sets [`ConnectorBuilder::stripe_threshold`] (bytes).
-pub const STRIPE_THRESHOLD_ENV: &str = "FERRY_STRIPE_THRESHOLD";
-/// The environment variable that sets [`ConnectorBuilder::idle_timeout`] (seconds).
-pub const IDLE_TIMEOUT_ENV: &str = "FERRY_IDLE_TIMEOUT";
-/// The environment variable that sets [`ConnectorBuilder::max_connections`].
-pub const MAX_CONNECTIONS_ENV: &str = "FERRY_MAX_CONNECTIONS";
-/// The environment variable that sets [`ConnectorBuilder::admission_prefixes`]:
-/// the IPv4 and the IPv6 prefix length, e.g. `FERRY_ADMISSION_PREFIXES=24,64`.
-pub const ADMISSION_PREFIXES_ENV: &str = "FERRY_ADMISSION_PREFIXES";
-/// The environment variable that sets [`ConnectorBuilder::metrics_addr`]:
-/// `IP:PORT`, or a port alone for loopback (`FERRY_METRICS_ADDR=9464`
-/// serves `127.0.0.1:9464`; name an address, `10.0.0.5:9464`, to be
-/// scraped from other hosts).
-pub const METRICS_ADDR_ENV: &str = "FERRY_METRICS_ADDR";
-/// The environment variable that, set to `1`, lets UCX emulate gets where
-/// it has no RMA transport (see [`ConnectorBuilder::ucx_emulated_rma`]).
-pub const UCX_EMULATED_RMA_ENV: &str = "FERRY_UCX_EMULATED_RMA";
-/// The environment variable that, set to `1`, registers every lent range
-/// with UCX per operation, pools included (see
-/// [`ConnectorBuilder::ucx_strict_registration`]); read when UCX starts in
-/// a process, it also turns off UCX's own InfiniBand registration cache.
-pub const UCX_STRICT_REGISTRATION_ENV: &str = "FERRY_UCX_STRICT_REGISTRATION";
-/// The environment variable that, set to `1`, sets UCX up on connections
-/// that are not authenticated (see [`ConnectorBuilder::ucx_trusted_network`]).
-pub const UCX_TRUSTED_NETWORK_ENV: &str = "FERRY_UCX_TRUSTED_NETWORK";
 /// Connections with no operation in progress for this long are closed, by default.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub use crate::transport::admission::{
@@ -153,7 +114,7 @@ impl ConnectorBuilder {
     /// encrypted and authenticated under keys bound to that handshake, so
     /// that nobody on the path can read, alter or inject any of it. Workers
     /// without the secret, or with another, are refused with
-    /// [`Error::Unauthenticated`]. Use at least [`MIN_SECRET`] (16) random
+    /// [`Error::Unauthenticated`](crate::Error::Unauthenticated). Use at least [`MIN_SECRET`] (16) random
     /// bytes; shorter ones are refused.
     pub fn secret(mut self, secret: impl AsRef<[u8]>) -> Self {
         self.secret = Some(Secret::new(secret.as_ref()));
@@ -314,69 +275,5 @@ impl ConnectorBuilder {
     pub fn connect_timeout(mut self, d: Duration) -> Self {
         self.connect_timeout = d;
         self
-    }
-}
-
-/// A builder's value, else the environment variable's (a number of `what`).
-pub(crate) fn number_or_env<T: std::str::FromStr>(
-    set: Option<T>,
-    var: &str,
-    what: &str,
-) -> Result<Option<T>> {
-    if set.is_some() {
-        return Ok(set);
-    }
-    match std::env::var(var) {
-        Ok(v) if !v.trim().is_empty() => v
-            .trim()
-            .parse()
-            .map(Some)
-            .map_err(|_| Error::Config(format!("{var}={v:?} is not a number of {what}"))),
-        _ => Ok(None),
-    }
-}
-
-/// The builder's prefix lengths for admission groups, else
-/// `FERRY_ADMISSION_PREFIXES`'s (`V4,V6`), else the defaults.
-pub(crate) fn admission_prefixes(set: Option<(u8, u8)>) -> Result<Grouping> {
-    let (v4, v6) = match set {
-        Some(p) => p,
-        None => match std::env::var(ADMISSION_PREFIXES_ENV) {
-            Ok(v) if !v.trim().is_empty() => parse_prefixes(&v).ok_or_else(|| {
-                Error::Config(format!(
-                    "{ADMISSION_PREFIXES_ENV}={v:?} is not two prefix lengths, as in \"24,64\""
-                ))
-            })?,
-            _ => (DEFAULT_IPV4_PREFIX, DEFAULT_IPV6_PREFIX),
-        },
-    };
-    if v4 > 32 || v6 > 128 {
-        return Err(Error::Config(format!(
-            "admission prefixes must be at most 32 (IPv4) and 128 (IPv6) (got {v4} and {v6})"
-        )));
-    }
-    Ok(Grouping { v4, v6 })
-}
-
-/// `"V4,V6"`, e.g. `"24,64"`.
-fn parse_prefixes(v: &str) -> Option<(u8, u8)> {
-    let (a, b) = v.trim().split_once(',')?;
-    Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn admission_prefixes_are_two_lengths_in_range() {
-        assert_eq!(parse_prefixes(" 24, 64 "), Some((24, 64)));
-        assert_eq!(parse_prefixes("16,48"), Some((16, 48)));
-        for bad in ["24", "24;64", "a,64", "24,64,1", "-1,64", "300,64"] {
-            assert_eq!(parse_prefixes(bad), None, "{bad}");
-        }
-        assert!(admission_prefixes(Some((32, 128))).is_ok());
-        assert!(admission_prefixes(Some((33, 64))).is_err());
-        assert!(admission_prefixes(Some((24, 129))).is_err());
     }
 }

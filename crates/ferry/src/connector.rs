@@ -7,14 +7,8 @@ use ferry_proto::{DescriptorInfo, OperationKind, OperationStatus, RdmaMetadata, 
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
-use crate::auth::Secret;
-use crate::builder::{
-    admission_prefixes, number_or_env, ConnectorBuilder, CMA_THRESHOLD_ENV, DEFAULT_CMA_THRESHOLD,
-    DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_STRIPE_THRESHOLD, DEFAULT_TCP_STREAMS,
-    IDLE_TIMEOUT_ENV, MAX_CONNECTIONS_ENV, METRICS_ADDR_ENV, MIN_SECRET, SECRET_ENV,
-    STRIPE_THRESHOLD_ENV, TCP_STREAMS_ENV, TRANSPORTS_ENV, UCX_EMULATED_RMA_ENV,
-    UCX_STRICT_REGISTRATION_ENV, UCX_TRUSTED_NETWORK_ENV,
-};
+use crate::builder::{ConnectorBuilder, DEFAULT_TCP_STREAMS};
+use crate::config::{self, Origin};
 use crate::exposure::Exposures;
 use crate::kind::TransportKind;
 use crate::metrics::{Listing, Metrics, MetricsSnapshot, OpKind, OpMeter, Side};
@@ -32,6 +26,9 @@ impl ConnectorBuilder {
     /// Binds the listener and starts the connector. Must be called within a
     /// Tokio runtime, which the connector then uses for its tasks.
     pub async fn build(self) -> Result<Connector> {
+        config::process().check()?;
+        let settings = config::Config::resolve(&self)?;
+        let knobs = settings.knobs();
         let worker_id = self
             .worker_id
             .unwrap_or_else(|| host::hex(&host::random_bytes()));
@@ -40,67 +37,8 @@ impl ConnectorBuilder {
                 "worker id must be 1 to 256 bytes long".into(),
             ));
         }
-        let (transports, named) = match self.transports {
-            Some(t) => (t, true),
-            None => match std::env::var(TRANSPORTS_ENV) {
-                Ok(v) if !v.trim().is_empty() => (
-                    v.split(',')
-                        .map(str::parse)
-                        .collect::<Result<Vec<TransportKind>>>()?,
-                    true,
-                ),
-                _ => (TransportKind::ALL.to_vec(), false),
-            },
-        };
-        if !transports.contains(&TransportKind::Tcp) {
-            return Err(Error::Config(
-                "the tcp transport cannot be disabled: it is the fallback every remote relies on"
-                    .into(),
-            ));
-        }
-        let secret = match self.secret {
-            Some(s) => Some(s),
-            None => std::env::var(SECRET_ENV)
-                .ok()
-                .map(|s| Secret::new(s.as_bytes())),
-        };
-        // A recorded first handshake message lets an eavesdropper test
-        // guesses of the secret offline: a short secret could be found.
-        if secret.as_ref().is_some_and(|s| s.len() < MIN_SECRET) {
-            return Err(Error::Config(format!(
-                "the shared secret must be at least {MIN_SECRET} bytes (use random bytes, e.g. 32 hexadecimal digits)"
-            )));
-        }
-        let cma_threshold = number_or_env(self.cma_threshold, CMA_THRESHOLD_ENV, "bytes")?
-            .unwrap_or(DEFAULT_CMA_THRESHOLD);
-        let stripe_threshold = number_or_env(self.stripe_threshold, STRIPE_THRESHOLD_ENV, "bytes")?
-            .unwrap_or(DEFAULT_STRIPE_THRESHOLD);
-        let tcp_streams = number_or_env(self.tcp_streams, TCP_STREAMS_ENV, "streams")?;
-        let max = usize::from(ferry_proto::wire::MAX_PARTS);
-        if tcp_streams.is_some_and(|n| n == 0 || n > max) {
-            return Err(Error::Config(format!(
-                "tcp streams must be 1 to {max} (got {})",
-                tcp_streams.unwrap_or_default()
-            )));
-        }
-        let idle_timeout = match self.idle_timeout {
-            Some(d) => d,
-            None => number_or_env(None::<u64>, IDLE_TIMEOUT_ENV, "seconds")?
-                .map(Duration::from_secs)
-                .unwrap_or(DEFAULT_IDLE_TIMEOUT),
-        };
-        if idle_timeout.is_zero() {
-            return Err(Error::Config("the idle timeout must be positive".into()));
-        }
-        let max_connections =
-            number_or_env(self.max_connections, MAX_CONNECTIONS_ENV, "connections")?
-                .unwrap_or(DEFAULT_MAX_CONNECTIONS);
-        if max_connections == 0 {
-            return Err(Error::Config("max connections must be at least 1".into()));
-        }
-        let admission = admission_prefixes(self.admission_prefixes)?;
         let metrics = Arc::new(Metrics::new(worker_id.clone()));
-        let metrics_addr = start_metrics(&metrics, self.metrics_addr)?;
+        let metrics_addr = start_metrics(&metrics, &settings.metrics_addr)?;
         let listener = Listener::bind(self.listen).await?;
         let local_addr = listener.local_addr()?;
         let advertised = match self.advertise {
@@ -112,19 +50,15 @@ impl ConnectorBuilder {
         let host_id = host::host_id();
         let (shutdown, shutdown_rx) = watch::channel(false);
         let handle = Handle::current();
-        let strict = match self.ucx_strict_registration {
-            Some(s) => s,
-            None => std::env::var(UCX_STRICT_REGISTRATION_ENV).is_ok_and(|v| v.trim() == "1"),
-        };
-        let ucx = start_ucx(&transports, named, &handle, &shutdown_rx, strict)?;
-        let ucx_emulated_rma = match self.ucx_emulated_rma {
-            Some(t) => t,
-            None => std::env::var(UCX_EMULATED_RMA_ENV).is_ok_and(|v| v.trim() == "1"),
-        };
-        let ucx_trusted_network = match self.ucx_trusted_network {
-            Some(t) => t,
-            None => std::env::var(UCX_TRUSTED_NETWORK_ENV).is_ok_and(|v| v.trim() == "1"),
-        };
+        let transports = &settings.transports.value;
+        let ucx = start_ucx(
+            transports,
+            settings.transports_named(),
+            &handle,
+            &shutdown_rx,
+            settings.ucx_strict_registration.value,
+        )?;
+        let secret = settings.secret.value;
         // The lanes this connector offers, built once.
         let lanes = Lanes::new(
             transports.contains(&TransportKind::Cma),
@@ -138,15 +72,15 @@ impl ConnectorBuilder {
             secret: secret.clone(),
             cma: transports.contains(&TransportKind::Cma),
             ucx,
-            ucx_trusted: secret.is_some() || ucx_trusted_network,
-            ucx_emulated_rma,
-            cma_threshold,
-            tcp_streams,
+            ucx_trusted: secret.is_some() || settings.ucx_trusted_network.value,
+            ucx_emulated_rma: settings.ucx_emulated_rma.value,
+            cma_threshold: settings.cma_threshold.value,
+            tcp_streams: settings.tcp_streams.value,
             streams_to_other_hosts: DEFAULT_TCP_STREAMS,
-            stripe_threshold: stripe_threshold.max(1),
-            idle_timeout,
-            max_connections,
-            admission,
+            stripe_threshold: settings.stripe_threshold.value.max(1),
+            idle_timeout: settings.idle_timeout.value,
+            max_connections: settings.max_connections.value,
+            admission: settings.admission.value,
             shutdown: shutdown_rx.clone(),
             handle: handle.clone(),
             metrics: metrics.clone(),
@@ -158,7 +92,7 @@ impl ConnectorBuilder {
             shutdown: shutdown_rx,
             handle,
         });
-        let transports = Transports::start(&host, config, &transports, listener, &advertised);
+        let transports = Transports::start(&host, config, transports, listener, &advertised);
         let inner = Arc::new(Inner {
             worker_id,
             hostname,
@@ -170,6 +104,7 @@ impl ConnectorBuilder {
             shutdown,
             metrics,
             metrics_addr,
+            knobs,
             _host: host,
         });
         tracing::debug!(worker = inner.worker_id, addr = %local_addr, "connector started");
@@ -177,28 +112,22 @@ impl ConnectorBuilder {
     }
 }
 
-/// Starts (or joins) the scrape endpoint: at `set`, else at
-/// `FERRY_METRICS_ADDR`'s address; `None` without either.
 use crate::transport::ucx::start_for as start_ucx;
 
+/// Starts (or joins) the scrape endpoint at the configured address (the
+/// builder's or `FERRY_METRICS_ADDR`'s); `None` without one. An address
+/// that cannot be bound fails when the builder named it, and is only
+/// logged when it came from the environment.
 fn start_metrics(
     metrics: &Arc<Metrics>,
-    set: Option<SocketAddr>,
+    addr: &config::Setting<Option<SocketAddr>>,
 ) -> Result<Option<(SocketAddr, Arc<Listing>)>> {
-    let addr = match set {
-        Some(a) => a,
-        None => match std::env::var(METRICS_ADDR_ENV) {
-            Ok(v) if !v.trim().is_empty() => crate::metrics::parse_addr(&v).ok_or_else(|| {
-                Error::Config(format!(
-                    "{METRICS_ADDR_ENV}={v:?} is not an address (IP:PORT, or PORT for loopback)"
-                ))
-            })?,
-            _ => return Ok(None),
-        },
+    let Some(at) = addr.value else {
+        return Ok(None);
     };
-    match crate::metrics::serve(metrics, addr) {
+    match crate::metrics::serve(metrics, at) {
         Ok(served) => Ok(Some(served)),
-        Err(e) if set.is_some() => Err(Error::Config(e.to_string())),
+        Err(e) if addr.origin == Origin::Builder => Err(Error::Config(e.to_string())),
         Err(e) => {
             tracing::warn!("{e}; metrics are not served");
             Ok(None)
@@ -235,6 +164,8 @@ struct Inner {
     metrics: Arc<Metrics>,
     /// Where the metrics are served, and this connector's place there.
     metrics_addr: Option<(SocketAddr, Arc<Listing>)>,
+    /// The connector's knobs as resolved (see [`config`]).
+    knobs: Vec<config::Knob>,
     /// What the transports see of this connector (they hold it weakly or
     /// through their tasks).
     _host: Arc<Host>,
@@ -430,6 +361,14 @@ impl Connector {
     /// [`metrics`](crate::metrics) for an example, and `docs/metrics.md`).
     pub fn metrics(&self) -> MetricsSnapshot {
         self.inner.metrics.snapshot()
+    }
+
+    /// The configuration this connector runs with: every knob of
+    /// [`config`](crate::config) (the connector's and the process's), its
+    /// value, and where it came from (default, environment, builder).
+    pub fn configuration(&self) -> Vec<config::Knob> {
+        let process = config::process().knobs();
+        self.inner.knobs.iter().cloned().chain(process).collect()
     }
 
     /// Where this connector's metrics are served for Prometheus, if they

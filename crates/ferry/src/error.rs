@@ -1,7 +1,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_proto::wire::AbortReason;
+use ferry_proto::session::Violation;
+use ferry_proto::wire::{AbortReason, WireError};
 use ferry_proto::{Device, MetadataError, OperationKind, ParseDeviceError};
 
 /// Everything that can go wrong in Ferry.
@@ -126,6 +127,11 @@ pub enum Error {
     /// The connector was configured wrongly (bad listen address, no transport left).
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A knob (a [`ConnectorBuilder`](crate::ConnectorBuilder) setting or
+    /// its `FERRY_*` variable) set to a value it cannot take: which, set
+    /// where, and what is wrong (see [`config`](crate::config)).
+    #[error("invalid configuration: {0}")]
+    InvalidSetting(#[from] crate::config::SettingError),
 
     // ---- bad metadata ----
     /// The metadata does not parse or does not validate.
@@ -181,12 +187,13 @@ pub enum Error {
         reason: String,
     },
     /// The remote broke the protocol; the connection was closed.
-    #[error("worker {peer:?} broke the Ferry protocol: {detail}")]
+    /// [`violation`](PeerMisbehaved) says how, typed: match on it.
+    #[error("worker {peer:?} broke the Ferry protocol: {violation}")]
     Protocol {
         /// The remote worker id, or its address before the handshake.
         peer: String,
         /// What was wrong.
-        detail: String,
+        violation: PeerMisbehaved,
     },
     /// The two workers could not prove to each other that they share the
     /// same secret (or only one of them has one).
@@ -212,6 +219,49 @@ pub enum Error {
     /// drop or cancel it to stop it.
     #[error("the operation did not finish within {0:?}")]
     Timeout(Duration),
+}
+
+/// How a peer broke the Ferry protocol: what [`Error::Protocol`] carries.
+///
+/// ```
+/// # fn f(e: ferry::Error) {
+/// use ferry::{Error, PeerMisbehaved, Violation};
+/// match e {
+///     Error::Protocol { violation: PeerMisbehaved::Session(Violation::RequestNumberInUse(n)), .. } => {
+///         eprintln!("the peer reused request number {n}")
+///     }
+///     Error::Protocol { violation, .. } => eprintln!("the peer broke the protocol: {violation}"),
+///     other => eprintln!("{other}"),
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PeerMisbehaved {
+    /// It broke a rule of the request protocol (the session's: a frame
+    /// out of turn, data past what was asked, a lease nobody asked for...).
+    #[error(transparent)]
+    Session(#[from] Violation),
+    /// It sent bytes that do not decode as a frame, or a frame of a type
+    /// not valid at that point of the conversation.
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    /// It speaks another version of the protocol.
+    #[error("protocol version {theirs} (this build speaks {ours})")]
+    Version {
+        /// The version it speaks.
+        theirs: u16,
+        /// The version this build speaks.
+        ours: u16,
+    },
+    /// Its answer in the handshake was not the frame it must be.
+    #[error("expected {0}")]
+    Expected(&'static str),
+    /// Its secure channel, or the bytes of a transfer, could not be taken
+    /// as they must be (a message that fails authentication, a first
+    /// frame larger than any hello, data outside the descriptors).
+    #[error("{0}")]
+    Channel(String),
 }
 
 fn detail_suffix(d: &str) -> String {
@@ -271,6 +321,7 @@ impl Error {
                 | Error::CountMismatch { .. }
                 | Error::SizeMismatch { .. }
                 | Error::Config(_)
+                | Error::InvalidSetting(_)
         )
     }
 

@@ -34,6 +34,7 @@
 
 mod auth;
 mod builder;
+pub mod config;
 mod connector;
 pub mod cuda;
 mod descriptor;
@@ -53,17 +54,20 @@ mod sync;
 mod transport;
 
 pub use builder::{
-    per_group_cap, unproven_cap, ConnectorBuilder, ADMISSION_PREFIXES_ENV, CMA_THREADS_ENV,
-    CMA_THRESHOLD_ENV, DEFAULT_CMA_THRESHOLD, DEFAULT_IDLE_TIMEOUT, DEFAULT_IPV4_PREFIX,
-    DEFAULT_IPV6_PREFIX, DEFAULT_MAX_CONNECTIONS, DEFAULT_STRIPE_THRESHOLD, DEFAULT_TCP_STREAMS,
-    IDLE_TIMEOUT_ENV, MAX_CONNECTIONS_ENV, METRICS_ADDR_ENV, MIN_SECRET, SECRET_ENV,
-    STRIPE_THRESHOLD_ENV, TCP_STREAMS_ENV, TRANSPORTS_ENV, UCX_EMULATED_RMA_ENV,
-    UCX_STRICT_REGISTRATION_ENV, UCX_TRUSTED_NETWORK_ENV,
+    per_group_cap, unproven_cap, ConnectorBuilder, DEFAULT_CMA_THRESHOLD, DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_IPV4_PREFIX, DEFAULT_IPV6_PREFIX, DEFAULT_MAX_CONNECTIONS, DEFAULT_STRIPE_THRESHOLD,
+    DEFAULT_TCP_STREAMS, MIN_SECRET,
+};
+pub use config::{
+    ADMISSION_PREFIXES_ENV, CMA_THREADS_ENV, CMA_THRESHOLD_ENV, IDLE_TIMEOUT_ENV,
+    MAX_CONNECTIONS_ENV, METRICS_ADDR_ENV, SECRET_ENV, STRIPE_THRESHOLD_ENV, TCP_STREAMS_ENV,
+    TRANSPORTS_ENV, UCX_EMULATED_RMA_ENV, UCX_STRICT_REGISTRATION_ENV, UCX_TRUSTED_NETWORK_ENV,
 };
 pub use connector::{Connector, Scope};
 pub use descriptor::Descriptor;
-pub use error::{Error, Result};
-pub use ferry_proto::wire::AbortReason;
+pub use error::{Error, PeerMisbehaved, Result};
+pub use ferry_proto::session::Violation;
+pub use ferry_proto::wire::{AbortReason, WireError};
 pub use ferry_proto::{
     Device, DeviceKind, MetadataError, OperationKind, OperationStatus, ParseDeviceError,
     RdmaMetadata,
@@ -80,7 +84,9 @@ pub mod cross_memory {
 
 /// UCX, the backend under [`TransportKind::Ucx`], loaded at run time.
 pub mod ucx {
-    pub use crate::transport::ucx::CUDA_ENV;
+    /// The environment variable that lets this process move CUDA memory
+    /// through UCX (`1`; see [`moves_cuda`]).
+    pub use crate::config::UCX_CUDA_ENV as CUDA_ENV;
 
     /// The UCX this process loaded (library, version, the transports it
     /// found), or why there is none (no `libucp`, too old, failed to start).
@@ -132,7 +138,7 @@ pub mod ucx {
     }
 
     /// The environment variable that names the `libucp` to load.
-    pub const LIB_ENV: &str = crate::transport::ucx::LIB_ENV;
+    pub const LIB_ENV: &str = crate::config::UCX_LIB_ENV;
 
     /// Raw UCX, for `ferry bench`'s in-run baseline: a buffer registered and
     /// lent ([`Lent`](baseline::Lent)), its offer (worker address and packed

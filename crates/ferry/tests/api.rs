@@ -90,7 +90,16 @@ async fn misuse_is_a_typed_error() {
         .build()
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Config(_)), "{err}");
+    assert!(
+        matches!(
+            &err,
+            Error::InvalidSetting(ferry::config::SettingError {
+                problem: ferry::config::Problem::NoTcp,
+                ..
+            })
+        ),
+        "{err}"
+    );
     let err = "rdma".parse::<TransportKind>().unwrap_err();
     assert!(err.to_string().contains("local, cma, ucx, tcp"), "{err}");
     assert_eq!(a.exposed_count(), 1);

@@ -137,5 +137,17 @@ async fn a_short_secret_is_refused() {
         .build()
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Config(_)), "{err}");
+    assert!(
+        matches!(
+            &err,
+            Error::InvalidSetting(ferry::config::SettingError {
+                name: ferry::SECRET_ENV,
+                origin: ferry::config::Origin::Builder,
+                value: None,
+                problem: ferry::config::Problem::TooShort(ferry::MIN_SECRET),
+            })
+        ),
+        "{err}"
+    );
+    assert!(!err.to_string().contains("short\""), "{err}");
 }

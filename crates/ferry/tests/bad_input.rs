@@ -18,7 +18,7 @@
 
 use std::time::Duration;
 
-use ferry::{AbortReason, Error, OperationKind, OperationStatus};
+use ferry::{AbortReason, Error, OperationKind, OperationStatus, PeerMisbehaved, Violation};
 use ferry_proto::wire::{
     self, Abort, Data, Hello, Message, Open, MAX_BODY, MAX_CHUNK, PROTOCOL_VERSION,
 };
@@ -451,7 +451,18 @@ async fn data_sent_into_a_read_is_refused() {
         );
     }
     let err = within(r.wait_for_completion()).await.unwrap_err();
-    assert!(matches!(err, Error::Protocol { .. }), "{err}");
+    // The typed violation, not only its words.
+    assert!(
+        matches!(
+            err,
+            Error::Protocol {
+                violation: PeerMisbehaved::Session(Violation::UnexpectedData { req: 1 }),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("request 1"), "{err}");
     assert_eq!(r.status(), OperationStatus::Errored);
     assert_eq!(r.into_descriptors()[0].as_slice().unwrap(), &secret[..]);
     legit_transfers_still_work(&target).await;

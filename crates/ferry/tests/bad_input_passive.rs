@@ -4,7 +4,7 @@
 //! with the right error, memory outside the grant is untouched, and the
 //! active connector's other operations go on.
 
-use ferry::{Error, OperationKind, OperationStatus};
+use ferry::{Error, OperationKind, OperationStatus, PeerMisbehaved, Violation};
 use ferry_proto::wire::{Message, Open};
 use ferry_proto::Token;
 
@@ -110,7 +110,16 @@ async fn hostile_passive_data_into_a_write_is_refused() {
         );
     }
     let err = within(op.wait_for_completion()).await.unwrap_err();
-    assert!(matches!(err, Error::Protocol { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::Protocol {
+                violation: PeerMisbehaved::Session(Violation::UnexpectedData { req: r }),
+                ..
+            } if r == req
+        ),
+        "{err:?}"
+    );
     assert_eq!(
         op.into_descriptors()[0].as_slice().unwrap(),
         &pattern(1, 32)[..],
@@ -151,7 +160,13 @@ async fn hostile_passive_write_confirmation_before_all_data_is_refused() {
     raw.send(&Message::Finish { req }).await;
     let outcome = within(op.wait_for_completion()).await;
     assert!(
-        matches!(outcome, Err(Error::Protocol { .. })),
+        matches!(
+            outcome,
+            Err(Error::Protocol {
+                violation: PeerMisbehaved::Session(Violation::FinishBeforeAllData { req: r }),
+                ..
+            }) if r == req
+        ),
         "the write ended with {outcome:?} ({})",
         op.status()
     );

@@ -345,6 +345,52 @@ async fn pools_are_registered_once_unless_strict() {
 }
 
 /// The environment variable that marks the child process of
+/// [`strict_registration_by_the_builder_reaches_ucx`].
+const STRICT_CHILD: &str = "FERRY_TEST_UCX_STRICT_CHILD";
+
+/// A connector built with `ucx_strict_registration(true)`, in a process
+/// without `FERRY_UCX_STRICT_REGISTRATION`, starts the process's UCX for
+/// strict registration (UCX's InfiniBand registration cache off, where the
+/// host has InfiniBand or RoCE): the builder's setting is not lost to the
+/// variable's absence. Runs in a child process (UCX starts once per
+/// process); skipped where UCX does not load.
+#[test]
+fn strict_registration_by_the_builder_reaches_ucx() {
+    let text = run_child(
+        "child_strict_by_builder",
+        &[(STRICT_CHILD, "1")],
+        &[ferry::UCX_STRICT_REGISTRATION_ENV, ferry::TRANSPORTS_ENV],
+    );
+    if let Some(at) = text.find("skipped:") {
+        eprintln!("{}", text[at..].lines().next().unwrap_or_default());
+    }
+}
+
+/// The child of [`strict_registration_by_the_builder_reaches_ucx`]
+/// (passes at once anywhere else).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_strict_by_builder() {
+    if std::env::var_os(STRICT_CHILD).is_none() {
+        return;
+    }
+    // Nothing else has started UCX in this process: the connector does.
+    let built = Connector::builder()
+        .listen("127.0.0.1:0".parse().unwrap())
+        .transports(&[TransportKind::Ucx, TransportKind::Tcp])
+        .ucx_strict_registration(true)
+        .build()
+        .await;
+    match built {
+        Ok(_) => {
+            let ucx = ferry::ucx::status().unwrap();
+            assert!(ucx.contains("strict registration"), "{ucx}");
+        }
+        Err(Error::Config(why)) => println!("skipped: no UCX here ({why})"),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// The environment variable that marks the child process of
 /// [`a_key_of_unregistered_memory_gets_nothing`].
 const KEY_CHILD: &str = "FERRY_TEST_UCX_KEY_CHILD";
 

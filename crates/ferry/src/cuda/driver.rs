@@ -44,7 +44,7 @@ pub(crate) const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int = 9;
 pub(crate) const CU_MEMORYTYPE_DEVICE: c_uint = 2;
 
 /// The environment variable that names the `libcuda` to load (a path).
-pub(crate) const LIB_ENV: &str = "FERRY_CUDA_LIB";
+pub(crate) use crate::config::CUDA_LIB_ENV as LIB_ENV;
 
 /// `CUipcMemHandle`: an opaque 64-byte handle, passed by value.
 #[repr(C)]

@@ -91,7 +91,8 @@ pub(crate) fn driver() -> Result<&'static Driver, &'static str> {
     static DRIVER: OnceLock<Result<Driver, String>> = OnceLock::new();
     DRIVER
         .get_or_init(|| {
-            let r = Driver::load_first(&driver::candidates(std::env::var_os(LIB_ENV)));
+            let lib = crate::config::process().cuda_lib.value.clone();
+            let r = Driver::load_first(&driver::candidates(lib));
             match &r {
                 Ok(d) => tracing::debug!("CUDA driver loaded: {}", d.path.display()),
                 Err(why) => tracing::debug!("CUDA absent: {why}"),

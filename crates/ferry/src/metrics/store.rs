@@ -88,7 +88,7 @@ pub(crate) fn cause_index(e: &Error) -> usize {
         Error::WrongPairing { .. } => 5,
         Error::CountMismatch { .. } => 6,
         Error::SizeMismatch { .. } => 7,
-        Error::Config(_) => 8,
+        Error::Config(_) | Error::InvalidSetting(_) => 8,
         Error::InvalidMetadata(_) => 9,
         Error::WrongWorker { .. } => 10,
         Error::Unreachable { .. } => 11,

@@ -5,7 +5,7 @@
 //! - **in number**: at most [`MAX_PROBES`] are awaited at once in this
 //!   process (one more is refused at once, and its connection uses TCP);
 //! - **in time**: a probe that has not answered after its timeout (default
-//!   [`DEFAULT_PROBE_TIMEOUT`], `FERRY_CMA_PROBE_TIMEOUT_MS`) is a refusal,
+//!   10 s, `FERRY_CMA_PROBE_TIMEOUT_MS`) is a refusal,
 //!   and gives its slot back *then*. Its thread may stay stuck for as long as
 //!   the peer's page does not arrive (a `userfaultfd` page never served, a
 //!   FUSE file that never answers: the kernel offers no way to interrupt the
@@ -14,14 +14,14 @@
 //!   at once, stuck ones included: beyond that, probes are refused (and
 //!   come back as soon as stuck ones end: a refusal changes no count);
 //! - **in work**: the check that the claimed process holds the peer's
-//!   socket examines at most the first [`DEFAULT_PROBE_FILES`] of its open
+//!   socket examines at most the first 1,024 (by default) of its open
 //!   files (`FERRY_CMA_PROBE_FILES`); a socket further down is not looked
 //!   for, and the connection uses TCP.
 
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::cma::{self, Peer};
@@ -31,15 +31,6 @@ pub(crate) const MAX_PROBES: usize = 16;
 /// Probe threads alive at once in this process, at most, counting those
 /// still stuck after their probe timed out.
 pub(crate) const MAX_PROBE_THREADS: usize = 64;
-/// How long a probe may take, unless `FERRY_CMA_PROBE_TIMEOUT_MS` says.
-pub(crate) const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How many of the claimed process's open files a probe examines at most,
-/// unless `FERRY_CMA_PROBE_FILES` says.
-pub(crate) const DEFAULT_PROBE_FILES: usize = 1024;
-/// The environment variable that sets the probe timeout, in milliseconds.
-const PROBE_TIMEOUT_ENV: &str = "FERRY_CMA_PROBE_TIMEOUT_MS";
-/// The environment variable that sets how many open files a probe examines.
-const PROBE_FILES_ENV: &str = "FERRY_CMA_PROBE_FILES";
 /// A probe thread's stack: the probe needs a few kilobytes.
 const PROBE_STACK: usize = 256 * 1024;
 
@@ -271,41 +262,21 @@ fn holds_inode(dir: &OwnedFd, inode: u64, max: usize) -> (bool, usize) {
     }
 }
 
-/// How long a probe may take.
+/// How long a probe may take (`FERRY_CMA_PROBE_TIMEOUT_MS`).
 fn probe_timeout() -> Duration {
-    static T: OnceLock<Duration> = OnceLock::new();
-    *T.get_or_init(|| {
-        let default = DEFAULT_PROBE_TIMEOUT.as_millis() as u64;
-        Duration::from_millis(setting(PROBE_TIMEOUT_ENV, default))
-    })
+    crate::config::process().probe_timeout.value
 }
 
-/// How many open files of the claimed process a probe examines at most.
+/// How many open files of the claimed process a probe examines at most
+/// (`FERRY_CMA_PROBE_FILES`).
 fn probe_files() -> usize {
-    static N: OnceLock<usize> = OnceLock::new();
-    *N.get_or_init(|| {
-        let n = setting(PROBE_FILES_ENV, DEFAULT_PROBE_FILES as u64);
-        usize::try_from(n).unwrap_or(usize::MAX)
-    })
-}
-
-/// A positive number from the environment variable `var`, else `default`.
-fn setting(var: &str, default: u64) -> u64 {
-    match std::env::var(var) {
-        Ok(v) if !v.trim().is_empty() => match v.trim().parse::<u64>() {
-            Ok(n) if n > 0 => n,
-            _ => {
-                tracing::warn!("{var}={v:?} is not a positive number: {default} is used");
-                default
-            }
-        },
-        _ => default,
-    }
+    crate::config::process().probe_files.value
 }
 
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
+    use crate::config::DEFAULT_PROBE_FILES;
     use std::net::{TcpListener, TcpStream};
     use std::sync::Mutex;
 

@@ -23,15 +23,11 @@
 //! kept the pull's own thread; until it returns it counts as copying.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 use ferry_proto::lane::FailureScope;
 
 use super::{LaneError, PullEnd};
-use crate::builder::CMA_THREADS_ENV;
-
-/// The most threads one pull uses by default.
-const DEFAULT_MAX_THREADS: usize = 4;
 
 /// Threads copying a pull now, in the whole process: pulls' own threads
 /// and their helpers.
@@ -39,21 +35,10 @@ static COPYING: AtomicUsize = AtomicUsize::new(0);
 
 /// How many threads of the process may copy pulls at once before no pull
 /// gets a helper (`FERRY_CMA_THREADS`, else the host's cores up to
-/// [`DEFAULT_MAX_THREADS`]). Pulls themselves are never refused: their
+/// 4, read once: [`ProcessConfig`](crate::config::ProcessConfig)). Pulls themselves are never refused: their
 /// number is bounded by the copy slots (`stall.rs`).
 pub(crate) fn max_threads() -> usize {
-    static MAX: OnceLock<usize> = OnceLock::new();
-    *MAX.get_or_init(|| {
-        std::env::var(CMA_THREADS_ENV)
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .unwrap_or_else(|| {
-                std::thread::available_parallelism()
-                    .map_or(1, |n| n.get())
-                    .min(DEFAULT_MAX_THREADS)
-            })
-            .clamp(1, 64)
-    })
+    crate::config::process().cma_threads.value
 }
 
 /// A pull's place among the threads that copy (`COPYING` outside tests):

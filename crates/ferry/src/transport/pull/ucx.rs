@@ -80,7 +80,7 @@ impl UcxPuller {
     fn register_source(&self, region: &Region) -> Result<UcxKeys, LaneError> {
         let strict = self.strict;
         let failed = |e: String| LaneError::Registration(e);
-        let ucx = ucx::ucx().map_err(|e| failed(e.to_string()))?;
+        let ucx = ucx::ucx_for(strict).map_err(|e| failed(e.to_string()))?;
         let segs = region.segments();
         let mut covered = vec![false; segs.len()];
         let mut pooled: Vec<Arc<MemReg>> = Vec::new();

@@ -5,7 +5,7 @@ use std::io;
 use ferry_proto::session::Violation;
 use ferry_proto::wire::{AbortReason, FrameType, WireError};
 
-use crate::Error;
+use crate::{Error, PeerMisbehaved};
 
 /// What went wrong on a connection; it is closed afterwards.
 pub(super) enum ConnError {
@@ -52,19 +52,19 @@ impl ConnError {
             },
             ConnError::Wire(e) => Error::Protocol {
                 peer: peer.to_string(),
-                detail: e.to_string(),
+                violation: PeerMisbehaved::Wire(e),
             },
             ConnError::Violation(v) => Error::Protocol {
                 peer: peer.to_string(),
-                detail: v.to_string(),
+                violation: PeerMisbehaved::Session(v),
             },
             ConnError::Channel(d) => Error::Protocol {
                 peer: peer.to_string(),
-                detail: d,
+                violation: PeerMisbehaved::Channel(d),
             },
             ConnError::Unexpected(ty, _) => Error::Protocol {
                 peer: peer.to_string(),
-                detail: WireError::Unexpected(ty).to_string(),
+                violation: PeerMisbehaved::Wire(WireError::Unexpected(ty)),
             },
             ConnError::Closed(e) => e,
         }

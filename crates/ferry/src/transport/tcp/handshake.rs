@@ -15,7 +15,7 @@ use crate::transport::api::Config;
 use crate::transport::cma;
 use crate::transport::probe::verify_peer;
 use crate::transport::ucx::{Endpoint, Worker};
-use crate::{Error, Result};
+use crate::{Error, PeerMisbehaved, Result};
 
 use super::conn::*;
 use super::conn_io::*;
@@ -83,7 +83,7 @@ pub(super) async fn handshake(
             let (hs, m) =
                 secure::Initiator::start(secret, &hello).map_err(|detail| Error::Protocol {
                     peer: addr.to_string(),
-                    detail,
+                    violation: PeerMisbehaved::Channel(detail),
                 })?;
             Message::Auth(Auth { handshake: m }).encode(&mut first);
             Some(hs)
@@ -104,17 +104,16 @@ pub(super) async fn handshake(
         Message::Hello(h) => {
             return Err(Error::Protocol {
                 peer: addr.to_string(),
-                detail: format!(
-                    "protocol version {} (this build speaks {})",
-                    h.version,
-                    wire::PROTOCOL_VERSION
-                ),
+                violation: PeerMisbehaved::Version {
+                    theirs: h.version,
+                    ours: wire::PROTOCOL_VERSION,
+                },
             })
         }
         _ => {
             return Err(Error::Protocol {
                 peer: addr.to_string(),
-                detail: "expected hello".into(),
+                violation: PeerMisbehaved::Expected("hello"),
             })
         }
     };
@@ -185,7 +184,7 @@ pub(super) async fn handshake(
                 }
                 Ok(Ok(_)) => Err(Error::Protocol {
                     peer: addr.to_string(),
-                    detail: "expected an attach frame".into(),
+                    violation: PeerMisbehaved::Expected("an attach frame"),
                 }),
                 Ok(Err(e)) => Err(e.into_error(&addr.to_string())),
                 Err(_) => Err(unreachable("no answer to attach".into())),
@@ -337,7 +336,7 @@ async fn set_up_ucx(
         Ok(Ok(_)) => {
             return Err(Error::Protocol {
                 peer: addr.to_string(),
-                detail: "expected an rdma set-up frame".into(),
+                violation: PeerMisbehaved::Expected("an rdma set-up frame"),
             })
         }
         Ok(Err(e)) => return Err(e.into_error(&addr.to_string())),

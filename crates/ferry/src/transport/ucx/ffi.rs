@@ -310,23 +310,18 @@ impl Api {
 /// directory), the system's (`libucp.so.0` through the loader), then the
 /// libraries the PyPI packages `libucx-cu12` / `libucx-cu13` install under
 /// the Python environments in use (UCX built with CUDA transports).
-pub(crate) fn candidates() -> Vec<PathBuf> {
+pub(crate) fn candidates(config: &crate::config::ProcessConfig) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    if let Some(v) = std::env::var_os(super::LIB_ENV) {
-        let p = PathBuf::from(v);
-        out.push(if p.is_dir() { p.join("libucp.so.0") } else { p });
+    if let Some(p) = &config.ucx_lib.value {
+        out.push(if p.is_dir() {
+            p.join("libucp.so.0")
+        } else {
+            p.clone()
+        });
         return out;
     }
     out.push(PathBuf::from("libucp.so.0"));
-    let mut roots: Vec<PathBuf> = Vec::new();
-    for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
-        if let Some(v) = std::env::var_os(var) {
-            roots.push(PathBuf::from(v).join("lib"));
-        }
-    }
-    if let Some(home) = std::env::var_os("HOME") {
-        roots.push(PathBuf::from(home).join(".local/lib"));
-    }
+    let mut roots: Vec<PathBuf> = config.python_lib_roots.clone();
     roots.push("/usr/local/lib".into());
     roots.push("/usr/lib".into());
     for root in roots {

@@ -35,7 +35,7 @@ use ffi::{Api, Status, UCS_ERR_BUSY, UCS_INPROGRESS, UCS_OK};
 
 /// The environment variable that names the `libucp` to load (a file, or the
 /// directory holding it).
-pub(crate) const LIB_ENV: &str = "FERRY_UCX_LIB";
+pub(crate) use crate::config::UCX_LIB_ENV as LIB_ENV;
 
 /// Error-handler states a worker keeps before pruning closed endpoints'.
 const MAX_KEPT_STATES: usize = 4096;
@@ -60,8 +60,9 @@ pub(crate) fn start_for(
         return Ok(None);
     }
     // Not named, and no transport that would beat Ferry's own: no worker
-    // (nothing would use it; a peer's offer is declined).
-    if let Ok(u) = ucx() {
+    // (nothing would use it; a peer's offer is declined). The context
+    // starts here if it has not yet: with this connector's registration.
+    if let Ok(u) = ucx_for(strict_registration) {
         if !named && !u.has_fast_transport() {
             tracing::debug!(
                 "UCX not used by default here (no RDMA or CUDA transport): {}",
@@ -97,6 +98,9 @@ pub(crate) struct Ucx {
     /// UCX built with CUDA, such as PyPI's `libucx-cu12`, whose CUDA
     /// modules found the driver).
     pub(crate) cuda_memory: bool,
+    /// Started for strict registration: UCX's InfiniBand registration
+    /// cache is off (where the host has InfiniBand or RoCE).
+    pub(crate) strict_registration: bool,
 }
 
 // SAFETY: the context is created with `mt_workers_shared`, so its workers
@@ -109,25 +113,42 @@ unsafe impl Send for Ucx {}
 // SAFETY: see `Send`.
 unsafe impl Sync for Ucx {}
 
-/// The process's UCX, or why there is none.
+/// The process's UCX, or why there is none. Started (the first time) with
+/// strict registration where `FERRY_UCX_STRICT_REGISTRATION` says so.
 pub(crate) fn ucx() -> Result<&'static Ucx, &'static str> {
+    ucx_for(crate::config::process().ucx_strict_registration.value)
+}
+
+/// The process's UCX for a connector that registers strictly (`strict`)
+/// or not: the context starts with UCX's InfiniBand registration cache off
+/// if the first to start it registers strictly. A context already started
+/// without it stays as it is (a debug line says so): the connector's
+/// registrations are still made per operation.
+pub(crate) fn ucx_for(strict: bool) -> Result<&'static Ucx, &'static str> {
     static UCX: OnceLock<Result<Ucx, String>> = OnceLock::new();
-    UCX.get_or_init(|| {
-        let r = Ucx::start();
+    let u = UCX.get_or_init(|| {
+        let r = Ucx::start(strict);
         if let Err(why) = &r {
             tracing::debug!("UCX backend absent: {why}");
         }
         r
-    })
-    .as_ref()
-    .map_err(|s| s.as_str())
+    });
+    if let Ok(u) = u {
+        if strict && !u.strict_registration {
+            tracing::debug!(
+                "UCX started in this process without strict registration: its InfiniBand \
+                 registration cache stays on"
+            );
+        }
+    }
+    u.as_ref().map_err(|s| s.as_str())
 }
 
 impl Ucx {
-    fn start() -> Result<Ucx, String> {
+    fn start(strict_registration: bool) -> Result<Ucx, String> {
         let mut tried = Vec::new();
         let mut api = None;
-        for path in ffi::candidates() {
+        for path in ffi::candidates(crate::config::process()) {
             match Api::load(&path) {
                 Ok(a) => {
                     api = Some(a);
@@ -156,9 +177,7 @@ impl Ucx {
         check(&api, s, "ucp_config_read")?;
         let has_ib =
             std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some());
-        if has_ib
-            && std::env::var(crate::UCX_STRICT_REGISTRATION_ENV).is_ok_and(|v| v.trim() == "1")
-        {
+        if has_ib && strict_registration {
             // Strict registration: memory UCX unregisters is unregistered
             // from the NIC at once, not kept in UCX's InfiniBand cache.
             let (name, value) = (c"IB_REG_METHODS", c"direct");
@@ -201,6 +220,7 @@ impl Ucx {
             version,
             transports,
             cuda_memory,
+            strict_registration,
         })
     }
 
@@ -218,11 +238,16 @@ impl Ucx {
     /// A description for logs: the library, its version, its transports.
     pub(crate) fn describe(&self) -> String {
         format!(
-            "UCX {} ({}{}): {}",
+            "UCX {} ({}{}{}): {}",
             self.version,
             self.api.path.display(),
             if self.cuda_memory {
                 ", moves CUDA memory"
+            } else {
+                ""
+            },
+            if self.strict_registration {
+                ", strict registration"
             } else {
                 ""
             },
@@ -252,14 +277,8 @@ fn memory_types(api: &Api, context: ffi::Context) -> u64 {
     }
 }
 
-/// The environment variable that lets this process move CUDA memory
-/// through UCX (`1`). Opt-in: on one H100 (2026-11-24) the path moved
-/// device memory correctly but about 500 times slower than CUDA IPC
-/// between two processes of one host (`docs/gpu.md`).
-pub const CUDA_ENV: &str = "FERRY_UCX_CUDA";
-
 /// Whether this process lends and pulls CUDA device memory through UCX:
-/// [`CUDA_ENV`] is `1`, its UCX lists the CUDA memory type and a CUDA
+/// `FERRY_UCX_CUDA` is `1`, its UCX lists the CUDA memory type and a CUDA
 /// driver that sees a device is here (not a simulation); or a test said
 /// so ([`simulate_ucx_cuda`](crate::cuda::simulate_ucx_cuda)). What it
 /// says in the `Rdma` exchange.
@@ -267,7 +286,7 @@ pub(crate) fn moves_cuda() -> bool {
     if crate::cuda::simulates_ucx_cuda() {
         return true;
     }
-    std::env::var(CUDA_ENV).is_ok_and(|v| v.trim() == "1")
+    crate::config::process().ucx_cuda.value
         && crate::cuda::lends_device_memory()
         && ucx().is_ok_and(|u| u.cuda_memory)
 }
@@ -362,7 +381,7 @@ impl Worker {
         shutdown: watch::Receiver<bool>,
         strict_registration: bool,
     ) -> Result<Arc<Self>, String> {
-        let ucx = ucx().map_err(str::to_string)?;
+        let ucx = ucx_for(strict_registration).map_err(str::to_string)?;
         let api = &ucx.api;
         let params = ffi::WorkerParams {
             field_mask: ffi::UCP_WORKER_PARAM_FIELD_THREAD_MODE,
