@@ -429,6 +429,39 @@ mod tests {
         assert!(table_caps(both, &attach).attach);
     }
 
+    /// Whatever the memories and the connection, the lane the active side
+    /// plans by is the one the source lends by (`LaneSet::lending`), so
+    /// that both sides decide the same way.
+    #[test]
+    fn both_sides_choose_the_same_lane() {
+        use Mem::{Device, Host};
+        for (network, gpu) in [(false, false), (false, true), (true, false), (true, true)] {
+            let set = lanes(network, gpu);
+            for kind in [OperationKind::Read, OperationKind::Write] {
+                for (local, remote) in [
+                    (Host, Host),
+                    (Host, Device),
+                    (Device, Host),
+                    (Device, Device),
+                ] {
+                    let Some(l) = lane_for(kind, local, remote, &set, caps(true, true)) else {
+                        continue;
+                    };
+                    let source = if kind == OperationKind::Read {
+                        remote
+                    } else {
+                        local
+                    };
+                    assert_eq!(
+                        set.lending(source),
+                        Some(l),
+                        "{kind:?} {local:?} {remote:?}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn the_passive_side_lends_only_to_a_peer_that_pulls() {
         for device in [false, true] {
