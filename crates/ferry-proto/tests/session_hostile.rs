@@ -166,6 +166,7 @@ fn hostile_writer_leases_memory_of_another_shape() {
         w.inject(
             x,
             Message::Lease(Lease {
+                lane: ferry_proto::lane::LaneId::CMA,
                 req: 1,
                 segments: segments.into(),
                 key: vec![],
@@ -194,6 +195,7 @@ fn hostile_passive_lends_memory_of_another_shape() {
     w.inject(
         x,
         Message::Lease(Lease {
+            lane: ferry_proto::lane::LaneId::CMA,
             req,
             segments: vec![(0x1000, 16)].into(),
             key: vec![],

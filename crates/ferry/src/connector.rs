@@ -15,6 +15,7 @@ use crate::metrics::{Listing, Metrics, MetricsSnapshot, OpKind, OpMeter, Side};
 use crate::op::{Link, OpCore};
 use crate::outcome::OpShared;
 use crate::region::Region;
+use crate::transport::pull::lanes::Lanes;
 use crate::transport::{ActiveJob, Config, Host, Listener, Transports};
 use crate::{
     host, Descriptor, Error, ReadOperation, ReadableOperation, Result, WritableOperation,
@@ -58,7 +59,13 @@ impl ConnectorBuilder {
             settings.ucx_strict_registration.value,
         )?;
         let secret = settings.secret.value;
+        // The lanes this connector offers, built once.
+        let lanes = Lanes::new(
+            transports.contains(&TransportKind::Cma),
+            ucx.as_ref().map(|w| w.strict_registration),
+        );
         let config = Config {
+            lanes,
             worker_id: worker_id.clone(),
             host_id: host_id.clone(),
             connect_timeout: self.connect_timeout,

@@ -23,11 +23,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use ferry_proto::lane::Mem;
 use ferry_proto::Device;
 
 use crate::cuda::CudaError;
 use crate::descriptor::Descriptor;
 use crate::regcache::RegCache;
+use crate::transport::pull::registration::Registration;
 
 /// How long [`Region::close`] waits for an unlocked copy in flight before it
 /// leaves it behind: far longer than an ordinary chunk takes, far shorter
@@ -79,11 +81,11 @@ struct Lent {
     /// Leases of a source region to peers that copy from it by cross-memory
     /// attach.
     count: usize,
-    /// What a backend keeps while the memory is lent (UCX: its
+    /// What the lane that lends it keeps while the memory is lent (UCX: its
     /// registrations), dropped when the last lease ends. Declared before
     /// `kept` so that, dropped with the region, it ends before the storage
     /// it describes is freed.
-    lease_state: Option<Box<dyn Any + Send + Sync>>,
+    lease_state: Option<Registration>,
     kept: Vec<Box<dyn Any + Send>>,
 }
 
@@ -172,6 +174,12 @@ impl Region {
     /// [`Denied::NotHostMemory`].
     pub(crate) fn is_host(&self) -> bool {
         self.device.is_none()
+    }
+
+    /// The kind of its memory, as the lane planner sees it
+    /// (`ferry_proto::session::lane_for`).
+    pub(crate) fn mem(&self) -> Mem {
+        Mem::of(self.device.is_some())
     }
 
     /// The device of device memory (the first descriptor not on the CPU);
@@ -263,12 +271,9 @@ impl Region {
         drop(kept);
     }
 
-    /// Runs `f` on the state a backend keeps while this memory is lent
+    /// Runs `f` on the state a lane keeps while this memory is lent
     /// (see [`give_back`](Self::give_back)).
-    pub(crate) fn lease_state<R>(
-        &self,
-        f: impl FnOnce(&mut Option<Box<dyn Any + Send + Sync>>) -> R,
-    ) -> R {
+    pub(crate) fn lease_state<R>(&self, f: impl FnOnce(&mut Option<Registration>) -> R) -> R {
         f(&mut self.lent().lease_state)
     }
 

@@ -429,6 +429,7 @@ async fn a_replayed_attach_cookie_is_refused_and_its_lease_copies_nothing() {
     second.send(&open).await;
     second
         .send(&Message::Lease(Lease {
+            lane: ferry_proto::lane::LaneId::CMA,
             req: 7,
             segments: vec![(secret.as_ptr() as u64, 64)].into(),
             key: vec![],
@@ -460,6 +461,7 @@ async fn unasked_leases_and_attach_out_of_turn_close_the_connection() {
     let mut flood = Vec::new();
     for req in 0..10_000u64 {
         Message::Lease(Lease {
+            lane: ferry_proto::lane::LaneId::CMA,
             req,
             segments: vec![(4096, 16)].into(),
             key: vec![],

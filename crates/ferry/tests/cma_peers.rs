@@ -137,7 +137,14 @@ impl Wire {
             part: 0,
             parts: 1,
         }));
+        // An opaque key here is a CUDA IPC lease.
+        let lane = if key.is_empty() {
+            ferry_proto::lane::LaneId::CMA
+        } else {
+            ferry_proto::lane::LaneId::CUDA_IPC
+        };
         self.send(&Message::Lease(Lease {
+            lane,
             req,
             segments: vec![(addr, sizes[0])].into(),
             key,

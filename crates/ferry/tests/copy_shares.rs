@@ -214,6 +214,7 @@ fn staller(spec: &str) {
                 parts: 1,
             }));
             w.send(&Message::Lease(Lease {
+                lane: ferry_proto::lane::LaneId::CMA,
                 req: k as u64 + 1,
                 segments: vec![(base + (i * PAGE) as u64, sizes[0])].into(),
                 key: Vec::new(),

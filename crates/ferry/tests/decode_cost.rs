@@ -17,7 +17,7 @@
 //!
 //! Each frame is the most expensive of its type that a peer can send: an
 //! `Open` of one run of 2^20 blocks (62 bytes), a `Lease` whose lengths and
-//! addresses are one run each (53 bytes), the longest detail, handshake and
+//! addresses are one run each (54 bytes), the longest detail, handshake and
 //! RDMA address, and so on. Each is followed by an `Open` that the victim
 //! must refuse (so that the attacker knows the frame was handled), and sent
 //! again, [`REPS`] times in all, while the victim keeps the connection open.
@@ -145,6 +145,7 @@ fn open(req: u64, op_id: u64, runs: &[(u64, u32)]) -> Vec<u8> {
 fn lease(each: Option<u32>) -> Vec<u8> {
     let mut b = Vec::new();
     b.extend_from_slice(&7u64.to_le_bytes());
+    b.push(1); // the lane
     b.extend_from_slice(&0u32.to_le_bytes()); // no key
     b.extend_from_slice(&1u32.to_le_bytes());
     match each {

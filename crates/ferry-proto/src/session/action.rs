@@ -131,6 +131,8 @@ pub enum Action<T> {
         req: u64,
         /// Its handle.
         target: T,
+        /// The lane that lent it: the destination copies by that lane.
+        lane: crate::lane::LaneId,
         /// The lease's segments, one per descriptor.
         segments: Vec<(u64, u64)>,
         /// The lease's backend key (empty for cross-memory attach).

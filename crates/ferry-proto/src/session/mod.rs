@@ -31,7 +31,8 @@ pub use action::{Action, Last, OpenParams, Start, Step};
 pub use attach::{proves, AttachState, Nonces, RdmaState};
 pub use fence::{Caps, Fence};
 pub use plan::{
-    can_lend, device_refusal, lends, plan, Plan, Thresholds, DEVICE_MEMORY_BY_IPC_ONLY,
+    can_lend, device_refusal, lane_for, lends, plan, route, table_caps, Plan, Thresholds,
+    DEVICE_MEMORY_BY_IPC_ONLY,
 };
 pub use stripe::{part_range, BindError, StripeState};
 pub use violation::Violation;
@@ -630,6 +631,7 @@ impl<T: Fence> Session<T> {
         self.push(Action::Pull {
             req: l.req,
             target,
+            lane: l.lane,
             segments: l.segments.expand(),
             key: l.key,
         });

@@ -1,8 +1,11 @@
 //! How one operation's bytes will move: the one place that answers it, for
-//! the side that starts the operation ([`plan`]) and for the side that
-//! serves it ([`can_lend`]).
+//! the side that starts the operation ([`route`], [`plan`]) and for the
+//! side that serves it ([`can_lend`], [`LaneSet::lending`]): which lane, if
+//! any, carries it ([`lane_for`]), from the lanes' declared caps, both
+//! sides' memory kinds and what the connection proved.
 
 use super::Caps;
+use crate::lane::{LaneId, LaneSet, Mem};
 use crate::runs::{run_count, Runs, MAX_RUNS};
 use crate::wire::{Open, MAX_LEASE_SEGMENTS, MAX_PARTS};
 use crate::OperationKind;
@@ -62,6 +65,69 @@ pub fn plan(kind: OperationKind, sizes: &[u64], caps: Caps, thresholds: &Thresho
     let parts = u64::from(thresholds.streams.min(MAX_PARTS)).min(total);
     Plan::Striped {
         parts: parts as u16,
+    }
+}
+
+/// The lane that carries an operation of `kind` between this side's memory
+/// (`local`) and the peer's (`remote`) on a connection whose lanes are
+/// `lanes` and whose handshake found `caps`: the lane the source lends its
+/// memory by, where it pulls into the destination's memory and the
+/// destination proved it can copy from the source. `None`: the bytes
+/// move in band.
+pub fn lane_for(
+    kind: OperationKind,
+    local: Mem,
+    remote: Mem,
+    lanes: &LaneSet,
+    caps: Caps,
+) -> Option<LaneId> {
+    let (pulls, source, dest) = match kind {
+        // This side copies from the peer.
+        OperationKind::Read => (caps.can_pull, remote, local),
+        // The peer copies from this side.
+        OperationKind::Write => (caps.peer_pulls, local, remote),
+    };
+    if !pulls {
+        return None;
+    }
+    lanes.carrying(source, dest)
+}
+
+/// How an active operation moves ([`plan`]), where `lane` (from
+/// [`lane_for`]) would carry it: host memory on both sides is lent from the
+/// connector's threshold on (`thresholds.pull_from`); memory on a device
+/// (either side) is lent whatever its size where a lane carries it, and
+/// never where none does (each side then stages its own through host
+/// memory).
+pub fn route(
+    kind: OperationKind,
+    sizes: &[u64],
+    memory: (Mem, Mem),
+    lane: Option<LaneId>,
+    caps: Caps,
+    thresholds: &Thresholds,
+) -> Plan {
+    let device = memory.0 == Mem::Device || memory.1 == Mem::Device;
+    let pull_from = match (device, lane) {
+        (false, _) => thresholds.pull_from,
+        (true, Some(_)) => 0,
+        (true, None) => u64::MAX,
+    };
+    let t = Thresholds {
+        pull_from,
+        ..*thresholds
+    };
+    plan(kind, sizes, caps, &t)
+}
+
+/// The caps the passive side's exposure table checks device memory
+/// against on a connection whose lanes are `lanes`: where a lane reaches
+/// the network, nothing is lent by attach (that lane lends device memory
+/// where [`Caps::ucx_cuda`] says so).
+pub fn table_caps(caps: Caps, lanes: &LaneSet) -> Caps {
+    Caps {
+        attach: caps.attach && !lanes.reaches_network(),
+        ..caps
     }
 }
 
@@ -256,6 +322,143 @@ mod tests {
         for kind in [Read, Write] {
             let why = device_refusal(&open(kind, true, 1), no_ipc).unwrap();
             assert!(why.contains("did not both offer CUDA IPC"), "{why}");
+        }
+    }
+
+    /// The lanes of a connection where both sides offered the host lanes
+    /// (`gpu`: device memory too), or set up a network lane.
+    fn lanes(network: bool, gpu: bool) -> LaneSet {
+        use crate::lane::{FailureScope, LaneCaps, MemKinds, Proven, Reach};
+        let lane = |id, lends, pulls_into, reach, within_process| LaneCaps {
+            id,
+            lends,
+            pulls_into,
+            reach,
+            within_process,
+            failure: FailureScope::Connection,
+        };
+        let offered = [
+            lane(
+                LaneId::CMA,
+                MemKinds::HOST,
+                MemKinds::HOST,
+                Reach::Host,
+                true,
+            ),
+            lane(
+                LaneId::UCX,
+                MemKinds::BOTH,
+                MemKinds::BOTH,
+                Reach::Network,
+                true,
+            ),
+            lane(
+                LaneId::CUDA_IPC,
+                MemKinds::DEVICE,
+                MemKinds::BOTH,
+                Reach::Host,
+                false,
+            ),
+        ];
+        let proven = Proven {
+            network,
+            network_device: gpu,
+            host_device: gpu,
+            same_process: false,
+        };
+        LaneSet::agreed(&offered, &proven)
+    }
+
+    #[test]
+    fn one_lane_or_none_for_each_pair_of_memories() {
+        use Mem::{Device, Host};
+        use OperationKind::{Read, Write};
+        let both = caps(true, true);
+        let attach = lanes(false, true);
+        // Host memory by cross-memory attach, device memory lent by CUDA
+        // IPC into either; host memory is never lent into a device.
+        assert_eq!(lane_for(Read, Host, Host, &attach, both), Some(LaneId::CMA));
+        assert_eq!(
+            lane_for(Read, Host, Device, &attach, both),
+            Some(LaneId::CUDA_IPC)
+        );
+        assert_eq!(
+            lane_for(Write, Device, Host, &attach, both),
+            Some(LaneId::CUDA_IPC)
+        );
+        assert_eq!(lane_for(Read, Device, Host, &attach, both), None);
+        assert_eq!(lane_for(Write, Host, Device, &attach, both), None);
+        // Only where the destination can copy from the source.
+        assert_eq!(lane_for(Read, Host, Host, &attach, caps(false, true)), None);
+        assert_eq!(
+            lane_for(Write, Host, Host, &attach, caps(true, false)),
+            None
+        );
+        // Without device memory on both sides: only host memory is lent.
+        let host_only = lanes(false, false);
+        assert_eq!(lane_for(Write, Device, Host, &host_only, both), None);
+        // Over a network lane, it carries everything it moves on both sides.
+        let net = lanes(true, true);
+        assert_eq!(
+            lane_for(Read, Device, Device, &net, both),
+            Some(LaneId::UCX)
+        );
+        assert_eq!(lane_for(Write, Host, Host, &net, both), Some(LaneId::UCX));
+        assert_eq!(
+            lane_for(Write, Device, Host, &lanes(true, false), both),
+            None
+        );
+        // And the plan follows: device memory lent whatever its size where
+        // a lane carries it, never where none does; host memory from the
+        // threshold on.
+        let small = [16];
+        let gpu = (Device, Host);
+        let ipc = Some(LaneId::CUDA_IPC);
+        assert_eq!(route(Write, &small, gpu, ipc, both, &T), Plan::Pull);
+        assert_eq!(route(Write, &small, gpu, None, both, &T), Plan::Stream);
+        assert_eq!(
+            route(Write, &[1 << 30], gpu, None, both, &T),
+            Plan::Striped { parts: 4 }
+        );
+        let host = (Host, Host);
+        let cma = Some(LaneId::CMA);
+        assert_eq!(route(Read, &small, host, cma, both, &T), Plan::Stream);
+        assert_eq!(route(Read, &[4096], host, cma, both, &T), Plan::Pull);
+        // The exposure table sees no attach lending over a network lane.
+        assert!(!table_caps(both, &net).attach);
+        assert!(table_caps(both, &attach).attach);
+    }
+
+    /// Whatever the memories and the connection, the lane the active side
+    /// plans by is the one the source lends by (`LaneSet::lending`), so
+    /// that both sides decide the same way.
+    #[test]
+    fn both_sides_choose_the_same_lane() {
+        use Mem::{Device, Host};
+        for (network, gpu) in [(false, false), (false, true), (true, false), (true, true)] {
+            let set = lanes(network, gpu);
+            for kind in [OperationKind::Read, OperationKind::Write] {
+                for (local, remote) in [
+                    (Host, Host),
+                    (Host, Device),
+                    (Device, Host),
+                    (Device, Device),
+                ] {
+                    let Some(l) = lane_for(kind, local, remote, &set, caps(true, true)) else {
+                        continue;
+                    };
+                    let source = if kind == OperationKind::Read {
+                        remote
+                    } else {
+                        local
+                    };
+                    assert_eq!(
+                        set.lending(source),
+                        Some(l),
+                        "{kind:?} {local:?} {remote:?}"
+                    );
+                }
+            }
         }
     }
 

@@ -216,6 +216,7 @@ pub fn decode_body(h: Header, body: &[u8]) -> Result<Message, WireError> {
         }
         T_LEASE => {
             let req = r.u64()?;
+            let lane = LaneId(r.u8()?);
             let n = r.u32()? as usize;
             if n > MAX_LEASE_KEY {
                 return Err(WireError::InvalidField("lease key"));
@@ -223,7 +224,12 @@ pub fn decode_body(h: Header, body: &[u8]) -> Result<Message, WireError> {
             let key = r.take(n)?.to_vec();
             let lens = r.runs(MAX_LEASE_SEGMENTS, "segment count")?;
             let segments = r.addresses(lens)?;
-            Message::Lease(Lease { req, segments, key })
+            Message::Lease(Lease {
+                req,
+                lane,
+                segments,
+                key,
+            })
         }
         T_ATTACH => Message::Attach(Attach {
             pid: r.u32()?,

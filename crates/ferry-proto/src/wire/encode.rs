@@ -102,6 +102,7 @@ impl Message {
             }
             Message::Lease(l) => {
                 out.extend_from_slice(&l.req.to_le_bytes());
+                out.push(l.lane.0);
                 let key = &l.key[..l.key.len().min(MAX_LEASE_KEY)];
                 out.extend_from_slice(&(key.len() as u32).to_le_bytes());
                 out.extend_from_slice(key);

@@ -28,6 +28,7 @@
 //! frame types at a point of the conversation ([`Expect`]) refuses any
 //! other from its header, before its body is read.
 
+pub use crate::lane::LaneId;
 use crate::runs::{Runs, MAX_RUNS};
 use crate::{OperationKind, Token, MAX_DESCRIPTORS};
 
@@ -45,7 +46,8 @@ pub use segments::Segments;
 /// [`Lease`] may send its addresses as runs of segments that follow each
 /// other. 9: an [`Attach`] says whether its sender offers CUDA IPC. 10:
 /// an [`Rdma`] frame says whether its sender's UCX reaches CUDA memory.
-pub const PROTOCOL_VERSION: u16 = 10;
+/// 11: a [`Lease`] names the lane that lent it.
+pub const PROTOCOL_VERSION: u16 = 11;
 /// The bytes that open every `Hello` body.
 pub const MAGIC: [u8; 6] = *b"FERRY\0";
 /// The length of a frame header.
@@ -57,7 +59,7 @@ pub const MAX_BODY: u32 = 256 * 1024;
 /// [`MAX_RUNS`] runs, a key of up to [`MAX_LEASE_KEY`] bytes, and the
 /// fixed fields.
 pub const MAX_LEASE_BODY: u32 =
-    (MAX_LEASE_SEGMENTS * 8 + MAX_RUNS * 12 + MAX_LEASE_KEY + 20) as u32;
+    (MAX_LEASE_SEGMENTS * 8 + MAX_RUNS * 12 + MAX_LEASE_KEY + 21) as u32;
 /// The longest backend key a [`Lease`] carries (UCX: packed remote keys).
 pub const MAX_LEASE_KEY: usize = 1024 * 1024;
 /// The longest RDMA worker address an [`Rdma`] frame carries.
@@ -295,6 +297,10 @@ pub const MAX_LEASE_SEGMENTS: usize = MAX_DESCRIPTORS;
 pub struct Lease {
     /// The request.
     pub req: u64,
+    /// The lane that lent the memory, and by which the destination copies
+    /// it (one byte on the wire; an id the destination does not have ends
+    /// the request there, not the frame).
+    pub lane: LaneId,
     /// `(address, length)` per descriptor, at most [`MAX_LEASE_SEGMENTS`].
     /// On the wire: the lengths as runs (at most [`MAX_RUNS`]), then the
     /// addresses, in whichever of two forms is shorter: one `u64` per

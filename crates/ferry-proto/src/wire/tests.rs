@@ -30,6 +30,7 @@ fn samples() -> Vec<Message> {
             parts: 16,
         }),
         Message::Lease(Lease {
+            lane: crate::lane::LaneId::CMA,
             req: 4,
             segments: vec![(0x7f00_0000_1000, 4096), (1, u64::MAX)].into(),
             key: vec![1, 2, 3],
@@ -225,6 +226,7 @@ proptest! {
 /// A lease body: req 4, no key, `lens` as runs, then `addresses` as given.
 fn lease_body(lens: &[u64], addresses: &[u8]) -> Vec<u8> {
     let mut body = 4u64.to_le_bytes().to_vec();
+    body.push(1); // the lane
     body.extend_from_slice(&0u32.to_le_bytes());
     put_runs(&mut body, &runs::runs(lens.iter().copied()));
     body.extend_from_slice(addresses);
@@ -244,6 +246,7 @@ fn lease_addresses_go_as_runs_where_that_is_shorter() {
         .map(|i| (((i / 64 * 37) % 64 * 64 + i % 64) * 2048 + (1 << 40), 2048))
         .collect();
     let m = Message::Lease(Lease {
+        lane: crate::lane::LaneId::CMA,
         req: 9,
         segments: segments.clone().into(),
         key: Vec::new(),
@@ -254,6 +257,7 @@ fn lease_addresses_go_as_runs_where_that_is_shorter() {
     // Nothing follows anything: one address each, as before.
     let scattered: Vec<(u64, u64)> = (0..4096u64).map(|i| (i * 4096, 2048)).collect();
     let m = Message::Lease(Lease {
+        lane: crate::lane::LaneId::CMA,
         req: 9,
         segments: scattered.into(),
         key: Vec::new(),
@@ -263,6 +267,7 @@ fn lease_addresses_go_as_runs_where_that_is_shorter() {
     assert_eq!(decode_frame(&v).unwrap().unwrap().0, m);
     // An address that would wrap ends a run rather than continuing it.
     let m = Message::Lease(Lease {
+        lane: crate::lane::LaneId::CMA,
         req: 1,
         segments: vec![(u64::MAX - 1, 2), (0, 1), (1, 1), (2, 1), (3, 1)].into(),
         key: Vec::new(),
@@ -327,7 +332,7 @@ proptest! {
                 s
             })
             .collect();
-        let m = Message::Lease(Lease { req: 2, segments: segments.into(), key: vec![7] });
+        let m = Message::Lease(Lease { lane: crate::lane::LaneId::CMA, req: 2, segments: segments.into(), key: vec![7] });
         let v = m.to_vec();
         prop_assert_eq!(decode_frame(&v).unwrap().unwrap().0, m);
     }
@@ -371,15 +376,16 @@ fn runs_stay_runs_until_a_grant_is_checked() {
     assert_eq!(m.to_vec(), v);
     let Message::Open(o) = m else { panic!() };
     assert_eq!(o.sizes.first_difference(&[8, 8, 8]), None);
-    // A lease of 2^20 segments in 53 bytes: runs of lengths and addresses.
+    // A lease of 2^20 segments in 54 bytes: runs of lengths and addresses.
     let mut body = 4u64.to_le_bytes().to_vec();
+    body.push(1); // the lane
     body.extend_from_slice(&0u32.to_le_bytes());
     put_runs(&mut body, &[(4096, 1 << 20)]);
     body.push(ADDRESSES_RUNS);
     put_runs(&mut body, &[(0x1000, 1 << 20)]);
     let mut v = header_for(T_LEASE, body.len());
     v.extend_from_slice(&body);
-    assert_eq!(v.len(), 53);
+    assert_eq!(v.len(), 54);
     let (m, _) = decode_frame(&v).unwrap().unwrap();
     assert_eq!(m.to_vec(), v);
     let Message::Lease(l) = m else { panic!() };

@@ -216,6 +216,7 @@ impl World {
                 self.send(
                     c,
                     Message::Lease(Lease {
+                        lane: ferry_proto::lane::LaneId::CMA,
                         req,
                         segments: segments.into(),
                         key: vec![],
@@ -270,6 +271,7 @@ impl World {
                 self.send(
                     c,
                     Message::Lease(Lease {
+                        lane: ferry_proto::lane::LaneId::CMA,
                         req,
                         segments: segments.into(),
                         key: vec![],

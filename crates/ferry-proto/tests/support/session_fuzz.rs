@@ -422,6 +422,7 @@ impl<'a> Harness<'a> {
                 self.send(
                     ACTIVE,
                     Message::Lease(Lease {
+                        lane: ferry_proto::lane::LaneId::CMA,
                         req,
                         segments: segments.into(),
                         key: vec![],
@@ -748,6 +749,7 @@ impl<'a> Harness<'a> {
                     _ => self.input.sizes(),
                 };
                 Message::Lease(Lease {
+                    lane: ferry_proto::lane::LaneId::CMA,
                     req,
                     segments: lease_of(&sizes).into(),
                     key: vec![],

@@ -263,6 +263,7 @@ impl Harness<'_> {
                 self.send(
                     i,
                     Message::Lease(Lease {
+                        lane: ferry_proto::lane::LaneId::CMA,
                         req,
                         segments: segments.into(),
                         key: vec![],

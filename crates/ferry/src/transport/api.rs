@@ -17,6 +17,7 @@ use crate::kind::TransportKind;
 use crate::metrics::Metrics;
 use crate::outcome::OpShared;
 use crate::region::Region;
+use crate::transport::pull::lanes::Lanes;
 use crate::transport::ucx::Worker;
 use crate::Result;
 
@@ -49,6 +50,9 @@ pub(crate) trait Transport: Send + Sync {
 /// How the transports of one connector are configured (from the builder
 /// and the environment).
 pub(crate) struct Config {
+    /// The lanes this connector offers (built once, from the settings
+    /// below).
+    pub(crate) lanes: Lanes,
     pub(crate) worker_id: String,
     pub(crate) host_id: String,
     pub(crate) connect_timeout: Duration,

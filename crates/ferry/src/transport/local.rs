@@ -28,7 +28,7 @@ use crate::outcome::OpShared;
 use crate::region::{Denied, Region};
 use crate::sync::lock;
 use crate::transport::pull::process::{seal_both, ProcessPeer, ProcessPuller, CHUNK};
-use crate::transport::pull::{PullEnd, Puller};
+use crate::transport::pull::{Lane, PullEnd};
 use crate::{host, Error, Result};
 
 /// Copies larger than this run on a blocking thread, not on the runtime.
@@ -223,7 +223,7 @@ fn copy(
     if src.is_host() && dst.is_host() {
         // The same-process lane, which seals both operations.
         let peer = ProcessPeer::new(src.clone(), Some(src_op.clone()));
-        let lease = ProcessPuller.lend(src);
+        let lease = ProcessPuller.lend(src, None);
         let done = ProcessPuller.pull(&peer, &lease, dst, dst_op) == PullEnd::Done;
         return settle(inner, exposure, active, shared, done && shared.is_sealed());
     }

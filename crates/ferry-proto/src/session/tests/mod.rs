@@ -171,6 +171,7 @@ fn abort(req: u64, reason: AbortReason) -> Message {
 /// A lease of descriptors of these lengths, at made-up addresses.
 fn lease(req: u64, lens: &[u64]) -> Message {
     Message::Lease(Lease {
+        lane: crate::lane::LaneId::CMA,
         req,
         segments: segments(lens).into(),
         key: Vec::new(),

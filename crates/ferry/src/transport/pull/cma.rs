@@ -1,12 +1,13 @@
-//! Cross-memory attach as a [`Puller`]: the destination copies what the
+//! Cross-memory attach as a [`Lane`]: the destination copies what the
 //! source lent with `process_vm_readv`, chunk by chunk, through its region
 //! (the system calls and the peer handle are in `transport::cma`).
 
 use std::io;
 
-use ferry_proto::DeviceKind;
+use ferry_proto::lane::{FailureScope, LaneCaps, LaneId, MemKinds, Reach};
 
-use super::{not_host_memory, share, LeaseBlob, PullEnd, Puller};
+use super::registration::Nothing;
+use super::{share, Lane, LaneError, LeaseBlob, PullEnd};
 use crate::kind::TransportKind;
 use crate::outcome::OpShared;
 use crate::region::{Denied, Region};
@@ -27,19 +28,45 @@ const PULL_CHUNK: u64 = CHUNK as u64;
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct CmaPuller;
 
-impl Puller for CmaPuller {
+/// What a failed copy by cross-memory attach ends: the connection (the
+/// source died, or lent memory it does not have).
+const SCOPE: FailureScope = FailureScope::Connection;
+
+/// A failed pull, with `cause`.
+fn failure(cause: LaneError) -> PullEnd {
+    PullEnd::failed(SCOPE, cause)
+}
+
+impl Lane for CmaPuller {
     type Peer = Peer;
+    type Registration = Nothing;
+
+    fn id(&self) -> LaneId {
+        LaneId::CMA
+    }
 
     fn kind(&self) -> TransportKind {
         TransportKind::Cma
     }
 
-    fn memory_kinds(&self) -> &'static [DeviceKind] {
-        &[DeviceKind::Cpu]
+    fn caps(&self) -> LaneCaps {
+        LaneCaps {
+            id: LaneId::CMA,
+            lends: MemKinds::HOST,
+            pulls_into: MemKinds::HOST,
+            reach: Reach::Host,
+            within_process: true,
+            failure: SCOPE,
+        }
     }
 
-    fn lend(&self, region: &Region) -> LeaseBlob {
-        LeaseBlob::addresses(region.segments())
+    /// Nothing to register: the kernel reads the source's pages as they are.
+    fn register(&self, _region: &Region) -> Result<Option<Nothing>, LaneError> {
+        Ok(None)
+    }
+
+    fn lend(&self, region: &Region, _kept: Option<&Nothing>) -> LeaseBlob {
+        LeaseBlob::addresses(LaneId::CMA, region.segments())
     }
 
     /// Copies every segment of a lease from process `peer` into `region`,
@@ -54,14 +81,21 @@ impl Puller for CmaPuller {
         let segs = lease.segments();
         let pid = peer.pid();
         let failed = |e: io::Error| {
-            PullEnd::Failed(format!("cross-memory copy from process {pid} failed: {e}"))
+            failure(LaneError::Copy {
+                detail: format!("cross-memory copy from process {pid} failed: {e}"),
+            })
+        };
+        let gone = |e: io::Error| {
+            failure(LaneError::SourceGone {
+                detail: format!("process {pid}: {e}"),
+            })
         };
         // The kernel would write device addresses as host memory.
         if !region.is_host() {
-            return not_host_memory();
+            return failure(LaneError::NotHostMemory);
         }
         if let Err(e) = peer.check() {
-            return failed(e);
+            return gone(e);
         }
         let Plan { order, units } = match plan(segs, region) {
             Ok(p) => p,
@@ -116,17 +150,15 @@ impl Puller for CmaPuller {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(e)) => Err(failed(e)),
                 Err(Denied::Closed) => Err(PullEnd::Closed),
-                Err(Denied::NotHostMemory) => Err(not_host_memory()),
-                Err(Denied::OutOfBounds) => {
-                    Err(PullEnd::Failed("lease larger than the destination".into()))
-                }
+                Err(Denied::NotHostMemory) => Err(failure(LaneError::NotHostMemory)),
+                Err(Denied::OutOfBounds) => Err(failure(LaneError::LeaseTooLarge)),
             }
         };
         if let Some(end) = share::run(&units, helpers, copy) {
             return end;
         }
         if let Err(e) = peer.confirm() {
-            return failed(e);
+            return gone(e);
         }
 
         if region.seal_if_open(|| shared.seal()) {
@@ -186,7 +218,9 @@ fn plan(segs: &[(u64, u64)], region: &Region) -> Result<Plan, PullEnd> {
             while off < len {
                 let n = (len - off).min(PULL_CHUNK) as usize;
                 let Some(at) = addr.checked_add(off) else {
-                    return Err(PullEnd::Failed("lease address overflows".into()));
+                    return Err(failure(LaneError::BadLease {
+                        detail: "a lease address overflows".into(),
+                    }));
                 };
                 parts.push(Unit::Part {
                     seg: i,
@@ -304,6 +338,7 @@ mod tests {
         host_source, Applies, Backend, Mortal, Source, Stalled,
     };
     use crate::{Descriptor, Device};
+    use ferry_proto::DeviceKind;
 
     /// Cross-memory attach to this very process (`Peer::open` of our own
     /// pid is allowed: the kernel checks ptrace access, which a process has
@@ -362,7 +397,7 @@ mod tests {
             // SAFETY: as above: valid for reads until `stall` is dropped,
             // written by nobody.
             let region = Arc::new(unsafe { Region::new(&[desc], false) });
-            let lease = self.0.lend(&region);
+            let lease = self.0.lend(&region, None);
             region.lend();
             let peer = Peer::open(cma::pid()).expect("cross-memory attach to this process");
             Ok(Stalled {
@@ -489,16 +524,19 @@ mod tests {
     fn cma_pulls_host_memory_and_registers_nothing() {
         let p = CmaPuller;
         assert_eq!(p.kind(), TransportKind::Cma);
-        assert!(p.supports(DeviceKind::Cpu));
-        assert!(!p.supports(DeviceKind::Cuda));
+        assert_eq!(p.id(), LaneId::CMA);
+        let caps = p.caps();
+        assert!(caps.lends == MemKinds::HOST && caps.pulls_into == MemKinds::HOST);
+        assert_eq!(caps.failure, FailureScope::Connection);
         let descs = vec![
             Descriptor::from_vec(vec![1; 3]),
             Descriptor::from_vec(vec![2; 5]),
         ];
         // SAFETY: the descriptors outlive the region and are not touched elsewhere.
         let r = unsafe { Region::new(&descs, false) };
-        assert!(p.register(&r).is_ok() && p.deregister(&r).is_ok());
-        let lease = p.lend(&r);
+        assert!(matches!(p.register(&r), Ok(None)));
+        let lease = p.lend(&r, None);
+        assert_eq!(lease.lane(), LaneId::CMA);
         assert_eq!(lease.segments(), r.segments().as_slice());
         assert!(lease.opaque().is_empty() && lease.fits(&r));
         r.close();

@@ -1,4 +1,4 @@
-//! The suite every [`Puller`] must pass: lend then pull, a region closed
+//! The suite every [`Lane`] must pass: lend then pull, a region closed
 //! before the pull, a cancel while a copy is stuck mid-chunk, a close while
 //! a long pull runs, a source that goes away, a lease of memory the source
 //! does not have. A backend supplies its sources ([`Backend`]) and runs the
@@ -9,7 +9,7 @@
 //! into <memory>: not applicable to <lane> (<backend>): <why>` on
 //! standard output, which `--nocapture` shows): the lane cannot start here
 //! (no `libucp`, no CUDA driver), it does not declare the destination's
-//! memory ([`Puller::memory_kinds`]) or cannot move it here
+//! memory ([`Lane::caps`]) or cannot move it here
 //! ([`Backend::pulls_into`]), or the backend cannot bring about what the
 //! case needs with this lane (a source whose copy can be held mid-chunk, a
 //! source that goes away). Nothing is skipped in silence.
@@ -34,9 +34,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ferry_proto::lane;
 use ferry_proto::{DeviceKind, OperationStatus};
 
-use super::{LeaseBlob, PullEnd, Puller};
+use super::{lend_kept, register_kept, Lane, LeaseBlob, PullEnd};
 use crate::cuda::CudaBuffer;
 use crate::outcome::OpShared;
 use crate::region::Region;
@@ -55,7 +56,7 @@ const PROMPT: Duration = Duration::from_secs(10);
 const MAX_UNIT: usize = 16 << 20;
 
 /// The peer type of a backend's puller.
-pub(super) type PeerOf<B> = <<B as Backend>::P as Puller>::Peer;
+pub(super) type PeerOf<B> = <<B as Backend>::P as Lane>::Peer;
 
 /// What a backend can bring about for a case, or why it cannot (with this
 /// lane, or here).
@@ -64,10 +65,10 @@ pub(super) type Applies<T> = Result<T, String>;
 /// A source and what makes it go away (see [`Backend::mortal_source`]).
 pub(super) type Mortal<Peer> = (Source<Peer>, Box<dyn FnOnce()>);
 
-/// What the suite needs of a backend besides its [`Puller`]: sources to
+/// What the suite needs of a backend besides its [`Lane`]: sources to
 /// pull from.
 pub(super) trait Backend {
-    type P: Puller;
+    type P: Lane;
 
     fn puller(&self) -> &Self::P;
 
@@ -83,7 +84,7 @@ pub(super) trait Backend {
     fn chunk(&self, into: DeviceKind) -> usize;
 
     /// Why the lane cannot pull into memory of kind `into` here although
-    /// it declares that kind ([`Puller::memory_kinds`]); `Ok` where it can.
+    /// it declares that kind ([`Lane::caps`]); `Ok` where it can.
     fn pulls_into(&self, into: DeviceKind) -> Applies<()> {
         let _ = into;
         Ok(())
@@ -177,25 +178,25 @@ pub(super) struct Stalled<Peer> {
 /// [`pattern`]s of `sizes`, registered with `p`, lent and counted
 /// ([`Region::lend`]), reached through the peer that `make` returns for
 /// the region. When the [`Source`] is dropped, the peer goes first, then
-/// the lease is given back and the region deregistered, closed and freed.
-pub(super) fn host_source<P: Puller + Clone>(
+/// the lease is given back (which ends its registration), and the region
+/// closed and freed.
+pub(super) fn host_source<P: Lane + Clone>(
     p: &P,
     sizes: &[usize],
     make: impl FnOnce(&Arc<Region>) -> P::Peer,
 ) -> Source<P::Peer> {
     let mem = Mem::new(patterns(sizes), false);
-    p.register(&mem.region).expect("register the source");
-    let lease = p.lend(&mem.region);
+    register_kept(p, &mem.region).expect("register the source");
+    let lease = lend_kept(p, &mem.region);
     assert!(lease.fits(&mem.region), "a lease describes what was lent");
+    assert_eq!(lease.lane(), p.id(), "a lease names its lane");
     mem.region.lend();
     let peer = make(&mem.region);
-    let p = p.clone();
     Source::new(
         lease,
         peer,
         Box::new(move || {
             mem.region.give_back();
-            let _ = p.deregister(&mem.region);
             drop(mem);
         }),
     )
@@ -218,10 +219,15 @@ pub(super) fn not_applicable<B: Backend>(b: &B, case: &str, why: &str) {
 fn here<B: Backend>(b: &B, case: &str, into: DeviceKind) -> bool {
     let why = if let Some(why) = b.absent() {
         why
-    } else if !b.puller().supports(into) {
+    } else if !b
+        .puller()
+        .caps()
+        .pulls_into
+        .has(lane::Mem::of(into != DeviceKind::Cpu))
+    {
         format!(
-            "it moves {:?} memory only (memory_kinds)",
-            b.puller().memory_kinds()
+            "it pulls into {:?} memory only (caps)",
+            b.puller().caps().pulls_into
         )
     } else if let Err(why) = device_memory_here(into) {
         why
@@ -407,7 +413,7 @@ pub(super) fn lend_then_pull_moves_every_byte_and_seals<B: Backend>(b: &B, into:
     sizes.extend(std::iter::repeat_n(3000, 900));
     let src = b.source(&sizes);
     let dst = destination(&sizes, into);
-    p.register(&dst.region).expect("register the destination");
+    let kept = p.register(&dst.region).expect("register the destination");
     assert!(src.lease.fits(&dst.region));
     let shared = op();
     assert_eq!(
@@ -420,8 +426,7 @@ pub(super) fn lend_then_pull_moves_every_byte_and_seals<B: Backend>(b: &B, into:
     for (i, (got, &n)) in dst.read().iter().zip(&sizes).enumerate() {
         assert!(**got == pattern(i, n), "segment {i} differs");
     }
-    p.deregister(&dst.region)
-        .expect("deregister the destination");
+    drop(kept);
 }
 
 /// (b) A region closed before the pull: `Closed`, not sealed, no byte
@@ -563,7 +568,7 @@ pub(super) fn a_close_during_a_long_pull_freezes_the_destination<B: Backend>(
         match end {
             PullEnd::Done => assert!(shared.is_sealed()),
             PullEnd::Closed => assert!(!shared.is_sealed()),
-            PullEnd::Failed(why) => panic!("the pull failed: {why}"),
+            PullEnd::Failed { cause, .. } => panic!("the pull failed: {cause}"),
         }
         if end == PullEnd::Closed {
             closed = true;
@@ -600,7 +605,7 @@ pub(super) fn a_lost_source_fails_the_pull_unsealed<B: Backend>(b: &B, into: Dev
     let dst = destination(&sizes, into);
     let shared = op();
     match p.pull(src.peer(), &src.lease, &dst.region, &shared) {
-        PullEnd::Failed(why) => assert!(!why.is_empty()),
+        PullEnd::Failed { cause, .. } => assert!(!cause.to_string().is_empty()),
         other => panic!("a pull from a source that went away ended {other:?}"),
     }
     assert!(!shared.is_sealed(), "a failed pull sealed");
@@ -622,13 +627,14 @@ pub(super) fn a_lease_of_memory_the_source_lacks_fails<B: Backend>(b: &B, into: 
         let dst = destination(&sizes, into);
         // Page 0 is never mapped (`vm.mmap_min_addr`).
         let bogus = LeaseBlob::new(
+            p.id(),
             sizes.iter().map(|&n| (8, n as u64)).collect(),
             src.lease.opaque().to_vec(),
         );
         assert!(bogus.fits(&dst.region));
         let shared = op();
         match p.pull(src.peer(), &bogus, &dst.region, &shared) {
-            PullEnd::Failed(_) => {}
+            PullEnd::Failed { .. } => {}
             other => panic!("a pull of memory nobody lent ended {other:?}"),
         }
         assert!(!shared.is_sealed());

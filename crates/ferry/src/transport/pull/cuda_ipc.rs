@@ -1,4 +1,4 @@
-//! CUDA IPC as a [`Puller`]: GPU memory between two processes of one host.
+//! CUDA IPC as a [`Lane`]: GPU memory between two processes of one host.
 //!
 //! The source lends the allocations under its device memory: one
 //! `cuIpcGetMemHandle` per allocation, and for each segment its allocation
@@ -35,12 +35,13 @@
 //! codec and the no-CUDA behaviour are what is tested here.
 
 use std::collections::{HashMap, VecDeque};
-use std::io;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+use ferry_proto::lane::{FailureScope, LaneCaps, LaneId, MemKinds, Reach};
 use ferry_proto::DeviceKind;
 
-use super::{LeaseBlob, PullEnd, Puller};
+use super::registration::IpcExport;
+use super::{Lane, LaneError, LeaseBlob, PullEnd};
 use crate::cuda::ipc::{self, CopyStream, Dst, Handle, Opened};
 use crate::cuda::{CudaError, PrimaryCtx};
 use crate::kind::TransportKind;
@@ -147,66 +148,67 @@ fn everyone() -> &'static Mutex<HashMap<Key, Weak<Opened>>> {
     ALL.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// What a source keeps while its device memory is lent: the lease's
-/// opaque bytes, made once by `register`.
-struct Exported(Vec<u8>);
+/// What a failed CUDA IPC copy ends: its one request (no GPU here, no
+/// peer access between the two devices, memory the driver would not map;
+/// a source that went away ends the connection on its own).
+const SCOPE: FailureScope = FailureScope::Request;
 
-impl Puller for CudaIpcPuller {
+impl Lane for CudaIpcPuller {
     type Peer = IpcPeer;
+    type Registration = IpcExport;
+
+    fn id(&self) -> LaneId {
+        LaneId::CUDA_IPC
+    }
 
     fn kind(&self) -> TransportKind {
         TransportKind::CudaIpc
     }
 
-    fn memory_kinds(&self) -> &'static [DeviceKind] {
-        // Lends device memory; pulls into device memory or host memory.
-        &[DeviceKind::Cuda, DeviceKind::Cpu]
+    fn caps(&self) -> LaneCaps {
+        LaneCaps {
+            id: LaneId::CUDA_IPC,
+            // Lends device memory; pulls into device memory or host memory.
+            lends: MemKinds::DEVICE,
+            pulls_into: MemKinds::BOTH,
+            reach: Reach::Host,
+            // CUDA does not open a process's own IPC handles.
+            within_process: false,
+            failure: SCOPE,
+        }
     }
 
     /// At the source (a region that is not written): exports its device
     /// memory (one IPC handle per allocation), kept until the last lease
     /// ends. Nothing at a destination.
-    fn register(&self, region: &Region) -> io::Result<()> {
+    fn register(&self, region: &Region) -> Result<Option<IpcExport>, LaneError> {
         if region.is_writable() {
-            return Ok(());
+            return Ok(None);
         }
         let Some(device) = region.device() else {
-            return Err(io::Error::other(
-                "host memory is lent by cross-memory attach, not CUDA IPC",
+            return Err(LaneError::Registration(
+                "host memory is lent by cross-memory attach, not CUDA IPC".into(),
             ));
         };
-        region.lease_state(|state| {
-            if state.as_ref().is_some_and(|s| s.is::<Exported>()) {
-                return Ok(());
-            }
-            let segs = region.segments();
-            let e = ipc::export(device.id(), &segs).map_err(io::Error::other)?;
-            let allocs: Vec<lease::Alloc> = e
-                .allocs
-                .iter()
-                .map(|&(handle, size)| lease::Alloc { handle, size })
-                .collect();
-            let lens: Vec<u64> = segs.iter().map(|s| s.1).collect();
-            let uuid = ipc::device_uuid(device.id());
-            *state = Some(Box::new(Exported(lease::encode(
-                uuid, &allocs, &e.at, &lens,
-            ))));
-            Ok(())
-        })
+        let segs = region.segments();
+        let e =
+            ipc::export(device.id(), &segs).map_err(|e| LaneError::Registration(e.to_string()))?;
+        let allocs: Vec<lease::Alloc> = e
+            .allocs
+            .iter()
+            .map(|&(handle, size)| lease::Alloc { handle, size })
+            .collect();
+        let lens: Vec<u64> = segs.iter().map(|s| s.1).collect();
+        let uuid = ipc::device_uuid(device.id());
+        Ok(Some(IpcExport(lease::encode(uuid, &allocs, &e.at, &lens))))
     }
 
     /// The segments' device addresses and lengths, with the exported
     /// handles ([`register`](Self::register) first; without it the opaque
     /// bytes are empty and the destination refuses the lease).
-    fn lend(&self, region: &Region) -> LeaseBlob {
-        let opaque = region.lease_state(|state| {
-            state
-                .as_ref()
-                .and_then(|s| s.downcast_ref::<Exported>())
-                .map(|e| e.0.clone())
-                .unwrap_or_default()
-        });
-        LeaseBlob::new(region.segments(), opaque)
+    fn lend(&self, region: &Region, kept: Option<&IpcExport>) -> LeaseBlob {
+        let opaque = kept.map(|e| e.0.clone()).unwrap_or_default();
+        LeaseBlob::new(LaneId::CUDA_IPC, region.segments(), opaque)
     }
 
     fn pull(
@@ -216,11 +218,16 @@ impl Puller for CudaIpcPuller {
         region: &Region,
         shared: &OpShared,
     ) -> PullEnd {
+        let pid = peer.process.pid();
         let failed = |what: &str, e: &dyn std::fmt::Display| {
-            PullEnd::Failed(format!(
-                "CUDA IPC copy from process {} failed: {what}: {e}",
-                peer.process.pid()
-            ))
+            let detail = format!("CUDA IPC copy from process {pid} failed: {what}: {e}");
+            let cause = match what {
+                "the source process" => LaneError::SourceGone { detail },
+                "bad lease" => LaneError::BadLease { detail },
+                "destination" => LaneError::Destination { detail },
+                _ => LaneError::Copy { detail },
+            };
+            PullEnd::failed(SCOPE, cause)
         };
         let t0 = std::time::Instant::now();
         if let Err(e) = peer.process.check() {
@@ -336,9 +343,11 @@ impl Puller for CudaIpcPuller {
                 Ok(Err(e)) => return failed("copy", &e),
                 Err(Denied::Closed) => return PullEnd::Closed,
                 Err(Denied::OutOfBounds) => {
-                    return PullEnd::Failed("lease larger than the destination".into())
+                    return PullEnd::failed(SCOPE, LaneError::LeaseTooLarge)
                 }
-                Err(Denied::NotHostMemory) => return super::not_host_memory(),
+                Err(Denied::NotHostMemory) => {
+                    return PullEnd::failed(SCOPE, LaneError::NotHostMemory)
+                }
             }
         }
         let t_copy = t0.elapsed();
@@ -561,7 +570,9 @@ mod tests {
     fn without_cuda_lending_and_pulling_fail_cleanly() {
         let p = CudaIpcPuller;
         assert_eq!(p.kind(), TransportKind::CudaIpc);
-        assert!(p.supports(DeviceKind::Cuda) && p.supports(DeviceKind::Cpu));
+        let caps = p.caps();
+        assert!(caps.lends == MemKinds::DEVICE && caps.pulls_into == MemKinds::BOTH);
+        assert_eq!(caps.failure, FailureScope::Request);
         if crate::cuda::available() {
             println!("skipped: CUDA is available here (tests/cuda_ipc.rs runs the real thing)");
             return;
@@ -570,9 +581,10 @@ mod tests {
         let descs = vec![unsafe { Descriptor::from_cuda_ptr(0x7f00_0000_0000, 4096, 0, false) }];
         // SAFETY: as above.
         let src = unsafe { Region::new(&descs, false) };
-        let e = p.register(&src).unwrap_err();
+        let e = p.register(&src).err().expect("no CUDA: nothing exported");
         assert!(e.to_string().contains("CUDA unavailable"), "{e}");
-        let lease = p.lend(&src);
+        let lease = p.lend(&src, None);
+        assert_eq!(lease.lane(), LaneId::CUDA_IPC);
         assert!(lease.opaque().is_empty(), "nothing exported");
         assert_eq!(lease.segments(), &[(0x7f00_0000_0000, 4096)]);
         // Host memory is not lent by CUDA IPC.
@@ -596,9 +608,12 @@ mod tests {
         let r = unsafe { Region::new(&descs, true) };
         let shared = OpShared::new(ferry_proto::OperationStatus::InProgress);
         for opaque in [Vec::new(), b"FCIP".to_vec(), b"garbage".to_vec()] {
-            let lease = LeaseBlob::new(vec![(0x1000, 16)], opaque);
+            let lease = LeaseBlob::new(LaneId::CUDA_IPC, vec![(0x1000, 16)], opaque);
             match CudaIpcPuller.pull(&peer, &lease, &r, &shared) {
-                PullEnd::Failed(why) => assert!(why.contains("bad lease"), "{why}"),
+                PullEnd::Failed {
+                    scope: FailureScope::Request,
+                    cause: cause @ LaneError::BadLease { .. },
+                } => assert!(cause.to_string().contains("bad lease"), "{cause}"),
                 other => panic!("{other:?}"),
             }
         }

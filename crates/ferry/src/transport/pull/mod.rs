@@ -1,13 +1,14 @@
 //! The destination's owner copies from memory the source lends: the plug
-//! point for cross-memory attach, RDMA READ (UCX) and CUDA IPC.
+//! point for cross-memory attach, RDMA READ (UCX) and CUDA IPC, each a
+//! [`Lane`].
 //!
 //! The source *lends* its memory: it describes it in a [`LeaseBlob`]
-//! ([`Puller::lend`]) that travels to the destination over the control
+//! ([`Lane::lend`]) that travels to the destination over the control
 //! connection, and keeps the memory alive until the lease ends (the
 //! destination's `Finish`, `Abort` or `Release`, or the loss of the
 //! connection). The destination's owner *pulls*: it copies the lent bytes
 //! into its own memory, chunk by chunk, through its [`Region`]
-//! ([`Puller::pull`]). No process ever writes into another's Ferry buffer,
+//! ([`Lane::pull`]). No process ever writes into another's Ferry buffer,
 //! so the fence that makes a cancel safe everywhere else holds here
 //! unchanged: once [`Region::close`] has returned, no new copy starts, and
 //! a copy already in flight is counted by the region, which keeps the
@@ -15,15 +16,16 @@
 //!
 //! Whether a peer may be pulled from at all is probed elsewhere, during the
 //! connection's attach exchange (`transport::probe` for cross-memory
-//! attach); what the probe yields is the backend's [`Puller::Peer`].
+//! attach); what the probe yields is the lane's [`Lane::Peer`].
 //!
-//! The TCP driver executes the session's `Pull` and `Lend` actions through
-//! a puller ([`cma::CmaPuller`], [`ucx::UcxPuller`],
-//! [`cuda_ipc::CudaIpcPuller`]).
+//! Which lane carries an operation is the planner's answer
+//! (`ferry_proto::session::lane_for`, from every lane's [`Lane::caps`]);
+//! the connector's lanes and the one place that turns a lane's id into the
+//! lane are the registry ([`lanes`]). The TCP driver executes the session's
+//! `Pull` and `Lend` actions through it ([`cma::CmaPuller`],
+//! [`ucx::UcxPuller`], [`cuda_ipc::CudaIpcPuller`]).
 
-use std::io;
-
-use ferry_proto::DeviceKind;
+use ferry_proto::lane::{FailureScope, LaneCaps, LaneId};
 
 use crate::kind::TransportKind;
 use crate::outcome::OpShared;
@@ -33,11 +35,17 @@ pub(crate) mod cma;
 #[cfg(test)]
 mod conformance;
 pub(crate) mod cuda_ipc;
+mod error;
+pub(crate) mod lanes;
 pub(crate) mod process;
+pub(crate) mod registration;
 pub(crate) mod share;
 #[cfg(test)]
 mod testing;
 pub(crate) mod ucx;
+
+pub(crate) use error::LaneError;
+use registration::Kept;
 
 /// How a pull ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,49 +57,61 @@ pub(crate) enum PullEnd {
     /// operation) before the seal. Not sealed; whoever closed the region
     /// tells the peer.
     Closed,
-    /// The copy failed: the source went away, or lent memory it does not
-    /// have. Not sealed; the operation must fail on both sides (today the
-    /// caller closes the connection, which fails every operation on it).
-    Failed(String),
+    /// The copy failed (`cause`): the source went away, or lent memory it
+    /// does not have, or this side cannot copy it. Not sealed; the
+    /// operation must fail on both sides: the caller ends what `scope`
+    /// says (the lane's [`LaneCaps::failure`]: the one request, or the
+    /// connection and every operation on it).
+    Failed {
+        scope: FailureScope,
+        cause: LaneError,
+    },
 }
 
-/// The end of a pull whose destination refused an access as device memory
-/// (`Denied::NotHostMemory`): a backend that copies with the host (cross
-/// memory attach, UCX here) never writes GPU memory.
-pub(crate) fn not_host_memory() -> PullEnd {
-    PullEnd::Failed(
-        "the destination is device memory, which this backend does not write: GPU memory \
-         is lent only by CUDA IPC between processes of one host, or through a UCX that moves \
-         CUDA memory on both sides"
-            .into(),
-    )
+impl PullEnd {
+    /// A failure that ends what `scope` says.
+    pub(crate) fn failed(scope: FailureScope, cause: LaneError) -> PullEnd {
+        PullEnd::Failed { scope, cause }
+    }
 }
 
-/// What a source lends: enough for the destination's backend to copy the
+/// What a source lends: enough for the destination's lane to copy the
 /// memory of one operation.
 ///
-/// `segments` holds one `(address, length)` per descriptor of the source,
-/// in order, as the source's backend names its memory (for cross-memory
-/// attach: virtual addresses in the source process). `opaque` is whatever
-/// else that backend needs and only it reads: empty for cross-memory
-/// attach; remote keys of registered memory for RDMA, or IPC handles (with
-/// offsets in `segments`) for CUDA. Its encoding is the backend's business,
-/// so a new backend adds no field here nor, later, to the wire.
+/// `lane` names the lane that lent it (the destination copies with that
+/// lane, never guessing from the bytes). `segments` holds one `(address,
+/// length)` per descriptor of the source, in order, as the source's lane
+/// names its memory (for cross-memory attach: virtual addresses in the
+/// source process). `opaque` is whatever else that lane needs and only it
+/// reads: empty for cross-memory attach; remote keys of registered memory
+/// for RDMA, or IPC handles (with offsets in `segments`) for CUDA. Its
+/// encoding is the lane's business, so a new lane adds no field here nor
+/// to the wire.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LeaseBlob {
+    lane: LaneId,
     segments: Vec<(u64, u64)>,
     opaque: Vec<u8>,
 }
 
 impl LeaseBlob {
-    /// A lease of `segments`, with backend-specific `opaque` bytes.
-    pub(crate) fn new(segments: Vec<(u64, u64)>, opaque: Vec<u8>) -> Self {
-        LeaseBlob { segments, opaque }
+    /// A lease by `lane` of `segments`, with the lane's `opaque` bytes.
+    pub(crate) fn new(lane: LaneId, segments: Vec<(u64, u64)>, opaque: Vec<u8>) -> Self {
+        LeaseBlob {
+            lane,
+            segments,
+            opaque,
+        }
     }
 
-    /// A lease by address alone (cross-memory attach; today's wire `Lease`).
-    pub(crate) fn addresses(segments: Vec<(u64, u64)>) -> Self {
-        Self::new(segments, Vec::new())
+    /// A lease by `lane` by address alone (cross-memory attach).
+    pub(crate) fn addresses(lane: LaneId, segments: Vec<(u64, u64)>) -> Self {
+        Self::new(lane, segments, Vec::new())
+    }
+
+    /// The lane that lent it.
+    pub(crate) fn lane(&self) -> LaneId {
+        self.lane
     }
 
     /// `(address, length)` per descriptor of the source.
@@ -99,15 +119,13 @@ impl LeaseBlob {
         &self.segments
     }
 
-    /// The segments and the backend's bytes, moved out (for the wire).
-    pub(crate) fn into_parts(self) -> (Vec<(u64, u64)>, Vec<u8>) {
-        (self.segments, self.opaque)
+    /// The lane, the segments and the lane's bytes, moved out (for the
+    /// wire).
+    pub(crate) fn into_parts(self) -> (LaneId, Vec<(u64, u64)>, Vec<u8>) {
+        (self.lane, self.segments, self.opaque)
     }
 
-    /// The backend's own bytes.
-    // Read by the backends that carry more than addresses (RDMA keys, CUDA
-    // IPC handles); cross-memory attach lends addresses alone.
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// The lane's own bytes.
     pub(crate) fn opaque(&self) -> &[u8] {
         &self.opaque
     }
@@ -121,12 +139,17 @@ impl LeaseBlob {
     }
 }
 
-/// A way for the destination's owner to copy memory that the source lends
-/// (cross-memory attach; later RDMA READ, CUDA IPC).
+/// A lane: one way for the destination's owner to copy memory that the
+/// source lends (cross-memory attach, RDMA READ through UCX, CUDA IPC),
+/// with what it declares it can move ([`caps`](Self::caps)), the state it
+/// keeps for lent memory ([`Self::Registration`]), how it lends and how
+/// it pulls.
 ///
 /// One value serves every connection of a connector; what it knows of one
-/// peer (after the attach exchange proved it may be pulled from) is a
-/// [`Self::Peer`].
+/// peer (after the connection proved it may be pulled from) is a
+/// [`Self::Peer`]. Which lane carries an operation is not the lane's to
+/// decide: the planner (`ferry_proto::session::lane_for`) decides from
+/// every lane's [`caps`](Self::caps).
 ///
 /// # The contract
 ///
@@ -172,52 +195,46 @@ impl LeaseBlob {
 /// [`pull`](Self::pull) on a copy thread of its own (`stall::run`, under a
 /// `CopySlot`), never on the runtime, since a peer may stall a copy for
 /// ever and the thread cannot be interrupted.
-pub(crate) trait Puller: Send + Sync + 'static {
-    /// What this side holds of one peer once the attach exchange proved the
+pub(crate) trait Lane: Send + Sync + 'static {
+    /// What this side holds of one peer once the connection proved the
     /// peer may be pulled from (for cross-memory attach: a handle on the
     /// very process that passed the probe). Shared by the copies of every
     /// operation on that connection.
     type Peer: Send + Sync + 'static;
 
-    /// The transport this backend is, as operations report it.
+    /// What the lane keeps for memory it lends, from
+    /// [`register`](Self::register) until the last lease of the region
+    /// ends (UCX: its registrations and their keys; CUDA IPC: the exported
+    /// handles). The region keeps it, typed ([`registration::Registration`]).
+    type Registration: Kept;
+
+    /// The lane's name, on the wire (leases name their lane) and here.
+    fn id(&self) -> LaneId;
+
+    /// The transport this lane is, as operations report it.
     fn kind(&self) -> TransportKind;
 
-    /// The kinds of memory it can pull into and lend (NIXL's
-    /// `getSupportedMems`).
-    // Which puller carries device memory is decided per connection
-    // (`tcp/lending.rs`); this is what each declares, checked by its tests.
-    #[cfg_attr(not(test), allow(dead_code))]
-    fn memory_kinds(&self) -> &'static [DeviceKind];
+    /// What it can move (NIXL's `getSupportedMems`, and more): the memory
+    /// it lends and pulls into, its reach, what a failure ends.
+    fn caps(&self) -> LaneCaps;
 
-    /// Whether it can move memory of kind `kind`.
-    #[cfg_attr(not(test), allow(dead_code))]
-    fn supports(&self, kind: DeviceKind) -> bool {
-        self.memory_kinds().contains(&kind)
-    }
-
-    /// Prepares `region` for this backend (pins it, registers it with a
+    /// Prepares `region` for this lane (pins it, registers it with a
     /// NIC, exports an IPC handle), on either side, before its first
-    /// [`lend`](Self::lend) or [`pull`](Self::pull). Nothing to do by
-    /// default; an error means the backend cannot carry this operation.
-    fn register(&self, region: &Region) -> io::Result<()> {
-        let _ = region;
-        Ok(())
-    }
+    /// [`lend`](Self::lend) or [`pull`](Self::pull): what to keep while it
+    /// is lent, `None` where the lane needs nothing kept (a destination,
+    /// cross-memory attach). An error means the lane cannot carry this
+    /// operation.
+    fn register(&self, region: &Region) -> Result<Option<Self::Registration>, LaneError>;
 
-    /// Undoes [`register`](Self::register), once the region is closed and
-    /// quiet (destination) or given back (source). Nothing by default.
-    fn deregister(&self, region: &Region) -> io::Result<()> {
-        let _ = region;
-        Ok(())
-    }
-
-    /// Describes `region` (the source's memory) for a peer to pull from.
-    /// It only describes: the caller counts the lease with
-    /// [`Region::lend`] before the blob leaves, and ends it with
+    /// Describes `region` (the source's memory) for a peer to pull from,
+    /// with what [`register`](Self::register) kept for it (`None`: nothing
+    /// was, or registering failed: the lease then carries no keys and the
+    /// destination refuses it). It only describes: the caller counts the
+    /// lease with [`Region::lend`] before the blob leaves, and ends it with
     /// [`Region::give_back`] when the destination says it stopped or the
     /// connection ends, so the memory stays alive for as long as the peer
     /// may read it.
-    fn lend(&self, region: &Region) -> LeaseBlob;
+    fn lend(&self, region: &Region, kept: Option<&Self::Registration>) -> LeaseBlob;
 
     /// Copies every segment of `lease` from `peer` into `region`, chunk by
     /// chunk, then seals `shared`, as the trait's contract says. Blocking.
@@ -228,4 +245,44 @@ pub(crate) trait Puller: Send + Sync + 'static {
         region: &Region,
         shared: &OpShared,
     ) -> PullEnd;
+}
+
+/// Registers `region` with `lane` unless the region already keeps that
+/// lane's registration, and keeps what it returns with the region until
+/// its last lease ends ([`Region::give_back`]).
+pub(crate) fn register_kept<L: Lane>(lane: &L, region: &Region) -> Result<(), LaneError> {
+    region.lease_state(|state| {
+        if state.as_ref().and_then(L::Registration::find).is_some() {
+            return Ok(());
+        }
+        if let Some(r) = lane.register(region)? {
+            *state = Some(r.keep());
+        }
+        Ok(())
+    })
+}
+
+/// `lane`'s lease of `region`, with the registration the region keeps.
+pub(crate) fn lend_kept<L: Lane>(lane: &L, region: &Region) -> LeaseBlob {
+    region.lease_state(|state| lane.lend(region, state.as_ref().and_then(L::Registration::find)))
+}
+
+/// Registers the destination `region` with `lane` (kept for the pull
+/// alone), pulls, and drops the registration.
+pub(crate) fn pull_registered<L: Lane>(
+    lane: &L,
+    peer: &L::Peer,
+    lease: &LeaseBlob,
+    region: &Region,
+    shared: &OpShared,
+) -> PullEnd {
+    debug_assert_eq!(lease.lane(), lane.id(), "pulled by the lane that lent it");
+    let scope = lane.caps().failure;
+    let kept = match lane.register(region) {
+        Ok(k) => k,
+        Err(e) => return PullEnd::failed(scope, LaneError::Registration(e.to_string())),
+    };
+    let end = lane.pull(peer, lease, region, shared);
+    drop(kept);
+    end
 }

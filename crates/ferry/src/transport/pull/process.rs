@@ -16,9 +16,10 @@
 
 use std::sync::Arc;
 
-use ferry_proto::DeviceKind;
+use ferry_proto::lane::{FailureScope, LaneCaps, LaneId, MemKinds, Reach};
 
-use super::{not_host_memory, LeaseBlob, PullEnd, Puller};
+use super::registration::Nothing;
+use super::{Lane, LaneError, LeaseBlob, PullEnd};
 use crate::kind::TransportKind;
 use crate::outcome::OpShared;
 use crate::region::{Denied, Region};
@@ -46,32 +47,62 @@ impl ProcessPeer {
     }
 }
 
-/// Why a pull failed when the source's region refused a read.
-fn refused(d: Denied) -> PullEnd {
-    match d {
-        Denied::Closed => PullEnd::Failed("the source closed its memory".into()),
-        Denied::NotHostMemory => PullEnd::Failed(
-            "the source is device memory, which this lane does not read (local copies it \
-             through a host buffer)"
-                .into(),
-        ),
-        Denied::OutOfBounds => PullEnd::Failed("the lease is larger than the source".into()),
-    }
+/// The same-process lane's id (on no wire: both sides are this process).
+pub(crate) const PROCESS_LANE: LaneId = LaneId(0);
+
+/// What a failed same-process copy ends: the one operation (there is no
+/// connection).
+const SCOPE: FailureScope = FailureScope::Request;
+
+/// A failed pull, with `cause`.
+fn failure(cause: LaneError) -> PullEnd {
+    PullEnd::failed(SCOPE, cause)
 }
 
-impl Puller for ProcessPuller {
+/// Why a pull failed when the source's region refused a read.
+fn refused(d: Denied) -> PullEnd {
+    failure(match d {
+        Denied::Closed => LaneError::SourceGone {
+            detail: "the source closed its memory".into(),
+        },
+        Denied::NotHostMemory => LaneError::BadLease {
+            detail: "the source is device memory, which this lane does not read (local copies \
+                     it through a host buffer)"
+                .into(),
+        },
+        Denied::OutOfBounds => LaneError::LeaseTooLarge,
+    })
+}
+
+impl Lane for ProcessPuller {
     type Peer = ProcessPeer;
+    type Registration = Nothing;
+
+    fn id(&self) -> LaneId {
+        PROCESS_LANE
+    }
 
     fn kind(&self) -> TransportKind {
         TransportKind::Local
     }
 
-    fn memory_kinds(&self) -> &'static [DeviceKind] {
-        &[DeviceKind::Cpu]
+    fn caps(&self) -> LaneCaps {
+        LaneCaps {
+            id: PROCESS_LANE,
+            lends: MemKinds::HOST,
+            pulls_into: MemKinds::HOST,
+            reach: Reach::Process,
+            within_process: true,
+            failure: SCOPE,
+        }
     }
 
-    fn lend(&self, region: &Region) -> LeaseBlob {
-        LeaseBlob::addresses(region.segments())
+    fn register(&self, _region: &Region) -> Result<Option<Nothing>, LaneError> {
+        Ok(None)
+    }
+
+    fn lend(&self, region: &Region, _kept: Option<&Nothing>) -> LeaseBlob {
+        LeaseBlob::addresses(PROCESS_LANE, region.segments())
     }
 
     fn pull(
@@ -85,7 +116,9 @@ impl Puller for ProcessPuller {
         // The lease names the source's segments, in order: it reads by
         // index, so anything else was not lent by this source.
         if lease.segments() != src.segments().as_slice() {
-            return PullEnd::Failed("the lease is not of the source's memory".into());
+            return failure(LaneError::NotLent {
+                detail: "the lease is not of the source's memory".into(),
+            });
         }
         for (i, &(_, len)) in lease.segments().iter().enumerate() {
             let mut off = 0u64;
@@ -107,10 +140,8 @@ impl Puller for ProcessPuller {
                 match r {
                     Ok(Ok(())) => off += n as u64,
                     Ok(Err(Denied::Closed)) => return PullEnd::Closed,
-                    Ok(Err(Denied::NotHostMemory)) => return not_host_memory(),
-                    Ok(Err(Denied::OutOfBounds)) => {
-                        return PullEnd::Failed("lease larger than the destination".into())
-                    }
+                    Ok(Err(Denied::NotHostMemory)) => return failure(LaneError::NotHostMemory),
+                    Ok(Err(Denied::OutOfBounds)) => return failure(LaneError::LeaseTooLarge),
                     Err(d) => return refused(d),
                 }
             }
@@ -151,6 +182,8 @@ pub(crate) fn seal_both(
 
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
+    use ferry_proto::DeviceKind;
+
     use super::*;
     use crate::transport::pull::cma::uffd;
     use crate::transport::pull::conformance::{
@@ -198,7 +231,7 @@ mod tests {
             let desc = unsafe { Descriptor::from_raw_parts(stall.base, len, Device::CPU, false) };
             // SAFETY: as above.
             let region = Arc::new(unsafe { Region::new(&[desc], false) });
-            let lease = self.0.lend(&region);
+            let lease = self.0.lend(&region, None);
             region.lend();
             let peer = ProcessPeer::new(region.clone(), None);
             Ok(Stalled {
@@ -249,7 +282,7 @@ mod tests {
             OpShared::new(OperationStatus::InProgress),
         );
         let peer = ProcessPeer::new(src.region.clone(), Some(theirs.clone()));
-        let lease = p.lend(&src.region);
+        let lease = p.lend(&src.region, None);
         assert_eq!(p.pull(&peer, &lease, &dst.region, &mine), PullEnd::Done);
         assert!(mine.is_sealed() && theirs.is_sealed());
         assert_eq!(&*dst.bytes(1), &[8; 3]);
@@ -262,7 +295,7 @@ mod tests {
         src.region.close();
         assert!(matches!(
             p.pull(&peer, &lease, &dst.region, &mine),
-            PullEnd::Failed(_)
+            PullEnd::Failed { .. }
         ));
         assert!(!mine.is_sealed() && !theirs.is_sealed());
     }

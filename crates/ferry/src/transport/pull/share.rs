@@ -25,7 +25,9 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use super::PullEnd;
+use ferry_proto::lane::FailureScope;
+
+use super::{LaneError, PullEnd};
 
 /// Threads copying a pull now, in the whole process: pulls' own threads
 /// and their helpers.
@@ -128,7 +130,12 @@ fn run_within<U: Sync>(
             work();
             for h in started {
                 if h.join().is_err() {
-                    halt(PullEnd::Failed("a copy helper thread panicked".into()));
+                    halt(PullEnd::failed(
+                        FailureScope::Connection,
+                        LaneError::Copy {
+                            detail: "a copy helper thread panicked".into(),
+                        },
+                    ));
                 }
             }
         });
@@ -142,6 +149,15 @@ mod tests {
     use super::*;
     use std::collections::HashSet;
     use std::time::Duration;
+
+    fn gone() -> PullEnd {
+        PullEnd::failed(
+            FailureScope::Connection,
+            LaneError::SourceGone {
+                detail: "gone".into(),
+            },
+        )
+    }
 
     #[test]
     fn every_unit_is_copied_once_whatever_the_threads() {
@@ -181,11 +197,11 @@ mod tests {
         assert!(n < 1000, "{n} units copied after a stop at the 11th");
         let end = run_within(&running, 3, &units, 3, |u| {
             if *u == 50 {
-                return Err(PullEnd::Failed("gone".into()));
+                return Err(gone());
             }
             Ok(())
         });
-        assert_eq!(end, Some(PullEnd::Failed("gone".into())));
+        assert_eq!(end, Some(gone()));
         assert_eq!(running.load(Ordering::Acquire), 0);
     }
 

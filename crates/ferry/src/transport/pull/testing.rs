@@ -1,4 +1,4 @@
-//! An in-process [`Puller`] for tests: it copies from memory of this
+//! An in-process [`Lane`] for tests: it copies from memory of this
 //! process by address, under the same rules as a real backend (through the
 //! destination's region, chunk by chunk, sealed last under its lock), and
 //! can hold a copy mid-chunk until told to go on ([`Gate`]). It runs the
@@ -8,9 +8,10 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
-use ferry_proto::DeviceKind;
+use ferry_proto::lane::{FailureScope, LaneCaps, LaneId, MemKinds, Reach};
 
-use super::{not_host_memory, LeaseBlob, PullEnd, Puller};
+use super::registration::Nothing;
+use super::{Lane, LaneError, LeaseBlob, PullEnd};
 use crate::kind::TransportKind;
 use crate::outcome::OpShared;
 use crate::region::{Denied, Region};
@@ -105,19 +106,43 @@ impl Gate {
     }
 }
 
-impl Puller for TestPuller {
+/// The test lane's id (no real lane has it).
+pub(super) const TEST_LANE: LaneId = LaneId(200);
+
+/// A failed test pull, with `cause`.
+fn failure(cause: LaneError) -> PullEnd {
+    PullEnd::failed(FailureScope::Connection, cause)
+}
+
+impl Lane for TestPuller {
     type Peer = TestPeer;
+    type Registration = Nothing;
+
+    fn id(&self) -> LaneId {
+        TEST_LANE
+    }
 
     fn kind(&self) -> TransportKind {
         TransportKind::Local
     }
 
-    fn memory_kinds(&self) -> &'static [DeviceKind] {
-        &[DeviceKind::Cpu]
+    fn caps(&self) -> LaneCaps {
+        LaneCaps {
+            id: TEST_LANE,
+            lends: MemKinds::HOST,
+            pulls_into: MemKinds::HOST,
+            reach: Reach::Process,
+            within_process: true,
+            failure: FailureScope::Connection,
+        }
     }
 
-    fn lend(&self, region: &Region) -> LeaseBlob {
-        LeaseBlob::addresses(region.segments())
+    fn register(&self, _region: &Region) -> Result<Option<Nothing>, LaneError> {
+        Ok(None)
+    }
+
+    fn lend(&self, region: &Region, _kept: Option<&Nothing>) -> LeaseBlob {
+        LeaseBlob::addresses(TEST_LANE, region.segments())
     }
 
     fn pull(
@@ -129,12 +154,16 @@ impl Puller for TestPuller {
     ) -> PullEnd {
         for (i, &(addr, len)) in lease.segments().iter().enumerate() {
             if !peer.lent(addr, len) {
-                return PullEnd::Failed(format!("the source lent nothing at {addr:#x}+{len}"));
+                return failure(LaneError::NotLent {
+                    detail: format!("nothing at {addr:#x}+{len}"),
+                });
             }
             let mut off = 0u64;
             while off < len {
                 if !peer.alive() {
-                    return PullEnd::Failed("the source went away".into());
+                    return failure(LaneError::SourceGone {
+                        detail: "gone".into(),
+                    });
                 }
                 let n = (len - off).min(self.chunk as u64) as usize;
                 let from = (addr + off) as usize as *const u8;
@@ -158,16 +187,16 @@ impl Puller for TestPuller {
                 match r {
                     Ok(()) => off += n as u64,
                     Err(Denied::Closed) => return PullEnd::Closed,
-                    Err(Denied::NotHostMemory) => return not_host_memory(),
-                    Err(Denied::OutOfBounds) => {
-                        return PullEnd::Failed("lease larger than the destination".into())
-                    }
+                    Err(Denied::NotHostMemory) => return failure(LaneError::NotHostMemory),
+                    Err(Denied::OutOfBounds) => return failure(LaneError::LeaseTooLarge),
                 }
             }
         }
         // The last word from the source before the seal.
         if !peer.alive() {
-            return PullEnd::Failed("the source went away".into());
+            return failure(LaneError::SourceGone {
+                detail: "gone".into(),
+            });
         }
         if region.seal_if_open(|| shared.seal()) {
             PullEnd::Done
@@ -183,6 +212,7 @@ mod tests {
     use crate::transport::pull::conformance::{
         host_source, Applies, Backend, Mem, Mortal, Source, Stalled,
     };
+    use ferry_proto::DeviceKind;
 
     /// The test puller, with a small chunk so that every test crosses many
     /// chunks.
@@ -232,7 +262,7 @@ mod tests {
             // SAFETY: `mem` goes into the source's end, which runs after its
             // peer is dropped; nothing writes it.
             let peer = unsafe { TestPeer::new(&[&mem.region], alive, Some(gate.clone())) };
-            let lease = self.0.lend(&mem.region);
+            let lease = self.0.lend(&mem.region, None);
             mem.region.lend();
             let stuck = gate.clone();
             Ok(Stalled {
@@ -261,18 +291,21 @@ mod tests {
     fn the_test_puller_reads_only_what_was_lent() {
         let p = TestPuller { chunk: 4 };
         assert_eq!(p.kind(), TransportKind::Local);
-        assert!(p.supports(DeviceKind::Cpu) && !p.supports(DeviceKind::Cuda));
+        assert_eq!(p.caps().lends, MemKinds::HOST);
         let src = Mem::new(vec![vec![9; 10]], false);
         let dst = Mem::new(vec![vec![0; 12]], true);
         // SAFETY: `src` outlives the peer and nothing writes it.
         let peer = unsafe { TestPeer::new(&[&src.region], Arc::new(AtomicBool::new(true)), None) };
         let (addr, _) = src.region.segments()[0];
         // Two bytes past the lent segment: refused before any copy.
-        let past = LeaseBlob::addresses(vec![(addr, 12)]);
+        let past = LeaseBlob::addresses(TEST_LANE, vec![(addr, 12)]);
         let shared = OpShared::new(ferry_proto::OperationStatus::InProgress);
         assert!(matches!(
             p.pull(&peer, &past, &dst.region, &shared),
-            PullEnd::Failed(_)
+            PullEnd::Failed {
+                cause: LaneError::NotLent { .. },
+                ..
+            }
         ));
         assert!(dst.bytes(0).iter().all(|&b| b == 0) && !shared.is_sealed());
     }

@@ -1,4 +1,4 @@
-//! UCX as a [`Puller`]: the destination gets (`ucp_get_nbx`) what the
+//! UCX as a [`Lane`]: the destination gets (`ucp_get_nbx`) what the
 //! source lent, chunk by chunk, into its own region; the source lends
 //! memory it registered, with remote keys for exactly that memory.
 //!
@@ -26,9 +26,10 @@
 
 use std::sync::Arc;
 
-use ferry_proto::DeviceKind;
+use ferry_proto::lane::{FailureScope, LaneCaps, LaneId, MemKinds, Reach};
 
-use super::{not_host_memory, LeaseBlob, PullEnd, Puller};
+use super::registration::UcxKeys;
+use super::{Lane, LaneError, LeaseBlob, PullEnd};
 use crate::kind::TransportKind;
 use crate::outcome::OpShared;
 use crate::region::{Denied, Region};
@@ -43,116 +44,144 @@ const PULL_CHUNK: u64 = 8 << 20;
 /// The most requests posted for one copy (a run of small segments).
 const MAX_BATCH: usize = 4096;
 
-/// The UCX backend's puller. A peer is an endpoint to the peer's worker.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct UcxPuller;
-
-/// What a lent region keeps in its lease state: the keys its leases
-/// carry, and the registrations made for this lease alone (those of pools
-/// are kept by the pool, see `regcache.rs`).
-struct Registrations {
-    keys: Vec<u8>,
-    _own: Vec<Arc<MemReg>>,
+/// The UCX lane. A peer is an endpoint to the peer's worker.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UcxPuller {
+    /// Register every lent segment as exactly the lent ranges, also blocks
+    /// of a pool (see [`register`](Lane::register)).
+    strict: bool,
 }
 
-impl UcxPuller {
-    /// Registers a source region's memory for as long as it is lent:
-    /// blocks of a pool through the pool's registration cache (the whole
-    /// pool, once, kept until the pool is dropped) unless `strict`; every
-    /// other segment, and every segment when `strict`, as exactly the lent
-    /// ranges (neighbours merged), unregistered when the region's last
-    /// lease ends. A destination needs nothing (UCX registers it itself,
-    /// in its own cache).
-    pub(crate) fn register_source(&self, region: &Region, strict: bool) -> std::io::Result<()> {
-        if region.is_writable() {
-            return Ok(());
-        }
-        let ucx = ucx::ucx().map_err(std::io::Error::other)?;
-        // UCX's CUDA transports look at device memory through the context
-        // current on the calling thread (`ucp_mem_map` of device memory
-        // exports it).
-        let device = region.device().map(|d| d.id());
-        let register = || {
-            region.lease_state(|state| {
-                if state.as_ref().is_some_and(|s| s.is::<Registrations>()) {
-                    return Ok(());
-                }
-                let segs = region.segments();
-                let mut covered = vec![false; segs.len()];
-                let mut pooled: Vec<Arc<MemReg>> = Vec::new();
-                for (start, count, cache) in region.pools().iter().filter(|_| !strict) {
-                    let reg = cache
-                        .get_or_make(|base, len| MemReg::register(ucx, base, len))
-                        .map_err(std::io::Error::other)?;
-                    // `None`: the pool was released; its blocks go as exact ranges.
-                    if let Some(reg) = reg {
-                        covered[*start..start + count].fill(true);
-                        if !pooled.iter().any(|r| Arc::ptr_eq(r, &reg)) {
-                            pooled.push(reg);
-                        }
-                    }
-                }
-                let rest: Vec<(u64, u64)> = segs
-                    .iter()
-                    .zip(&covered)
-                    .filter(|(_, &c)| !c)
-                    .map(|(s, _)| *s)
-                    .collect();
-                let mut own = Vec::new();
-                // Device memory is registered segment by segment: two device
-                // allocations may lie end to end, and one registration must
-                // not span them.
-                let exact: Vec<(u64, u64)> = if region.is_host() {
-                    ranges(&rest)
-                } else {
-                    rest.iter().copied().filter(|s| s.1 > 0).collect()
-                };
-                for (base, len) in exact {
-                    own.push(MemReg::register(ucx, base, len).map_err(std::io::Error::other)?);
-                }
-                pooled.extend(own.iter().cloned());
-                *state = Some(Box::new(Registrations {
-                    keys: encode_keys(&pooled),
-                    _own: own,
-                }));
-                Ok(())
-            })
-        };
-        match device {
-            Some(d) => crate::cuda::stage::on_device(d, register),
-            None => register(),
-        }
+impl Default for UcxPuller {
+    /// Registers strictly.
+    fn default() -> Self {
+        UcxPuller { strict: true }
     }
 }
 
-impl Puller for UcxPuller {
+/// What a failed get ends: the connection (the peer's endpoint or
+/// registration is gone, or it lent memory it does not have).
+const SCOPE: FailureScope = FailureScope::Connection;
+
+/// A failed pull, with `cause`.
+fn failure(cause: LaneError) -> PullEnd {
+    PullEnd::failed(SCOPE, cause)
+}
+
+impl UcxPuller {
+    /// The lane, registering pools' blocks through the pool's registration
+    /// unless `strict` (see [`register`](Lane::register)).
+    pub(crate) fn new(strict: bool) -> Self {
+        UcxPuller { strict }
+    }
+
+    /// The registrations and keys of a source region's memory (see
+    /// [`register`](Lane::register)).
+    fn register_source(&self, region: &Region) -> Result<UcxKeys, LaneError> {
+        let strict = self.strict;
+        let failed = |e: String| LaneError::Registration(e);
+        let ucx = ucx::ucx_for(strict).map_err(|e| failed(e.to_string()))?;
+        let segs = region.segments();
+        let mut covered = vec![false; segs.len()];
+        let mut pooled: Vec<Arc<MemReg>> = Vec::new();
+        for (start, count, cache) in region.pools().iter().filter(|_| !strict) {
+            let reg = cache
+                .get_or_make(|base, len| MemReg::register(ucx, base, len))
+                .map_err(|e| failed(e.to_string()))?;
+            // `None`: the pool was released; its blocks go as exact ranges.
+            if let Some(reg) = reg {
+                covered[*start..start + count].fill(true);
+                if !pooled.iter().any(|r| Arc::ptr_eq(r, &reg)) {
+                    pooled.push(reg);
+                }
+            }
+        }
+        let rest: Vec<(u64, u64)> = segs
+            .iter()
+            .zip(&covered)
+            .filter(|(_, &c)| !c)
+            .map(|(s, _)| *s)
+            .collect();
+        let mut own = Vec::new();
+        // Device memory is registered segment by segment: two device
+        // allocations may lie end to end, and one registration must not
+        // span them.
+        let exact: Vec<(u64, u64)> = if region.is_host() {
+            ranges(&rest)
+        } else {
+            rest.iter().copied().filter(|s| s.1 > 0).collect()
+        };
+        for (base, len) in exact {
+            own.push(MemReg::register(ucx, base, len).map_err(|e| failed(e.to_string()))?);
+        }
+        pooled.extend(own.iter().cloned());
+        Ok(UcxKeys {
+            keys: encode_keys(&pooled),
+            _own: own,
+        })
+    }
+}
+
+impl Lane for UcxPuller {
     type Peer = Endpoint;
+    type Registration = UcxKeys;
+
+    fn id(&self) -> LaneId {
+        LaneId::UCX
+    }
 
     fn kind(&self) -> TransportKind {
         TransportKind::Ucx
     }
 
-    fn memory_kinds(&self) -> &'static [DeviceKind] {
-        // Device memory only where `ucx::moves_cuda` (checked per pull).
-        &[DeviceKind::Cpu, DeviceKind::Cuda]
+    fn caps(&self) -> LaneCaps {
+        // Device memory only where this process's UCX moves CUDA memory.
+        let kinds = if ucx::moves_cuda() {
+            MemKinds::BOTH
+        } else {
+            MemKinds::HOST
+        };
+        LaneCaps {
+            id: LaneId::UCX,
+            lends: kinds,
+            pulls_into: kinds,
+            reach: Reach::Network,
+            within_process: true,
+            failure: SCOPE,
+        }
     }
 
-    /// Registers a source region strictly (see [`UcxPuller::register_source`]).
-    fn register(&self, region: &Region) -> std::io::Result<()> {
-        self.register_source(region, true)
+    /// Registers a source region's memory for as long as it is lent:
+    /// blocks of a pool through the pool's registration cache (the whole
+    /// pool, once, kept until the pool is dropped) unless strict; every
+    /// other segment, and every segment when strict, as exactly the lent
+    /// ranges (neighbours merged), unregistered when the region's last
+    /// lease ends. A destination needs nothing (UCX registers it itself,
+    /// in its own cache).
+    fn register(&self, region: &Region) -> Result<Option<UcxKeys>, LaneError> {
+        if region.is_writable() {
+            return Ok(None);
+        }
+        if !region.is_host() && !ucx::moves_cuda() {
+            return Err(LaneError::Registration(
+                "device memory is not lent over UCX here: this process's UCX does not move \
+                 CUDA memory"
+                    .into(),
+            ));
+        }
+        // UCX's CUDA transports look at device memory through the context
+        // current on the calling thread (`ucp_mem_map` of device memory
+        // exports it).
+        let keys = match region.device().map(|d| d.id()) {
+            Some(d) => crate::cuda::stage::on_device(d, || self.register_source(region))?,
+            None => self.register_source(region)?,
+        };
+        Ok(Some(keys))
     }
 
-    fn lend(&self, region: &Region) -> LeaseBlob {
-        let keys = region.lease_state(|state| {
-            match state
-                .as_ref()
-                .and_then(|s| s.downcast_ref::<Registrations>())
-            {
-                Some(r) => r.keys.clone(),
-                None => encode_keys(&[]),
-            }
-        });
-        LeaseBlob::new(region.segments(), keys)
+    fn lend(&self, region: &Region, kept: Option<&UcxKeys>) -> LeaseBlob {
+        let keys = kept.map_or_else(|| encode_keys(&[]), |k| k.keys.clone());
+        LeaseBlob::new(LaneId::UCX, region.segments(), keys)
     }
 
     fn pull(
@@ -165,7 +194,7 @@ impl Puller for UcxPuller {
         let device = !region.is_host();
         let cuda = ucx::moves_cuda();
         if device && !cuda {
-            return not_host_memory();
+            return failure(LaneError::NotHostMemory);
         }
         if cuda {
             // The gets (and the progress that ends them on this thread)
@@ -196,11 +225,19 @@ impl UcxPuller {
     ) -> PullEnd {
         let keys = match decode_keys(lease.opaque()) {
             Ok(k) => k,
-            Err(e) => return PullEnd::Failed(format!("a lease with bad keys: {e}")),
+            Err(e) => {
+                return failure(LaneError::BadLease {
+                    detail: format!("bad keys: {e}"),
+                })
+            }
         };
         let keys = match RemoteKeys::unpack(peer, &keys) {
             Ok(k) => k,
-            Err(e) => return PullEnd::Failed(format!("cannot use the peer's keys: {e}")),
+            Err(e) => {
+                return failure(LaneError::BadLease {
+                    detail: format!("cannot use the peer's keys: {e}"),
+                })
+            }
         };
         let segs = lease.segments();
         let mut i = 0;
@@ -233,16 +270,16 @@ impl UcxPuller {
             };
             match r {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => return PullEnd::Failed(e),
+                Ok(Err(e)) => return failure(e),
                 Err(Denied::Closed) => return PullEnd::Closed,
-                Err(Denied::NotHostMemory) => return not_host_memory(),
-                Err(Denied::OutOfBounds) => {
-                    return PullEnd::Failed("lease larger than the destination".into())
-                }
+                Err(Denied::NotHostMemory) => return failure(LaneError::NotHostMemory),
+                Err(Denied::OutOfBounds) => return failure(LaneError::LeaseTooLarge),
             }
         }
         if let Some(why) = peer.failure() {
-            return PullEnd::Failed(format!("the peer's UCX endpoint failed: {why}"));
+            return failure(LaneError::SourceGone {
+                detail: format!("the peer's UCX endpoint failed: {why}"),
+            });
         }
         if region.seal_if_open(|| shared.seal()) {
             PullEnd::Done
@@ -260,9 +297,9 @@ fn get_all(
     local: &[(*mut u8, usize)],
     lent: &[(u64, u64)],
     merge: bool,
-) -> Result<(), String> {
+) -> Result<(), LaneError> {
     if local.len() != lent.len() || local.iter().zip(lent).any(|(l, r)| l.1 as u64 != r.1) {
-        return Err("lease larger than the destination".into());
+        return Err(LaneError::LeaseTooLarge);
     }
     // Pairs whose both sides continue the previous pair become one get.
     let mut pairs: Vec<(*mut u8, u64, u64)> = Vec::with_capacity(local.len());
@@ -285,9 +322,9 @@ fn get_all(
     let mut failed = None;
     for (p, a, n) in pairs {
         let Some(rkey) = keys.find(a, n) else {
-            failed = Some(format!(
-                "the peer lent {n} bytes at {a:#x} that no key of its lease covers"
-            ));
+            failed = Some(LaneError::NotLent {
+                detail: format!("{n} bytes at {a:#x} that no key of its lease covers"),
+            });
             break;
         };
         // SAFETY: `p` points to `n` bytes of the destination that
@@ -295,7 +332,9 @@ fn get_all(
         // function returns, which is after every get ended (`wait` below);
         // the key stays unpacked until after that too.
         if let Err(s) = unsafe { post_get(ep, &batch, p, n as usize, a, rkey) } {
-            failed = Some(format!("ucp_get_nbx: {}", api.describe(s)));
+            failed = Some(LaneError::Copy {
+                detail: format!("ucp_get_nbx: {}", api.describe(s)),
+            });
             break;
         }
     }
@@ -305,7 +344,9 @@ fn get_all(
     }
     match status {
         None => Ok(()),
-        Some(s) => Err(format!("a UCX get failed: {}", api.describe(s))),
+        Some(s) => Err(LaneError::Copy {
+            detail: format!("a UCX get failed: {}", api.describe(s)),
+        }),
     }
 }
 

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-use ferry_proto::session::{Action, Fence, Session};
+use ferry_proto::lane::LaneId;
+use ferry_proto::session::{Action, Caps, Fence, Session};
 use ferry_proto::wire::{Abort, AbortReason, Lease, Message};
 use ferry_proto::OperationStatus;
 use tokio::runtime::Handle;
@@ -19,17 +20,15 @@ use crate::outcome::OpShared;
 use crate::region::Region;
 use crate::transport::admission::{Activity, Ticket};
 use crate::transport::api::ActiveLink;
-use crate::transport::cma;
 use crate::transport::stall::CopySlots;
-use crate::transport::ucx::Endpoint;
 use crate::Error;
 
 use super::conn_io::*;
 use super::error::*;
 use super::request::*;
 use super::util::*;
-use crate::transport::pull::cuda_ipc::IpcPeer;
-use crate::transport::pull::{cma::CmaPuller, LeaseBlob, Puller};
+use crate::transport::pull::lanes::{Lanes, Peers};
+use crate::transport::pull::LeaseBlob;
 
 /// The `Open` behind `opened` is on the wire (or never will be): an
 /// `Abort` waiting for it may follow.
@@ -78,16 +77,11 @@ pub(crate) struct Conn {
     pub(super) session: Mutex<Session<Target>>,
     pub(super) queued: AtomicUsize,
     pub(super) handle: Handle,
-    /// The peer's process (its pid, and the program it runs), once this
-    /// process has proven it can copy from it.
-    pub(super) peer_pid: OnceLock<Arc<cma::Peer>>,
-    /// The peer's allocations this side opened by CUDA IPC (see
-    /// `lending.rs`), once a lease of GPU memory came.
-    pub(super) ipc_peer: OnceLock<Arc<IpcPeer>>,
-    /// An endpoint to the peer's UCX worker, once this side reached it.
-    pub(super) ucx_ep: OnceLock<Arc<Endpoint>>,
-    /// Lending on this connection goes through UCX (see `lending.rs`).
-    pub(super) via_ucx: AtomicBool,
+    /// The lanes this connector offers (see `transport::pull::lanes`).
+    pub(super) lanes: Lanes,
+    /// What the connection proved about the peer, and holds of it for the
+    /// lanes (its process, its UCX endpoint, ...).
+    pub(super) peers: Peers,
     /// `(active, passive)` socket addresses of this connection.
     pub(super) tuple: OnceLock<(SocketAddr, SocketAddr)>,
     /// This side's cookie and proof bytes (`cma::placed`), kept at a fixed
@@ -123,6 +117,7 @@ impl Conn {
         writer: ConnWriter,
         handle: Handle,
         session: Session<Target>,
+        lanes: Lanes,
     ) -> Arc<Self> {
         Arc::new_cyclic(|me| Conn {
             me: me.clone(),
@@ -132,10 +127,8 @@ impl Conn {
             session: Mutex::new(session),
             queued: AtomicUsize::new(0),
             handle,
-            peer_pid: OnceLock::new(),
-            ipc_peer: OnceLock::new(),
-            ucx_ep: OnceLock::new(),
-            via_ucx: AtomicBool::new(false),
+            lanes,
+            peers: Peers::default(),
             tuple: OnceLock::new(),
             cookie: Mutex::new(None),
             copy_slots: Arc::new(CopySlots::new()),
@@ -175,18 +168,16 @@ impl Conn {
                     // reader's drain (under this lock) then always finds
                     // it counted, and its give-back always follows.
                     Action::Lend { req, target } => {
-                        if let Err(why) = self.lend(&target, prepared.take()) {
+                        let caps = s.caps();
+                        if let Err((lane, why)) = self.lend(&target, prepared.take(), caps) {
                             // Nothing lent: a READ served here streams
                             // instead (or is refused); else the request
                             // ends with the connection.
                             tracing::debug!(peer = self.peer, req, "{why}");
                             if !s.lend_failed(req, &why) {
                                 self.kill(why);
-                            } else if !target.region.is_host()
-                                && target.moves_in_band()
-                                && !self.by_ucx()
-                            {
-                                target.shared.ipc_fell_back(&why);
+                            } else if let Some(lane) = lane.filter(|_| target.moves_in_band()) {
+                                Lanes::fell_back(lane, &target.shared, &why);
                             }
                         }
                     }
@@ -201,26 +192,38 @@ impl Conn {
         r
     }
 
-    /// Lends the target's memory to the peer (registered first, if the
-    /// backend needs it and `prepared` does not say how that went), or
-    /// says why it cannot.
-    fn lend(&self, target: &Target, prepared: Option<Result<(), String>>) -> Result<(), String> {
-        prepared.unwrap_or_else(|| self.prepare_lent(&target.region))?;
+    /// Lends the target's memory to the peer (registered first by the lane
+    /// that lends it on this connection with `caps`, if `prepared` does not
+    /// say how that went), or says why it cannot (and by which lane, where
+    /// one was to lend it).
+    fn lend(
+        &self,
+        target: &Target,
+        prepared: Option<Result<(), String>>,
+        caps: Caps,
+    ) -> Result<(), (Option<LaneId>, String)> {
+        let lane = self.lending_lane(&target.region, caps);
+        let prepared = prepared.unwrap_or_else(|| match lane {
+            Some(lane) => self.prepare_lent(lane, &target.region),
+            None => Err("cannot lend this memory: no lane of this connection lends it".into()),
+        });
+        prepared.map_err(|why| (lane, why))?;
         target.region.lend();
         Ok(())
     }
 
-    /// Registers `region` with the backend that will lend it (UCX
+    /// Registers `region` with `lane`, which will lend it (UCX
     /// registration, CUDA IPC export; kept with the region), or says why it
     /// cannot be lent. Slow for large or device memory: the passive side
     /// does it before it takes the session's lock
     /// ([`with_session_prepared`](Self::with_session_prepared)).
-    pub(super) fn prepare_lent(&self, region: &Region) -> Result<(), String> {
+    pub(super) fn prepare_lent(&self, lane: LaneId, region: &Region) -> Result<(), String> {
         let t = std::time::Instant::now();
         let r = self
-            .register_lent(region)
+            .lanes
+            .register(lane, region)
             .map_err(|e| format!("cannot lend this memory: {e}"));
-        tracing::debug!(us = t.elapsed().as_micros() as u64, "prepared to lend");
+        tracing::debug!(us = t.elapsed().as_micros() as u64, %lane, "prepared to lend");
         r
     }
 
@@ -239,9 +242,10 @@ impl Conn {
             }
             Action::Via { target, lent } => {
                 if lent {
+                    let caps = lock(&self.session).caps();
                     target
                         .shared
-                        .set_transport(self.lending_kind(&target.region))
+                        .set_transport(self.lending_kind(&target.region, caps))
                 } else {
                     target.shared.moved_by(TransportKind::Tcp)
                 }
@@ -249,9 +253,11 @@ impl Conn {
             // Run by `with_session`, under the session's lock.
             Action::Lend { .. } => {}
             Action::SendLease { req, target } => {
-                let (segments, key) = self.lease_of(&target.region).into_parts();
+                let caps = lock(&self.session).caps();
+                let (lane, segments, key) = self.lease_of(&target.region, caps).into_parts();
                 let lease = Message::Lease(Lease {
                     req,
+                    lane,
                     segments: segments.into(),
                     key,
                 });
@@ -261,11 +267,12 @@ impl Conn {
             Action::Pull {
                 req,
                 target,
+                lane,
                 segments,
                 key,
             } => {
                 target.shared.first_byte();
-                let lease = LeaseBlob::new(segments, key);
+                let lease = LeaseBlob::new(lane, segments, key);
                 self.spawn_pull(req, target, lease)
             }
             Action::PartDone { target } => {
@@ -638,6 +645,5 @@ impl PartConn for Conn {
 /// The peer no longer copies from the target's memory: its registration
 /// ends first, then the lease (after which its owner may free it).
 pub(super) fn give_back(target: &Target) {
-    let _ = CmaPuller.deregister(&target.region);
     target.region.give_back();
 }

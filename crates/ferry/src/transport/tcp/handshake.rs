@@ -273,14 +273,15 @@ pub(super) async fn handshake(
     if via_ucx {
         session.rdma_leases();
     }
-    let conn = Conn::new(peer, w, cfg.handle.clone(), session);
+    let conn = Conn::new(peer, w, cfg.handle.clone(), session, cfg.lanes);
     if let Some(ep) = ucx_ep {
-        let _ = conn.ucx_ep.set(Arc::new(ep));
+        let _ = conn.peers.ucx.set(Arc::new(ep));
     }
-    conn.via_ucx
-        .store(via_ucx, std::sync::atomic::Ordering::Release);
+    if via_ucx {
+        conn.peers.set_network();
+    }
     if let Some(p) = peer_pid {
-        let _ = conn.peer_pid.set(p);
+        let _ = conn.peers.process.set(p);
     }
     *lock(&conn.cookie) = my_cookie;
     if let Some(t) = tuple {

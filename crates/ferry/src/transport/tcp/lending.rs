@@ -1,52 +1,52 @@
-//! Which backend lends and pulls on a connection: cross-memory attach
-//! (same host, probed), or UCX (set up by the `Rdma` exchange). A
-//! connection sets up at most one of them; the session decides *whether*
-//! bytes move by lending, this decides *how*. On a connection with cross
-//! memory attach, device memory is lent by CUDA IPC instead, and a
-//! destination copies a lease with the puller its opaque bytes name.
+//! What this connection's lanes are, and who its copies read from. Which
+//! lane lends and pulls a region is the planner's answer
+//! (`ferry_proto::session`), from the lanes the connection agreed on
+//! ([`Conn::lanes`]); the lane itself is reached through the registry
+//! (`transport::pull::lanes`).
 
-use std::io;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use ferry_proto::lane::{LaneId, LaneSet};
+use ferry_proto::session::Caps;
 
 use crate::kind::TransportKind;
 use crate::region::Region;
-use crate::transport::cma;
-use crate::transport::pull::cuda_ipc::{CudaIpcPuller, IpcPeer};
-use crate::transport::pull::{cma::CmaPuller, ucx::UcxPuller, LeaseBlob, Puller};
+use crate::transport::pull::lanes::Lanes;
+use crate::transport::pull::LeaseBlob;
 use crate::transport::stall::{CopySlot, NoSlot, PeerKey};
 
 use super::conn::Conn;
 
 impl Conn {
-    /// Whether this connection lends and pulls through UCX.
-    pub(super) fn by_ucx(&self) -> bool {
-        self.via_ucx.load(Ordering::Acquire)
+    /// The lanes this connection shares with its peer, where the session
+    /// found `caps`.
+    pub(super) fn lanes(&self, caps: Caps) -> LaneSet {
+        self.lanes.agreed(&self.peers.proven(&caps))
+    }
+
+    /// The lane that lends `region` on this connection (with `caps`).
+    pub(super) fn lending_lane(&self, region: &Region, caps: Caps) -> Option<LaneId> {
+        self.lanes(caps).lending(region.mem())
     }
 
     /// The transport that lent bytes of `region` travel by on this
-    /// connection (a host destination of GPU memory learns it from the
-    /// lease: `OpShared::moved_by`).
-    pub(super) fn lending_kind(&self, region: &Region) -> TransportKind {
-        if self.by_ucx() {
-            UcxPuller.kind()
-        } else if !region.is_host() {
-            CudaIpcPuller.kind()
-        } else {
-            CmaPuller.kind()
-        }
+    /// connection (a destination learns it from the lease:
+    /// `OpShared::moved_by`).
+    pub(super) fn lending_kind(&self, region: &Region, caps: Caps) -> TransportKind {
+        self.lending_lane(region, caps)
+            .map_or(TransportKind::Tcp, Lanes::kind)
     }
 
     /// Who this connection's copies read from, for the copy shares
-    /// (`stall.rs`): the process that passed the attach probe, or over UCX
-    /// the two hosts' addresses; `None` where this side copies nothing.
+    /// (`stall.rs`): the process that passed the attach probe, or, where a
+    /// lane reaches the network, the two hosts' addresses; `None` where
+    /// this side copies nothing.
     fn copy_peer(&self) -> Option<PeerKey> {
-        if self.by_ucx() {
+        // Which lanes, not what memory they move, says how far they reach.
+        if self.lanes(Caps::default()).reaches_network() {
             let (a, p) = self.tuple.get()?;
             let (a, p) = (a.ip().to_canonical(), p.ip().to_canonical());
             return Some(PeerKey::Hosts(a.min(p), a.max(p)));
         }
-        let (pid, image) = self.peer_pid.get()?.identity();
+        let (pid, image) = self.peers.process.get()?.identity();
         Some(PeerKey::Process(pid, image))
     }
 
@@ -65,45 +65,13 @@ impl Conn {
         self.copy_peer().unwrap_or(PeerKey::Process(0, [0; 16]))
     }
 
-    /// The CUDA IPC view of the attach-probed peer `process`: one per
-    /// connection, holding the peer's allocations it opened until the
-    /// connection (and every copy from it) is gone.
-    pub(super) fn ipc_peer(&self, process: Arc<cma::Peer>) -> Arc<IpcPeer> {
-        self.ipc_peer
-            .get_or_init(|| Arc::new(IpcPeer::new(process)))
-            .clone()
-    }
-
-    /// Prepares `region` to be lent (UCX: registers it, see
-    /// [`UcxPuller::register_source`]).
-    pub(super) fn register_lent(&self, region: &Region) -> io::Result<()> {
-        if self.by_ucx() {
-            let strict = self
-                .ucx_ep
-                .get()
-                .map_or(true, |ep| ep.worker.strict_registration);
-            if !region.is_host() && !crate::transport::ucx::moves_cuda() {
-                return Err(io::Error::other(
-                    "device memory is not lent over UCX here: this process's UCX does not \
-                     move CUDA memory",
-                ));
-            }
-            UcxPuller.register_source(region, strict)
-        } else if !region.is_host() {
-            CudaIpcPuller.register(region)
-        } else {
-            CmaPuller.register(region)
-        }
-    }
-
-    /// What the peer needs to copy `region`.
-    pub(super) fn lease_of(&self, region: &Region) -> LeaseBlob {
-        if self.by_ucx() {
-            UcxPuller.lend(region)
-        } else if !region.is_host() {
-            CudaIpcPuller.lend(region)
-        } else {
-            CmaPuller.lend(region)
-        }
+    /// What the peer needs to copy `region`: a lease by the lane that lends
+    /// it on this connection (with `caps`; it was registered when it was
+    /// lent).
+    pub(super) fn lease_of(&self, region: &Region, caps: Caps) -> LeaseBlob {
+        // Lent means a lane lends it; addresses alone otherwise (the
+        // destination refuses a lane it did not agree on).
+        let lane = self.lending_lane(region, caps).unwrap_or(LaneId::CMA);
+        self.lanes.lend(lane, region)
     }
 }

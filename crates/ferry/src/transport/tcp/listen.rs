@@ -66,6 +66,7 @@ pub(super) async fn listen(
         // Declined on connections that cannot be trusted with UCX.
         ucx: cfg.ucx.clone().filter(|_| cfg.ucx_trusted),
         ucx_emulated_rma: cfg.ucx_emulated_rma,
+        lanes: cfg.lanes,
     });
     loop {
         let (s, addr) = tokio::select! {
@@ -137,7 +138,7 @@ pub(super) async fn listen(
                 ..Caps::default()
             };
             let session = Session::new(Role::Passive, caps);
-            let conn = Conn::new(peer, w, inner.host.handle.clone(), session);
+            let conn = Conn::new(peer, w, inner.host.handle.clone(), session, inner.lanes);
             // Closed if it must make room while it carries no live
             // operation (see `admission.rs`).
             let weak = Arc::downgrade(&conn);

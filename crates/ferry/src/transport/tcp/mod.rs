@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, Weak};
 
+use ferry_proto::lane::Mem;
 use ferry_proto::session::{self, OpenParams, Plan, Thresholds};
 use ferry_proto::{OperationKind, RdmaMetadata};
 use tokio::net::TcpListener;
@@ -28,6 +29,7 @@ use tokio::sync::watch;
 use crate::exposure::abort_reason;
 use crate::kind::TransportKind;
 use crate::transport::api::{ActiveJob, ActiveLink, BoxFuture, Config, Host, Transport};
+use crate::transport::pull::lanes::Lanes;
 use crate::transport::stall::NoSlot;
 use crate::{Error, Result};
 
@@ -182,70 +184,37 @@ impl Transport for TcpTransport {
         Box::pin(async move {
             let conn = self.conn_for(&job.remote, 0).await?;
             let mut caps = lock(&conn.session).caps();
-            // Device memory on either side moves by CUDA IPC where the
-            // source is GPU memory that can be lent to the destination: a
-            // process of this host reached with attach (the plan checks
-            // `caps`), where both processes offered CUDA IPC (`caps`; not
-            // over UCX, not a simulated GPU), not this very process (CUDA
-            // does not open a process's own IPC handles). Everything else
-            // moves in band, each side staging its own GPU memory through
-            // host memory (`staged.rs`), whatever the size: another host,
-            // no attach, host memory into GPU memory, a connection to
-            // itself, or GPU memory whose export failed. Over UCX, where
-            // both sides' UCX moves CUDA memory (`caps.ucx_cuda`), device
-            // memory on either side is lent and pulled through UCX instead
-            // (GPUDirect RDMA between hosts where the NICs reach the GPUs).
-            let local_dev = job.region.device();
-            let remote_dev = job
-                .remote
-                .descriptors()
-                .iter()
-                .map(|d| d.device)
-                .find(|d| !d.is_cpu());
-            let source_on_gpu = match job.kind {
-                OperationKind::Read => remote_dev.is_some(),
-                OperationKind::Write => local_dev.is_some(),
-            };
-            let to_itself = conn
-                .peer_pid
-                .get()
-                .is_some_and(|p| p.pid() == crate::transport::cma::pid());
-            // The destination copies from the source: the attach probe
-            // must have gone that way.
-            let pulls = match job.kind {
-                OperationKind::Read => caps.can_pull,
-                OperationKind::Write => caps.peer_pulls,
-            };
-            let mut by_ipc = source_on_gpu && caps.cuda_ipc && pulls && !to_itself;
-            let mut by_ucx =
-                caps.ucx_cuda && pulls && (local_dev.is_some() || remote_dev.is_some());
-            // (At most one of them: CUDA IPC comes with cross-memory
-            // attach, which a connection through UCX does not set up.)
+            // Which lane, if any, carries it: the planner's answer from the
+            // connection's lanes and both sides' memory
+            // (`session::lane_for`). Memory no lane carries moves in band,
+            // each side staging its own GPU memory through host memory
+            // (`staged.rs`), whatever the size.
+            let local = job.region.mem();
+            let remote = Mem::of(job.remote.descriptors().iter().any(|d| !d.device.is_cpu()));
+            let mut lane = session::lane_for(job.kind, local, remote, &conn.lanes(caps), caps);
             let mut prepared = None;
-            if (by_ipc || by_ucx) && job.kind == OperationKind::Write && local_dev.is_some() {
+            if let Some(l) =
+                lane.filter(|_| job.kind == OperationKind::Write && local == Mem::Device)
+            {
                 // This side lends its GPU memory: exported (CUDA IPC) or
-                // registered (UCX) now, so that memory the backend will
-                // not take moves staged instead (a READ's source falls back
-                // by itself: `Session::lend_failed`).
-                match conn.prepare_lent(&job.region) {
+                // registered (UCX) now, so that memory the lane will not
+                // take moves staged instead (a READ's source falls back by
+                // itself: `Session::lend_failed`).
+                match conn.prepare_lent(l, &job.region) {
                     Ok(()) => prepared = Some(Ok(())),
-                    Err(why) if by_ipc => job.shared.ipc_fell_back(&why),
-                    Err(why) => tracing::debug!("GPU memory staged, not lent through UCX: {why}"),
-                }
-                if prepared.is_none() {
-                    (by_ipc, by_ucx) = (false, false);
+                    Err(why) => {
+                        Lanes::fell_back(l, &job.shared, &why);
+                        lane = None;
+                    }
                 }
             }
             let thresholds = Thresholds {
-                pull_from: match local_dev.or(remote_dev) {
-                    None => self.local.cma_threshold,
-                    Some(_) if by_ipc || by_ucx => 0,
-                    Some(_) => u64::MAX,
-                },
+                pull_from: self.local.cma_threshold,
                 stripe_from: self.local.stripe_threshold,
                 streams: self.streams_to(&job.remote),
             };
-            let mut plan = session::plan(job.kind, &job.sizes, caps, &thresholds);
+            let memory = (local, remote);
+            let mut plan = session::route(job.kind, &job.sizes, memory, lane, caps, &thresholds);
             // A READ that will copy from the peer takes its copy slot now
             // (`stall.rs`). Where only this connection's or this peer's
             // share is in use, its lease waits for one of that peer's own
@@ -260,7 +229,8 @@ impl Transport for TcpTransport {
                     Err(why) => {
                         tracing::debug!(peer = conn.peer, "READ in band: {why}");
                         caps.can_pull = false;
-                        plan = session::plan(job.kind, &job.sizes, caps, &thresholds);
+                        plan =
+                            session::route(job.kind, &job.sizes, memory, lane, caps, &thresholds);
                     }
                 }
             }

@@ -5,45 +5,18 @@
 
 use std::sync::Arc;
 
+use ferry_proto::lane::FailureScope;
 use ferry_proto::wire::AbortReason;
 use ferry_proto::OperationStatus;
 
-use crate::kind::TransportKind;
-use crate::outcome::OpShared;
-use crate::region::Region;
-use crate::transport::cma;
-use crate::transport::pull::cuda_ipc::{self, CudaIpcPuller, IpcPeer};
-use crate::transport::pull::{cma::CmaPuller, ucx::UcxPuller, LeaseBlob, PullEnd, Puller};
+use crate::transport::pull::lanes::Lanes;
+use crate::transport::pull::{LaneError, LeaseBlob, PullEnd};
 use crate::transport::stall::{self, CopySlot, NoSlot};
-use crate::transport::ucx::Endpoint;
 use crate::Error;
 
 use super::conn::Conn;
 use super::request::Target;
 use super::util::lock;
-
-/// Whom a pull copies from.
-enum PullPeer {
-    Cma(Arc<cma::Peer>),
-    Ucx(Arc<Endpoint>),
-    CudaIpc(Arc<IpcPeer>),
-}
-
-/// Registers the destination with `puller`, pulls, deregisters.
-fn pull_with<P: Puller>(
-    puller: &P,
-    peer: &P::Peer,
-    lease: &LeaseBlob,
-    region: &Region,
-    shared: &OpShared,
-) -> PullEnd {
-    if let Err(e) = puller.register(region) {
-        return PullEnd::Failed(format!("cannot register the destination: {e}"));
-    }
-    let end = puller.pull(peer, lease, region, shared);
-    let _ = puller.deregister(region);
-    end
-}
 
 impl Conn {
     /// Copies a lease into `region` from a blocking thread (never the
@@ -62,37 +35,14 @@ impl Conn {
     pub(super) fn spawn_pull(self: &Arc<Self>, req: u64, target: Target, lease: LeaseBlob) {
         tracing::debug!(req, "lease received");
         let (region, shared) = (target.region.clone(), target.shared.clone());
-        let peer = if self.by_ucx() {
-            match self.ucx_ep.get().cloned() {
-                Some(ep) => PullPeer::Ucx(ep),
-                None => {
-                    return self.kill(
-                        "the peer lent memory over UCX to a worker that cannot reach it".into(),
-                    )
-                }
-            }
-        } else {
-            match self.peer_pid.get().cloned() {
-                // The source lent GPU memory (on a connection where the
-                // attach probe proved it a process of this host).
-                Some(p) if cuda_ipc::lease::is_ipc(lease.opaque()) => {
-                    if !lock(&self.session).caps().cuda_ipc {
-                        // Not offered here (no driver): this request
-                        // fails, the connection goes on.
-                        let why = "the peer lent GPU memory by CUDA IPC, which this process did \
-                                   not offer (no CUDA driver that sees a device)";
-                        return self.fail_request(req, &target, why.into());
-                    }
-                    shared.moved_by(TransportKind::CudaIpc);
-                    PullPeer::CudaIpc(self.ipc_peer(p))
-                }
-                Some(p) => PullPeer::Cma(p),
-                None => {
-                    return self
-                        .kill("the peer lent memory to a process that cannot attach to it".into())
-                }
-            }
+        // The lane the lease names, where this connection agreed on it;
+        // else the failure ends what that lane's scope says.
+        let caps = lock(&self.session).caps();
+        let peer = match self.peers.for_lane(lease.lane(), &self.lanes(caps)) {
+            Ok(peer) => peer,
+            Err(end) => return self.pull_failed(req, &target, end),
         };
+        shared.moved_by(Lanes::kind(lease.lane()));
         // The slot was taken when the copy was planned; a lease on a
         // request that took none finds one now, or waits for one of its own
         // peer's copies to end (see `stall.rs`), or, where the process has
@@ -109,22 +59,20 @@ impl Conn {
         // runtime) and holds the connection only weakly: a copy that the
         // peer stalls must not keep its socket alive.
         let conn = Arc::downgrade(self);
+        let (lanes, scope) = (self.lanes, Lanes::scope(lease.lane()));
         let copy = move |slot: CopySlot| {
             // The session checked the lease's shape; the copy checks again.
             let end = if !lease.fits(&region) {
-                PullEnd::Failed("the lease does not match the descriptors".into())
+                PullEnd::failed(scope, LaneError::LeaseMismatch)
             } else {
-                match &peer {
-                    PullPeer::Cma(p) => pull_with(&CmaPuller, p, &lease, &region, &shared),
-                    PullPeer::Ucx(ep) => pull_with(&UcxPuller, ep, &lease, &region, &shared),
-                    PullPeer::CudaIpc(p) => pull_with(&CudaIpcPuller, p, &lease, &region, &shared),
-                }
+                lanes.pull(&peer, &lease, &region, &shared)
             };
             drop(slot);
             let Some(conn) = conn.upgrade() else {
                 return;
             };
             match end {
+                PullEnd::Failed { .. } => conn.pull_failed(req, &target, end),
                 PullEnd::Done | PullEnd::Closed => {
                     let done = end == PullEnd::Done;
                     // `Finish`; or, with RDMA leases, `Release` once the
@@ -134,14 +82,6 @@ impl Conn {
                         conn.send_soon(m.to_vec(), None, false);
                     }
                 }
-                // A CUDA IPC copy fails for reasons of this request (no GPU
-                // here, no peer access between the two devices, memory the
-                // driver would not map): it ends alone, both sides told; a
-                // source that went away ends the connection on its own.
-                PullEnd::Failed(why) if matches!(peer, PullPeer::CudaIpc(_)) => {
-                    conn.fail_request(req, &target, why)
-                }
-                PullEnd::Failed(why) => conn.kill(why),
             }
         };
         if let Some(slot) = slot {
@@ -176,6 +116,25 @@ impl Conn {
                 }
             }
         });
+    }
+
+    /// Ends what a failed pull's scope says: the request alone, both sides
+    /// told (a CUDA IPC copy: no GPU here, no peer access between the two
+    /// devices, memory the driver would not map; a source that went away
+    /// ends the connection on its own), or the connection, which fails
+    /// every operation on it.
+    fn pull_failed(self: &Arc<Self>, req: u64, target: &Target, end: PullEnd) {
+        match end {
+            PullEnd::Failed {
+                scope: FailureScope::Request,
+                cause,
+            } => self.fail_request(req, target, cause.to_string()),
+            PullEnd::Failed {
+                scope: FailureScope::Connection,
+                cause,
+            } => self.kill(cause.to_string()),
+            PullEnd::Done | PullEnd::Closed => {}
+        }
     }
 
     /// Ends request `req`, whose lease this side cannot copy now for want

@@ -4,7 +4,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_proto::session::{lends, Nonces, Step};
+use ferry_proto::lane::Mem;
+use ferry_proto::session::{self, lends, Nonces, Step};
 use ferry_proto::wire::{AbortReason, Attach, Message, Open, Verdict};
 use ferry_proto::{OperationKind, OperationStatus};
 use tokio::sync::watch;
@@ -15,6 +16,7 @@ use crate::metrics::ConnMeter;
 use crate::transport::api::Host;
 use crate::transport::cma;
 use crate::transport::probe::verify_peer;
+use crate::transport::pull::lanes::Lanes;
 use crate::transport::stall::NoSlot;
 use crate::transport::ucx::Worker;
 use crate::{Error, Result};
@@ -35,6 +37,8 @@ pub(crate) struct Served {
     pub(super) ucx: Option<Arc<Worker>>,
     /// UCX may carry operations over endpoints without an RMA lane.
     pub(super) ucx_emulated_rma: bool,
+    /// The lanes this connector offers.
+    pub(super) lanes: Lanes,
 }
 
 /// The reader loop of a connection. `inner` is set for connections accepted
@@ -118,7 +122,7 @@ fn end_all(conn: &Arc<Conn>, err: &Error) {
     // the endpoint closes first: gets of ours still in flight end, and
     // this process no longer answers the peer's emulated gets, before the
     // memory they would read goes back to its owner.
-    if let Some(ep) = conn.ucx_ep.get() {
+    if let Some(ep) = conn.peers.ucx.get() {
         ep.close();
     }
     for t in lent {
@@ -252,8 +256,8 @@ fn answer_rdma(conn: &Arc<Conn>, worker: Option<&Arc<Worker>>, address: &[u8], e
     });
     let answer = match reached {
         Some((w, ep)) => {
-            let _ = conn.ucx_ep.set(Arc::new(ep));
-            conn.via_ucx.store(true, Ordering::Release);
+            let _ = conn.peers.ucx.set(Arc::new(ep));
+            conn.peers.set_network();
             let cuda = crate::transport::ucx::moves_cuda();
             lock(&conn.session).rdma_answered(true, w.address().to_vec(), cuda)
         }
@@ -280,7 +284,7 @@ fn verify_attach(conn: &Arc<Conn>, nonces: Option<Nonces>, pid: u32, addr: u64) 
         // The peer's proof bytes go back with the verdict.
         let read = verified.as_ref().map(|v| v.1);
         if let Some((p, _)) = verified {
-            let _ = conn.peer_pid.set(p);
+            let _ = conn.peers.process.set(p);
         }
         let verdict = lock(&conn.session).attach_verified(read);
         conn.send_detached(verdict);
@@ -295,13 +299,9 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Served>, o: Open) {
         |bound: Option<&Arc<dyn PassiveLink>>| bind_request(conn, &o, bound, &mut joined);
     let table = &inner.host.exposures;
     let session_caps = lock(&conn.session).caps();
-    let mut caps = session_caps;
-    if conn.by_ucx() {
-        // Lending here goes through UCX, not cross-memory attach (nor CUDA
-        // IPC with it): for the table's device check, nothing is lent by
-        // attach (UCX lends device memory where `caps.ucx_cuda` says so).
-        caps.attach = false;
-    }
+    let lanes = conn.lanes(session_caps);
+    // What the table's device check sees lent (`session::table_caps`).
+    let caps = session::table_caps(session_caps, &lanes);
     // A WRITE whose source lends its memory: this side will copy it, under
     // a copy slot taken now (`stall.rs`). Where the process has none free
     // it is refused at once, before it binds (the operation stays free),
@@ -348,19 +348,20 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Served>, o: Open) {
     };
     let shared = verdict.as_ref().ok().map(|t| t.shared.clone());
     // A READ this side will lend: its memory is registered (UCX) or
-    // exported (CUDA IPC) now, before the session's lock is taken, so that
-    // other tasks of this connection (completions, cancels) do not wait
-    // behind it; `bound` then lends it, or falls back where that failed.
-    // The caps may change between the two locks (an attach verdict): then
-    // `bound` prepares under its lock as before, or what was prepared
-    // stays with the region unused until it drops; either is harmless.
-    // (Host memory lent by cross-memory attach needs nothing prepared.)
+    // exported (CUDA IPC) now, by the lane that lends it, before the
+    // session's lock is taken, so that other tasks of this connection
+    // (completions, cancels) do not wait behind it; `bound` then lends it,
+    // or falls back where that failed. The caps may change between the two
+    // locks (an attach verdict): then `bound` prepares under its lock as
+    // before, or what was prepared stays with the region unused until it
+    // drops; either is harmless. (Cross-memory attach registers nothing.)
     let prepared = match &verdict {
-        Ok(t)
-            if (conn.by_ucx() || !t.region.is_host())
-                && lends(&o, !t.region.is_host(), session_caps) =>
-        {
-            Some(conn.prepare_lent(&t.region))
+        Ok(t) => {
+            let mem = t.region.mem();
+            lanes
+                .lending(mem)
+                .filter(|_| lends(&o, mem == Mem::Device, session_caps))
+                .map(|lane| conn.prepare_lent(lane, &t.region))
         }
         _ => None,
     };

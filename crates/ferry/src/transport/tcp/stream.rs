@@ -33,9 +33,11 @@ impl Conn {
             Start::Open(open) => self.send_soon(open.to_vec(), opened, false),
             Start::OpenAndLease(open) => {
                 let mut frames = open.to_vec();
-                let (segments, key) = self.lease_of(&target.region).into_parts();
+                let caps = lock(&self.session).caps();
+                let (lane, segments, key) = self.lease_of(&target.region, caps).into_parts();
                 Message::Lease(Lease {
                     req,
+                    lane,
                     segments: segments.into(),
                     key,
                 })

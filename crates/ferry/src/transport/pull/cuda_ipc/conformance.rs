@@ -31,8 +31,9 @@ use crate::transport::cma;
 use crate::transport::pull::conformance::{
     conformance_tests, patterns, Applies, Backend, Mortal, Source, Stalled,
 };
-use crate::transport::pull::{LeaseBlob, Puller};
+use crate::transport::pull::{lend_kept, register_kept, LeaseBlob};
 use crate::Descriptor;
+use ferry_proto::lane::LaneId;
 
 /// The variable that makes this test binary a source process: the sizes
 /// of the segments to lend, comma separated.
@@ -215,12 +216,12 @@ fn parse_lease(s: &str) -> LeaseBlob {
     let opaque = (0..opaque.len() / 2)
         .map(|i| u8::from_str_radix(&opaque[2 * i..2 * i + 2], 16).expect("hex"))
         .collect();
-    LeaseBlob::new(segments, opaque)
+    LeaseBlob::new(LaneId::CUDA_IPC, segments, opaque)
 }
 
 /// Prints `lease` on one line after [`LEASE`].
 fn print_lease(lease: LeaseBlob) {
-    let (segs, opaque) = lease.into_parts();
+    let (_, segs, opaque) = lease.into_parts();
     let segs: Vec<String> = segs.iter().map(|(a, n)| format!("{a}:{n}")).collect();
     let hex: String = opaque.iter().map(|b| format!("{b:02x}")).collect();
     let mut out = std::io::stdout().lock();
@@ -264,8 +265,8 @@ fn a_source_process_lends_when_asked() {
     // closed (below).
     let region = unsafe { Region::new(&descs, false) };
     let p = CudaIpcPuller;
-    p.register(&region).expect("export the device memory");
-    let lease = p.lend(&region);
+    register_kept(&p, &region).expect("export the device memory");
+    let lease = lend_kept(&p, &region);
     region.lend();
     print_lease(lease);
     // Lent until the destination is done (our input closes) or we die.

@@ -124,12 +124,6 @@ impl fmt::Display for LeaseError {
     }
 }
 
-/// Whether `opaque` announces a CUDA IPC lease (of any version): the
-/// destination then copies it with the CUDA IPC puller.
-pub(crate) fn is_ipc(opaque: &[u8]) -> bool {
-    opaque.starts_with(&MAGIC)
-}
-
 /// Encodes the source `device`'s UUID, `allocs` and, for each segment of
 /// lengths `lens`, its allocation and offset (`at`, as long as `lens`), as
 /// runs: a segment joins the run before it where it lies in the same

@@ -26,7 +26,7 @@ use crate::region::Region;
 use crate::transport::pull::conformance::{
     conformance_tests, host_source, Applies, Backend, Mortal, Source, Stalled,
 };
-use crate::transport::pull::Puller;
+use crate::transport::pull::Lane;
 use crate::transport::ucx::{self, Endpoint, Worker};
 
 /// The variable that makes a missing UCX fail the suite (CI sets it), as
@@ -241,7 +241,10 @@ conformance_tests!(UcxBackend::default());
 /// process's UCX moves CUDA memory (checked per pull).
 #[test]
 fn ucx_declares_host_and_device_memory() {
-    let p = UcxPuller;
+    let p = UcxPuller::default();
     assert_eq!(p.kind(), crate::TransportKind::Ucx);
-    assert!(p.supports(DeviceKind::Cpu) && p.supports(DeviceKind::Cuda));
+    let caps = p.caps();
+    assert!(caps.lends.host && caps.pulls_into.host);
+    let cuda = ucx::moves_cuda();
+    assert!(caps.lends.device == cuda && caps.pulls_into.device == cuda);
 }
