@@ -24,13 +24,10 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use super::context::primary_ctx;
 use super::context::{simulated, PrimaryCtx};
 use super::memory::{PinnedBuf, Stream};
 use super::CudaError;
-
-// The lanes (`transport/ucx`, `transport/pull/ucx.rs`) still enter
-// contexts by these paths; they live in `context` now.
-pub(crate) use super::context::{on_any_device, on_any_device_with, on_device, primary_ctx};
 
 /// The simulated device range whose copies fail, if any
 /// ([`simulate_copy_failure`]).

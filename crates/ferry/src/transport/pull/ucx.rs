@@ -173,7 +173,7 @@ impl Lane for UcxPuller {
         // current on the calling thread (`ucp_mem_map` of device memory
         // exports it).
         let keys = match region.device().map(|d| d.id()) {
-            Some(d) => crate::cuda::stage::on_device(d, || self.register_source(region))?,
+            Some(d) => crate::cuda::context::on_device(d, || self.register_source(region))?,
             None => self.register_source(region)?,
         };
         Ok(Some(keys))
@@ -203,7 +203,7 @@ impl Lane for UcxPuller {
             // device's (else the first device's). No get spans two
             // segments: two device allocations may lie end to end.
             let ordinal = region.device().map_or(0, |d| d.id());
-            return crate::cuda::stage::on_device(ordinal, || {
+            return crate::cuda::context::on_device(ordinal, || {
                 self.pull_all(peer, lease, region, shared, false)
             });
         }

@@ -111,7 +111,7 @@ impl Drop for MemReg {
         if self.cuda {
             // UCX's CUDA transports release what they made of device
             // memory (an IPC export) in the thread's context.
-            crate::cuda::stage::on_any_device(unmap);
+            crate::cuda::context::on_any_device(unmap);
         } else {
             unmap();
         }

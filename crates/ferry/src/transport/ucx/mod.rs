@@ -432,7 +432,7 @@ impl Worker {
             // The first device's context, entered where none is current,
             // kept for the worker's life (none in a simulated process).
             cuda: moves_cuda()
-                .then(|| crate::cuda::stage::primary_ctx(0).ok())
+                .then(|| crate::cuda::context::primary_ctx(0).ok())
                 .flatten(),
         });
         let _enter = handle.enter();
@@ -506,7 +506,7 @@ impl Worker {
     /// elsewhere.
     fn in_context<R>(&self, f: impl FnOnce() -> R) -> R {
         match &self.cuda {
-            Some(ctx) => crate::cuda::stage::on_any_device_with(ctx, f),
+            Some(ctx) => crate::cuda::context::on_any_device_with(ctx, f),
             None => f(),
         }
     }
