@@ -174,6 +174,47 @@ pub(super) struct Stalled<Peer> {
     pub(super) release: Box<dyn FnOnce()>,
 }
 
+impl<Peer> Stalled<Peer> {
+    /// A stalled source over the userfaultfd memory of `stall` (`len`
+    /// bytes), lent as `lease` from `region` (already counted as lent) and
+    /// copied from through `peer`: stuck once a copy faults on that memory,
+    /// released by serving its pages. Its end gives the lease back and
+    /// closes the region before the memory goes with `stall`.
+    pub(super) fn over_uffd(
+        lease: LeaseBlob,
+        peer: Peer,
+        region: Arc<Region>,
+        stall: super::cma::uffd::Stall,
+        len: usize,
+    ) -> Self {
+        let (fd, base) = (stall.fd, stall.base as u64);
+        Stalled {
+            source: Source::new(
+                lease,
+                peer,
+                Box::new(move || {
+                    region.give_back();
+                    region.close();
+                    drop(region);
+                    drop(stall);
+                }),
+            ),
+            stuck: Box::new(move |_| {
+                let mut p = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid `pollfd` for the call.
+                let n = unsafe { libc::poll(&mut p, 1, 30_000) };
+                assert_eq!(n, 1, "no copy touched the stalled memory");
+                super::cma::uffd::Stall::next_fault(fd).expect("a page fault");
+            }),
+            release: Box::new(move || super::cma::uffd::Stall::serve(fd, base, len as u64)),
+        }
+    }
+}
+
 /// A source of this process's host memory for an in-process lane: the
 /// [`pattern`]s of `sizes`, registered with `p`, lent and counted
 /// ([`Region::lend`]), reached through the peer that `make` returns for

@@ -224,7 +224,6 @@ mod tests {
         fn stalled_source(&self, len: usize) -> Applies<Stalled<ProcessPeer>> {
             let stall = uffd::Stall::new(len)
                 .map_err(|e| format!("userfaultfd refused by this kernel: {e}"))?;
-            let (fd, base) = (stall.fd, stall.base as u64);
             // SAFETY: the mapping lives in `stall`, dropped in the source's
             // end after the region is closed; written by nobody (its pages
             // arrive, as zeros, when the test serves them).
@@ -234,30 +233,7 @@ mod tests {
             let lease = self.0.lend(&region, None);
             region.lend();
             let peer = ProcessPeer::new(region.clone(), None);
-            Ok(Stalled {
-                source: Source::new(
-                    lease,
-                    peer,
-                    Box::new(move || {
-                        region.give_back();
-                        region.close();
-                        drop(region);
-                        drop(stall);
-                    }),
-                ),
-                stuck: Box::new(move |_| {
-                    let mut p = libc::pollfd {
-                        fd,
-                        events: libc::POLLIN,
-                        revents: 0,
-                    };
-                    // SAFETY: one valid `pollfd` for the call.
-                    let n = unsafe { libc::poll(&mut p, 1, 30_000) };
-                    assert_eq!(n, 1, "no copy touched the stalled memory");
-                    uffd::Stall::next_fault(fd).expect("a page fault");
-                }),
-                release: Box::new(move || uffd::Stall::serve(fd, base, len as u64)),
-            })
+            Ok(Stalled::over_uffd(lease, peer, region, stall, len))
         }
     }
 
