@@ -19,6 +19,7 @@ use serde::Serialize;
 use crate::peer::{self, Cmd, PeerProcess, Request};
 
 mod device;
+pub mod faults;
 mod rows;
 mod ucx;
 

@@ -82,6 +82,17 @@ enum Cmd {
         /// CUDA IPC against `cuMemcpyDtoD`.
         #[arg(long)]
         device: Option<String>,
+        /// Inject faults mid-transfer instead (kill, stop, cut, restart,
+        /// control-plane restart) and measure each side's time to its final
+        /// state, its cause, the bytes that land after the end and the next
+        /// operation; with --quick: 4 KiB, tcp and cma, kill and stop.
+        #[arg(long)]
+        faults: bool,
+        /// For --faults: the liveness bound in ms, set as FERRY_LIVENESS_MS
+        /// in both processes (default: FERRY_LIVENESS_MS if set, else 1000;
+        /// 500 with --quick).
+        #[arg(long)]
+        liveness_ms: Option<u64>,
     },
     /// The target of `ferry bench --workload kv` (JSON lines on stdin).
     #[command(hide = true)]
@@ -123,6 +134,33 @@ fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{s:?} is not a size like 4096, 4KiB, 64MiB or 1GiB"))
 }
 
+/// `ferry bench --faults`.
+async fn run_faults(
+    quick: bool,
+    liveness_ms: Option<u64>,
+    json: Option<std::path::PathBuf>,
+) -> anyhow::Result<()> {
+    use ferry_cli::bench::faults;
+    let from_env = std::env::var(faults::LIVENESS_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let ms = liveness_ms
+        .or(from_env)
+        .unwrap_or(if quick { 500 } else { 1000 });
+    let bound = std::time::Duration::from_millis(ms);
+    if let Some(code) = faults::restart_with_bound(bound)? {
+        std::process::exit(code);
+    }
+    let mut opts = if quick {
+        faults::Options::quick(bound)
+    } else {
+        faults::Options::full(bound)
+    };
+    opts.json = json;
+    let exe = std::env::current_exe()?;
+    faults::run(&exe, opts).await.map(drop)
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -159,7 +197,12 @@ async fn main() -> anyhow::Result<()> {
             shapes,
             via,
             device,
+            faults,
+            liveness_ms,
         } => {
+            if faults {
+                return run_faults(quick, liveness_ms, json).await;
+            }
             if workload == "kv" {
                 let exe = std::env::current_exe()?;
                 let out: Option<Box<dyn std::io::Write>> = match &json {
