@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail};
-use ferry::{Connector, Descriptor, OperationStatus, RdmaMetadata};
+use ferry::{Connector, Descriptor, RdmaMetadata};
 
 use super::{Fault, Lane, Row, Run, Shape, LIVENESS_ENV};
 use crate::peer::{Answers, Cmd, Event, PeerProcess, Request};
@@ -21,13 +21,15 @@ const STEP: Duration = Duration::from_secs(10);
 /// Shapes up to this many bytes are posted while the peer is held stopped
 /// (they would complete before any fault could land otherwise).
 const HELD_MAX: u64 = 1 << 20;
+/// Tries to land a fault while a larger READ is in flight.
+const TRIES: usize = 4;
 
 /// What "mid-transfer" means for `shape`.
 pub(super) fn mid_transfer(shape: &Shape) -> &'static str {
     if shape.bytes() <= HELD_MAX {
         "posted: the READ is posted while the source is held (SIGSTOP), the fault injected, then the source let go"
     } else {
-        "in flight: the fault lands half the warm-up's transfer time after the READ is in progress"
+        "in flight: the fault lands half the warm-up's transfer time after posting (where the READ ended first: again, twice as soon, up to 4 tries)"
     }
 }
 
@@ -149,9 +151,10 @@ async fn clean_read(
     seed: u64,
 ) -> anyhow::Result<Duration> {
     let (_a, m) = peer.readable(lane, sizes.clone(), seed).await?;
+    // Filled (its pages touched) as the faulted READ's destination is.
     let dest: Vec<_> = sizes
         .iter()
-        .map(|&s| Descriptor::from_vec(vec![0; s as usize]))
+        .map(|&s| Descriptor::from_vec(vec![FILL; s as usize]))
         .collect();
     let t = Instant::now();
     let op = tokio::time::timeout(STEP, c.begin_read(&m, dest))
@@ -192,45 +195,59 @@ async fn measure(
     let warm = clean_read(c, &peer, lane, sizes.clone(), 1).await?;
     row.unfaulted_ms = Some(ms(warm));
 
-    let (mut answers, m) = peer.readable(lane, sizes, 2).await?;
+    let (mut answers, m) = peer.readable(lane, sizes.clone(), 2).await?;
     let port = m.addresses().first().map_or(0, |a| a.port());
     let pid = peer.pid()?;
     let held = shape.bytes() <= HELD_MAX;
+    let mut posted = (Instant::now(), crate::clock::monotonic_ns());
+    let mut begin = None;
+    let mut op_early = None;
     if held {
         signal(pid, libc::SIGSTOP)?;
         stopped(pid).await;
-    }
-    let posted = Instant::now();
-    let mut begin = Box::pin(c.begin_read(&m, destination(shape)));
-    // A READ posted to a held source may wait for it to begin; the fault
-    // lands all the same after 100 ms.
-    let early = tokio::time::timeout(Duration::from_millis(100), &mut begin).await;
-    let mut op_early = match early {
-        Ok(Ok(op)) => Some(op),
-        Ok(Err(e)) => {
-            if held {
+        posted = (Instant::now(), crate::clock::monotonic_ns());
+        let mut fut = Box::pin(c.begin_read(&m, destination(shape)));
+        // A READ posted to a held source may wait for it to begin; the
+        // fault lands all the same after 100 ms.
+        match tokio::time::timeout(Duration::from_millis(100), &mut fut).await {
+            Ok(Ok(op)) => op_early = Some(op),
+            Ok(Err(e)) => {
                 signal(pid, libc::SIGCONT)?;
+                bail!("begin_read failed before the fault: {e}");
             }
-            bail!("begin_read failed before the fault: {e}");
+            Err(_) => begin = Some(fut),
         }
-        Err(_) => None,
-    };
-    if !held {
-        if let Some(op) = &op_early {
-            let t = Instant::now();
-            while op.status() != OperationStatus::InProgress
-                && !op.status().is_terminal()
-                && t.elapsed() < STEP
-            {
-                tokio::time::sleep(Duration::from_micros(500)).await;
+    } else {
+        // Half the unfaulted time after posting; where the READ ended
+        // before that, again on a fresh readable, twice as soon.
+        let mut delay = warm / 2;
+        let mut m = m.clone();
+        for attempt in 1..=TRIES {
+            posted = (Instant::now(), crate::clock::monotonic_ns());
+            let op = tokio::time::timeout(STEP, c.begin_read(&m, destination(shape)))
+                .await
+                .map_err(|_| anyhow!("begin_read did not return within {STEP:?}"))??;
+            tokio::time::sleep_until((posted.0 + delay).into()).await;
+            if !op.status().is_terminal() {
+                op_early = Some(op);
+                break;
             }
-            tokio::time::sleep(warm / 2).await;
-            if op.status().is_terminal() {
-                row.note = Some(format!(
-                    "the READ ended ({}) before the fault landed",
-                    op.status()
-                ));
+            if attempt == TRIES {
+                add_note(
+                    row,
+                    format!(
+                        "the READ ended ({}) before the fault landed, {TRIES} times (the last {:.1} ms after posting)",
+                        op.status(),
+                        ms(delay)
+                    ),
+                );
+                op_early = Some(op);
+                break;
             }
+            drop(op);
+            let _ = tokio::time::timeout(STEP, answers.expect("done")).await;
+            (answers, m) = peer.readable(lane, sizes.clone(), 2).await?;
+            delay /= 2;
         }
     }
 
@@ -240,7 +257,7 @@ async fn measure(
             signal(pid, libc::SIGKILL)?;
             (Instant::now(), crate::clock::monotonic_ns())
         }
-        Fault::Stop if held => (posted, crate::clock::monotonic_ns()),
+        Fault::Stop if held => posted,
         Fault::Stop => {
             signal(pid, libc::SIGSTOP)?;
             (Instant::now(), crate::clock::monotonic_ns())
@@ -274,13 +291,14 @@ async fn measure(
         }
     };
     let survive = async {
-        let op = match op_early.take() {
-            Some(op) => op,
-            None => match tokio::time::timeout_at(deadline.into(), &mut begin).await {
+        let op = match (op_early.take(), begin.as_mut()) {
+            (Some(op), _) => op,
+            (None, Some(begin)) => match tokio::time::timeout_at(deadline.into(), begin).await {
                 Ok(Ok(op)) => op,
                 Ok(Err(e)) => return Err((Instant::now(), e.to_string())),
                 Err(_) => return Err((Instant::now(), "begin_read did not return".to_string())),
             },
+            (None, None) => return Err((Instant::now(), "no READ was posted".to_string())),
         };
         let left = deadline.saturating_duration_since(Instant::now());
         let res = op.wait_for_completion_timeout(left).await;
@@ -303,6 +321,12 @@ async fn measure(
                     let before = op.status();
                     op.cancel();
                     row.survivor_state = Some(op.status().to_string());
+                    if !op.status().is_terminal() {
+                        add_note(
+                            row,
+                            format!("cancel returned with the READ still {}", op.status()),
+                        );
+                    }
                     row.survivor_cause = Some(format!(
                         "not detected within {:.1} s ({before} until then); cancelled by the bench",
                         run.timeout.as_secs_f64()
@@ -322,9 +346,28 @@ async fn measure(
         .as_ref()
         .and_then(|o| o.transport())
         .map(|t| t.name().to_string());
-    let at_end = op.as_ref().and_then(|o| o.descriptors().map(snapshot));
-    if let Some(b) = &at_end {
-        row.landed_before_end = Some(b.iter().filter(|&&x| x != FILL).count() as u64);
+    // `descriptors` waits (up to 1 s) for a copy still in flight.
+    let at_end = op
+        .as_ref()
+        .and_then(|o| tokio::task::block_in_place(|| o.descriptors().map(snapshot)));
+    match &at_end {
+        Some(b) => row.landed_before_end = Some(b.iter().filter(|&&x| x != FILL).count() as u64),
+        None => {
+            if let Some(o) = &op {
+                let why = if o.status().is_terminal() {
+                    format!("{}, a copy into it still in flight", o.status())
+                } else {
+                    format!(
+                        "{}: not final, the memory stays the operation's",
+                        o.status()
+                    )
+                };
+                add_note(
+                    row,
+                    format!("the READ's memory not released within 1 s of its end ({why})"),
+                );
+            }
+        }
     }
 
     // The faulted side's view, and the peer brought back.
@@ -365,6 +408,17 @@ async fn measure(
             let changed = before.iter().zip(&now).filter(|(a, b)| a != b).count();
             row.landed_after_end = Some(changed as u64);
         }
+    } else if let Some(op) = &op {
+        let _ = op.wait_for_completion_timeout(STEP).await;
+        let released = tokio::task::block_in_place(|| op.descriptors().is_some());
+        add_note(
+            row,
+            format!(
+                "once the peer was let go: {}, memory {}; the bytes after the end are not measurable",
+                op.status(),
+                if released { "released" } else { "still held" }
+            ),
+        );
     }
     drop(op);
 
@@ -392,6 +446,14 @@ async fn measure(
     }
     let _ = peer.proc.kill().await;
     Ok(())
+}
+
+/// Adds `what` to the row's note.
+fn add_note(row: &mut Row, what: String) {
+    row.note = Some(match row.note.take() {
+        Some(n) => format!("{n}; {what}"),
+        None => what,
+    });
 }
 
 /// Records the faulted peer's `done` (its time on the shared clock).
