@@ -39,6 +39,23 @@ fn ip(args: &[&str]) -> Result<(), String> {
     }
 }
 
+/// Deletes the namespaces `ferry-faults-<pid>` of runs that no longer
+/// run (interrupted before they could clean up).
+fn delete_stale() {
+    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+        return;
+    };
+    for name in String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+    {
+        let pid = name.strip_prefix("ferry-faults-");
+        if pid.is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
+            let _ = ip(&["netns", "delete", name]);
+        }
+    }
+}
+
 impl Namespace {
     /// Creates the namespace and the veth pair, or says why it cannot.
     pub(super) fn up() -> Result<Namespace, String> {
@@ -56,6 +73,7 @@ impl Namespace {
                 "namespaces need root (effective uid {uid}): run as root for the namespace rows"
             ));
         }
+        delete_stale();
         let pid = std::process::id();
         let name = format!("ferry-faults-{pid}");
         ip(&["netns", "add", &name])?;

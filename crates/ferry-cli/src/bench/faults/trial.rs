@@ -3,10 +3,12 @@
 //! into this process's memory, the fault injected mid-transfer, and what
 //! each side reports, what landed after the end, and the next operation.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail};
-use ferry::{Connector, Descriptor, RdmaMetadata};
+use ferry::{Connector, Descriptor, RdmaMetadata, ReadOperation};
 
 use super::{Fault, Lane, Row, Run, Shape, LIVENESS_ENV};
 use crate::peer::{Answers, Cmd, Event, PeerProcess, Request};
@@ -76,6 +78,7 @@ fn snapshot(descs: &[Descriptor<'_>]) -> Vec<u8> {
 /// A peer of this row, with how to start it again.
 struct Peer {
     proc: PeerProcess,
+    lane: Lane,
     env: Vec<(&'static str, String)>,
 }
 
@@ -98,6 +101,7 @@ impl Peer {
         ];
         Ok(Peer {
             proc: Self::start(run, &args, &env).await?,
+            lane,
             env,
         })
     }
@@ -124,14 +128,13 @@ impl Peer {
     /// Exposes `sizes` holding `seed`'s pattern; the answers and metadata.
     async fn readable(
         &self,
-        lane: Lane,
         sizes: Vec<u64>,
         seed: u64,
     ) -> anyhow::Result<(Answers, RdmaMetadata)> {
         let mut r = Request::new(0, Cmd::Readable);
         r.sizes = sizes;
         r.seed = seed;
-        r.lane = (lane == Lane::Ucx).then(|| "ucx".into());
+        r.lane = (self.lane == Lane::Ucx).then(|| "ucx".into());
         let mut a = self.proc.request(r).await?;
         let m = tokio::time::timeout(STEP, a.expect("metadata"))
             .await
@@ -146,11 +149,10 @@ impl Peer {
 async fn clean_read(
     c: &Connector,
     peer: &Peer,
-    lane: Lane,
     sizes: Vec<u64>,
     seed: u64,
 ) -> anyhow::Result<Duration> {
-    let (_a, m) = peer.readable(lane, sizes.clone(), seed).await?;
+    let (_a, m) = peer.readable(sizes.clone(), seed).await?;
     // Filled (its pages touched) as the faulted READ's destination is.
     let dest: Vec<_> = sizes
         .iter()
@@ -178,6 +180,17 @@ pub(super) async fn run(run: &Run, fault: Fault, lane: Lane, shape: &Shape) -> R
     row
 }
 
+/// A point in time on both clocks: this process's, and the one both
+/// processes share (for the peer's `done_ns`).
+type At = (Instant, u64);
+
+fn now() -> At {
+    (Instant::now(), crate::clock::monotonic_ns())
+}
+
+/// A READ that may still be on its way to being posted.
+type Begin<'a> = Pin<Box<dyn Future<Output = ferry::Result<ReadOperation<'static>>> + Send + 'a>>;
+
 async fn measure(
     run: &Run,
     fault: Fault,
@@ -192,260 +205,322 @@ async fn measure(
     let sizes = vec![shape.block; shape.blocks];
 
     // Warm-up: the connection is made, and the unfaulted time measured.
-    let warm = clean_read(c, &peer, lane, sizes.clone(), 1).await?;
+    let warm = clean_read(c, &peer, sizes.clone(), 1).await?;
     row.unfaulted_ms = Some(ms(warm));
 
-    let (mut answers, m) = peer.readable(lane, sizes.clone(), 2).await?;
+    let (mut answers, m) = peer.readable(sizes, 2).await?;
     let port = m.addresses().first().map_or(0, |a| a.port());
     let pid = peer.pid()?;
     let held = shape.bytes() <= HELD_MAX;
-    let mut posted = (Instant::now(), crate::clock::monotonic_ns());
-    let mut begin = None;
-    let mut op_early = None;
-    if held {
-        signal(pid, libc::SIGSTOP)?;
-        stopped(pid).await;
-        posted = (Instant::now(), crate::clock::monotonic_ns());
-        let mut fut = Box::pin(c.begin_read(&m, destination(shape)));
-        // A READ posted to a held source may wait for it to begin; the
-        // fault lands all the same after 100 ms.
-        match tokio::time::timeout(Duration::from_millis(100), &mut fut).await {
-            Ok(Ok(op)) => op_early = Some(op),
-            Ok(Err(e)) => {
-                signal(pid, libc::SIGCONT)?;
-                bail!("begin_read failed before the fault: {e}");
-            }
-            Err(_) => begin = Some(fut),
-        }
+    let (op, begin, posted) = if held {
+        post_held(c, &m, shape, pid).await?
     } else {
-        // Half the unfaulted time after posting; where the READ ended
-        // before that, again on a fresh readable, twice as soon.
-        let mut delay = warm / 2;
-        let mut m = m.clone();
-        for attempt in 1..=TRIES {
-            posted = (Instant::now(), crate::clock::monotonic_ns());
-            let op = tokio::time::timeout(STEP, c.begin_read(&m, destination(shape)))
-                .await
-                .map_err(|_| anyhow!("begin_read did not return within {STEP:?}"))??;
-            tokio::time::sleep_until((posted.0 + delay).into()).await;
-            if !op.status().is_terminal() {
-                op_early = Some(op);
-                break;
-            }
-            if attempt == TRIES {
-                add_note(
-                    row,
-                    format!(
-                        "the READ ended ({}) before the fault landed, {TRIES} times (the last {:.1} ms after posting)",
-                        op.status(),
-                        ms(delay)
-                    ),
-                );
-                op_early = Some(op);
-                break;
-            }
-            drop(op);
-            let _ = tokio::time::timeout(STEP, answers.expect("done")).await;
-            (answers, m) = peer.readable(lane, sizes.clone(), 2).await?;
-            delay /= 2;
-        }
-    }
-
-    // The fault.
-    let (fault_at, fault_ns) = match fault {
-        Fault::Kill | Fault::Restart => {
-            signal(pid, libc::SIGKILL)?;
-            (Instant::now(), crate::clock::monotonic_ns())
-        }
-        Fault::Stop if held => posted,
-        Fault::Stop => {
-            signal(pid, libc::SIGSTOP)?;
-            (Instant::now(), crate::clock::monotonic_ns())
-        }
-        Fault::Cut => {
-            let ns = run.ns.as_ref().ok_or_else(|| anyhow!("no link to cut"))?;
-            ns.cut().map_err(|e| anyhow!(e))?;
-            let at = (Instant::now(), crate::clock::monotonic_ns());
-            if held {
-                signal(pid, libc::SIGCONT)?;
-            }
-            at
-        }
-        Fault::ControlRestart => bail!("no control-plane server in this bench"),
+        let (op, posted) =
+            post_in_flight(c, &peer, shape, warm, m.clone(), &mut answers, row).await?;
+        (Some(op), None, posted)
     };
+    let (fault_at, fault_ns) = inject(run, fault, pid, held, posted)?;
     let deadline = fault_at + run.timeout;
 
-    // The survivor: this process's READ, until its final state or the timeout.
+    // The survivor's READ until its final state or the timeout, while a
+    // restarted peer starts again with the same worker id and port.
     let restart = async {
-        if fault == Fault::Restart {
-            let _ = peer.proc.kill().await;
-            let args = vec![
-                "--listen".to_string(),
-                format!("{ip}:{port}"),
-                "--worker-id".into(),
-                worker_id.clone(),
-            ];
-            Some(Peer::start(run, &args, &peer.env).await)
-        } else {
-            None
+        if fault != Fault::Restart {
+            return None;
         }
+        let _ = peer.proc.kill().await;
+        let args = [
+            "--listen".to_string(),
+            format!("{ip}:{port}"),
+            "--worker-id".into(),
+            worker_id.clone(),
+        ];
+        Some(Peer::start(run, &args, &peer.env).await)
     };
-    let survive = async {
-        let op = match (op_early.take(), begin.as_mut()) {
-            (Some(op), _) => op,
-            (None, Some(begin)) => match tokio::time::timeout_at(deadline.into(), begin).await {
-                Ok(Ok(op)) => op,
-                Ok(Err(e)) => return Err((Instant::now(), e.to_string())),
-                Err(_) => return Err((Instant::now(), "begin_read did not return".to_string())),
-            },
-            (None, None) => return Err((Instant::now(), "no READ was posted".to_string())),
-        };
-        let left = deadline.saturating_duration_since(Instant::now());
-        let res = op.wait_for_completion_timeout(left).await;
-        Ok((op, res, Instant::now()))
-    };
-    let (survived, restarted) = tokio::join!(survive, restart);
-    drop(begin);
-    let op = match survived {
-        Err((at, why)) => {
-            row.survivor_state = Some("NOT_STARTED".into());
-            row.survivor_cause = Some(why);
-            row.survivor_ms = Some(ms(at - fault_at));
-            row.detected = at < deadline;
-            None
-        }
-        Ok((op, res, at)) => {
-            match res {
-                Err(ferry::Error::Timeout(_)) if !op.status().is_terminal() => {
-                    row.detected = false;
-                    let before = op.status();
-                    op.cancel();
-                    row.survivor_state = Some(op.status().to_string());
-                    if !op.status().is_terminal() {
-                        add_note(
-                            row,
-                            format!("cancel returned with the READ still {}", op.status()),
-                        );
-                    }
-                    row.survivor_cause = Some(format!(
-                        "not detected within {:.1} s ({before} until then); cancelled by the bench",
-                        run.timeout.as_secs_f64()
-                    ));
-                }
-                res => {
-                    row.detected = true;
-                    row.survivor_ms = Some(ms(at - fault_at));
-                    row.survivor_state = Some(op.status().to_string());
-                    row.survivor_cause = res.err().map(|e| e.to_string());
-                }
-            }
-            Some(op)
-        }
-    };
-    row.carried_by = op
-        .as_ref()
-        .and_then(|o| o.transport())
-        .map(|t| t.name().to_string());
-    // `descriptors` waits (up to 1 s) for a copy still in flight.
-    let at_end = op
-        .as_ref()
-        .and_then(|o| tokio::task::block_in_place(|| o.descriptors().map(snapshot)));
-    match &at_end {
-        Some(b) => row.landed_before_end = Some(b.iter().filter(|&&x| x != FILL).count() as u64),
-        None => {
-            if let Some(o) = &op {
-                let why = if o.status().is_terminal() {
-                    format!("{}, a copy into it still in flight", o.status())
-                } else {
-                    format!(
-                        "{}: not final, the memory stays the operation's",
-                        o.status()
-                    )
-                };
-                add_note(
-                    row,
-                    format!("the READ's memory not released within 1 s of its end ({why})"),
-                );
-            }
-        }
-    }
+    let (survived, restarted) = tokio::join!(survive(op, begin, deadline), restart);
+    let op = survivor_view(row, run, survived, fault_at, deadline);
+    let at_end = at_end(row, op.as_ref());
 
-    // The faulted side's view, and the peer brought back.
-    match fault {
-        Fault::Kill | Fault::Restart => {}
-        Fault::Stop | Fault::Cut => {
-            if fault == Fault::Stop {
-                signal(pid, libc::SIGCONT)?;
-            } else if let Some(ns) = &run.ns {
-                // Until the survivor's deadline, the peer may see the cut
-                // on its own; then the link comes back.
-                let left = deadline.saturating_duration_since(Instant::now());
-                if let Ok(ev) = tokio::time::timeout(left, answers.expect("done")).await {
-                    faulted_view(row, ev.ok(), fault_ns);
-                }
-                ns.restore().map_err(|e| anyhow!(e))?;
-            }
-            if row.faulted_state.is_none() {
-                let wait = run.bound + Duration::from_secs(1);
-                let ev = tokio::time::timeout(wait, answers.expect("done")).await;
-                match ev {
-                    Ok(ev) => faulted_view(row, ev.ok(), fault_ns),
-                    Err(_) => {
-                        row.faulted_state = Some("IN_PROGRESS".into());
-                        row.faulted_cause = Some(format!(
-                            "no final state within {:.1} s of being let go",
-                            wait.as_secs_f64()
-                        ));
-                    }
-                }
-            }
-        }
-        Fault::ControlRestart => {}
+    // The faulted side's view, with the peer let go or the link restored.
+    if matches!(fault, Fault::Stop | Fault::Cut) {
+        faulted_side(row, run, fault, pid, &mut answers, deadline, fault_ns).await?;
     }
     tokio::time::sleep(GRACE).await;
-    if let (Some(before), Some(op)) = (&at_end, &op) {
-        if let Some(now) = op.descriptors().map(snapshot) {
-            let changed = before.iter().zip(&now).filter(|(a, b)| a != b).count();
-            row.landed_after_end = Some(changed as u64);
-        }
-    } else if let Some(op) = &op {
-        let _ = op.wait_for_completion_timeout(STEP).await;
-        let released = tokio::task::block_in_place(|| op.descriptors().is_some());
-        add_note(
-            row,
-            format!(
-                "once the peer was let go: {}, memory {}; the bytes after the end are not measurable",
-                op.status(),
-                if released { "released" } else { "still held" }
-            ),
-        );
-    }
+    after_end(row, op.as_ref(), at_end).await;
     drop(op);
 
     // The next operation to the peer (resumed, reconnected or restarted).
-    let next = match fault {
-        Fault::Kill | Fault::ControlRestart => None,
-        Fault::Restart => match restarted {
-            Some(Ok(p)) => {
-                peer.proc = p;
-                Some(&peer)
-            }
-            Some(Err(e)) => {
-                row.next_op = Some(format!("the peer did not restart: {e:#}"));
-                None
-            }
-            None => None,
-        },
-        Fault::Stop | Fault::Cut => Some(&peer),
+    let next = match (fault, restarted) {
+        (Fault::Restart, Some(Ok(p))) => {
+            peer.proc = p;
+            Some(&peer)
+        }
+        (Fault::Restart, Some(Err(e))) => {
+            row.next_op = Some(format!("the peer did not restart: {e:#}"));
+            None
+        }
+        (Fault::Stop | Fault::Cut, _) => Some(&peer),
+        _ => None,
     };
     if let Some(p) = next {
-        row.next_op = Some(match clean_read(c, p, lane, vec![4096], 3).await {
+        row.next_op = Some(match clean_read(c, p, vec![4096], 3).await {
             Ok(t) => format!("ok ({:.1} ms)", ms(t)),
             Err(e) => format!("failed: {e:#}"),
         });
     }
     let _ = peer.proc.kill().await;
     Ok(())
+}
+
+/// Posts the READ while the source is held stopped: the operation, or the
+/// READ still being posted after 100 ms (it may wait for the source), and
+/// when it was posted.
+async fn post_held<'a>(
+    c: &'a Connector,
+    m: &'a RdmaMetadata,
+    shape: &Shape,
+    pid: u32,
+) -> anyhow::Result<(Option<ReadOperation<'static>>, Option<Begin<'a>>, At)> {
+    signal(pid, libc::SIGSTOP)?;
+    stopped(pid).await;
+    let posted = now();
+    let mut begin: Begin<'a> = Box::pin(c.begin_read(m, destination(shape)));
+    match tokio::time::timeout(Duration::from_millis(100), &mut begin).await {
+        Ok(Ok(op)) => Ok((Some(op), None, posted)),
+        Ok(Err(e)) => {
+            signal(pid, libc::SIGCONT)?;
+            bail!("begin_read failed before the fault: {e}")
+        }
+        Err(_) => Ok((None, Some(begin), posted)),
+    }
+}
+
+/// Posts the READ and waits half the unfaulted time; where it ended
+/// first, again on a fresh readable, twice as soon (up to [`TRIES`]).
+async fn post_in_flight(
+    c: &Connector,
+    peer: &Peer,
+    shape: &Shape,
+    warm: Duration,
+    first: RdmaMetadata,
+    answers: &mut Answers,
+    row: &mut Row,
+) -> anyhow::Result<(ReadOperation<'static>, At)> {
+    let mut delay = warm / 2;
+    let mut m = first;
+    let mut attempt = 1;
+    loop {
+        let posted = now();
+        let op = tokio::time::timeout(STEP, c.begin_read(&m, destination(shape)))
+            .await
+            .map_err(|_| anyhow!("begin_read did not return within {STEP:?}"))??;
+        tokio::time::sleep_until((posted.0 + delay).into()).await;
+        if !op.status().is_terminal() {
+            return Ok((op, posted));
+        }
+        if attempt == TRIES {
+            add_note(
+                row,
+                format!(
+                    "the READ ended ({}) before the fault landed, {TRIES} times (the last {:.1} ms after posting)",
+                    op.status(),
+                    ms(delay)
+                ),
+            );
+            return Ok((op, posted));
+        }
+        drop(op);
+        let _ = tokio::time::timeout(STEP, answers.expect("done")).await;
+        (*answers, m) = peer.readable(vec![shape.block; shape.blocks], 2).await?;
+        delay /= 2;
+        attempt += 1;
+    }
+}
+
+/// Injects `fault` into process `pid`: when it landed. A stop of a held
+/// source landed when the READ was posted to it.
+fn inject(run: &Run, fault: Fault, pid: u32, held: bool, posted: At) -> anyhow::Result<At> {
+    Ok(match fault {
+        Fault::Kill | Fault::Restart => {
+            signal(pid, libc::SIGKILL)?;
+            now()
+        }
+        Fault::Stop if held => posted,
+        Fault::Stop => {
+            signal(pid, libc::SIGSTOP)?;
+            now()
+        }
+        Fault::Cut => {
+            let ns = run.ns.as_ref().ok_or_else(|| anyhow!("no link to cut"))?;
+            ns.cut().map_err(|e| anyhow!(e))?;
+            let at = now();
+            if held {
+                signal(pid, libc::SIGCONT)?;
+            }
+            at
+        }
+        Fault::ControlRestart => bail!("no control-plane server in this bench"),
+    })
+}
+
+/// What the survivor's READ came to by `deadline`: the operation, its
+/// result and when; or why it was never posted, and when that was known.
+type Survived = Result<(ReadOperation<'static>, ferry::Result<()>, Instant), (Instant, String)>;
+
+/// Waits for the survivor's READ (or for it to be posted) until `deadline`.
+async fn survive(
+    op: Option<ReadOperation<'static>>,
+    begin: Option<Begin<'_>>,
+    deadline: Instant,
+) -> Survived {
+    let op = match (op, begin) {
+        (Some(op), _) => op,
+        (None, Some(begin)) => match tokio::time::timeout_at(deadline.into(), begin).await {
+            Ok(Ok(op)) => op,
+            Ok(Err(e)) => return Err((Instant::now(), e.to_string())),
+            Err(_) => return Err((Instant::now(), "begin_read did not return".into())),
+        },
+        (None, None) => return Err((Instant::now(), "no READ was posted".into())),
+    };
+    let left = deadline.saturating_duration_since(Instant::now());
+    let res = op.wait_for_completion_timeout(left).await;
+    Ok((op, res, Instant::now()))
+}
+
+/// Records the survivor's final state, cause and time; cancels a READ
+/// that did not end by its deadline.
+fn survivor_view(
+    row: &mut Row,
+    run: &Run,
+    survived: Survived,
+    fault_at: Instant,
+    deadline: Instant,
+) -> Option<ReadOperation<'static>> {
+    let (op, res, at) = match survived {
+        Err((at, why)) => {
+            row.survivor_state = Some("NOT_STARTED".into());
+            row.survivor_cause = Some(why);
+            row.survivor_ms = Some(ms(at - fault_at));
+            row.detected = at < deadline;
+            return None;
+        }
+        Ok(s) => s,
+    };
+    match res {
+        Err(ferry::Error::Timeout(_)) if !op.status().is_terminal() => {
+            let before = op.status();
+            op.cancel();
+            row.survivor_state = Some(op.status().to_string());
+            if !op.status().is_terminal() {
+                add_note(
+                    row,
+                    format!("cancel returned with the READ still {}", op.status()),
+                );
+            }
+            row.survivor_cause = Some(format!(
+                "not detected within {:.1} s ({before} until then); cancelled by the bench",
+                run.timeout.as_secs_f64()
+            ));
+        }
+        res => {
+            row.detected = true;
+            row.survivor_ms = Some(ms(at - fault_at));
+            row.survivor_state = Some(op.status().to_string());
+            row.survivor_cause = res.err().map(|e| e.to_string());
+        }
+    }
+    row.carried_by = op.transport().map(|t| t.name().to_string());
+    Some(op)
+}
+
+/// The destination's bytes when the survivor's READ ended, where its
+/// memory was released (`descriptors` waits up to 1 s for a copy still
+/// in flight); else the row says why not.
+fn at_end(row: &mut Row, op: Option<&ReadOperation<'static>>) -> Option<Vec<u8>> {
+    let op = op?;
+    let bytes = tokio::task::block_in_place(|| op.descriptors().map(snapshot));
+    match &bytes {
+        Some(b) => row.landed_before_end = Some(b.iter().filter(|&&x| x != FILL).count() as u64),
+        None => {
+            let why = if op.status().is_terminal() {
+                format!("{}, a copy into it still in flight", op.status())
+            } else {
+                format!(
+                    "{}: not final, the memory stays the operation's",
+                    op.status()
+                )
+            };
+            add_note(
+                row,
+                format!("the READ's memory not released within 1 s of its end ({why})"),
+            );
+        }
+    }
+    bytes
+}
+
+/// The faulted peer's view of a stop or a cut: a stopped peer is let go
+/// (SIGCONT) and answers; a cut one may answer before the deadline, then
+/// the link comes back.
+async fn faulted_side(
+    row: &mut Row,
+    run: &Run,
+    fault: Fault,
+    pid: u32,
+    answers: &mut Answers,
+    deadline: Instant,
+    fault_ns: u64,
+) -> anyhow::Result<()> {
+    if fault == Fault::Stop {
+        signal(pid, libc::SIGCONT)?;
+    } else if let Some(ns) = &run.ns {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if let Ok(ev) = tokio::time::timeout(left, answers.expect("done")).await {
+            faulted_view(row, ev.ok(), fault_ns);
+        }
+        ns.restore().map_err(|e| anyhow!(e))?;
+    }
+    if row.faulted_state.is_none() {
+        let wait = run.bound + Duration::from_secs(1);
+        match tokio::time::timeout(wait, answers.expect("done")).await {
+            Ok(ev) => faulted_view(row, ev.ok(), fault_ns),
+            Err(_) => {
+                row.faulted_state = Some("IN_PROGRESS".into());
+                row.faulted_cause = Some(format!(
+                    "no final state within {:.1} s of being let go",
+                    wait.as_secs_f64()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Counts the destination bytes that changed since `at_end`; where the
+/// memory was not released at the end, says what became of the READ.
+async fn after_end(row: &mut Row, op: Option<&ReadOperation<'static>>, at_end: Option<Vec<u8>>) {
+    let Some(op) = op else { return };
+    match at_end {
+        Some(before) => {
+            let now = tokio::task::block_in_place(|| op.descriptors().map(snapshot));
+            if let Some(now) = now {
+                let changed = before.iter().zip(&now).filter(|(a, b)| a != b).count();
+                row.landed_after_end = Some(changed as u64);
+            }
+        }
+        None => {
+            let _ = op.wait_for_completion_timeout(STEP).await;
+            let released = tokio::task::block_in_place(|| op.descriptors().is_some());
+            add_note(
+                row,
+                format!(
+                    "once the peer was let go: {}, memory {}; the bytes after the end are not measurable",
+                    op.status(),
+                    if released { "released" } else { "still held" }
+                ),
+            );
+        }
+    }
 }
 
 /// Adds `what` to the row's note.
