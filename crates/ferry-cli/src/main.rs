@@ -71,7 +71,7 @@ enum Cmd {
         #[arg(long, value_delimiter = ',')]
         shapes: Vec<String>,
         /// For `--workload kv`: only these transports, among cma and tcp
-        /// (default: both).
+        /// (default: both); for `--faults`: among tcp, cma and ucx.
         #[arg(long, value_delimiter = ',')]
         via: Vec<ferry::TransportKind>,
         /// For the sweep: GPU memory on both sides, `cuda:N` (or `sim`:
@@ -138,6 +138,7 @@ fn parse_size(s: &str) -> Result<u64, String> {
 async fn run_faults(
     quick: bool,
     liveness_ms: Option<u64>,
+    via: &[ferry::TransportKind],
     json: Option<std::path::PathBuf>,
 ) -> anyhow::Result<()> {
     use ferry_cli::bench::faults;
@@ -156,6 +157,17 @@ async fn run_faults(
     } else {
         faults::Options::full(bound)
     };
+    if !via.is_empty() {
+        opts.lanes = via
+            .iter()
+            .map(|t| match t {
+                ferry::TransportKind::Tcp => Ok(faults::Lane::Tcp),
+                ferry::TransportKind::Cma => Ok(faults::Lane::Cma),
+                ferry::TransportKind::Ucx => Ok(faults::Lane::Ucx),
+                other => anyhow::bail!("--faults runs over tcp, cma and ucx, not {other}"),
+            })
+            .collect::<anyhow::Result<_>>()?;
+    }
     opts.json = json;
     let exe = std::env::current_exe()?;
     faults::run(&exe, opts).await.map(drop)
@@ -201,7 +213,7 @@ async fn main() -> anyhow::Result<()> {
             liveness_ms,
         } => {
             if faults {
-                return run_faults(quick, liveness_ms, json).await;
+                return run_faults(quick, liveness_ms, &via, json).await;
             }
             if workload == "kv" {
                 let exe = std::env::current_exe()?;

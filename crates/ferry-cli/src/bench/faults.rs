@@ -484,9 +484,9 @@ fn opt_ms(v: Option<f64>) -> String {
 fn print_table(opts: &Options, rows: &[Row], lines: &[String]) {
     let bound = opts.bound.as_millis();
     let reads = if library_reads_bound() {
-        "read by this build's library"
+        "one of this build's configuration knobs"
     } else {
-        "NOT read by this build's library (no liveness heartbeats yet): a stopped peer or a cut link is detected as before, if at all"
+        "not among this build's configuration knobs (no liveness heartbeats here): a stopped peer or a cut link is detected as before, if at all"
     };
     println!(
         "faults: liveness bound {bound} ms ({LIVENESS_ENV}={bound} in both processes, {reads}); each fault given {:.1} s; targets: kill and restart <= 100 ms, stop and cut <= bound + 100 ms; bytes after the end: 0",
