@@ -527,6 +527,7 @@ impl Connector {
             link: Link::Passive {
                 exposures: self.inner.exposures.clone(),
                 exposure,
+                handle: self.inner._host.handle.clone(),
             },
         });
         match meta {

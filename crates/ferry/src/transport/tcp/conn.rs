@@ -611,10 +611,15 @@ impl PassiveLink for ReqLink {
         // The reader that ended it tells the remote itself.
     }
 
-    fn withdrawn(&self, _how: Option<Refusal>) {
+    fn withdrawn(&self, how: Option<Refusal>) {
         if let Some(conn) = self.conn.upgrade() {
             conn.forget_passive(self.req);
-            conn.abort_detached(self.req, AbortReason::Cancelled, String::new());
+            // An expiry says so; anything else reads as a cancel.
+            let (reason, detail) = match how {
+                Some((AbortReason::Expired, detail)) => (AbortReason::Expired, detail),
+                _ => (AbortReason::Cancelled, String::new()),
+            };
+            conn.abort_detached(self.req, reason, detail);
         }
     }
 
