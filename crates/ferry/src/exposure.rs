@@ -396,10 +396,7 @@ impl Exposures {
 }
 
 fn expired_here(op_id: u64) -> (AbortReason, String) {
-    (
-        AbortReason::Expired,
-        format!("operation {op_id} expired"),
-    )
+    (AbortReason::Expired, format!("operation {op_id} expired"))
 }
 
 fn ended_here(op_id: u64) -> (AbortReason, String) {
@@ -416,7 +413,10 @@ pub(crate) fn abort_reason(
     error: Option<&Error>,
 ) -> Option<(AbortReason, String)> {
     if let Some(Error::Expired { .. }) = error {
-        return Some((AbortReason::Expired, error.map(|e| e.to_string()).unwrap_or_default()));
+        return Some((
+            AbortReason::Expired,
+            error.map(|e| e.to_string()).unwrap_or_default(),
+        ));
     }
     match status {
         OperationStatus::Complete => None,

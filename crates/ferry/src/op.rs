@@ -252,7 +252,7 @@ macro_rules! operation {
             /// is any remote that comes later. Once the last byte is on
             /// its way, the transfer completes (or fails) as the remote
             /// decides, as with a cancel. Default: no expiry. Call it
-            /// before handing out the metadata (see `docs/operations.md`,
+            /// before handing out the metadata (see `docs/transports.md`,
             /// "Expiry", for how a prefill worker sets it).
             pub fn expires_after(self, after: Duration) -> Self {
                 self.core.expire_after(after);

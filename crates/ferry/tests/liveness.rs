@@ -111,11 +111,7 @@ fn stopped_writable() {
         let r = w.wait_for_completion_timeout(Duration::from_secs(10)).await;
         say(
             "ENDED",
-            format!(
-                "{} {:?} | {r:?}",
-                resumed.elapsed().as_millis(),
-                w.status()
-            ),
+            format!("{} {:?} | {r:?}", resumed.elapsed().as_millis(), w.status()),
         );
     });
 }
@@ -164,7 +160,10 @@ fn a_peer_stopped_mid_transfer_is_detected_within_the_bound_on_both_sides() {
         rest.contains("PeerUnresponsive") || rest.contains("ConnectionLost"),
         "{rest}"
     );
-    assert!(ms < (BOUND + Duration::from_secs(2)).as_millis() as u64, "{ms} ms");
+    assert!(
+        ms < (BOUND + Duration::from_secs(2)).as_millis() as u64,
+        "{ms} ms"
+    );
 }
 
 /// User CPU plus system CPU of this process so far, in clock ticks.
@@ -208,14 +207,13 @@ fn idle_pair() {
         tokio::time::sleep(Duration::from_secs(3)).await;
         let ticks = cpu_ticks() - t0;
         let after = count();
-        assert!(a.connection_count() + b.connection_count() >= 1, "still connected");
+        assert!(
+            a.connection_count() + b.connection_count() >= 1,
+            "still connected"
+        );
         say(
             "IDLE",
-            format!(
-                "{ticks} {} {}",
-                after.0 - before.0,
-                after.1 - before.1
-            ),
+            format!("{ticks} {} {}", after.0 - before.0, after.1 - before.1),
         );
     });
 }
@@ -240,7 +238,11 @@ fn an_idle_connection_with_heartbeats_configured_sends_nothing_and_wakes_nothing
     assert_eq!(v[1], 0, "no heartbeat on an idle connection");
     assert_eq!(v[2], 0, "no liveness wake-up on an idle connection");
     // Zero in practice; a tick or two of noise allowed.
-    assert!(v[0] * 1000 / hz <= 30, "{} ms of CPU while idle", v[0] * 1000 / hz);
+    assert!(
+        v[0] * 1000 / hz <= 30,
+        "{} ms of CPU while idle",
+        v[0] * 1000 / hz
+    );
 }
 
 /// Connections kept busy, with a short bound, for ten bounds: a peer
@@ -258,7 +260,10 @@ async fn a_peer_that_answers_is_never_declared() {
             .await
             .unwrap();
         let read = b
-            .begin_read(r.metadata(), vec![Descriptor::from_vec(vec![0u8; 32 << 20])])
+            .begin_read(
+                r.metadata(),
+                vec![Descriptor::from_vec(vec![0u8; 32 << 20])],
+            )
             .await
             .unwrap();
         read.wait_for_completion().await.unwrap();

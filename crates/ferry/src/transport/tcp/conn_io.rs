@@ -92,8 +92,7 @@ impl FrameReader {
 
     /// Bytes arrived now.
     fn hear(&self) {
-        self.heard
-            .store(super::util::now_ms(), Ordering::Relaxed);
+        self.heard.store(super::util::now_ms(), Ordering::Relaxed);
     }
 
     /// Waits for the copy into device memory that is still running, if one
