@@ -280,3 +280,40 @@ fn the_abort_reasons_have_their_codes() {
     assert_eq!(AbortReason::from_code(15), AbortReason::PeerUnresponsive);
     assert_eq!(AbortReason::from_code(16), AbortReason::Expired);
 }
+
+/// A cross-memory copy that lasts several bounds (its lane copies on a
+/// blocking thread, the runtime answers the heartbeats meanwhile) is not
+/// taken for a dead peer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_cross_memory_copy_is_not_taken_for_a_dead_peer() {
+    let bound = Duration::from_millis(40);
+    let cma = || {
+        Connector::builder()
+            .listen("127.0.0.1:0".parse().unwrap())
+            .transports(&[TransportKind::Cma, TransportKind::Tcp])
+            .cma_threshold(0)
+            .liveness(bound)
+            .build()
+    };
+    let (a, b) = (cma().await.unwrap(), cma().await.unwrap());
+    let size = 256usize << 20;
+    let r = a
+        .create_readable(vec![Descriptor::from_vec(vec![1u8; size])])
+        .await
+        .unwrap();
+    let t = Instant::now();
+    let read = b
+        .begin_read(r.metadata(), vec![Descriptor::from_vec(vec![0u8; size])])
+        .await
+        .unwrap();
+    read.wait_for_completion().await.unwrap();
+    r.wait_for_completion().await.unwrap();
+    let took = t.elapsed();
+    let (x, y) = (a.metrics().connections, b.metrics().connections);
+    eprintln!(
+        "a copy of 256 MiB by {:?} took {took:?} with a {bound:?} bound: {} heartbeats",
+        read.transport(),
+        x.heartbeats + y.heartbeats
+    );
+    assert_eq!(x.unresponsive + y.unresponsive, 0);
+}

@@ -239,7 +239,7 @@ mod tests {
         let t0 = Instant::now();
         let mut l = Liveness::new(Some(B), t0);
         // Idle for a long time before: silence counts from busy.
-        let busy = t0 + ms(3600_000);
+        let busy = t0 + ms(3_600_000);
         l.set_busy(true, busy);
         let mut pings = Vec::new();
         loop {
