@@ -317,3 +317,75 @@ async fn a_long_cross_memory_copy_is_not_taken_for_a_dead_peer() {
     );
     assert_eq!(x.unresponsive + y.unresponsive, 0);
 }
+
+/// A hand-made peer that opens a READ, takes its bytes and then neither
+/// confirms nor answers a heartbeat: the connector declares it within the
+/// bound, tells it why on the wire (`PeerUnresponsive`, code 15) and ends
+/// its readable with `Error::PeerUnresponsive`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_peer_hears_why_its_request_ends() {
+    use ferry_proto::wire::{self, Hello, Message, Open, PROTOCOL_VERSION};
+    use ferry_proto::OperationKind;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let bound = Duration::from_millis(300);
+    let c = connector(bound).await;
+    let r = c
+        .create_readable(vec![Descriptor::from_vec(vec![4u8; 4096])])
+        .await
+        .unwrap();
+    let m = r.metadata().clone();
+    let mut s = tokio::net::TcpStream::connect(c.local_addr())
+        .await
+        .unwrap();
+    let mut frames = Message::Hello(Hello {
+        version: PROTOCOL_VERSION,
+        worker_id: "silent".into(),
+    })
+    .to_vec();
+    Message::Open(Open {
+        req: 1,
+        op_id: m.operation_id(),
+        token: *m.token(),
+        kind: OperationKind::Read,
+        sizes: vec![4096].into(),
+        pull: false,
+        part: 0,
+        parts: 1,
+    })
+    .encode(&mut frames);
+    s.write_all(&frames).await.unwrap();
+    let t = Instant::now();
+    let e = r
+        .wait_for_completion_timeout(bound + Duration::from_secs(2))
+        .await
+        .unwrap_err();
+    let took = t.elapsed();
+    assert!(matches!(e, Error::PeerUnresponsive { .. }), "{e:?}");
+    assert!(took >= bound / 2, "{took:?}");
+    // What the peer was sent: the hello, the bytes, the source's finish,
+    // heartbeats, then why the request ends, then the end of the stream.
+    let (mut pings, mut abort) = (0, None);
+    loop {
+        let mut h = [0u8; wire::HEADER_LEN];
+        if s.read_exact(&mut h).await.is_err() {
+            break;
+        }
+        let header = wire::decode_header(&h).unwrap();
+        let mut body = vec![0u8; header.body_len as usize];
+        s.read_exact(&mut body).await.unwrap();
+        match wire::decode_body(header, &body).unwrap() {
+            Message::Data(d) => {
+                let mut payload = vec![0u8; d.len as usize];
+                s.read_exact(&mut payload).await.unwrap();
+            }
+            Message::Ping => pings += 1,
+            Message::Abort(a) => abort = Some(a),
+            _ => {}
+        }
+    }
+    let a = abort.expect("the peer is told why");
+    assert_eq!((a.req, a.reason), (1, AbortReason::PeerUnresponsive));
+    assert_eq!(a.reason.code(), 15);
+    assert!(pings >= 1, "heartbeats were sent first");
+}
