@@ -192,7 +192,8 @@ impl ConnectorBuilder {
     /// bound. A connection with no operation in progress has no timer at
     /// all: idle connections cost nothing. Give both sides the same
     /// value; a bound much below 100 ms mistakes scheduling delays on a
-    /// loaded host for a dead peer (the smallest taken is 20 ms).
+    /// loaded host for a dead peer (the smallest taken is 20 ms, the
+    /// largest a day).
     pub fn liveness(mut self, bound: Duration) -> Self {
         self.liveness = Some(bound);
         self

@@ -44,6 +44,10 @@ pub const DEFAULT_BOUND: Duration = Duration::from_millis(1500);
 /// delays for a dead peer).
 pub const MIN_BOUND: Duration = Duration::from_millis(20);
 
+/// The largest bound taken (a larger one is lowered to it): a day, so that
+/// no arithmetic on instants can overflow, whatever a user sets.
+pub const MAX_BOUND: Duration = Duration::from_secs(24 * 3600);
+
 /// What a timer that fired asks of the driver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tick {
@@ -85,7 +89,9 @@ impl Liveness {
     /// `now`, idle.
     pub fn new(bound: Option<Duration>, now: Instant) -> Self {
         Liveness {
-            bound: bound.filter(|b| !b.is_zero()).map(|b| b.max(MIN_BOUND)),
+            bound: bound
+                .filter(|b| !b.is_zero())
+                .map(|b| b.clamp(MIN_BOUND, MAX_BOUND)),
             busy: false,
             heard: now,
             sent: now,
@@ -158,7 +164,9 @@ impl Liveness {
             if now.saturating_duration_since(due) > bound / 2 {
                 // This process did not run for a while: read what the peer
                 // sent meanwhile before judging it.
-                self.heard = self.heard.max(now - (bound - interval));
+                if let Some(from) = now.checked_sub(bound - interval) {
+                    self.heard = self.heard.max(from);
+                }
             }
         }
         let silent = now.saturating_duration_since(self.heard);
@@ -336,9 +344,15 @@ mod tests {
     }
 
     #[test]
-    fn a_tiny_bound_is_raised_to_the_minimum() {
+    fn a_tiny_bound_is_raised_and_a_huge_one_lowered() {
         let t0 = Instant::now();
         let l = Liveness::new(Some(ms(1)), t0);
         assert_eq!(l.bound(), Some(MIN_BOUND));
+        let mut l = Liveness::new(Some(Duration::MAX), t0);
+        assert_eq!(l.bound(), Some(MAX_BOUND));
+        l.set_busy(true, t0);
+        let at = l.poll_timeout().unwrap();
+        l.armed(at);
+        assert_eq!(l.on_timeout(at + MAX_BOUND), Tick::Ping);
     }
 }
