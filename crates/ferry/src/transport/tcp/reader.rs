@@ -58,6 +58,9 @@ pub(super) async fn run_connection(
     // while the connection carries a live operation, none otherwise.
     let mut liveness = Liveness::new(Some(bound), Instant::now());
     let heard = rd.heard();
+    // One timer, moved only when its deadline changes (not at every frame).
+    let mut timer = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
+    let mut armed = None;
     let err = loop {
         // Kept across wake-ups of the idle timer: a frame half read must
         // not be dropped.
@@ -76,12 +79,18 @@ pub(super) async fn run_connection(
             let due = liveness.poll_timeout();
             if let Some(at) = due {
                 liveness.armed(at);
+                if armed != due {
+                    timer.as_mut().reset(at.into());
+                    armed = due;
+                }
             }
             tokio::select! {
                 r = &mut frame => break r,
                 // An operation began: arm the liveness timer.
                 _ = conn.began.notified(), if due.is_none() && bound > Duration::ZERO => {}
-                _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now).into()), if due.is_some() => {
+                _ = timer.as_mut(), if due.is_some() => {
+                    // Fired: the next deadline moves it again.
+                    armed = None;
                     // The operations may have ended since the timer was
                     // armed: an idle connection is never judged.
                     let now = Instant::now();
