@@ -14,6 +14,8 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub use crate::transport::admission::{
     per_group_cap, unproven_cap, DEFAULT_IPV4_PREFIX, DEFAULT_IPV6_PREFIX, DEFAULT_MAX_CONNECTIONS,
 };
+/// The liveness bound by default (see [`ConnectorBuilder::liveness`]).
+pub const DEFAULT_LIVENESS: Duration = ferry_proto::session::liveness::DEFAULT_BOUND;
 /// The shortest shared secret accepted, in bytes.
 pub const MIN_SECRET: usize = 16;
 
@@ -46,6 +48,7 @@ pub struct ConnectorBuilder {
     pub(crate) ucx_trusted_network: Option<bool>,
     pub(crate) ucx_emulated_rma: Option<bool>,
     pub(crate) ucx_strict_registration: Option<bool>,
+    pub(crate) liveness: Option<Duration>,
 }
 
 /// TCP streams per transfer to another host, by default.
@@ -75,6 +78,7 @@ impl Default for ConnectorBuilder {
             ucx_trusted_network: None,
             ucx_emulated_rma: None,
             ucx_strict_registration: None,
+            liveness: None,
         }
     }
 }
@@ -167,6 +171,31 @@ impl ConnectorBuilder {
     /// rather than used, so give both sides the same value.
     pub fn idle_timeout(mut self, d: Duration) -> Self {
         self.idle_timeout = Some(d);
+        self
+    }
+
+    /// The liveness bound: on a connection that carries an operation in
+    /// progress (either direction), a peer from which nothing at all has
+    /// arrived for this long — not a byte, not a heartbeat — is taken for
+    /// stopped or unreachable (a `SIGSTOP`, a long GC pause, a wedged
+    /// driver, a cut link): every operation of the connection ends, on
+    /// this side with [`Error::PeerUnresponsive`](crate::Error::PeerUnresponsive),
+    /// on the peer's (where it can still hear) with
+    /// [`AbortReason::PeerUnresponsive`](crate::AbortReason::PeerUnresponsive),
+    /// and the connection closes. Default [`DEFAULT_LIVENESS`] (1.5 s);
+    /// zero turns it off; without this call, `FERRY_LIVENESS_MS` (in
+    /// milliseconds, `0`: off) is read.
+    ///
+    /// While an operation is in progress each side sends a heartbeat (an
+    /// empty frame, answered at once by the peer's runtime, never by a
+    /// thread that copies) when it has sent nothing for a quarter of the
+    /// bound. A connection with no operation in progress has no timer at
+    /// all: idle connections cost nothing. Give both sides the same
+    /// value; a bound much below 100 ms mistakes scheduling delays on a
+    /// loaded host for a dead peer (the smallest taken is 20 ms, the
+    /// largest a day).
+    pub fn liveness(mut self, bound: Duration) -> Self {
+        self.liveness = Some(bound);
         self
     }
 

@@ -79,6 +79,7 @@ impl ConnectorBuilder {
             streams_to_other_hosts: DEFAULT_TCP_STREAMS,
             stripe_threshold: settings.stripe_threshold.value.max(1),
             idle_timeout: settings.idle_timeout.value,
+            liveness: settings.liveness.value,
             max_connections: settings.max_connections.value,
             admission: settings.admission.value,
             shutdown: shutdown_rx.clone(),
@@ -526,6 +527,7 @@ impl Connector {
             link: Link::Passive {
                 exposures: self.inner.exposures.clone(),
                 exposure,
+                handle: self.inner._host.handle.clone(),
             },
         });
         match meta {

@@ -219,6 +219,32 @@ pub enum Error {
     /// drop or cancel it to stop it.
     #[error("the operation did not finish within {0:?}")]
     Timeout(Duration),
+    /// Nothing at all arrived from the remote (no byte, no heartbeat) for
+    /// the liveness bound while this operation was in progress
+    /// ([`ConnectorBuilder::liveness`](crate::ConnectorBuilder::liveness)):
+    /// the remote is stopped (a `SIGSTOP`, a long pause), wedged or
+    /// unreachable. Every operation of that connection ended, the remote
+    /// was told where it could still hear
+    /// ([`AbortReason::PeerUnresponsive`], which it reports as
+    /// [`Rejected`](Self::Rejected)), and the connection closed.
+    #[error("worker {peer:?} sent nothing for {after:?} while an operation was in progress: taken for stopped or unreachable")]
+    PeerUnresponsive {
+        /// The remote worker id.
+        peer: String,
+        /// How long it had been silent.
+        after: Duration,
+    },
+    /// The passive operation's expiry lapsed
+    /// ([`ReadableOperation::expires_after`](crate::ReadableOperation::expires_after)):
+    /// its memory was fenced and given back as on a cancel (status
+    /// `CANCELLED`); a transfer in progress was aborted, and its remote
+    /// told ([`AbortReason::Expired`], which it reports as
+    /// [`Rejected`](Self::Rejected)), as is any remote that comes later.
+    #[error("the operation expired after {after:?}")]
+    Expired {
+        /// The expiry it was created with.
+        after: Duration,
+    },
 }
 
 /// How a peer broke the Ferry protocol: what [`Error::Protocol`] carries.
@@ -288,6 +314,8 @@ fn describe(r: AbortReason) -> &'static str {
         AbortReason::PartFailed => "another part of this striped transfer failed",
         AbortReason::DeviceMemory => "the remote's GPU memory could not be moved: no path reaches it, or a copy to or from it failed (the detail says which)",
         AbortReason::CopySlots => "the remote has no cross-memory copy slot free for this transfer now (peers may be stalling copies): retry, or move it in band",
+        AbortReason::PeerUnresponsive => "the remote heard nothing from this side within its liveness bound (this process was stopped, paused or unreachable) and ended the transfer",
+        AbortReason::Expired => "the remote's passive operation expired: its memory was given back to its owner; ask for fresh metadata",
         _ => "unknown reason",
     }
 }

@@ -91,6 +91,9 @@ struct Ended {
     /// For a striped operation that ended without completing: the peer it
     /// was bound to, and how it ended (the latest word on it).
     stripe: Option<Box<(String, (AbortReason, String))>>,
+    /// It expired (`OpCore::expire`): whoever presents its token is told
+    /// so.
+    expired: bool,
 }
 
 /// How many records of ended operations [`Exposures`] keeps.
@@ -287,6 +290,7 @@ impl Exposures {
                 Ended {
                     token: e.token,
                     stripe: None,
+                    expired: false,
                 },
             );
             map.remove(&e.op_id);
@@ -324,6 +328,7 @@ impl Exposures {
         }
         match r.stripe.as_deref() {
             Some((p, how)) if o.parts > 1 && Some(p.as_str()) == peer => Some(how.clone()),
+            _ if r.expired => Some(expired_here(o.op_id)),
             _ => Some(ended_here(o.op_id)),
         }
     }
@@ -342,8 +347,24 @@ impl Exposures {
             Ended {
                 token: e.token,
                 stripe: Some(Box::new((peer, how))),
+                expired: false,
             },
         );
+    }
+
+    /// The exposure's expiry lapsed: it leaves the table, and whoever
+    /// presents its token from now on is told that it expired.
+    pub(crate) fn expired(&self, e: &Exposure) {
+        self.remember(
+            e.op_id,
+            Ended {
+                token: e.token,
+                stripe: None,
+                expired: true,
+            },
+        );
+        self.remember_if_striped(e, expired_here(e.op_id));
+        self.unlist(e);
     }
 
     /// Ends an exposure from the owner's side (cancel or drop; the region
@@ -374,6 +395,10 @@ impl Exposures {
     }
 }
 
+fn expired_here(op_id: u64) -> (AbortReason, String) {
+    (AbortReason::Expired, format!("operation {op_id} expired"))
+}
+
 fn ended_here(op_id: u64) -> (AbortReason, String) {
     (
         AbortReason::OperationEnded,
@@ -387,6 +412,12 @@ pub(crate) fn abort_reason(
     status: OperationStatus,
     error: Option<&Error>,
 ) -> Option<(AbortReason, String)> {
+    if let Some(Error::Expired { .. }) = error {
+        return Some((
+            AbortReason::Expired,
+            error.map(|e| e.to_string()).unwrap_or_default(),
+        ));
+    }
     match status {
         OperationStatus::Complete => None,
         OperationStatus::Cancelled => Some((AbortReason::Cancelled, String::new())),

@@ -19,6 +19,8 @@ pub(crate) enum Link {
     Passive {
         exposures: Arc<Exposures>,
         exposure: Arc<Exposure>,
+        /// The connector's runtime (where an expiry's timer runs).
+        handle: tokio::runtime::Handle,
     },
     Active(Arc<dyn ActiveLink>),
 }
@@ -44,6 +46,7 @@ impl OpCore {
         if let Link::Passive {
             exposures,
             exposure,
+            ..
         } = &self.link
         {
             // The capability ends before anyone can observe the cancel.
@@ -56,9 +59,58 @@ impl OpCore {
             Link::Passive {
                 exposures,
                 exposure,
+                ..
             } => exposures.withdraw(exposure),
             Link::Active(link) => link.cancel(changed),
         }
+    }
+
+    /// A passive operation's expiry lapsed: ends it as a cancel does
+    /// (fenced first, the remote told), with the cause
+    /// [`Error::Expired`], unless it has ended or its last byte is on its
+    /// way (then it completes or fails as the remote decides).
+    fn expire(&self, after: Duration) {
+        let Link::Passive {
+            exposures,
+            exposure,
+            ..
+        } = &self.link
+        else {
+            return;
+        };
+        if self.shared.status().is_terminal() {
+            return;
+        }
+        self.region.close();
+        if self.shared.is_sealed() {
+            return;
+        }
+        // A request that comes from now on is told it expired.
+        exposures.expired(exposure);
+        self.shared
+            .end(OperationStatus::Cancelled, Some(Error::Expired { after }));
+        exposures.withdraw(exposure);
+    }
+
+    /// Arms the expiry of a passive operation (see
+    /// [`ReadableOperation::expires_after`]): its timer ends with the
+    /// operation.
+    fn expire_after(self: &Arc<Self>, after: Duration) {
+        let Link::Passive { handle, .. } = &self.link else {
+            return;
+        };
+        let core = Arc::downgrade(self);
+        let shared = self.shared.clone();
+        handle.spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(after) => {
+                    if let Some(core) = core.upgrade() {
+                        core.expire(after);
+                    }
+                }
+                _ = shared.ended() => {}
+            }
+        });
     }
 }
 
@@ -189,6 +241,22 @@ macro_rules! operation {
             /// this operation's bytes only, until the operation ends.
             pub fn metadata(&self) -> &RdmaMetadata {
                 &self.metadata
+            }
+
+            /// Gives the operation an expiry: if it has not ended `after`
+            /// from now, it ends as on [`cancel`](Self::cancel), with the
+            /// cause [`Error::Expired`] (status `CANCELLED`). Its memory is
+            /// fenced first, then given back; a transfer in progress at
+            /// that moment is aborted on both sides (its remote hears
+            /// [`AbortReason::Expired`](crate::AbortReason::Expired)), as
+            /// is any remote that comes later. Once the last byte is on
+            /// its way, the transfer completes (or fails) as the remote
+            /// decides, as with a cancel. Default: no expiry. Call it
+            /// before handing out the metadata (see `docs/transports.md`,
+            /// "Expiry", for how a prefill worker sets it).
+            pub fn expires_after(self, after: Duration) -> Self {
+                self.core.expire_after(after);
+                self
             }
 
             common_methods!();

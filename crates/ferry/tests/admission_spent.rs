@@ -185,10 +185,12 @@ async fn junk_frames_do_not_keep_a_spent_connection_open() {
 
 /// A connection that carries a live operation stays while it does (its
 /// clock runs from the last moment it did), and its operation completes.
+/// (The hand-made peer stays silent for four idle timeouts and answers no
+/// heartbeat: liveness is off here, `tests/liveness.rs` tests it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_with_a_live_operation_is_not_idle() {
     let idle = Duration::from_millis(300);
-    let t = target(idle).build().await.unwrap();
+    let t = target(idle).liveness(Duration::ZERO).build().await.unwrap();
     let w = t.create_writable(vec![untouched(4)]).await.unwrap();
     let m = w.metadata().clone();
     let mut r = Raw::connect(&t).await;

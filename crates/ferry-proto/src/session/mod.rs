@@ -19,6 +19,7 @@
 mod action;
 mod attach;
 mod fence;
+pub mod liveness;
 mod plan;
 mod stripe;
 #[cfg(test)]
@@ -30,6 +31,7 @@ use std::collections::{BTreeMap, VecDeque};
 pub use action::{Action, Last, OpenParams, Start, Step};
 pub use attach::{proves, AttachState, Nonces, RdmaState};
 pub use fence::{Caps, Fence};
+pub use liveness::{Liveness, Tick};
 pub use plan::{
     can_lend, device_refusal, lane_for, lends, plan, route, table_caps, Plan, Thresholds,
     DEVICE_MEMORY_BY_IPC_ONLY,
@@ -254,6 +256,25 @@ impl<T: Fence> Session<T> {
             }
             Message::Finish { req } => self.on_finish(req),
             Message::Abort(a) => self.on_abort(a),
+            // A heartbeat is answered at once, whatever is in progress
+            // here (see `liveness`); its answer asks for nothing.
+            Message::Ping => {
+                self.reply(Message::Pong);
+                Ok(Step::Done)
+            }
+            Message::Pong => Ok(Step::Done),
+        }
+    }
+
+    /// The peer was declared unresponsive (see [`liveness`]): tells it,
+    /// where it can still hear, that every request in flight ends
+    /// ([`AbortReason::PeerUnresponsive`], `detail` says after how long).
+    /// The driver then ends them here and closes the connection
+    /// ([`drain`](Self::drain)).
+    pub fn unresponsive(&mut self, detail: &str) {
+        let reqs: Vec<u64> = self.requests.keys().copied().collect();
+        for req in reqs {
+            self.abort(req, AbortReason::PeerUnresponsive, detail.to_string());
         }
     }
 

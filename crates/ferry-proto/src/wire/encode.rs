@@ -130,6 +130,8 @@ impl Message {
                 out.extend_from_slice(&req.to_le_bytes());
                 T_RELEASE
             }
+            Message::Ping => T_PING,
+            Message::Pong => T_PONG,
         };
         let body_len = out.len() - start - HEADER_LEN;
         out[start] = ty;

@@ -28,11 +28,15 @@ pub enum FrameType {
     Release,
     /// [`Rdma`].
     Rdma,
+    /// [`Message::Ping`].
+    Ping,
+    /// [`Message::Pong`].
+    Pong,
 }
 
 impl FrameType {
     /// Every frame type.
-    pub const ALL: [FrameType; 10] = [
+    pub const ALL: [FrameType; 12] = [
         FrameType::Hello,
         FrameType::Open,
         FrameType::Data,
@@ -43,6 +47,8 @@ impl FrameType {
         FrameType::Attach,
         FrameType::Release,
         FrameType::Rdma,
+        FrameType::Ping,
+        FrameType::Pong,
     ];
 
     /// The type with wire number `ty` (checked by [`decode_header`]).
@@ -58,6 +64,8 @@ impl FrameType {
             T_ATTACH => FrameType::Attach,
             T_RELEASE => FrameType::Release,
             T_RDMA => FrameType::Rdma,
+            T_PING => FrameType::Ping,
+            T_PONG => FrameType::Pong,
             _ => return None,
         })
     }
@@ -75,6 +83,8 @@ impl FrameType {
             FrameType::Attach => T_ATTACH,
             FrameType::Release => T_RELEASE,
             FrameType::Rdma => T_RDMA,
+            FrameType::Ping => T_PING,
+            FrameType::Pong => T_PONG,
         }
     }
 
@@ -107,6 +117,8 @@ impl fmt::Display for FrameType {
             FrameType::Attach => "attach",
             FrameType::Release => "release",
             FrameType::Rdma => "rdma",
+            FrameType::Ping => "ping",
+            FrameType::Pong => "pong",
         };
         f.write_str(name)
     }
@@ -197,5 +209,6 @@ mod tests {
         }
         assert_eq!(FrameType::of(0), None);
         assert_eq!(FrameType::of(11), None);
+        assert_eq!(FrameType::of(14), None);
     }
 }

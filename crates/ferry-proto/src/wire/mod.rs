@@ -47,7 +47,10 @@ pub use segments::Segments;
 /// other. 9: an [`Attach`] says whether its sender offers CUDA IPC. 10:
 /// an [`Rdma`] frame says whether its sender's UCX reaches CUDA memory.
 /// 11: a [`Lease`] names the lane that lent it.
-pub const PROTOCOL_VERSION: u16 = 11;
+/// 12: heartbeats ([`Message::Ping`], [`Message::Pong`]) on a connection
+/// that carries an operation in progress, and the abort reasons
+/// [`AbortReason::PeerUnresponsive`] and [`AbortReason::Expired`].
+pub const PROTOCOL_VERSION: u16 = 12;
 /// The bytes that open every `Hello` body.
 pub const MAGIC: [u8; 6] = *b"FERRY\0";
 /// The length of a frame header.
@@ -83,6 +86,7 @@ fn max_body(ty: u8) -> u32 {
         T_LEASE => MAX_LEASE_BODY,
         T_ATTACH => 4 + 8 + 16 + 1 + 1,
         T_RDMA => (4 + MAX_RDMA_ADDRESS + 2) as u32,
+        T_PING | T_PONG => 0,
         _ => 0,
     }
 }
@@ -176,6 +180,16 @@ pub enum AbortReason {
     /// may be stalling). Refused at once, never queued; the detail says
     /// which bound. A build that does not know it reads it as `Other(14)`.
     CopySlots,
+    /// The sender heard nothing at all from the receiver (no frame, not
+    /// even a heartbeat) for its liveness bound while this request was in
+    /// progress: it takes the receiver for stopped or unreachable, ends
+    /// every operation of the connection and closes it. The detail gives
+    /// the bound.
+    PeerUnresponsive,
+    /// The passive operation's expiry lapsed (its owner created it with
+    /// one): its memory was fenced and given back to its owner, and no
+    /// request may transfer it any more.
+    Expired,
     /// A reason this build does not know.
     Other(u8),
 }
@@ -198,6 +212,8 @@ impl AbortReason {
             Self::PartFailed => 12,
             Self::DeviceMemory => 13,
             Self::CopySlots => 14,
+            Self::PeerUnresponsive => 15,
+            Self::Expired => 16,
             Self::Other(n) => n,
         }
     }
@@ -219,6 +235,8 @@ impl AbortReason {
             12 => Self::PartFailed,
             13 => Self::DeviceMemory,
             14 => Self::CopySlots,
+            15 => Self::PeerUnresponsive,
+            16 => Self::Expired,
             n => Self::Other(n),
         }
     }
@@ -449,6 +467,14 @@ pub enum Message {
         /// The request.
         req: u64,
     },
+    /// A heartbeat (empty body): sent by a side that has an operation in
+    /// progress on the connection and has sent nothing for a while. The
+    /// receiver answers with [`Message::Pong`] at once, whatever it has
+    /// in progress itself (see `session::liveness`).
+    Ping,
+    /// The answer to a [`Message::Ping`] (empty body). Like any frame, it
+    /// tells the receiver that the sender is alive; it asks for nothing.
+    Pong,
 }
 
 const T_HELLO: u8 = 1;
@@ -461,6 +487,8 @@ const T_LEASE: u8 = 7;
 const T_ATTACH: u8 = 8;
 const T_RELEASE: u8 = 9;
 const T_RDMA: u8 = 10;
+const T_PING: u8 = 12;
+const T_PONG: u8 = 13;
 
 /// Lease address forms (see [`Lease::segments`]).
 const ADDRESSES_EACH: u8 = 0;

@@ -32,6 +32,8 @@ pub struct Config {
     pub(crate) ucx_emulated_rma: Setting<bool>,
     pub(crate) ucx_strict_registration: Setting<bool>,
     pub(crate) ucx_trusted_network: Setting<bool>,
+    /// The liveness bound; zero: off.
+    pub(crate) liveness: Setting<Duration>,
 }
 
 impl Config {
@@ -146,6 +148,11 @@ impl Config {
                 flag(env, UCX_TRUSTED_NETWORK_ENV)?,
                 false,
             ),
+            liveness: Setting::pick(
+                b.liveness,
+                number(env, LIVENESS_ENV, "milliseconds")?.map(Duration::from_millis),
+                crate::builder::DEFAULT_LIVENESS,
+            ),
         })
     }
 
@@ -197,6 +204,13 @@ impl Config {
                 .knob(UCX_STRICT_REGISTRATION_ENV, yes_no),
             self.ucx_trusted_network
                 .knob(UCX_TRUSTED_NETWORK_ENV, yes_no),
+            self.liveness.knob(LIVENESS_ENV, |d| {
+                if d.is_zero() {
+                    "off".to_string()
+                } else {
+                    format!("{} ms", d.as_millis())
+                }
+            }),
         ]
     }
 }

@@ -18,6 +18,9 @@ pub const TCP_STREAMS_ENV: &str = "FERRY_TCP_STREAMS";
 pub const STRIPE_THRESHOLD_ENV: &str = "FERRY_STRIPE_THRESHOLD";
 /// The environment variable that sets [`ConnectorBuilder::idle_timeout`](crate::ConnectorBuilder::idle_timeout) (seconds).
 pub const IDLE_TIMEOUT_ENV: &str = "FERRY_IDLE_TIMEOUT";
+/// The environment variable that sets [`ConnectorBuilder::liveness`](crate::ConnectorBuilder::liveness)
+/// (milliseconds; `0`: off).
+pub const LIVENESS_ENV: &str = "FERRY_LIVENESS_MS";
 /// The environment variable that sets [`ConnectorBuilder::max_connections`](crate::ConnectorBuilder::max_connections).
 pub const MAX_CONNECTIONS_ENV: &str = "FERRY_MAX_CONNECTIONS";
 /// The environment variable that sets [`ConnectorBuilder::admission_prefixes`](crate::ConnectorBuilder::admission_prefixes):
@@ -74,6 +77,7 @@ pub(crate) fn builder_method(name: &str) -> Option<&'static str> {
         UCX_EMULATED_RMA_ENV => "ucx_emulated_rma",
         UCX_STRICT_REGISTRATION_ENV => "ucx_strict_registration",
         UCX_TRUSTED_NETWORK_ENV => "ucx_trusted_network",
+        LIVENESS_ENV => "liveness",
         _ => return None,
     })
 }

@@ -154,6 +154,7 @@ fn every_connector_knob_is_listed_with_its_origin() {
         UCX_EMULATED_RMA_ENV,
         UCX_STRICT_REGISTRATION_ENV,
         UCX_TRUSTED_NETWORK_ENV,
+        LIVENESS_ENV,
     ] {
         assert!(names.contains(&name), "{name} missing from {names:?}");
         assert!(names::builder_method(name).is_some(), "{name}");
@@ -246,5 +247,34 @@ async fn a_connector_reports_the_configuration_it_runs_with() {
     assert_eq!(get(IDLE_TIMEOUT_ENV).origin, Origin::Builder);
     assert_eq!(get(TRANSPORTS_ENV).value, "tcp");
     assert_eq!(get(CMA_THREADS_ENV).name, CMA_THREADS_ENV);
-    assert_eq!(knobs.len(), 18);
+    assert_eq!(knobs.len(), 19);
+}
+
+/// The liveness bound: milliseconds in the variable, `0` off, the builder
+/// first, 1.5 s by default.
+#[test]
+fn the_liveness_bound_resolves_and_shows() {
+    let show = |c: &Config| {
+        let k = c.knobs();
+        k.iter()
+            .find(|k| k.name == LIVENESS_ENV)
+            .unwrap()
+            .value
+            .clone()
+    };
+    let c = resolve(ConnectorBuilder::default(), &[]).unwrap();
+    assert_eq!(c.liveness.value, Duration::from_millis(1500));
+    assert_eq!(c.liveness.origin, Origin::Default);
+    assert_eq!(show(&c), "1500 ms");
+    let c = resolve(ConnectorBuilder::default(), &[(LIVENESS_ENV, "250")]).unwrap();
+    assert_eq!(c.liveness.value, Duration::from_millis(250));
+    assert_eq!(c.liveness.origin, Origin::Environment);
+    let c = resolve(ConnectorBuilder::default(), &[(LIVENESS_ENV, "0")]).unwrap();
+    assert_eq!(show(&c), "off");
+    let b = ConnectorBuilder::default().liveness(Duration::from_secs(3));
+    let c = resolve(b, &[(LIVENESS_ENV, "250")]).unwrap();
+    assert_eq!(c.liveness.value, Duration::from_secs(3));
+    assert_eq!(c.liveness.origin, Origin::Builder);
+    let e = resolve(ConnectorBuilder::default(), &[(LIVENESS_ENV, "soon")]).unwrap_err();
+    assert!(e.to_string().contains(LIVENESS_ENV), "{e}");
 }

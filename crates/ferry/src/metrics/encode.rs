@@ -265,6 +265,20 @@ impl Collector for Snapshots {
                     c(s).outbound_closed,
                 )
             },
+        )?;
+        self.family(
+            e,
+            "ferry_heartbeats",
+            "Heartbeats sent on connections with an operation in progress",
+            MetricType::Counter,
+            |m, s| counter(m, &[("worker", s.worker_id.as_str())], c(s).heartbeats),
+        )?;
+        self.family(
+            e,
+            "ferry_peers_unresponsive",
+            "Connections closed because the peer sent nothing for the liveness bound",
+            MetricType::Counter,
+            |m, s| counter(m, &[("worker", s.worker_id.as_str())], c(s).unresponsive),
         )
     }
 }

@@ -193,6 +193,16 @@ pub struct Connections {
     pub outbound_opened: u64,
     /// Of those, how many have closed.
     pub outbound_closed: u64,
+    /// Heartbeats (`Ping` frames) sent, both directions: only connections
+    /// that carry an operation in progress send them
+    /// ([`ConnectorBuilder::liveness`](crate::ConnectorBuilder::liveness)).
+    pub heartbeats: u64,
+    /// Times a connection's liveness timer woke its reader: zero while no
+    /// connection carries an operation in progress.
+    pub liveness_wakeups: u64,
+    /// Connections closed because their peer sent nothing for the
+    /// liveness bound while an operation was in progress.
+    pub unresponsive: u64,
 }
 
 impl Connections {

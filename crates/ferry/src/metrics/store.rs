@@ -49,7 +49,7 @@ pub(crate) fn transport_name(t: Option<TransportKind>) -> &'static str {
 
 /// The values of the `cause` label of `ferry_errors_total`, one per
 /// [`Error`] variant, in snake case.
-pub const ERROR_CAUSES: [&str; 25] = [
+pub const ERROR_CAUSES: [&str; 27] = [
     "no_descriptors",
     "too_many_descriptors",
     "read_only_descriptor",
@@ -75,6 +75,8 @@ pub const ERROR_CAUSES: [&str; 25] = [
     "no_device_transport",
     "device_copy",
     "not_device_memory",
+    "peer_unresponsive",
+    "expired",
 ];
 
 /// The index of `e`'s cause in [`ERROR_CAUSES`].
@@ -105,6 +107,8 @@ pub(crate) fn cause_index(e: &Error) -> usize {
         Error::NoDeviceTransport { .. } => 22,
         Error::DeviceCopy { .. } => 23,
         Error::NotDeviceMemory { .. } => 24,
+        Error::PeerUnresponsive { .. } => 25,
+        Error::Expired { .. } => 26,
     }
 }
 
@@ -163,6 +167,8 @@ pub(crate) struct Metrics {
     closed: [AtomicU64; 2],
     /// Operations staged whose GPU memory was to be lent by CUDA IPC.
     ipc_fallbacks: AtomicU64,
+    /// Liveness: heartbeats sent, timer wake-ups, peers declared.
+    liveness: [AtomicU64; 3],
 }
 
 impl Metrics {
@@ -177,6 +183,7 @@ impl Metrics {
             opened: Default::default(),
             closed: Default::default(),
             ipc_fallbacks: AtomicU64::new(0),
+            liveness: Default::default(),
         }
     }
 
@@ -318,6 +325,9 @@ impl Metrics {
                 inbound_closed: self.closed[0].load(Relaxed),
                 outbound_opened: self.opened[1].load(Relaxed),
                 outbound_closed: self.closed[1].load(Relaxed),
+                heartbeats: self.liveness[0].load(Relaxed),
+                liveness_wakeups: self.liveness[1].load(Relaxed),
+                unresponsive: self.liveness[2].load(Relaxed),
             },
             cuda_ipc_fallbacks: self.ipc_fallbacks.load(Relaxed),
         }
@@ -336,6 +346,21 @@ impl ConnMeter {
         ConnMeter {
             metrics: metrics.clone(),
             inbound,
+        }
+    }
+}
+
+impl ConnMeter {
+    /// The liveness timer woke the reader; it sent a heartbeat (`ping`),
+    /// or declared the peer unresponsive.
+    pub(crate) fn liveness(&self, ping: bool, unresponsive: bool) {
+        let l = &self.metrics.liveness;
+        l[1].fetch_add(1, Relaxed);
+        if ping {
+            l[0].fetch_add(1, Relaxed);
+        }
+        if unresponsive {
+            l[2].fetch_add(1, Relaxed);
         }
     }
 }

@@ -77,6 +77,8 @@ pub(crate) struct Config {
     pub(crate) stripe_threshold: u64,
     /// Connections with no operation in progress for this long are closed.
     pub(crate) idle_timeout: Duration,
+    /// The liveness bound (`session::liveness`); zero: off.
+    pub(crate) liveness: Duration,
     /// Accepted connections kept at most (see `admission.rs`).
     pub(crate) max_connections: usize,
     /// How the listener groups addresses for its bounds (see `admission.rs`).

@@ -103,6 +103,9 @@ pub(crate) struct Conn {
     /// Host buffers for device memory on its way out (`staged.rs`), kept
     /// between operations.
     pub(super) staging: Mutex<Vec<crate::cuda::stage::HostBuf>>,
+    /// Woken when the connection goes from no live operation to one: its
+    /// reader then arms the liveness timer (`session::liveness`).
+    pub(super) began: tokio::sync::Notify,
 }
 
 pub(super) type CloseHook = Box<dyn FnOnce() + Send>;
@@ -137,6 +140,7 @@ impl Conn {
             last_active: AtomicU64::new(now_ms()),
             closing: AtomicBool::new(false),
             staging: Mutex::new(Vec::new()),
+            began: tokio::sync::Notify::new(),
         })
     }
 
@@ -160,7 +164,11 @@ impl Conn {
     ) -> R {
         let (r, actions) = {
             let mut s = lock(&self.session);
+            let idle = s.live() == 0;
             let r = f(&mut s);
+            if idle && s.live() > 0 {
+                self.began.notify_one();
+            }
             let mut actions = Vec::new();
             while let Some(a) = s.poll_action() {
                 match a {
@@ -603,10 +611,15 @@ impl PassiveLink for ReqLink {
         // The reader that ended it tells the remote itself.
     }
 
-    fn withdrawn(&self, _how: Option<Refusal>) {
+    fn withdrawn(&self, how: Option<Refusal>) {
         if let Some(conn) = self.conn.upgrade() {
             conn.forget_passive(self.req);
-            conn.abort_detached(self.req, AbortReason::Cancelled, String::new());
+            // An expiry says so; anything else reads as a cancel.
+            let (reason, detail) = match how {
+                Some((AbortReason::Expired, detail)) => (AbortReason::Expired, detail),
+                _ => (AbortReason::Cancelled, String::new()),
+            };
+            conn.abort_detached(self.req, reason, detail);
         }
     }
 

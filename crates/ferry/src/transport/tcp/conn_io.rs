@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 use std::io::{self, IoSlice};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ferry_proto::wire::{self, Expect, Message};
@@ -63,6 +64,9 @@ pub(crate) struct FrameReader {
     free: Vec<HostBuf>,
     /// The copy into device memory running while the next bytes are read.
     landing: Option<Landing>,
+    /// When bytes last arrived (`util::now_ms`): any byte shows the peer
+    /// alive (`session::liveness`).
+    heard: Arc<AtomicU64>,
 }
 
 impl FrameReader {
@@ -77,7 +81,18 @@ impl FrameReader {
             sec: None,
             free: Vec::new(),
             landing: None,
+            heard: Arc::new(AtomicU64::new(super::util::now_ms())),
         }
+    }
+
+    /// When bytes last arrived, in `util::now_ms` milliseconds.
+    pub(crate) fn heard(&self) -> Arc<AtomicU64> {
+        self.heard.clone()
+    }
+
+    /// Bytes arrived now.
+    fn hear(&self) {
+        self.heard.store(super::util::now_ms(), Ordering::Relaxed);
     }
 
     /// Waits for the copy into device memory that is still running, if one
@@ -137,6 +152,7 @@ impl FrameReader {
             if n == 0 {
                 return Err(ConnError::Io(io::ErrorKind::UnexpectedEof.into()));
             }
+            self.hear();
             self.end += n;
             if self.end == self.buf.len() && self.buf.len() < DEFAULT && !self.first {
                 // A read filled the buffer: more is probably waiting.
@@ -236,9 +252,13 @@ impl FrameReader {
             left -= buffered;
         }
         if let Some(sec) = &mut self.sec {
-            return secure_payload(sec, &mut self.rd, left, dst, fail.as_ref()).await;
+            return secure_payload(sec, &mut self.rd, left, dst, fail.as_ref(), &self.heard).await;
         }
         while left > 0 {
+            if left < len as usize {
+                // Payload bytes arrived since the last turn.
+                self.hear();
+            }
             match (dst, owner) {
                 (Some((region, seg, off)), Some(owner)) if !region.is_host() => {
                     // Device memory: read into a host buffer while the one
@@ -317,9 +337,11 @@ async fn secure_payload(
     mut left: usize,
     mut dst: Dst<'_>,
     fail: Option<&OnFail>,
+    heard: &AtomicU64,
 ) -> Result<(), ConnError> {
     while left > 0 {
         let p = sec.next(rd, left).await?;
+        heard.store(super::util::now_ms(), Ordering::Relaxed);
         if let Some((region, seg, off)) = dst {
             dst = land(region, seg, off, p, fail)?;
         }

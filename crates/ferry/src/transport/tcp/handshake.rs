@@ -292,7 +292,7 @@ pub(super) async fn handshake(
         rd,
         cfg.shutdown.clone(),
         None,
-        cfg.idle_timeout,
+        (cfg.idle_timeout, cfg.liveness),
         ConnMeter::new(&cfg.metrics, false),
     ));
     Ok(conn)

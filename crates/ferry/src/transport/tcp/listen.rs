@@ -158,7 +158,7 @@ pub(super) async fn listen(
                 let _ = conn.tuple.set((act, pas));
             }
             accepted.track(&conn);
-            let idle = cfg.idle_timeout;
+            let idle = (cfg.idle_timeout, cfg.liveness);
             let meter = ConnMeter::new(&cfg.metrics, true);
             run_connection(conn, rd, shutdown, Some(inner), idle, meter).await;
         });

@@ -2,10 +2,10 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferry_proto::lane::Mem;
-use ferry_proto::session::{self, lends, Nonces, Step};
+use ferry_proto::session::{self, lends, Liveness, Nonces, Step, Tick};
 use ferry_proto::wire::{AbortReason, Attach, Message, Open, Verdict};
 use ferry_proto::{OperationKind, OperationStatus};
 use tokio::sync::watch;
@@ -42,16 +42,25 @@ pub(crate) struct Served {
 }
 
 /// The reader loop of a connection. `inner` is set for connections accepted
-/// by the listener (they serve passive operations).
+/// by the listener (they serve passive operations). `timers`: the idle
+/// timeout, and the liveness bound (zero: off).
 pub(super) async fn run_connection(
     conn: Arc<Conn>,
     mut rd: FrameReader,
     mut shutdown: watch::Receiver<bool>,
     inner: Option<Arc<Served>>,
-    idle_timeout: Duration,
+    timers: (Duration, Duration),
     meter: ConnMeter,
 ) {
+    let (idle_timeout, bound) = timers;
     let mut dead = conn.dead.subscribe();
+    // Only this task keeps the connection's liveness: it arms one timer
+    // while the connection carries a live operation, none otherwise.
+    let mut liveness = Liveness::new(Some(bound), Instant::now());
+    let heard = rd.heard();
+    // One timer, moved only when its deadline changes (not at every frame).
+    let mut timer = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
+    let mut armed = None;
     let err = loop {
         // Kept across wake-ups of the idle timer: a frame half read must
         // not be dropped.
@@ -60,12 +69,45 @@ pub(super) async fn run_connection(
             // Idle: the clock runs out unless an operation begins. Busy:
             // looked at again soon, so that the clock starts near the end
             // of the last operation (frames do not move it: see `idle_for`).
-            let wait = match conn.idle_for() {
+            let idle = conn.idle_for();
+            let wait = match idle {
                 Some(idle) => idle_timeout.saturating_sub(idle),
                 None => (idle_timeout / 8).max(Duration::from_millis(1)),
             };
+            liveness.set_busy(idle.is_none(), Instant::now());
+            liveness.on_frame(at_ms(heard.load(Ordering::Relaxed)));
+            let due = liveness.poll_timeout();
+            if let Some(at) = due {
+                liveness.armed(at);
+                if armed != due {
+                    timer.as_mut().reset(at.into());
+                    armed = due;
+                }
+            }
             tokio::select! {
                 r = &mut frame => break r,
+                // An operation began: arm the liveness timer.
+                _ = conn.began.notified(), if due.is_none() && bound > Duration::ZERO => {}
+                _ = timer.as_mut(), if due.is_some() => {
+                    // Fired: the next deadline moves it again.
+                    armed = None;
+                    // The operations may have ended since the timer was
+                    // armed: an idle connection is never judged.
+                    let now = Instant::now();
+                    liveness.set_busy(conn.idle_for().is_none(), now);
+                    liveness.on_frame(at_ms(heard.load(Ordering::Relaxed)));
+                    match liveness.on_timeout(now) {
+                        Tick::Wait => meter.liveness(false, false),
+                        Tick::Ping => {
+                            meter.liveness(true, false);
+                            conn.send_soon(Message::Ping.to_vec(), None, false);
+                        }
+                        Tick::Unresponsive { after } => {
+                            meter.liveness(false, true);
+                            break Err(unresponsive(&conn, after));
+                        }
+                    }
+                }
                 _ = until(&mut dead, |d| d.is_some()) => {
                     let cause = conn.dead.borrow().clone().unwrap_or_default();
                     break Err(ConnError::Closed(Error::ConnectionLost { peer: conn.peer.clone(), cause }));
@@ -107,6 +149,21 @@ pub(super) async fn run_connection(
     })
     .await;
     drop(meter);
+}
+
+/// The peer sent nothing for `after` while the connection carried work:
+/// no new operation picks the connection; the peer is told why each
+/// request ends (where it can still hear); the error every operation of
+/// the connection then ends with.
+fn unresponsive(conn: &Arc<Conn>, after: Duration) -> ConnError {
+    tracing::debug!(peer = conn.peer, ?after, "peer unresponsive");
+    conn.closing.store(true, Ordering::Release);
+    let detail = format!("nothing heard for {after:?}");
+    conn.with_session(|s| s.unresponsive(&detail));
+    ConnError::Closed(Error::PeerUnresponsive {
+        peer: conn.peer.clone(),
+        after,
+    })
 }
 
 /// Ends every operation on the connection with `err` and gives back what

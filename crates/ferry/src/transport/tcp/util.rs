@@ -28,11 +28,20 @@ pub(super) fn tune(s: &TcpStream) {
     let _ = sock.set_tcp_keepalive(&ka);
 }
 
+/// The instant [`now_ms`] counts from.
+fn epoch() -> std::time::Instant {
+    static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
+    *EPOCH.get_or_init(std::time::Instant::now)
+}
+
 /// Milliseconds since the first call, on a monotonic clock.
 pub(super) fn now_ms() -> u64 {
-    static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
-    let epoch = *EPOCH.get_or_init(std::time::Instant::now);
-    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The instant that [`now_ms`] gave as `ms`.
+pub(super) fn at_ms(ms: u64) -> std::time::Instant {
+    epoch() + Duration::from_millis(ms)
 }
 
 /// Waits until the watched value satisfies `f` (or its sender is gone).
