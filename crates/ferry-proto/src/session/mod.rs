@@ -18,6 +18,7 @@
 
 mod action;
 mod attach;
+mod digest;
 mod fence;
 mod plan;
 mod stripe;
@@ -110,6 +111,11 @@ struct Request<T> {
     cursor: Cursor,
     part: Option<PartState>,
     target: T,
+    /// The flat byte range this request covers (its part's, striped;
+    /// `(0, u64::MAX)`: all of it), for its digest.
+    span: (u64, u64),
+    /// The integrity check (see `digest.rs`).
+    digest: digest::DigestState,
 }
 
 /// One connection's request protocol (see the module documentation).
@@ -129,6 +135,8 @@ pub struct Session<T> {
     rdma: RdmaState,
     /// Leases go through an RDMA backend (see [`Session::rdma_leases`]).
     rdma_leases: bool,
+    /// This side's integrity check is on (see [`Session::set_digest`]).
+    digest: bool,
     actions: VecDeque<Action<T>>,
 }
 
@@ -146,6 +154,7 @@ impl<T: Fence> Session<T> {
             proof: [0; 16],
             rdma: RdmaState::default(),
             rdma_leases: false,
+            digest: false,
             actions: VecDeque::new(),
         }
     }
@@ -254,6 +263,7 @@ impl<T: Fence> Session<T> {
             }
             Message::Finish { req } => self.on_finish(req),
             Message::Abort(a) => self.on_abort(a),
+            Message::Digest(d) => self.on_digest(d),
         }
     }
 
@@ -314,6 +324,8 @@ impl<T: Fence> Session<T> {
                         sent: false,
                     }),
                     target,
+                    span: (start, end),
+                    digest: Default::default(),
                 },
             );
             return;
@@ -345,6 +357,8 @@ impl<T: Fence> Session<T> {
                 cursor: Cursor::new(o.sizes.expand()),
                 part: None,
                 target,
+                span: (0, u64::MAX),
+                digest: Default::default(),
             },
         );
     }
@@ -464,9 +478,11 @@ impl<T: Fence> Session<T> {
             (true, Side::Destination) => Path::Requested,
             (true, Side::Source) => Path::Lent,
         };
+        let mut span = (0, u64::MAX);
         let cursor = if striped {
             let total = p.sizes.iter().fold(0u64, |a, s| a.saturating_add(*s));
             let (start, end) = part_range(total, part, parts);
+            span = (start, end);
             Cursor::range(p.sizes.clone(), start, end)
         } else if path == Path::Lent {
             // A lending source sends no byte itself, so it never walks a
@@ -530,9 +546,15 @@ impl<T: Fence> Session<T> {
                     sent: false,
                 }),
                 target,
+                span,
+                digest: Default::default(),
             },
         );
         (req, start)
+    }
+
+    fn part_mut(&mut self, req: u64) -> Option<&mut PartState> {
+        self.requests.get_mut(&req).and_then(|r| r.part.as_mut())
     }
 
     /// Every byte of the part that request `req` carries has been sent.
@@ -657,8 +679,13 @@ impl<T: Fence> Session<T> {
                     return Err(Violation::PartFinishedEarly { part: p.index })
                 }
                 Side::Destination => {
+                    if let Some(verify) = self.digest_gate(req)? {
+                        return Ok(verify);
+                    }
                     if target.is_open() {
-                        p.done = true;
+                        if let Some(p) = self.part_mut(req) {
+                            p.done = true;
+                        }
                         self.push(Action::PartDone { target });
                         self.reply(Message::Finish { req });
                     }
@@ -693,6 +720,9 @@ impl<T: Fence> Session<T> {
         };
         if let Some(v) = premature {
             return Err(v);
+        }
+        if let Some(verify) = self.digest_gate(req)? {
+            return Ok(verify);
         }
         let Some(r) = self.requests.remove(&req) else {
             return Ok(Step::Done);

@@ -35,7 +35,7 @@ impl Header {
 /// Checks a frame header.
 pub fn decode_header(h: &[u8; HEADER_LEN]) -> Result<Header, WireError> {
     let ty = h[0];
-    if !(T_HELLO..=T_RDMA).contains(&ty) {
+    if FrameType::of(ty).is_none() {
         return Err(WireError::UnknownType(ty));
     }
     if h[1..4] != [0, 0, 0] {
@@ -259,6 +259,17 @@ pub fn decode_body(h: Header, body: &[u8]) -> Result<Message, WireError> {
             })
         }
         T_RELEASE => Message::Release { req: r.u64()? },
+        T_DIGEST => {
+            let req = r.u64()?;
+            let algo = r.u8()?;
+            let value = r.u32()?;
+            let crc32 = match algo {
+                DIGEST_NONE if value == 0 => None,
+                DIGEST_CRC32 => Some(value),
+                _ => return Err(WireError::InvalidField("digest")),
+            };
+            Message::Digest(Digest { req, crc32 })
+        }
         other => return Err(WireError::UnknownType(other)),
     };
     r.end()?;

@@ -28,11 +28,13 @@ pub enum FrameType {
     Release,
     /// [`Rdma`].
     Rdma,
+    /// [`Digest`].
+    Digest,
 }
 
 impl FrameType {
     /// Every frame type.
-    pub const ALL: [FrameType; 10] = [
+    pub const ALL: [FrameType; 11] = [
         FrameType::Hello,
         FrameType::Open,
         FrameType::Data,
@@ -43,6 +45,7 @@ impl FrameType {
         FrameType::Attach,
         FrameType::Release,
         FrameType::Rdma,
+        FrameType::Digest,
     ];
 
     /// The type with wire number `ty` (checked by [`decode_header`]).
@@ -58,6 +61,7 @@ impl FrameType {
             T_ATTACH => FrameType::Attach,
             T_RELEASE => FrameType::Release,
             T_RDMA => FrameType::Rdma,
+            T_DIGEST => FrameType::Digest,
             _ => return None,
         })
     }
@@ -75,6 +79,7 @@ impl FrameType {
             FrameType::Attach => T_ATTACH,
             FrameType::Release => T_RELEASE,
             FrameType::Rdma => T_RDMA,
+            FrameType::Digest => T_DIGEST,
         }
     }
 
@@ -90,6 +95,7 @@ impl FrameType {
                 | FrameType::Abort
                 | FrameType::Lease
                 | FrameType::Release
+                | FrameType::Digest
         )
     }
 }
@@ -107,6 +113,7 @@ impl fmt::Display for FrameType {
             FrameType::Attach => "attach",
             FrameType::Release => "release",
             FrameType::Rdma => "rdma",
+            FrameType::Digest => "digest",
         };
         f.write_str(name)
     }

@@ -32,6 +32,8 @@ pub struct Config {
     pub(crate) ucx_emulated_rma: Setting<bool>,
     pub(crate) ucx_strict_registration: Setting<bool>,
     pub(crate) ucx_trusted_network: Setting<bool>,
+    /// The end-to-end integrity check (`FERRY_DIGEST`).
+    pub(crate) digest: Setting<bool>,
 }
 
 impl Config {
@@ -146,6 +148,7 @@ impl Config {
                 flag(env, UCX_TRUSTED_NETWORK_ENV)?,
                 false,
             ),
+            digest: Setting::pick(b.digest, digest_env(env)?, false),
         })
     }
 
@@ -197,6 +200,14 @@ impl Config {
                 .knob(UCX_STRICT_REGISTRATION_ENV, yes_no),
             self.ucx_trusted_network
                 .knob(UCX_TRUSTED_NETWORK_ENV, yes_no),
+            self.digest.knob(DIGEST_ENV, |on| {
+                if *on {
+                    "crc32 (every byte checked end to end)"
+                } else {
+                    "off"
+                }
+                .to_string()
+            }),
         ]
     }
 }
@@ -222,6 +233,23 @@ fn transports_env(env: Env<'_>) -> Result<Option<Vec<TransportKind>>, SettingErr
         })
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
+}
+
+/// `FERRY_DIGEST`, if set: `0`, `1`, or the algorithm's name (`crc32`).
+fn digest_env(env: Env<'_>) -> Result<Option<bool>, SettingError> {
+    let Some(v) = text(env, DIGEST_ENV) else {
+        return Ok(None);
+    };
+    match v.trim() {
+        "0" => Ok(Some(false)),
+        "1" | "crc32" => Ok(Some(true)),
+        _ => Err(SettingError {
+            name: DIGEST_ENV,
+            origin: Origin::Environment,
+            value: Some(v),
+            problem: Problem::NotAFlag,
+        }),
+    }
 }
 
 /// `FERRY_ADMISSION_PREFIXES`, if set: `V4,V6`.

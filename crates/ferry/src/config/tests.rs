@@ -246,5 +246,5 @@ async fn a_connector_reports_the_configuration_it_runs_with() {
     assert_eq!(get(IDLE_TIMEOUT_ENV).origin, Origin::Builder);
     assert_eq!(get(TRANSPORTS_ENV).value, "tcp");
     assert_eq!(get(CMA_THREADS_ENV).name, CMA_THREADS_ENV);
-    assert_eq!(knobs.len(), 18);
+    assert_eq!(knobs.len(), 19);
 }

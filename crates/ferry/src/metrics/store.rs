@@ -49,7 +49,7 @@ pub(crate) fn transport_name(t: Option<TransportKind>) -> &'static str {
 
 /// The values of the `cause` label of `ferry_errors_total`, one per
 /// [`Error`] variant, in snake case.
-pub const ERROR_CAUSES: [&str; 25] = [
+pub const ERROR_CAUSES: [&str; 26] = [
     "no_descriptors",
     "too_many_descriptors",
     "read_only_descriptor",
@@ -75,6 +75,7 @@ pub const ERROR_CAUSES: [&str; 25] = [
     "no_device_transport",
     "device_copy",
     "not_device_memory",
+    "digest_mismatch",
 ];
 
 /// The index of `e`'s cause in [`ERROR_CAUSES`].
@@ -105,6 +106,7 @@ pub(crate) fn cause_index(e: &Error) -> usize {
         Error::NoDeviceTransport { .. } => 22,
         Error::DeviceCopy { .. } => 23,
         Error::NotDeviceMemory { .. } => 24,
+        Error::DigestMismatch { .. } => 25,
     }
 }
 

@@ -103,6 +103,9 @@ pub(crate) struct Conn {
     /// Host buffers for device memory on its way out (`staged.rs`), kept
     /// between operations.
     pub(super) staging: Mutex<Vec<crate::cuda::stage::HostBuf>>,
+    /// The end-to-end integrity check is on here (its session's setting):
+    /// streams digest what they send.
+    pub(super) digest: bool,
 }
 
 pub(super) type CloseHook = Box<dyn FnOnce() + Send>;
@@ -119,6 +122,7 @@ impl Conn {
         session: Session<Target>,
         lanes: Lanes,
     ) -> Arc<Self> {
+        let digest = session.digests();
         Arc::new_cyclic(|me| Conn {
             me: me.clone(),
             peer,
@@ -137,6 +141,7 @@ impl Conn {
             last_active: AtomicU64::new(now_ms()),
             closing: AtomicBool::new(false),
             staging: Mutex::new(Vec::new()),
+            digest,
         })
     }
 

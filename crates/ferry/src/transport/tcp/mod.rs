@@ -35,6 +35,7 @@ use crate::{Error, Result};
 
 mod conn;
 mod conn_io;
+mod digest;
 mod error;
 mod handshake;
 mod land;
