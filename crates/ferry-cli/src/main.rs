@@ -82,6 +82,12 @@ enum Cmd {
         /// CUDA IPC against `cuMemcpyDtoD`.
         #[arg(long)]
         device: Option<String>,
+        /// Digest every byte of every Ferry operation on both sides and
+        /// compare before it completes (`FERRY_DIGEST=1` in the target this
+        /// run starts; give a target on another host `FERRY_DIGEST=1`):
+        /// compare the rows with those of a run without it for its cost.
+        #[arg(long)]
+        digest: bool,
     },
     /// The target of `ferry bench --workload kv` (JSON lines on stdin).
     #[command(hide = true)]
@@ -159,6 +165,7 @@ async fn main() -> anyhow::Result<()> {
             shapes,
             via,
             device,
+            digest,
         } => {
             if workload == "kv" {
                 let exe = std::env::current_exe()?;
@@ -197,6 +204,7 @@ async fn main() -> anyhow::Result<()> {
             opts.listen = listen.clone();
             opts.secret = secret.clone();
             opts.device = device;
+            opts.digest = digest;
             match role.as_str() {
                 "initiator" => {
                     let exe = std::env::current_exe()?;

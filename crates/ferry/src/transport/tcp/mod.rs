@@ -36,6 +36,8 @@ use crate::{Error, Result};
 mod conn;
 mod conn_io;
 mod digest;
+#[cfg(test)]
+mod digest_tests;
 mod error;
 mod handshake;
 mod land;
