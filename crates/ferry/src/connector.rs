@@ -89,6 +89,7 @@ impl ConnectorBuilder {
         let host = Arc::new(Host {
             worker_id: worker_id.clone(),
             secret,
+            digest: settings.digest.value,
             exposures: Arc::new(Exposures::default()),
             shutdown: shutdown_rx,
             handle,

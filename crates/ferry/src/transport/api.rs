@@ -95,6 +95,8 @@ pub(crate) struct Config {
 pub(crate) struct Host {
     pub(crate) worker_id: String,
     pub(crate) secret: Option<Secret>,
+    /// The end-to-end integrity check is on (`ConnectorBuilder::digest`).
+    pub(crate) digest: bool,
     pub(crate) exposures: Arc<Exposures>,
     pub(crate) shutdown: watch::Receiver<bool>,
     pub(crate) handle: Handle,

@@ -35,9 +35,6 @@ use crate::{Error, Result};
 
 mod conn;
 mod conn_io;
-mod digest;
-#[cfg(test)]
-mod digest_tests;
 mod error;
 mod handshake;
 mod land;

@@ -77,13 +77,13 @@ impl Conn {
                     let done = end == PullEnd::Done;
                     #[cfg(test)]
                     if done {
-                        super::digest::corrupt_for_tests(&region);
+                        crate::transport::digest::corrupt_for_tests(&region);
                     }
                     // With the integrity check on, a second pass over what
                     // landed, on this copy thread (`None` for device memory:
                     // not checked).
                     let digest = (done && conn.digest)
-                        .then(|| super::digest::of_range(&region, (0, u64::MAX)))
+                        .then(|| crate::transport::digest::of_range(&region, (0, u64::MAX)))
                         .flatten();
                     // `Finish` (after its `Digest`, where the check is on);
                     // or, with RDMA leases, `Release` once the gets of a

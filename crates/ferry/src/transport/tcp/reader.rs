@@ -176,7 +176,7 @@ pub(super) async fn step(
         Step::Verify { req, target, range } => {
             // One pass over what landed (or what this side lent), outside
             // the session's lock; the session compares.
-            let local = super::digest::of_range(&target.region, range);
+            let local = crate::transport::digest::of_range(&target.region, range);
             match conn.with_session(|s| s.verified(req, local))? {
                 Step::Done => Ok(()),
                 _ => Err(ConnError::Channel(

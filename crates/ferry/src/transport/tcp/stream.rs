@@ -14,10 +14,10 @@ use crate::outcome::OpShared;
 use crate::region::Region;
 
 use super::conn_io::*;
-use super::digest::Running;
 use super::land::device_failure;
 use super::request::*;
 use super::util::*;
+use crate::transport::digest::Running;
 
 use super::conn::*;
 
