@@ -7,9 +7,11 @@
 //! copy lent memory are tested in `transport::tcp::digest_tests`.)
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ferry::{Connector, ConnectorBuilder, Error, OperationStatus, RdmaMetadata, TransportKind};
+use ferry_proto::wire::{decode_frame, Message, HEADER_LEN};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -53,9 +55,19 @@ async fn relay(target: SocketAddr, flip: Option<usize>, to_passive: bool) -> Soc
 }
 
 async fn pump(
+    from: tokio::net::tcp::OwnedReadHalf,
+    to: tokio::net::tcp::OwnedWriteHalf,
+    flip: Option<usize>,
+) {
+    pump_into(from, to, flip, None).await
+}
+
+/// [`pump`], keeping a copy of every byte in `seen`.
+async fn pump_into(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     flip: Option<usize>,
+    seen: Option<Arc<Mutex<Vec<u8>>>>,
 ) {
     let mut buf = vec![0u8; 256 * 1024];
     let mut at = 0usize;
@@ -66,6 +78,9 @@ async fn pump(
         };
         if let Some(f) = flip.filter(|f| (at..at + n).contains(f)) {
             buf[f - at] ^= 0x80;
+        }
+        if let Some(s) = &seen {
+            s.lock().unwrap().extend_from_slice(&buf[..n]);
         }
         at += n;
         if to.write_all(&buf[..n]).await.is_err() {
@@ -240,4 +255,82 @@ async fn a_peer_without_the_check_is_refused_by_a_side_that_requires_it() {
         &write(&a, &p, 4096, None).await,
         "write to a side with the check off",
     );
+}
+
+/// A relay that keeps what each side sent: `(to the passive side, to the
+/// active side)`.
+async fn recording_relay(target: SocketAddr) -> (SocketAddr, [Arc<Mutex<Vec<u8>>>; 2]) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen: [Arc<Mutex<Vec<u8>>>; 2] = Default::default();
+    let kept = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((active, _)) = l.accept().await {
+            let Ok(passive) = TcpStream::connect(target).await else {
+                return;
+            };
+            let (ar, aw) = active.into_split();
+            let (pr, pw) = passive.into_split();
+            tokio::spawn(pump_into(ar, pw, None, Some(kept[0].clone())));
+            tokio::spawn(pump_into(pr, aw, None, Some(kept[1].clone())));
+        }
+    });
+    (addr, seen)
+}
+
+/// The names of the frames of a plain (unencrypted) stream, in order.
+fn frames(stream: &[u8]) -> Vec<&'static str> {
+    let (mut at, mut out) = (0, Vec::new());
+    while let Ok(Some((m, used))) = decode_frame(&stream[at..]) {
+        at += used;
+        out.push(match m {
+            Message::Data(d) => {
+                at += d.len as usize;
+                "data"
+            }
+            Message::Digest(_) => "digest",
+            Message::Finish { .. } => "finish",
+            _ => "other",
+        });
+    }
+    assert!(at + HEADER_LEN > stream.len(), "a frame did not decode");
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_digest_travels_before_the_first_finish_only_when_on() {
+    for on in [false, true] {
+        let (a, p) = (connector(on).await, connector(on).await);
+        for size in [4096usize, 1 << 20] {
+            // A WRITE: the source is the active side.
+            let w = p
+                .create_writable(vec![vec![0u8; size].into()])
+                .await
+                .unwrap();
+            let (r, seen) = recording_relay(p.local_addr()).await;
+            let m = via(r, p.local_addr(), w.metadata());
+            let op = a
+                .begin_write(vec![vec![1u8; size].into()], &m)
+                .await
+                .unwrap();
+            op.wait_for_completion_timeout(WAIT).await.unwrap();
+            w.wait_for_completion_timeout(WAIT).await.unwrap();
+            // The confirmation may still be on its way to the active side.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let to_passive = frames(&seen[0].lock().unwrap());
+            let to_active = frames(&seen[1].lock().unwrap());
+            let tail: Vec<_> = to_passive.iter().rev().take(2).rev().copied().collect();
+            if on {
+                assert_eq!(tail, ["digest", "finish"], "{size}");
+            } else {
+                assert_eq!(tail, ["data", "finish"], "{size}");
+            }
+            assert_eq!(
+                to_passive.iter().filter(|f| **f == "digest").count(),
+                usize::from(on)
+            );
+            // The confirmation carries none.
+            assert!(!to_active.contains(&"digest"), "{to_active:?}");
+        }
+    }
 }
