@@ -50,6 +50,10 @@ pub struct Options {
     /// GPU memory on both sides (`cuda:N`, or `sim`): the device sweep
     /// (see `bench/device.rs`) instead of the host one.
     pub device: Option<String>,
+    /// The end-to-end digest on for every Ferry row, on both sides
+    /// (`ConnectorBuilder::digest`; the target through `FERRY_DIGEST`):
+    /// its cost is these rows against the same rows of a run without it.
+    pub digest: bool,
 }
 
 impl Options {
@@ -67,6 +71,7 @@ impl Options {
             listen: "127.0.0.1:0".into(),
             secret: None,
             device: None,
+            digest: false,
         }
     }
 
@@ -124,6 +129,10 @@ pub struct Row {
     /// (`ucp_mem_map` and `ucp_rkey_pack`; `ucx_get` rows).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reg_us: Option<f64>,
+    /// Every byte was digested on both sides and compared (`--digest`;
+    /// Ferry rows).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub digest: bool,
 }
 
 fn row(
@@ -156,6 +165,7 @@ fn row(
         baseline: None,
         ratio: None,
         reg_us: None,
+        digest: false,
     }
 }
 
@@ -245,7 +255,8 @@ impl Bench {
         ((self.opts.budget / bytes.max(1)) as usize).clamp(self.opts.iters.0, self.opts.iters.1)
     }
 
-    fn emit(&mut self, r: Row) -> anyhow::Result<()> {
+    fn emit(&mut self, mut r: Row) -> anyhow::Result<()> {
+        r.digest = self.opts.digest && r.kind.starts_with("ferry");
         if let Some(j) = &mut self.json {
             serde_json::to_writer(&mut *j, &r)?;
             j.write_all(b"\n")?;
@@ -297,9 +308,15 @@ async fn own_host_id(c: &Connector) -> anyhow::Result<String> {
 
 /// A connector builder with the run's secret, if it has one.
 fn builder(opts: &Options) -> ConnectorBuilder {
-    match &opts.secret {
+    let b = match &opts.secret {
         Some(s) => Connector::builder().secret(s),
         None => Connector::builder(),
+    };
+    // Only when asked: else `FERRY_DIGEST` decides, as for any connector.
+    if opts.digest {
+        b.digest(true)
+    } else {
+        b
     }
 }
 
@@ -312,6 +329,9 @@ fn target_env(opts: &Options) -> Vec<(&'static str, &str)> {
         .collect();
     if opts.device.as_deref() == Some("sim") {
         env.push((crate::gpu::SIMULATED_GPU_ENV, "1"));
+    }
+    if opts.digest {
+        env.push((ferry::DIGEST_ENV, "1"));
     }
     env
 }
@@ -437,6 +457,9 @@ pub async fn initiator(
     if opts.secret.is_some() || std::env::var_os(ferry::SECRET_ENV).is_some() {
         eprintln!("with a shared secret: every TCP connection is authenticated and encrypted");
     }
+    if opts.digest {
+        eprintln!("with --digest: every byte of every Ferry row is digested on both sides and compared (CRC-32)");
+    }
     let cold = b.cold_start(control.is_none().then_some(exe)).await?;
     if let Some(r) = cold {
         b.emit(r)?;
@@ -532,6 +555,12 @@ pub async fn initiator(
 
     print_table(&b.rows);
     println!("{}", buffers_line());
+    if opts.digest {
+        println!(
+            "digest: on for every ferry row, both sides (CRC-32 of every byte, compared before COMPLETE); \
+             its cost: these rows against the same rows of a run without --digest (the baselines do not digest)"
+        );
+    }
     ucx::print_lines(b.ucx.as_ref(), &b.rows);
     println!(
         "idle: over {:?} with connections open, the target used {} ms of CPU and this process {} ms (the clock ticks in 10 ms steps)",

@@ -93,6 +93,12 @@ enum Cmd {
         /// 500 with --quick).
         #[arg(long)]
         liveness_ms: Option<u64>,
+        /// Digest every byte of every Ferry operation on both sides and
+        /// compare before it completes (`FERRY_DIGEST=1` in the target this
+        /// run starts; give a target on another host `FERRY_DIGEST=1`):
+        /// compare the rows with those of a run without it for its cost.
+        #[arg(long)]
+        digest: bool,
     },
     /// The target of `ferry bench --workload kv` (JSON lines on stdin).
     #[command(hide = true)]
@@ -211,6 +217,7 @@ async fn main() -> anyhow::Result<()> {
             device,
             faults,
             liveness_ms,
+            digest,
         } => {
             if faults {
                 return run_faults(quick, liveness_ms, &via, json).await;
@@ -252,6 +259,7 @@ async fn main() -> anyhow::Result<()> {
             opts.listen = listen.clone();
             opts.secret = secret.clone();
             opts.device = device;
+            opts.digest = digest;
             match role.as_str() {
                 "initiator" => {
                     let exe = std::env::current_exe()?;

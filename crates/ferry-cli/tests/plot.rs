@@ -24,6 +24,7 @@ fn row(kind: &str, transport: &str, op: &str, block: u64, gbps: f64) -> Row {
         baseline: None,
         ratio: None,
         reg_us: None,
+        digest: false,
     }
 }
 

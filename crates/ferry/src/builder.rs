@@ -46,6 +46,7 @@ pub struct ConnectorBuilder {
     pub(crate) admission_prefixes: Option<(u8, u8)>,
     pub(crate) metrics_addr: Option<SocketAddr>,
     pub(crate) ucx_trusted_network: Option<bool>,
+    pub(crate) digest: Option<bool>,
     pub(crate) ucx_emulated_rma: Option<bool>,
     pub(crate) ucx_strict_registration: Option<bool>,
     pub(crate) liveness: Option<Duration>,
@@ -76,6 +77,7 @@ impl Default for ConnectorBuilder {
             admission_prefixes: None,
             metrics_addr: None,
             ucx_trusted_network: None,
+            digest: None,
             ucx_emulated_rma: None,
             ucx_strict_registration: None,
             liveness: None,
@@ -243,6 +245,26 @@ impl ConnectorBuilder {
     /// trusted (an isolated cluster network).
     pub fn ucx_trusted_network(mut self, trusted: bool) -> Self {
         self.ucx_trusted_network = Some(trusted);
+        self
+    }
+
+    /// Whether every byte of each operation is digested on both sides and
+    /// compared before the operation completes (default: `FERRY_DIGEST=1`,
+    /// else no).
+    ///
+    /// On, this side sends a CRC-32 of the bytes it sent (in band) or of
+    /// what landed (a copy from lent memory), and requires one from the
+    /// peer before it completes: a difference ends the operation on both
+    /// sides with [`Error::DigestMismatch`](crate::Error::DigestMismatch),
+    /// and the destination's memory is never reported complete. It costs
+    /// one pass of the CPU over the bytes on each side (see
+    /// `docs/security.md`, "Integrity"); device memory that the CPU never
+    /// touches (CUDA IPC, UCX into GPU memory) is not checked. Turn it on
+    /// on both sides: a side with it on refuses a peer that sends no
+    /// digest (the connection closes with
+    /// [`Violation::MissingDigest`](crate::Violation::MissingDigest)).
+    pub fn digest(mut self, on: bool) -> Self {
+        self.digest = Some(on);
         self
     }
 

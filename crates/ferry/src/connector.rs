@@ -75,6 +75,7 @@ impl ConnectorBuilder {
             ucx_trusted: secret.is_some() || settings.ucx_trusted_network.value,
             ucx_emulated_rma: settings.ucx_emulated_rma.value,
             cma_threshold: settings.cma_threshold.value,
+            digest: settings.digest.value,
             tcp_streams: settings.tcp_streams.value,
             streams_to_other_hosts: DEFAULT_TCP_STREAMS,
             stripe_threshold: settings.stripe_threshold.value.max(1),
@@ -89,6 +90,7 @@ impl ConnectorBuilder {
         let host = Arc::new(Host {
             worker_id: worker_id.clone(),
             secret,
+            digest: settings.digest.value,
             exposures: Arc::new(Exposures::default()),
             shutdown: shutdown_rx,
             handle,

@@ -186,6 +186,18 @@ pub enum Error {
         /// The driver's error.
         reason: String,
     },
+    /// The end-to-end integrity check failed: the digest of the bytes that
+    /// landed differs from the digest of the bytes the source sent or lent
+    /// ([`ConnectorBuilder::digest`](crate::ConnectorBuilder::digest)).
+    /// Both sides end the operation ERRORED with this error, whichever
+    /// compared; the destination's memory does not hold what was sent.
+    #[error(
+        "the bytes that landed differ from the bytes sent (end-to-end digest mismatch): {detail}"
+    )]
+    DigestMismatch {
+        /// Both digests, as the side that compared them saw them.
+        detail: String,
+    },
     /// The remote broke the protocol; the connection was closed.
     /// [`violation`](PeerMisbehaved) says how, typed: match on it.
     #[error("worker {peer:?} broke the Ferry protocol: {violation}")]
@@ -313,6 +325,7 @@ fn describe(r: AbortReason) -> &'static str {
         AbortReason::Unauthenticated => "the peers do not share the same secret",
         AbortReason::PartFailed => "another part of this striped transfer failed",
         AbortReason::DeviceMemory => "the remote's GPU memory could not be moved: no path reaches it, or a copy to or from it failed (the detail says which)",
+        AbortReason::DigestMismatch => "the bytes that landed differ from the bytes sent (end-to-end digest mismatch)",
         AbortReason::CopySlots => "the remote has no cross-memory copy slot free for this transfer now (peers may be stalling copies): retry, or move it in band",
         AbortReason::PeerUnresponsive => "the remote heard nothing from this side within its liveness bound (this process was stopped, paused or unreachable) and ended the transfer",
         AbortReason::Expired => "the remote's passive operation expired: its memory was given back to its owner; ask for fresh metadata",

@@ -40,6 +40,19 @@ pub enum Step<T> {
         /// Payload length.
         len: u32,
     },
+    /// Digest this side's bytes of request `req` (the flat byte `range`
+    /// of the target's memory, cut to its end: what landed, or what this
+    /// side lent), outside the session's lock, then call
+    /// [`Session::verified`](super::Session::verified) with it (see
+    /// `digest.rs`).
+    Verify {
+        /// The request.
+        req: u64,
+        /// Its handle.
+        target: T,
+        /// `[start, end)` of the bytes to digest.
+        range: (u64, u64),
+    },
     /// Read and drop the payload: its request has ended here.
     Discard {
         /// Payload length.

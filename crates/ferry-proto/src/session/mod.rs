@@ -18,6 +18,7 @@
 
 mod action;
 mod attach;
+mod digest;
 mod fence;
 pub mod liveness;
 mod plan;
@@ -112,6 +113,11 @@ struct Request<T> {
     cursor: Cursor,
     part: Option<PartState>,
     target: T,
+    /// The flat byte range this request covers (its part's, striped;
+    /// `(0, u64::MAX)`: all of it), for its digest.
+    span: (u64, u64),
+    /// The integrity check (see `digest.rs`).
+    digest: digest::DigestState,
 }
 
 /// One connection's request protocol (see the module documentation).
@@ -131,6 +137,8 @@ pub struct Session<T> {
     rdma: RdmaState,
     /// Leases go through an RDMA backend (see [`Session::rdma_leases`]).
     rdma_leases: bool,
+    /// This side's integrity check is on (see [`Session::set_digest`]).
+    digest: bool,
     actions: VecDeque<Action<T>>,
 }
 
@@ -148,6 +156,7 @@ impl<T: Fence> Session<T> {
             proof: [0; 16],
             rdma: RdmaState::default(),
             rdma_leases: false,
+            digest: false,
             actions: VecDeque::new(),
         }
     }
@@ -263,6 +272,7 @@ impl<T: Fence> Session<T> {
                 Ok(Step::Done)
             }
             Message::Pong => Ok(Step::Done),
+            Message::Digest(d) => self.on_digest(d),
         }
     }
 
@@ -335,6 +345,8 @@ impl<T: Fence> Session<T> {
                         sent: false,
                     }),
                     target,
+                    span: (start, end),
+                    digest: Default::default(),
                 },
             );
             return;
@@ -366,6 +378,8 @@ impl<T: Fence> Session<T> {
                 cursor: Cursor::new(o.sizes.expand()),
                 part: None,
                 target,
+                span: (0, u64::MAX),
+                digest: Default::default(),
             },
         );
     }
@@ -485,9 +499,11 @@ impl<T: Fence> Session<T> {
             (true, Side::Destination) => Path::Requested,
             (true, Side::Source) => Path::Lent,
         };
+        let mut span = (0, u64::MAX);
         let cursor = if striped {
             let total = p.sizes.iter().fold(0u64, |a, s| a.saturating_add(*s));
             let (start, end) = part_range(total, part, parts);
+            span = (start, end);
             Cursor::range(p.sizes.clone(), start, end)
         } else if path == Path::Lent {
             // A lending source sends no byte itself, so it never walks a
@@ -551,9 +567,15 @@ impl<T: Fence> Session<T> {
                     sent: false,
                 }),
                 target,
+                span,
+                digest: Default::default(),
             },
         );
         (req, start)
+    }
+
+    fn part_mut(&mut self, req: u64) -> Option<&mut PartState> {
+        self.requests.get_mut(&req).and_then(|r| r.part.as_mut())
     }
 
     /// Every byte of the part that request `req` carries has been sent.
@@ -678,8 +700,13 @@ impl<T: Fence> Session<T> {
                     return Err(Violation::PartFinishedEarly { part: p.index })
                 }
                 Side::Destination => {
+                    if let Some(verify) = self.digest_gate(req)? {
+                        return Ok(verify);
+                    }
                     if target.is_open() {
-                        p.done = true;
+                        if let Some(p) = self.part_mut(req) {
+                            p.done = true;
+                        }
                         self.push(Action::PartDone { target });
                         self.reply(Message::Finish { req });
                     }
@@ -714,6 +741,9 @@ impl<T: Fence> Session<T> {
         };
         if let Some(v) = premature {
             return Err(v);
+        }
+        if let Some(verify) = self.digest_gate(req)? {
+            return Ok(verify);
         }
         let Some(r) = self.requests.remove(&req) else {
             return Ok(Step::Done);

@@ -103,6 +103,20 @@ pub enum Violation {
         /// The request.
         req: u64,
     },
+    /// A `Finish` without the `Digest` that must precede it: this side's
+    /// integrity check is on, and the peer's is off (or it skipped it).
+    #[error("finish of request {req} without a digest (the integrity check is on here: is it on at the peer?)")]
+    MissingDigest {
+        /// The request.
+        req: u64,
+    },
+    /// A `Digest` where none may come: for a request whose first `Finish`
+    /// this side sends, or a second one.
+    #[error("a digest this side does not compare (request {req})")]
+    UnexpectedDigest {
+        /// The request.
+        req: u64,
+    },
 }
 
 impl Violation {
@@ -132,7 +146,9 @@ impl Violation {
             | Violation::FinishBeforeLease { .. }
             | Violation::LeaseWithoutAttach
             | Violation::UnaskedLease { .. }
-            | Violation::LeaseShapeMismatch { .. } => AbortReason::Protocol,
+            | Violation::LeaseShapeMismatch { .. }
+            | Violation::MissingDigest { .. }
+            | Violation::UnexpectedDigest { .. } => AbortReason::Protocol,
         }
     }
 

@@ -261,6 +261,17 @@ pub fn decode_body(h: Header, body: &[u8]) -> Result<Message, WireError> {
         T_RELEASE => Message::Release { req: r.u64()? },
         T_PING => Message::Ping,
         T_PONG => Message::Pong,
+        T_DIGEST => {
+            let req = r.u64()?;
+            let algo = r.u8()?;
+            let value = r.u32()?;
+            let crc32 = match algo {
+                DIGEST_NONE if value == 0 => None,
+                DIGEST_CRC32 => Some(value),
+                _ => return Err(WireError::InvalidField("digest")),
+            };
+            Message::Digest(Digest { req, crc32 })
+        }
         other => return Err(WireError::UnknownType(other)),
     };
     r.end()?;

@@ -132,6 +132,16 @@ impl Message {
             }
             Message::Ping => T_PING,
             Message::Pong => T_PONG,
+            Message::Digest(d) => {
+                out.extend_from_slice(&d.req.to_le_bytes());
+                let (algo, value) = match d.crc32 {
+                    Some(v) => (DIGEST_CRC32, v),
+                    None => (DIGEST_NONE, 0),
+                };
+                out.push(algo);
+                out.extend_from_slice(&value.to_le_bytes());
+                T_DIGEST
+            }
         };
         let body_len = out.len() - start - HEADER_LEN;
         out[start] = ty;

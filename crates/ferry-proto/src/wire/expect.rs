@@ -32,11 +32,13 @@ pub enum FrameType {
     Ping,
     /// [`Message::Pong`].
     Pong,
+    /// [`Digest`].
+    Digest,
 }
 
 impl FrameType {
     /// Every frame type.
-    pub const ALL: [FrameType; 12] = [
+    pub const ALL: [FrameType; 13] = [
         FrameType::Hello,
         FrameType::Open,
         FrameType::Data,
@@ -49,6 +51,7 @@ impl FrameType {
         FrameType::Rdma,
         FrameType::Ping,
         FrameType::Pong,
+        FrameType::Digest,
     ];
 
     /// The type with wire number `ty` (checked by [`decode_header`]).
@@ -66,6 +69,7 @@ impl FrameType {
             T_RDMA => FrameType::Rdma,
             T_PING => FrameType::Ping,
             T_PONG => FrameType::Pong,
+            T_DIGEST => FrameType::Digest,
             _ => return None,
         })
     }
@@ -85,6 +89,7 @@ impl FrameType {
             FrameType::Rdma => T_RDMA,
             FrameType::Ping => T_PING,
             FrameType::Pong => T_PONG,
+            FrameType::Digest => T_DIGEST,
         }
     }
 
@@ -100,6 +105,7 @@ impl FrameType {
                 | FrameType::Abort
                 | FrameType::Lease
                 | FrameType::Release
+                | FrameType::Digest
         )
     }
 }
@@ -119,6 +125,7 @@ impl fmt::Display for FrameType {
             FrameType::Rdma => "rdma",
             FrameType::Ping => "ping",
             FrameType::Pong => "pong",
+            FrameType::Digest => "digest",
         };
         f.write_str(name)
     }
@@ -209,6 +216,6 @@ mod tests {
         }
         assert_eq!(FrameType::of(0), None);
         assert_eq!(FrameType::of(11), None);
-        assert_eq!(FrameType::of(14), None);
+        assert_eq!(FrameType::of(15), None);
     }
 }

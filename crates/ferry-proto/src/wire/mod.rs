@@ -50,7 +50,9 @@ pub use segments::Segments;
 /// 12: heartbeats ([`Message::Ping`], [`Message::Pong`]) on a connection
 /// that carries an operation in progress, and the abort reasons
 /// [`AbortReason::PeerUnresponsive`] and [`AbortReason::Expired`].
-pub const PROTOCOL_VERSION: u16 = 12;
+/// 13: a [`Digest`] frame (type 14) may precede a `Finish` (opt-in
+/// end-to-end integrity), and `Abort` has reason 17, `DigestMismatch`.
+pub const PROTOCOL_VERSION: u16 = 13;
 /// The bytes that open every `Hello` body.
 pub const MAGIC: [u8; 6] = *b"FERRY\0";
 /// The length of a frame header.
@@ -87,6 +89,7 @@ fn max_body(ty: u8) -> u32 {
         T_ATTACH => 4 + 8 + 16 + 1 + 1,
         T_RDMA => (4 + MAX_RDMA_ADDRESS + 2) as u32,
         T_PING | T_PONG => 0,
+        T_DIGEST => DIGEST_BODY,
         _ => 0,
     }
 }
@@ -190,6 +193,12 @@ pub enum AbortReason {
     /// one): its memory was fenced and given back to its owner, and no
     /// request may transfer it any more.
     Expired,
+    /// The digest of the bytes that landed differs from the digest the
+    /// source computed over the bytes it sent or lent (see [`Digest`]):
+    /// the destination's memory does not hold what was sent. The detail
+    /// gives both digests. A build that does not know it reads it as
+    /// `Other(17)`.
+    DigestMismatch,
     /// A reason this build does not know.
     Other(u8),
 }
@@ -214,6 +223,7 @@ impl AbortReason {
             Self::CopySlots => 14,
             Self::PeerUnresponsive => 15,
             Self::Expired => 16,
+            Self::DigestMismatch => 17,
             Self::Other(n) => n,
         }
     }
@@ -237,6 +247,7 @@ impl AbortReason {
             14 => Self::CopySlots,
             15 => Self::PeerUnresponsive,
             16 => Self::Expired,
+            17 => Self::DigestMismatch,
             n => Self::Other(n),
         }
     }
@@ -460,6 +471,8 @@ pub enum Message {
     Attach(Attach),
     /// See [`Rdma`].
     Rdma(Rdma),
+    /// See [`Digest`].
+    Digest(Digest),
     /// The destination of request `req` no longer copies from the source's
     /// lent memory (it stopped after the source's `Abort`, or the request
     /// had ended here). Ends the lease only, never an operation.
@@ -489,6 +502,32 @@ const T_RELEASE: u8 = 9;
 const T_RDMA: u8 = 10;
 const T_PING: u8 = 12;
 const T_PONG: u8 = 13;
+const T_DIGEST: u8 = 14;
+
+/// The body of a [`Digest`]: the request, the algorithm, the value.
+const DIGEST_BODY: u32 = 8 + 1 + 4;
+/// [`Digest::crc32`] absent: the sender could not read the bytes.
+const DIGEST_NONE: u8 = 0;
+/// [`Digest::crc32`] present: CRC-32 (IEEE).
+const DIGEST_CRC32: u8 = 1;
+
+/// The digest of every byte of request `req` as its sender saw them: sent
+/// right before the sender's first `Finish` of the request (not a
+/// confirmation) by a sender whose integrity check is on. An in-band
+/// source digests what it sent (its part's range, striped); a destination
+/// that copied from lent memory digests what landed. The receiver
+/// compares it with its own digest of the same bytes (what landed; what
+/// it lent) before the request completes: a difference ends the request
+/// on both sides with [`AbortReason::DigestMismatch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Digest {
+    /// The request.
+    pub req: u64,
+    /// CRC-32 (IEEE) of the bytes, in descriptor order; `None` where the
+    /// sender could not read them (device memory that the CPU never
+    /// touches): the request is then not checked.
+    pub crc32: Option<u32>,
+}
 
 /// Lease address forms (see [`Lease::segments`]).
 const ADDRESSES_EACH: u8 = 0;

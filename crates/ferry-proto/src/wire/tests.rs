@@ -423,6 +423,10 @@ fn a_header_that_announces_more_than_its_type_holds_is_refused() {
         }),
         Message::Finish { req: 1 },
         Message::Release { req: 1 },
+        Message::Digest(Digest {
+            req: 1,
+            crc32: Some(u32::MAX),
+        }),
         Message::Attach(Attach {
             pid: 1,
             addr: 2,
@@ -477,4 +481,26 @@ fn a_refused_frame_names_its_request_from_its_first_bytes() {
     let v = samples()[0].to_vec();
     let h = decode_header(v[..HEADER_LEN].try_into().unwrap()).unwrap();
     assert_eq!(h.req(&v[HEADER_LEN..]), None, "a hello names no request");
+}
+
+#[test]
+fn a_digest_is_a_crc32_or_nothing() {
+    for crc32 in [None, Some(0), Some(0xdead_beef)] {
+        let m = Message::Digest(Digest { req: 7, crc32 });
+        let v = m.to_vec();
+        assert_eq!(v.len(), HEADER_LEN + 13);
+        assert_eq!(decode_frame(&v).unwrap().unwrap().0, m);
+    }
+    // An algorithm this build does not know, or a value with none.
+    let mut v = Message::Digest(Digest {
+        req: 7,
+        crc32: Some(1),
+    })
+    .to_vec();
+    v[HEADER_LEN + 8] = 2;
+    assert_eq!(decode_frame(&v), Err(WireError::InvalidField("digest")));
+    v[HEADER_LEN + 8] = 0;
+    assert_eq!(decode_frame(&v), Err(WireError::InvalidField("digest")));
+    assert_eq!(AbortReason::from_code(17), AbortReason::DigestMismatch);
+    assert_eq!(AbortReason::DigestMismatch.code(), 17);
 }

@@ -456,6 +456,8 @@ impl World {
                     }
                 }
             }
+            // This world sends no digest.
+            Ok(Step::Verify { req, .. }) => panic!("a digest to verify for request {req}"),
             Ok(Step::AttachOffer { .. }) => self.conns[c].s.attach_offered(None, [0; 16], false),
             Ok(Step::RdmaOffer { .. }) => {
                 let m = self.conns[c].s.rdma_answered(false, Vec::new(), false);

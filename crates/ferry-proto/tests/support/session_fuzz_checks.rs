@@ -137,6 +137,9 @@ impl Harness<'_> {
                 self.ends[i].grants.get_mut(&d.req).unwrap().next = next;
                 self.stats.payloads += 1;
             }
+            Ok(Step::Verify { req, .. }) => {
+                panic!("a digest to verify for request {req}, but no digest was fed")
+            }
             Ok(Step::Discard { len }) => {
                 let d = data.expect("a discard step for a frame that is not data");
                 assert_eq!(len, d.len);

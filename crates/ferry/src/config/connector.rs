@@ -34,6 +34,8 @@ pub struct Config {
     pub(crate) ucx_trusted_network: Setting<bool>,
     /// The liveness bound; zero: off.
     pub(crate) liveness: Setting<Duration>,
+    /// The end-to-end integrity check (`FERRY_DIGEST`).
+    pub(crate) digest: Setting<bool>,
 }
 
 impl Config {
@@ -153,6 +155,7 @@ impl Config {
                 number(env, LIVENESS_ENV, "milliseconds")?.map(Duration::from_millis),
                 crate::builder::DEFAULT_LIVENESS,
             ),
+            digest: Setting::pick(b.digest, digest_env(env)?, false),
         })
     }
 
@@ -211,6 +214,14 @@ impl Config {
                     format!("{} ms", d.as_millis())
                 }
             }),
+            self.digest.knob(DIGEST_ENV, |on| {
+                if *on {
+                    "crc32 (every byte checked end to end)"
+                } else {
+                    "off"
+                }
+                .to_string()
+            }),
         ]
     }
 }
@@ -236,6 +247,23 @@ fn transports_env(env: Env<'_>) -> Result<Option<Vec<TransportKind>>, SettingErr
         })
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
+}
+
+/// `FERRY_DIGEST`, if set: `0`, `1`, or the algorithm's name (`crc32`).
+fn digest_env(env: Env<'_>) -> Result<Option<bool>, SettingError> {
+    let Some(v) = text(env, DIGEST_ENV) else {
+        return Ok(None);
+    };
+    match v.trim() {
+        "0" => Ok(Some(false)),
+        "1" | "crc32" => Ok(Some(true)),
+        _ => Err(SettingError {
+            name: DIGEST_ENV,
+            origin: Origin::Environment,
+            value: Some(v),
+            problem: Problem::NotAFlag,
+        }),
+    }
 }
 
 /// `FERRY_ADMISSION_PREFIXES`, if set: `V4,V6`.

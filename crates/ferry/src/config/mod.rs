@@ -11,7 +11,7 @@
 //!   `FERRY_IDLE_TIMEOUT`, `FERRY_MAX_CONNECTIONS`,
 //!   `FERRY_ADMISSION_PREFIXES`, `FERRY_METRICS_ADDR`,
 //!   `FERRY_UCX_EMULATED_RMA`, `FERRY_UCX_STRICT_REGISTRATION`,
-//!   `FERRY_UCX_TRUSTED_NETWORK`, `FERRY_LIVENESS_MS`.
+//!   `FERRY_UCX_TRUSTED_NETWORK`, `FERRY_LIVENESS_MS`, `FERRY_DIGEST`.
 //! - [`ProcessConfig`]: what holds for the whole process and no builder
 //!   sets, read the first time it is asked for ([`process`]) and passed
 //!   down from there: `FERRY_UCX_LIB` and `FERRY_CUDA_LIB` (which library

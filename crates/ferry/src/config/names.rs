@@ -61,6 +61,11 @@ pub const CMA_PROBE_TIMEOUT_ENV: &str = "FERRY_CMA_PROBE_TIMEOUT_MS";
 /// process a cross-memory attach probe examines (default 1,024).
 pub const CMA_PROBE_FILES_ENV: &str = "FERRY_CMA_PROBE_FILES";
 
+/// The environment variable that sets [`ConnectorBuilder::digest`](crate::ConnectorBuilder::digest):
+/// `1` (or `crc32`, the one algorithm) digests every byte of each operation
+/// on both sides and compares before it completes; `0`: off (the default).
+pub const DIGEST_ENV: &str = "FERRY_DIGEST";
+
 /// The builder method that sets the knob `name` (an environment variable
 /// above), if one does.
 pub(crate) fn builder_method(name: &str) -> Option<&'static str> {
@@ -78,6 +83,7 @@ pub(crate) fn builder_method(name: &str) -> Option<&'static str> {
         UCX_STRICT_REGISTRATION_ENV => "ucx_strict_registration",
         UCX_TRUSTED_NETWORK_ENV => "ucx_trusted_network",
         LIVENESS_ENV => "liveness",
+        DIGEST_ENV => "digest",
         _ => return None,
     })
 }

@@ -247,7 +247,7 @@ async fn a_connector_reports_the_configuration_it_runs_with() {
     assert_eq!(get(IDLE_TIMEOUT_ENV).origin, Origin::Builder);
     assert_eq!(get(TRANSPORTS_ENV).value, "tcp");
     assert_eq!(get(CMA_THREADS_ENV).name, CMA_THREADS_ENV);
-    assert_eq!(knobs.len(), 19);
+    assert_eq!(knobs.len(), 20);
 }
 
 /// The liveness bound: milliseconds in the variable, `0` off, the builder
@@ -277,4 +277,30 @@ fn the_liveness_bound_resolves_and_shows() {
     assert_eq!(c.liveness.origin, Origin::Builder);
     let e = resolve(ConnectorBuilder::default(), &[(LIVENESS_ENV, "soon")]).unwrap_err();
     assert!(e.to_string().contains(LIVENESS_ENV), "{e}");
+}
+
+#[test]
+fn the_digest_is_off_by_default_and_named_by_a_flag_or_its_algorithm() {
+    let c = resolve(ConnectorBuilder::default(), &[]).unwrap();
+    assert!(!c.digest.value);
+    assert_eq!(c.digest.origin, Origin::Default);
+    for (v, on) in [("1", true), ("crc32", true), ("0", false)] {
+        let c = resolve(ConnectorBuilder::default(), &[(DIGEST_ENV, v)]).unwrap();
+        assert_eq!(
+            (c.digest.value, c.digest.origin),
+            (on, Origin::Environment),
+            "{v}"
+        );
+    }
+    let b = ConnectorBuilder::default().digest(false);
+    let c = resolve(b, &[(DIGEST_ENV, "1")]).unwrap();
+    assert_eq!((c.digest.value, c.digest.origin), (false, Origin::Builder));
+    let e = resolve(ConnectorBuilder::default(), &[(DIGEST_ENV, "xxh3")]).unwrap_err();
+    assert_eq!((e.name, e.problem), (DIGEST_ENV, Problem::NotAFlag));
+    let shown = resolve(ConnectorBuilder::default(), &[(DIGEST_ENV, "1")])
+        .unwrap()
+        .knobs();
+    assert!(shown
+        .iter()
+        .any(|k| format!("{k:?}").contains("FERRY_DIGEST")));
 }

@@ -49,7 +49,7 @@ pub(crate) fn transport_name(t: Option<TransportKind>) -> &'static str {
 
 /// The values of the `cause` label of `ferry_errors_total`, one per
 /// [`Error`] variant, in snake case.
-pub const ERROR_CAUSES: [&str; 27] = [
+pub const ERROR_CAUSES: [&str; 28] = [
     "no_descriptors",
     "too_many_descriptors",
     "read_only_descriptor",
@@ -77,6 +77,7 @@ pub const ERROR_CAUSES: [&str; 27] = [
     "not_device_memory",
     "peer_unresponsive",
     "expired",
+    "digest_mismatch",
 ];
 
 /// The index of `e`'s cause in [`ERROR_CAUSES`].
@@ -109,6 +110,7 @@ pub(crate) fn cause_index(e: &Error) -> usize {
         Error::NotDeviceMemory { .. } => 24,
         Error::PeerUnresponsive { .. } => 25,
         Error::Expired { .. } => 26,
+        Error::DigestMismatch { .. } => 27,
     }
 }
 

@@ -69,6 +69,8 @@ pub(crate) struct Config {
     /// UCX may carry operations over endpoints without an RMA lane.
     pub(crate) ucx_emulated_rma: bool,
     pub(crate) cma_threshold: u64,
+    /// The end-to-end integrity check is on (`ConnectorBuilder::digest`).
+    pub(crate) digest: bool,
     /// Streams per large transfer; `None`: by host (see `ConnectorBuilder::tcp_streams`).
     pub(crate) tcp_streams: Option<usize>,
     /// Streams per large transfer to another host when `tcp_streams` is
@@ -95,6 +97,8 @@ pub(crate) struct Config {
 pub(crate) struct Host {
     pub(crate) worker_id: String,
     pub(crate) secret: Option<Secret>,
+    /// The end-to-end integrity check is on (`ConnectorBuilder::digest`).
+    pub(crate) digest: bool,
     pub(crate) exposures: Arc<Exposures>,
     pub(crate) shutdown: watch::Receiver<bool>,
     pub(crate) handle: Handle,

@@ -63,6 +63,9 @@ fn find(remote: &RdmaMetadata) -> Option<Arc<Host>> {
 /// secret (or, like it, have none): the same rule as over the network.
 pub(crate) struct LocalTransport {
     pub(crate) secret: Option<Secret>,
+    /// This connector's end-to-end integrity check is on: the copy is
+    /// digested on both sides (as is one to a connector whose check is).
+    pub(crate) digest: bool,
 }
 
 impl LocalTransport {
@@ -138,6 +141,7 @@ impl Transport for LocalTransport {
             };
             exposure.shared.set_transport(TransportKind::Local);
             let total: u64 = job.sizes.iter().sum();
+            let digest = self.digest || inner.digest;
             let run = move || {
                 copy(
                     &inner,
@@ -146,6 +150,7 @@ impl Transport for LocalTransport {
                     &job.region,
                     &job.shared,
                     &job.sizes,
+                    digest,
                 )
             };
             if total <= INLINE {
@@ -213,6 +218,7 @@ fn copy(
     active: &Arc<Region>,
     shared: &Arc<OpShared>,
     sizes: &[u64],
+    digest: bool,
 ) {
     let ((src, src_op), (dst, dst_op)) = match kind {
         OperationKind::Read => ((&exposure.region, &exposure.shared), (active, shared)),
@@ -225,7 +231,25 @@ fn copy(
         let peer = ProcessPeer::new(src.clone(), Some(src_op.clone()));
         let lease = ProcessPuller.lend(src, None);
         let done = ProcessPuller.pull(&peer, &lease, dst, dst_op) == PullEnd::Done;
-        return settle(inner, exposure, active, shared, done && shared.is_sealed());
+        let sealed = done && shared.is_sealed();
+        #[cfg(test)]
+        if sealed {
+            crate::transport::digest::corrupt_for_tests(dst);
+        }
+        if sealed && digest {
+            // Both sides sealed, neither reported: a pass over each region
+            // (both of this process) decides before either completes.
+            if let Some(detail) = crate::transport::digest::differ(src, dst) {
+                let error = Error::DigestMismatch { detail };
+                active.close();
+                shared.fail(error.clone());
+                inner
+                    .exposures
+                    .finish(exposure, OperationStatus::Errored, Some(error));
+                return;
+            }
+        }
+        return settle(inner, exposure, active, shared, sealed);
     }
     let mut stopped = false;
     // Device memory on either side goes through this host buffer.

@@ -18,6 +18,9 @@ pub(crate) use api::{ActiveJob, ActiveLink, Config, Host, Transport};
 pub(crate) mod admission;
 pub(crate) mod api;
 pub(crate) mod cma;
+pub(crate) mod digest;
+#[cfg(test)]
+mod digest_tests;
 pub(crate) mod local;
 pub(crate) mod probe;
 pub(crate) mod pull;
@@ -62,6 +65,7 @@ impl Transports {
         if kinds.contains(&TransportKind::Local) {
             list.push(Arc::new(local::LocalTransport {
                 secret: host.secret.clone(),
+                digest: host.digest,
             }));
         }
         list.push(tcp.clone());

@@ -13,6 +13,7 @@ use crate::Token;
 
 mod answers;
 mod device;
+mod digest;
 mod rdma;
 mod settled;
 mod violations;

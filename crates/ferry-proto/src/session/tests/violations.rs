@@ -315,6 +315,33 @@ fn lease_shape_mismatch() -> Violation {
     last.unwrap()
 }
 
+fn missing_digest() -> Violation {
+    // The check is on here; the source's `Finish` came without a digest.
+    let mut s = passive(NO_CAPS);
+    s.set_digest(true);
+    let f = bind(&mut s, &open(1, OperationKind::Write, &[4]));
+    take(&mut s);
+    lands(&mut s, data(1, 0, 0, 4), &f);
+    let v = s.handle_frame(finish(1)).unwrap_err();
+    assert_eq!(v, Violation::MissingDigest { req: 1 });
+    assert!(acts(&mut s).is_empty());
+    v
+}
+
+fn unexpected_digest() -> Violation {
+    // A digest sent to the side that streams the bytes.
+    let mut s = passive(NO_CAPS);
+    bind(&mut s, &open(1, OperationKind::Read, &[4]));
+    take(&mut s);
+    let d = Message::Digest(crate::wire::Digest {
+        req: 1,
+        crc32: Some(0),
+    });
+    let v = s.handle_frame(d).unwrap_err();
+    assert_eq!(v, Violation::UnexpectedDigest { req: 1 });
+    v
+}
+
 /// The variant's position, by an exhaustive match (no wildcard): a new
 /// variant does not compile until it is counted here and provoked below.
 fn variant(v: &Violation) -> usize {
@@ -339,9 +366,11 @@ fn variant(v: &Violation) -> usize {
         Violation::RdmaToActiveSide => 17,
         Violation::RdmaOutOfTurn => 18,
         Violation::DataForDeviceMemory { .. } => 19,
+        Violation::MissingDigest { .. } => 20,
+        Violation::UnexpectedDigest { .. } => 21,
     }
 }
-const VARIANTS: usize = 20;
+const VARIANTS: usize = 22;
 
 type Provoker = fn() -> Violation;
 
@@ -366,6 +395,8 @@ const PROVOKERS: [(&str, Provoker); VARIANTS] = [
     ("rdma_to_active_side", rdma_to_active_side),
     ("rdma_out_of_turn", rdma_out_of_turn),
     ("data_for_device_memory", data_for_device_memory),
+    ("missing_digest", missing_digest),
+    ("unexpected_digest", unexpected_digest),
 ];
 
 /// The documented mapping: only the authentication violations are told
@@ -417,6 +448,8 @@ violation_tests!(
     rdma_to_active_side,
     data_for_device_memory,
     rdma_out_of_turn,
+    missing_digest,
+    unexpected_digest,
 );
 
 #[test]

@@ -106,6 +106,9 @@ pub(crate) struct Conn {
     /// Woken when the connection goes from no live operation to one: its
     /// reader then arms the liveness timer (`session::liveness`).
     pub(super) began: tokio::sync::Notify,
+    /// The end-to-end integrity check is on here (its session's setting):
+    /// streams digest what they send.
+    pub(super) digest: bool,
 }
 
 pub(super) type CloseHook = Box<dyn FnOnce() + Send>;
@@ -122,6 +125,7 @@ impl Conn {
         session: Session<Target>,
         lanes: Lanes,
     ) -> Arc<Self> {
+        let digest = session.digests();
         Arc::new_cyclic(|me| Conn {
             me: me.clone(),
             peer,
@@ -141,6 +145,7 @@ impl Conn {
             closing: AtomicBool::new(false),
             staging: Mutex::new(Vec::new()),
             began: tokio::sync::Notify::new(),
+            digest,
         })
     }
 

@@ -85,6 +85,7 @@ pub(super) fn remote_error(reason: AbortReason, detail: String) -> Error {
                 "another stream of this striped transfer failed at the remote: {detail}"
             ),
         },
+        AbortReason::DigestMismatch => Error::DigestMismatch { detail },
         reason => Error::Rejected { reason, detail },
     }
 }

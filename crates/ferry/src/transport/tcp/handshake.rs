@@ -270,6 +270,7 @@ pub(super) async fn handshake(
         ucx_cuda,
     };
     let mut session = Session::new(Role::Active, caps);
+    session.set_digest(cfg.digest);
     if via_ucx {
         session.rdma_leases();
     }

@@ -63,6 +63,7 @@ pub(super) async fn listen(
     let inner = Arc::new(Served {
         host,
         cma: cfg.cma,
+        digest: cfg.digest,
         // Declined on connections that cannot be trusted with UCX.
         ucx: cfg.ucx.clone().filter(|_| cfg.ucx_trusted),
         ucx_emulated_rma: cfg.ucx_emulated_rma,
@@ -137,7 +138,8 @@ pub(super) async fn listen(
                 secret: inner.host.secret.is_some(),
                 ..Caps::default()
             };
-            let session = Session::new(Role::Passive, caps);
+            let mut session = Session::new(Role::Passive, caps);
+            session.set_digest(inner.digest);
             let conn = Conn::new(peer, w, inner.host.handle.clone(), session, inner.lanes);
             // Closed if it must make room while it carries no live
             // operation (see `admission.rs`).

@@ -75,11 +75,26 @@ impl Conn {
                 PullEnd::Failed { .. } => conn.pull_failed(req, &target, end),
                 PullEnd::Done | PullEnd::Closed => {
                     let done = end == PullEnd::Done;
-                    // `Finish`; or, with RDMA leases, `Release` once the
-                    // gets of a stopped copy have drained.
-                    let m = lock(&conn.session).pull_ended(req, done);
-                    if let Some(m) = m {
-                        conn.send_soon(m.to_vec(), None, false);
+                    #[cfg(test)]
+                    if done {
+                        crate::transport::digest::corrupt_for_tests(&region);
+                    }
+                    // With the integrity check on, a second pass over what
+                    // landed, on this copy thread (`None` for device memory:
+                    // not checked).
+                    let digest = (done && conn.digest)
+                        .then(|| crate::transport::digest::of_range(&region, (0, u64::MAX)))
+                        .flatten();
+                    // `Finish` (after its `Digest`, where the check is on);
+                    // or, with RDMA leases, `Release` once the gets of a
+                    // stopped copy have drained.
+                    let frames = lock(&conn.session).pull_ended_digest(req, done, digest);
+                    let mut out = Vec::new();
+                    for m in frames {
+                        m.encode(&mut out);
+                    }
+                    if !out.is_empty() {
+                        conn.send_soon(out, None, false);
                     }
                 }
             }

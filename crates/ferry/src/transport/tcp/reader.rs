@@ -33,6 +33,8 @@ pub(crate) struct Served {
     pub(super) host: Arc<Host>,
     /// Cross-memory attach is enabled here.
     pub(super) cma: bool,
+    /// The end-to-end integrity check is on.
+    pub(super) digest: bool,
     /// This connector's UCX worker, if UCX is enabled and loaded.
     pub(super) ucx: Option<Arc<Worker>>,
     /// UCX may carry operations over endpoints without an RMA lane.
@@ -227,6 +229,17 @@ pub(super) async fn step(
             };
             rd.payload(len, Some((&target.region, desc, offset)), fail)
                 .await
+        }
+        Step::Verify { req, target, range } => {
+            // One pass over what landed (or what this side lent), outside
+            // the session's lock; the session compares.
+            let local = crate::transport::digest::of_range(&target.region, range);
+            match conn.with_session(|s| s.verified(req, local))? {
+                Step::Done => Ok(()),
+                _ => Err(ConnError::Channel(
+                    "a digest's verdict asked for more than the finish".into(),
+                )),
+            }
         }
         Step::Discard { len } => rd.payload(len, None, None).await,
         // Only a passive session asks for these.

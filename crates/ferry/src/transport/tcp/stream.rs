@@ -6,7 +6,7 @@ use std::io;
 use std::sync::Arc;
 
 use ferry_proto::session::{Last as SessionLast, Start};
-use ferry_proto::wire::{Abort, AbortReason, Data, Lease, Message};
+use ferry_proto::wire::{Abort, AbortReason, Data, Digest, Lease, Message};
 use ferry_proto::Cursor;
 use tokio::sync::watch;
 
@@ -17,6 +17,7 @@ use super::conn_io::*;
 use super::land::device_failure;
 use super::request::*;
 use super::util::*;
+use crate::transport::digest::Running;
 
 use super::conn::*;
 
@@ -231,14 +232,28 @@ impl Conn {
                 return closed(self);
             }
         }
+        // With the integrity check on, each chunk is digested just before
+        // it goes out (it is then in cache for the socket's copy); device
+        // memory is not (`None`: not checked).
+        let mut digest = (self.digest && region.is_host()).then(Running::default);
         // Each frame as large as a chunk, over as many blocks as it takes.
         while let Some((d, o, l)) = cursor.next_span(CHUNK) {
+            if let Some(h) = digest.as_mut() {
+                if !h.add(region, d, o, l) {
+                    return closed(self);
+                }
+            }
             if !self.send_chunk(req, region, d, o, l).await? {
                 return closed(self);
             }
             let _ = cursor.accept(d, o, l);
         }
-        let fin = Message::Finish { req }.to_vec();
+        let mut fin = Vec::new();
+        if self.digest {
+            let crc32 = digest.map(Running::value);
+            Message::Digest(Digest { req, crc32 }).encode(&mut fin);
+        }
+        Message::Finish { req }.encode(&mut fin);
         match last {
             Last::Seal => {}
             Last::Part => {
@@ -284,7 +299,9 @@ impl Conn {
         region: &Region,
         mut cursor: Cursor,
         out: &mut Vec<u8>,
+        digest: bool,
     ) -> bool {
+        let mut h = digest.then(Running::default);
         let total: u64 = cursor.sizes().iter().sum();
         out.reserve(total as usize + 64);
         // One frame for all of it, whatever the blocks.
@@ -301,6 +318,10 @@ impl Conn {
                 let copied = region.read_span(seg, off, left, |pieces| {
                     pieces.iter().fold(0, |n, p| {
                         out.extend_from_slice(p);
+                        if let Some(h) = h.as_mut() {
+                            // Digested as it is copied into the frame.
+                            h.update(p);
+                        }
                         n + p.len()
                     })
                 });
@@ -313,6 +334,10 @@ impl Conn {
                 }
             }
             let _ = cursor.accept(d, o, l);
+        }
+        if let Some(h) = h {
+            let crc32 = Some(h.value());
+            Message::Digest(Digest { req, crc32 }).encode(out);
         }
         Message::Finish { req }.encode(out);
         true
@@ -347,7 +372,7 @@ impl Conn {
             let aborted = move |conn: &Arc<Conn>, opened: &Option<Arc<watch::Sender<bool>>>| {
                 conn.send_soon(cancelled, opened.clone(), false);
             };
-            if !Self::small_frames(req, &region, cursor, &mut frame) {
+            if !Self::small_frames(req, &region, cursor, &mut frame, self.digest) {
                 return aborted(self, &opened);
             }
             // Fast path: the whole transfer in one system call, now.
