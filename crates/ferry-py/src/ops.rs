@@ -153,7 +153,9 @@ impl Operation {
     }
 
     /// Cancels the operation unless it has ended; the remote is told. When
-    /// this returns, Ferry no longer touches the memory.
+    /// this returns, Ferry starts no further access to the memory (see
+    /// `ReadOperation::cancel` for a copy still in flight, and for a READ
+    /// the remote decides).
     fn cancel(&self, py: Python<'_>) {
         if let Some(h) = self.holder() {
             py.detach(|| h.op.cancel());

@@ -139,12 +139,30 @@ macro_rules! common_methods {
         }
 
         /// Cancels the operation unless it has already ended; the remote is
-        /// told. When this returns, the memory is no longer touched by Ferry.
+        /// told. When this returns, Ferry starts no further access to the
+        /// memory. A copy into it already in flight may still run a while,
+        /// and the operation keeps the memory until it has returned
+        /// ([`descriptors`](Self::descriptors) is `None` and
+        /// [`is_released`](Self::is_released) `false` meanwhile): an
+        /// ordinary chunk returns within milliseconds; UCX gets that the
+        /// source does not answer (a stopped process, a cut link) are
+        /// recalled a quarter of a second after the cancel, by closing the
+        /// connection's UCX endpoint, which ends that connection (its other
+        /// operations fail; the next operation to the peer connects again);
+        /// only a same-host cross-memory copy that the peer stalls (pages
+        /// that never arrive) cannot be interrupted, and returns when its
+        /// pages arrive or the peer exits.
         ///
-        /// Once the last byte is on its way to the remote the outcome is the
+        /// Once the last byte is on its way to the remote, or, for a READ
+        /// this side copies from the source's lent memory (cross-memory
+        /// attach, UCX, CUDA IPC), once every byte has landed here and only
+        /// the source's confirmation is awaited, the outcome is the
         /// remote's to decide, so a cancel then changes nothing: the
-        /// operation goes on to complete (or fail) as it does on the other
-        /// side, and both sides report the same outcome.
+        /// operation stays in progress until the remote confirms (or the
+        /// connection is lost), completes (or fails) as it does on the
+        /// other side, and both sides report the same outcome. Ferry no
+        /// longer writes the memory of such a READ, but it is given back
+        /// only at that end.
         pub fn cancel(&self) {
             if !self.status().is_terminal() {
                 self.core.cancel();

@@ -88,9 +88,10 @@ pub trait Operation<'a>: sealed::Sealed + fmt::Debug + Send + Sync {
     ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + '_>>;
 
     /// Cancels the operation unless it has already ended; the remote is
-    /// told. When this returns, the memory is no longer touched by Ferry
-    /// (see the operations' own `cancel` for the one case where the remote
-    /// decides the outcome).
+    /// told. When this returns, Ferry starts no further access to the
+    /// memory; see the operations' own `cancel` ([`ReadOperation::cancel`])
+    /// for a copy still in flight, and for the case where the remote
+    /// decides the outcome.
     fn cancel(&self);
 
     /// The transport that carried (or is carrying) the bytes, once known.

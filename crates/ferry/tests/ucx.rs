@@ -4,10 +4,14 @@
 
 use std::time::Duration;
 
-use ferry::{Connector, Error, TransportKind};
+use ferry::{Connector, Error, OperationStatus, TransportKind};
 use ferry_proto::wire::{Message, Rdma, Verdict};
 
+#[path = "support/spawned.rs"]
+mod spawned;
 mod support;
+
+use spawned::{check, pattern, runtime, Server};
 
 use support::{legit_transfers_still_work, noise, within, Raw, Via};
 
@@ -450,4 +454,140 @@ async fn child_old_key() {
         again.is_err(),
         "a get with the key of unregistered memory succeeded (lanes {lanes:?})"
     );
+}
+
+/// The role that makes this binary the stopped source of
+/// [`a_cancel_gives_back_the_memory_of_gets_a_stopped_source_holds`].
+const STOPPED_ROLE: &str = "FERRY_TEST_UCX_STOPPED_SOURCE";
+
+/// The READ that the source is stopped in the middle of.
+const STOPPED_BIG: usize = 64 << 20;
+
+/// The source of the stopped-source test: three readables over UCX (a
+/// warm-up, the large one, the next one), their metadata printed
+/// (`META <json>`) in that order; exits once its standard input closes.
+fn serve_stopped(_spec: &str) {
+    runtime().block_on(async {
+        let c = Via::UCX.connector().await;
+        let mut keep = Vec::new();
+        for (seed, len) in [(1, 4096), (2, STOPPED_BIG), (3, 4096)] {
+            let r = c
+                .create_readable(vec![pattern(seed, 0, len).into()])
+                .await
+                .unwrap();
+            println!("META {}", r.metadata().to_json());
+            keep.push(r);
+        }
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+    });
+}
+
+/// Sends `sig` to the server process.
+fn signal(server: &Server, sig: libc::c_int) {
+    // SAFETY: a plain system call on a child of this process (alive: it
+    // exits only once its standard input closes).
+    assert_eq!(unsafe { libc::kill(server.child.id() as i32, sig) }, 0);
+}
+
+/// A source process stopped (SIGSTOP) while a 64 MiB READ over UCX gets
+/// from it: the cancel returns, the READ is `Cancelled`, and the memory
+/// is given back within a second or so (the lane recalls the gets that the
+/// stopped source cannot answer by closing its UCX endpoint), after which
+/// no byte of it changes, also once the source runs again (SIGCONT). The
+/// next READ from that source then succeeds promptly, over a new
+/// connection. Where the gets need no help from the source (a transport
+/// that moves them itself, such as UCX's own cross-memory attach, or the
+/// READ ended before the stop) there is nothing to recall: the test says
+/// so and passes.
+#[test]
+fn a_cancel_gives_back_the_memory_of_gets_a_stopped_source_holds() {
+    const NAME: &str = "a_cancel_gives_back_the_memory_of_gets_a_stopped_source_holds";
+    if spawned::served(STOPPED_ROLE, serve_stopped) {
+        return;
+    }
+    if let Err(why) = ferry::ucx::status() {
+        if std::env::var_os(support::REQUIRE_UCX_ENV).is_some() {
+            panic!(
+                "{} is set but UCX cannot start: {why}",
+                support::REQUIRE_UCX_ENV
+            );
+        }
+        eprintln!("skipped: no UCX here ({why})");
+        return;
+    }
+    let mut server = Server::start(NAME, STOPPED_ROLE, "");
+    let metas: Vec<_> = (0..3).map(|_| server.metadata()).collect();
+    runtime().block_on(async {
+        let c = Via::UCX.connector().await;
+        // Warm-up: the connection and its UCX endpoint are made.
+        let warm = c
+            .begin_read(&metas[0], vec![vec![0u8; 4096].into()])
+            .await
+            .unwrap();
+        within(warm.wait_for_completion()).await.unwrap();
+        assert_eq!(warm.transport(), Some(TransportKind::Ucx));
+
+        let op = c
+            .begin_read(&metas[1], vec![vec![0u8; STOPPED_BIG].into()])
+            .await
+            .unwrap();
+        // The lease arrived (the lane is named): the gets start now.
+        within(async {
+            while op.transport().is_none() && !op.status().is_terminal() {
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+        })
+        .await;
+        signal(&server, libc::SIGSTOP);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let before = op.status();
+        op.cancel();
+        let after = op.status();
+        if before.is_terminal() || !after.is_terminal() {
+            // Ended before the stop, or sealed (every byte landed without
+            // the source's help; its confirmation decides).
+            signal(&server, libc::SIGCONT);
+            eprintln!(
+                "skipped: the gets did not need the stopped source here (the READ was \
+                 {before:?} at the stop, {after:?} after the cancel)"
+            );
+            return;
+        }
+        assert_eq!(after, OperationStatus::Cancelled);
+        let t = std::time::Instant::now();
+        let first = tokio::task::block_in_place(|| loop {
+            if let Some(d) = op.descriptors() {
+                break d[0].as_slice().unwrap().to_vec();
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(2),
+                "the cancelled READ's memory was not given back within 2 s of the cancel \
+                 (a get from the stopped source still in flight)"
+            );
+        });
+        signal(&server, libc::SIGCONT);
+        // Had a get still been in flight, the source would answer it now.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let later = op.descriptors().expect("given back")[0].as_slice().unwrap();
+        assert!(
+            first == later,
+            "bytes changed after the memory was given back"
+        );
+        let t = std::time::Instant::now();
+        let next = c
+            .begin_read(&metas[2], vec![vec![0u8; 4096].into()])
+            .await
+            .unwrap();
+        next.wait_for_completion_timeout(Duration::from_secs(2))
+            .await
+            .expect("the next READ from the source, once it runs again");
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "the next READ took {:?}",
+            t.elapsed()
+        );
+        let got = next.into_descriptors()[0].as_slice().unwrap().to_vec();
+        check(&[got], 3).unwrap();
+    });
 }

@@ -146,7 +146,13 @@ class AbstractOperation:
 
     def cancel(self) -> None:
         """Cancels the operation unless it has ended; the remote is told.
-        When this returns, Ferry no longer touches the memory."""
+        When this returns, Ferry starts no further access to the memory; a
+        copy already in flight may run a little longer (a UCX get that the
+        source does not answer: about 250 ms, after which the connection
+        ends; a stalled same-host copy: until its pages arrive), and the
+        memory is given back once it returned. A READ whose every byte has
+        landed and that only awaits the source's confirmation is the
+        remote's to decide: it stays in progress until then."""
         self._op.cancel()
 
     def __enter__(self: _Op) -> _Op:

@@ -41,6 +41,12 @@ pub(crate) enum LaneError {
     /// copy.
     #[error("{detail}")]
     Copy { detail: String },
+    /// A cancel met copies that the source did not finish in time, and
+    /// the lane recalled them by tearing down its link to the peer (UCX:
+    /// the endpoint, force-closed): the lane is gone on that connection,
+    /// which must end (`detail` says why).
+    #[error("{detail}")]
+    Recalled { detail: String },
     /// The peer lent by a lane this side did not set up with it
     /// (`detail` says which and why).
     #[error("{detail}")]

@@ -174,7 +174,13 @@ impl LeaseBlob {
 ///    a pull shares its chunks among threads: see `share.rs`).
 /// 3. **Stop at the first refusal.** `Err(Denied::Closed)` from the region
 ///    ends the pull at once with [`PullEnd::Closed`]: no further copy, no
-///    seal.
+///    seal. A lane whose copy in flight the peer may hold for ever but
+///    that can recall it (UCX: a get from a stopped source) does so within
+///    a bound once the region is closed, by tearing down its link to the
+///    peer (the endpoint), so that the copy returns and the memory goes
+///    back to its owner; the link being gone, the pull then ends
+///    [`PullEnd::Failed`] with [`LaneError::Recalled`] in connection
+///    scope instead.
 /// 4. **Seal last, under the lock.** Only after every byte of the lease has
 ///    landed and the source has been verified for the last time, and
 ///    exactly as `region.seal_if_open(|| shared.seal())`: [`PullEnd::Done`]

@@ -24,7 +24,9 @@
 //! unverified. A process that simulates a GPU runs the path with host
 //! memory.
 
+use std::cell::Cell;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ferry_proto::lane::{FailureScope, LaneCaps, LaneId, MemKinds, Reach};
 
@@ -43,6 +45,14 @@ const PULL_CHUNK: u64 = 8 << 20;
 
 /// The most requests posted for one copy (a run of small segments).
 const MAX_BATCH: usize = 4096;
+
+/// How long gets in flight when their destination is closed (a cancel)
+/// may take to end on their own before the pull recalls them by closing
+/// the endpoint (see [`Batch::wait_or_recall`]): far longer than a chunk
+/// takes from a peer that answers, short enough that a cancel gives the
+/// memory back well within a second of meeting one that does not (a
+/// stopped process, a cut link).
+pub(crate) const RECALL_AFTER: Duration = Duration::from_millis(250);
 
 /// The UCX lane. A peer is an endpoint to the peer's worker.
 #[derive(Debug, Clone, Copy)]
@@ -240,13 +250,17 @@ impl UcxPuller {
             }
         };
         let segs = lease.segments();
+        // Set once a get was recalled (the endpoint closed).
+        let recalled = Cell::new(false);
+        let open = || region.is_open();
         let mut i = 0;
         while i < segs.len() {
             let count = batch(segs, i);
             let r = if count > 0 {
                 let lent = &segs[i..i + count];
-                let r =
-                    region.copy_into(i, count, None, |local| get_all(&keys, local, lent, merge));
+                let r = region.copy_into(i, count, None, |local| {
+                    get_all(&keys, local, lent, merge, &open, &recalled)
+                });
                 i += count;
                 r
             } else {
@@ -258,7 +272,7 @@ impl UcxPuller {
                     let n = (len - off).min(PULL_CHUNK);
                     let at = addr.saturating_add(off);
                     r = region.copy_into(i, 1, Some((off, n as usize)), |local| {
-                        get_all(&keys, local, &[(at, n)], merge)
+                        get_all(&keys, local, &[(at, n)], merge, &open, &recalled)
                     });
                     if !matches!(r, Ok(Ok(()))) {
                         break;
@@ -271,6 +285,7 @@ impl UcxPuller {
             match r {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return failure(e),
+                Err(Denied::Closed) if recalled.get() => return failure(recalled_cause()),
                 Err(Denied::Closed) => return PullEnd::Closed,
                 Err(Denied::NotHostMemory) => return failure(LaneError::NotHostMemory),
                 Err(Denied::OutOfBounds) => return failure(LaneError::LeaseTooLarge),
@@ -289,14 +304,30 @@ impl UcxPuller {
     }
 }
 
+/// Why a pull whose gets were recalled ends its connection: the endpoint
+/// is closed, so the lane is gone on that connection (the next operation
+/// to the peer connects again).
+fn recalled_cause() -> LaneError {
+    LaneError::Recalled {
+        detail: format!(
+            "a cancel met UCX gets that the peer did not answer within {RECALL_AFTER:?}: \
+             recalled by closing the connection's UCX endpoint"
+        ),
+    }
+}
+
 /// Gets every lent range into the local one of the same index (equal
 /// lengths pairwise, neighbours on both sides merged where `merge`),
-/// waiting for all.
+/// waiting for all; or, where the destination is closed meanwhile (`open`
+/// turns false) and the gets do not end within [`RECALL_AFTER`], recalls
+/// them (the endpoint is closed, `recalled` set) and waits for that.
 fn get_all(
     keys: &RemoteKeys<'_>,
     local: &[(*mut u8, usize)],
     lent: &[(u64, u64)],
     merge: bool,
+    open: &dyn Fn() -> bool,
+    recalled: &Cell<bool>,
 ) -> Result<(), LaneError> {
     if local.len() != lent.len() || local.iter().zip(lent).any(|(l, r)| l.1 as u64 != r.1) {
         return Err(LaneError::LeaseTooLarge);
@@ -329,8 +360,9 @@ fn get_all(
         };
         // SAFETY: `p` points to `n` bytes of the destination that
         // `copy_into` handed out and counts as in flight until this
-        // function returns, which is after every get ended (`wait` below);
-        // the key stays unpacked until after that too.
+        // function returns, which is after every get ended
+        // (`wait_or_recall` below returns only then, a recalled get
+        // included); the key stays unpacked until after that too.
         if let Err(s) = unsafe { post_get(ep, &batch, p, n as usize, a, rkey) } {
             failed = Some(LaneError::Copy {
                 detail: format!("ucp_get_nbx: {}", api.describe(s)),
@@ -338,7 +370,10 @@ fn get_all(
             break;
         }
     }
-    let status = batch.wait(&ep.worker);
+    let (status, recall) = batch.wait_or_recall(ep, open, RECALL_AFTER);
+    if recall {
+        recalled.set(true);
+    }
     if let Some(f) = failed {
         return Err(f);
     }

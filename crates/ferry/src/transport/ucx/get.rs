@@ -1,6 +1,8 @@
 //! Gets and their completion: [`post_get`] posts one `ucp_get_nbx`,
 //! counted in a [`Batch`] until its callback ([`on_get_done`]) runs;
-//! [`Batch::wait`] waits for a batch the way every copy thread does.
+//! [`Batch::wait_or_recall`] waits for a batch the way every copy thread
+//! does, and recalls the gets of a destination closed meanwhile that the
+//! peer does not answer.
 
 use std::ffi::c_void;
 use std::sync::{Arc, Condvar, Mutex};
@@ -10,8 +12,16 @@ use super::ffi::{self, Status, UCS_OK};
 use super::{lock, ucx, Endpoint, Worker};
 
 /// How long a waiter progresses the worker itself before it sleeps (see
-/// [`Batch::wait`]).
+/// [`Batch::wait_until`]).
 const POLL: Duration = Duration::from_micros(200);
+
+/// How often a waiter that found no end progresses the worker itself and
+/// wakes the progress task (see [`Batch::wait_until`]).
+const NUDGE: Duration = Duration::from_millis(50);
+
+/// How often a waiter looks whether the destination of its gets was
+/// closed (see [`Batch::wait_or_recall`]).
+const TICK: Duration = Duration::from_millis(5);
 
 /// Requests of one batch of gets: how many are still in flight and the
 /// first failure.
@@ -52,11 +62,6 @@ impl Batch {
         (s.0 == 0).then_some(s.1)
     }
 
-    /// Waits until every request ended: the first failure, if any.
-    pub(crate) fn wait(&self, worker: &Worker) -> Option<Status> {
-        self.wait_until(worker, None).unwrap_or_default()
-    }
-
     /// Waits until every request ended (`Some` of the first failure, if
     /// any), or until `deadline` (`None`). For up to [`POLL`] this thread
     /// progresses the worker itself, which sees a get that ends within
@@ -70,13 +75,63 @@ impl Batch {
         worker: &Worker,
         deadline: Option<Instant>,
     ) -> Option<Option<Status>> {
+        self.wait_ticking(worker, deadline, NUDGE, || {})
+    }
+
+    /// Waits, as [`wait_until`](Self::wait_until) does, until every request ended,
+    /// unless `open` turns false (the destination was closed: a cancel)
+    /// and requests are still in flight `grace` later: then it *recalls*
+    /// them by force-closing `ep` (`ucp_ep_close_nbx` with
+    /// `UCP_EP_CLOSE_FLAG_FORCE`), which, as UCX documents it, completes
+    /// every outstanding request of the endpoint with `UCS_ERR_CANCELED`,
+    /// and waits for that. UCX 1.13 recalls a get no other way
+    /// (`ucp_request_cancel` cancels only receives). Once every request
+    /// ended, UCX no longer touches their buffers. The first failure, if
+    /// any, and whether it recalled (the endpoint is then closed: no get
+    /// goes over it again).
+    pub(crate) fn wait_or_recall(
+        &self,
+        ep: &Endpoint,
+        open: impl Fn() -> bool,
+        grace: Duration,
+    ) -> (Option<Status>, bool) {
+        let mut closed_at: Option<Instant> = None;
+        let mut recalled = false;
+        let status = self.wait_ticking(&ep.worker, None, TICK, || {
+            if recalled || open() {
+                return;
+            }
+            let at = *closed_at.get_or_insert_with(Instant::now);
+            if at.elapsed() >= grace {
+                tracing::debug!(
+                    "UCX: gets still in flight {grace:?} after their destination was closed: \
+                     recalled by closing the endpoint"
+                );
+                ep.close();
+                recalled = true;
+                ep.worker.progress_all();
+            }
+        });
+        (status.unwrap_or_default(), recalled)
+    }
+
+    /// [`wait_until`](Self::wait_until), calling `tick` (without the
+    /// batch's lock) every `slice` while requests are in flight.
+    fn wait_ticking(
+        &self,
+        worker: &Worker,
+        deadline: Option<Instant>,
+        slice: Duration,
+        mut tick: impl FnMut(),
+    ) -> Option<Option<Status>> {
         if let Some(s) = worker.poll(self, POLL) {
             return Some(s);
         }
         worker.wake();
+        let mut nudged = Instant::now();
         let mut s = lock(&self.state);
         while s.0 > 0 {
-            let mut wait = Duration::from_millis(50);
+            let mut wait = slice;
             if let Some(d) = deadline {
                 wait = wait.min(d.saturating_duration_since(Instant::now()));
                 if wait.is_zero() {
@@ -89,13 +144,18 @@ impl Batch {
                 .unwrap_or_else(|e| e.into_inner());
             s = g;
             if t.timed_out() {
-                // The progress task would have seen the end by now, unless
-                // it cannot run: its runtime's threads are busy or blocked
-                // (an async caller waiting synchronously for this very
-                // copy to stop, say). Progress here too, then wake it.
                 drop(s);
-                worker.progress_all();
-                worker.wake();
+                tick();
+                if nudged.elapsed() >= NUDGE {
+                    // The progress task would have seen the end by now,
+                    // unless it cannot run: its runtime's threads are busy
+                    // or blocked (an async caller waiting synchronously
+                    // for this very copy to stop, say). Progress here
+                    // too, then wake it.
+                    worker.progress_all();
+                    worker.wake();
+                    nudged = Instant::now();
+                }
                 s = lock(&self.state);
             }
         }
@@ -111,7 +171,7 @@ impl Batch {
 ///
 /// `dst` must be valid for writes of `n` bytes, and `rkey` a key unpacked
 /// on `ep` and not destroyed, until `batch` has no request in flight
-/// (`Batch::wait` or `Batch::poll` says so): UCX writes into `dst` and
+/// (`Batch::wait_until`, `Batch::wait_or_recall` or `Batch::poll` says so): UCX writes into `dst` and
 /// reads the key until the get ends.
 pub(crate) unsafe fn post_get(
     ep: &Endpoint,

@@ -2,7 +2,7 @@
 //! process lends a registered buffer, the other times `ucp_get_nbx` of it,
 //! with no Ferry protocol around them. The same context (one `libucp`
 //! loaded per process), the same worker set-up, endpoints, keys and get
-//! completion as the UCX backend's, and the same wait (`Batch::wait`: the
+//! completion as the UCX backend's, and the same wait (`Batch::wait_until`: the
 //! waiting thread polls the worker for a while, then sleeps until the
 //! worker's progress task sees the end).
 //!

@@ -21,10 +21,11 @@ use ferry_proto::DeviceKind;
 use tokio::runtime::Runtime;
 use tokio::sync::watch;
 
-use super::{UcxPuller, PULL_CHUNK};
+use super::{UcxPuller, PULL_CHUNK, RECALL_AFTER};
 use crate::region::Region;
 use crate::transport::pull::conformance::{
-    conformance_tests, host_source, Applies, Backend, Mortal, Source, Stalled,
+    conformance_tests, destination, host_source, op, recalled, Applies, Backend, Mortal, Source,
+    Stalled, FILL,
 };
 use crate::transport::pull::Lane;
 use crate::transport::ucx::{self, Endpoint, Worker};
@@ -247,4 +248,61 @@ fn ucx_declares_host_and_device_memory() {
     assert!(caps.lends.host && caps.pulls_into.host);
     let cuda = ucx::moves_cuda();
     assert!(caps.lends.device == cuda && caps.pulls_into.device == cuda);
+}
+
+/// A close that meets a get the source does not answer (its worker held,
+/// as a stopped process's would be): the pull recalls it (the endpoint
+/// closed) within [`RECALL_AFTER`] and a little, *while the source is
+/// still held*, and ends `Failed` (`Recalled`, connection scope),
+/// unsealed; the copy has returned, so the memory goes back to its owner,
+/// and nothing past the held chunk landed, also once the source runs again.
+#[test]
+fn a_close_recalls_a_get_the_source_holds() {
+    let b = UcxBackend::default();
+    if let Some(why) = b.absent() {
+        return eprintln!("skipped: {why}");
+    }
+    let len = 4 * PULL_CHUNK as usize;
+    let Stalled {
+        source,
+        stuck,
+        release,
+    } = match b.stalled_source(len) {
+        Ok(s) => s,
+        Err(why) => return eprintln!("skipped: {why}"),
+    };
+    let dst = destination(&[len], DeviceKind::Cpu);
+    let shared = op();
+    let (peer, lease) = (source.peer(), &source.lease);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (ended, took) = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let _ = tx.send(b.0.pull(peer, lease, &dst.region, &shared));
+        });
+        stuck(&dst.region);
+        let t = Instant::now();
+        dst.region.close();
+        let ended = rx.recv_timeout(RECALL_AFTER + Duration::from_secs(5));
+        let took = t.elapsed();
+        // Always, so that a pull that did not return does now.
+        release();
+        (ended, took)
+    });
+    let end = ended.expect("the pull did not return while the source was held");
+    assert!(recalled(&end), "the pull ended {end:?}");
+    assert!(took >= RECALL_AFTER, "recalled after {took:?}");
+    assert!(!shared.is_sealed());
+    assert!(dst.region.is_quiet(), "the recalled get is still counted");
+    assert!(
+        peer.with_raw(|_| ()).is_none(),
+        "the endpoint is still open"
+    );
+    let before = dst.bytes(0).into_owned();
+    assert!(
+        before[PULL_CHUNK as usize..].iter().all(|&x| x == FILL),
+        "bytes past the held chunk landed"
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(dst.bytes(0) == before, "bytes changed after the recall");
+    drop(source);
 }
