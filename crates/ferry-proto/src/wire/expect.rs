@@ -22,17 +22,15 @@ pub enum FrameType {
     Auth,
     /// [`Lease`].
     Lease,
-    /// [`Attach`].
-    Attach,
     /// [`Message::Release`].
     Release,
-    /// [`Rdma`].
-    Rdma,
+    /// [`LaneOffer`].
+    LaneOffer,
 }
 
 impl FrameType {
     /// Every frame type.
-    pub const ALL: [FrameType; 10] = [
+    pub const ALL: [FrameType; 9] = [
         FrameType::Hello,
         FrameType::Open,
         FrameType::Data,
@@ -40,9 +38,8 @@ impl FrameType {
         FrameType::Abort,
         FrameType::Auth,
         FrameType::Lease,
-        FrameType::Attach,
         FrameType::Release,
-        FrameType::Rdma,
+        FrameType::LaneOffer,
     ];
 
     /// The type with wire number `ty` (checked by [`decode_header`]).
@@ -55,9 +52,8 @@ impl FrameType {
             T_ABORT => FrameType::Abort,
             T_AUTH => FrameType::Auth,
             T_LEASE => FrameType::Lease,
-            T_ATTACH => FrameType::Attach,
             T_RELEASE => FrameType::Release,
-            T_RDMA => FrameType::Rdma,
+            T_LANE_OFFER => FrameType::LaneOffer,
             _ => return None,
         })
     }
@@ -72,9 +68,8 @@ impl FrameType {
             FrameType::Abort => T_ABORT,
             FrameType::Auth => T_AUTH,
             FrameType::Lease => T_LEASE,
-            FrameType::Attach => T_ATTACH,
             FrameType::Release => T_RELEASE,
-            FrameType::Rdma => T_RDMA,
+            FrameType::LaneOffer => T_LANE_OFFER,
         }
     }
 
@@ -104,9 +99,8 @@ impl fmt::Display for FrameType {
             FrameType::Abort => "abort",
             FrameType::Auth => "auth",
             FrameType::Lease => "lease",
-            FrameType::Attach => "attach",
             FrameType::Release => "release",
-            FrameType::Rdma => "rdma",
+            FrameType::LaneOffer => "lane offer",
         };
         f.write_str(name)
     }
@@ -123,15 +117,14 @@ impl fmt::Display for FrameType {
 /// | a connection's first frame, either side | [`HELLO`](Self::HELLO) |
 /// | passive side with a secret, after the hellos | [`AUTH`](Self::AUTH) |
 /// | active side with a secret, after the hellos | [`AUTH_ANSWER`](Self::AUTH_ANSWER) |
-/// | active side, each answer of the attach exchange | [`ATTACH_ANSWER`](Self::ATTACH_ANSWER) |
-/// | active side, the answer of the RDMA set-up | [`RDMA_ANSWER`](Self::RDMA_ANSWER) |
+/// | active side, each answer of a lane's set-up | [`LANE_ANSWER`](Self::LANE_ANSWER) |
 /// | after the handshake | [`ANY`](Self::ANY) (the session refuses what it must) |
 ///
 /// ```
 /// use ferry_proto::wire::{Expect, FrameType};
 /// assert!(Expect::AUTH.allows(FrameType::Auth));
 /// assert!(!Expect::AUTH.allows(FrameType::Lease));
-/// assert!(Expect::ATTACH_ANSWER.allows(FrameType::Abort));
+/// assert!(Expect::LANE_ANSWER.allows(FrameType::Abort));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Expect(u16);
@@ -147,10 +140,8 @@ impl Expect {
     /// The active side with a secret, after the hellos: the passive side's
     /// answer, or its refusal.
     pub const AUTH_ANSWER: Expect = Expect::only(&[FrameType::Auth, FrameType::Abort]);
-    /// The active side, during the attach exchange.
-    pub const ATTACH_ANSWER: Expect = Expect::only(&[FrameType::Attach, FrameType::Abort]);
-    /// The active side, during the RDMA set-up.
-    pub const RDMA_ANSWER: Expect = Expect::only(&[FrameType::Rdma, FrameType::Abort]);
+    /// The active side, during a lane's set-up ([`LaneOffer`]).
+    pub const LANE_ANSWER: Expect = Expect::only(&[FrameType::LaneOffer, FrameType::Abort]);
 
     /// Exactly `types`.
     pub const fn only(types: &[FrameType]) -> Expect {
@@ -196,6 +187,8 @@ mod tests {
             }
         }
         assert_eq!(FrameType::of(0), None);
-        assert_eq!(FrameType::of(11), None);
+        assert_eq!(FrameType::of(12), None);
+        assert_eq!(FrameType::of(8), None);
+        assert_eq!(FrameType::of(10), None);
     }
 }

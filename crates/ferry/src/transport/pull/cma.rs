@@ -323,6 +323,8 @@ fn merged(ranges: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
     out
 }
 
+pub(crate) mod offer;
+
 #[cfg(all(test, target_os = "linux"))]
 #[path = "../../../tests/support/uffd.rs"]
 pub(super) mod uffd;

@@ -181,13 +181,14 @@ impl Peers {
         self.network.store(true, Ordering::Release);
     }
 
-    /// What the connection proved, with the session's `caps` (what both
-    /// sides offered of device memory).
+    /// What the connection proved, with the session's `caps` (whether
+    /// both sides move device memory by the lane they set up).
     pub(crate) fn proven(&self, caps: &Caps) -> Proven {
+        let network = self.network.load(Ordering::Acquire);
         Proven {
-            network: self.network.load(Ordering::Acquire),
-            network_device: caps.ucx_cuda,
-            host_device: caps.cuda_ipc,
+            network,
+            network_device: network && caps.device,
+            host_device: !network && caps.device,
             same_process: self.process.get().is_some_and(|p| p.pid() == cma::pid()),
         }
     }
@@ -251,7 +252,7 @@ mod tests {
         assert_eq!(ids, [LaneId::CMA, LaneId::CUDA_IPC]);
         let peers = Peers::default();
         let caps = Caps {
-            cuda_ipc: true,
+            device: true,
             ..Caps::default()
         };
         // No process proven: nothing is copied, the connection ends.

@@ -385,6 +385,7 @@ fn ranges(segs: &[(u64, u64)]) -> Vec<(u64, u64)> {
 
 #[cfg(test)]
 mod conformance;
+pub(crate) mod offer;
 
 #[cfg(test)]
 mod tests {

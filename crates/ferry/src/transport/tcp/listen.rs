@@ -11,6 +11,7 @@ use crate::auth::Secret;
 use crate::metrics::ConnMeter;
 use crate::transport::admission::{Activity, Admission, Grouping};
 use crate::transport::api::{Config, Host};
+use crate::transport::pull::exchange::OFFERED;
 use crate::Result;
 
 use super::conn::*;
@@ -137,7 +138,8 @@ pub(super) async fn listen(
                 secret: inner.host.secret.is_some(),
                 ..Caps::default()
             };
-            let session = Session::new(Role::Passive, caps);
+            let mut session = Session::new(Role::Passive, caps);
+            session.set_lanes(&OFFERED);
             let conn = Conn::new(peer, w, inner.host.handle.clone(), session, inner.lanes);
             // Closed if it must make room while it carries no live
             // operation (see `admission.rs`).
