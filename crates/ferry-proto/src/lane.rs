@@ -150,7 +150,7 @@ impl LaneCaps {
 /// What a connection proved about its peer, as the planner needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Proven {
-    /// A network lane was set up on this connection (the `Rdma` exchange):
+    /// A network lane was set up on this connection (UCX's offers):
     /// it lends and pulls instead of the host lanes (a connection sets up
     /// one or the other).
     pub network: bool,

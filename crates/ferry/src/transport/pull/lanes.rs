@@ -7,7 +7,9 @@
 //! the lane it named.
 //!
 //! A new lane is a file of its own in this folder, a line in
-//! [`Lanes::offered`] and an arm in each `match` on a lane's id here.
+//! [`Lanes::offered`] and an arm in each `match` on a lane's id here (and,
+//! where it proves its peer with offers of its own, an arm in
+//! `exchange.rs`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
