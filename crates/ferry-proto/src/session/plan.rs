@@ -335,6 +335,12 @@ mod tests {
             reach,
             within_process,
             failure: FailureScope::Connection,
+            // CUDA IPC rides on cross-memory attach's proof.
+            proven_by: if id == LaneId::UCX {
+                LaneId::UCX
+            } else {
+                LaneId::CMA
+            },
         };
         let offered = [
             lane(
@@ -360,9 +366,8 @@ mod tests {
             ),
         ];
         let proven = Proven {
-            network,
-            network_device: gpu,
-            host_device: gpu,
+            proved_by: Some(if network { LaneId::UCX } else { LaneId::CMA }),
+            device: gpu,
             same_process: false,
         };
         LaneSet::agreed(&offered, &proven)

@@ -57,6 +57,7 @@ impl Lane for CmaPuller {
             reach: Reach::Host,
             within_process: true,
             failure: SCOPE,
+            proven_by: LaneId::CMA,
         }
     }
 

@@ -11,7 +11,6 @@
 //! where it proves its peer with offers of its own, an arm in
 //! `exchange.rs`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use ferry_proto::lane::{FailureScope, LaneCaps, LaneId, LaneSet, Proven};
@@ -172,25 +171,23 @@ pub(crate) struct Peers {
     ipc: OnceLock<Arc<IpcPeer>>,
     /// An endpoint to the peer's UCX worker, once this side reached it.
     pub(crate) ucx: OnceLock<Arc<Endpoint>>,
-    /// A network lane (UCX) was set up: it lends and pulls on this
-    /// connection instead of the host lanes.
-    network: AtomicBool,
+    /// The lane whose offers proved a way on this connection (its lanes,
+    /// [`LaneCaps::proven_by`], lend and pull on it).
+    proved: OnceLock<LaneId>,
 }
 
 impl Peers {
-    /// The connection set up a network lane (UCX).
-    pub(crate) fn set_network(&self) {
-        self.network.store(true, Ordering::Release);
+    /// Lane `id`'s offers proved that a side can copy from the other.
+    pub(crate) fn set_proved(&self, id: LaneId) {
+        let _ = self.proved.set(id);
     }
 
     /// What the connection proved, with the session's `caps` (whether
     /// both sides move device memory by the lane they set up).
     pub(crate) fn proven(&self, caps: &Caps) -> Proven {
-        let network = self.network.load(Ordering::Acquire);
         Proven {
-            network,
-            network_device: network && caps.device,
-            host_device: !network && caps.device,
+            proved_by: self.proved.get().copied(),
+            device: caps.device,
             same_process: self.process.get().is_some_and(|p| p.pid() == cma::pid()),
         }
     }
@@ -269,6 +266,7 @@ mod tests {
         // connection.
         let me = cma::Peer::open(cma::pid()).expect("attach to this process");
         let _ = peers.process.set(Arc::new(me));
+        peers.set_proved(LaneId::CMA);
         let agreed = lanes.agreed(&peers.proven(&caps));
         assert!(matches!(
             peers.for_lane(LaneId::CMA, &agreed),

@@ -61,6 +61,7 @@ pub(crate) trait LaneOffers: Sized + Send {
         bytes: &[u8],
     ) -> impl std::future::Future<Output = Result<LaneAnswer, WireError>> + Send;
     /// What the exchange proved, kept with the connection (once it
-    /// settled).
+    /// settled; the driver notes which lane proved a way:
+    /// `Peers::set_proved`).
     fn keep(self, kept: Kept<'_>);
 }

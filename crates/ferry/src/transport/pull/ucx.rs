@@ -148,6 +148,7 @@ impl Lane for UcxPuller {
             reach: Reach::Network,
             within_process: true,
             failure: SCOPE,
+            proven_by: LaneId::UCX,
         }
     }
 

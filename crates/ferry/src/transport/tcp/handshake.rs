@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use ferry_proto::lane::LaneId;
-use ferry_proto::session::{Caps, Role, Session, Step};
+use ferry_proto::session::{Caps, LaneProof, Role, Session, Step};
 use ferry_proto::wire::{self, AbortReason, Auth, Expect, Hello, Message};
 use ferry_proto::RdmaMetadata;
 use tokio::net::TcpStream;
@@ -195,15 +195,19 @@ pub(super) async fn handshake(
             let Some(m) = set_up.session.lane_open(id, first) else {
                 break;
             };
-            settled.push(set_up.run(id, exchange, m).await?);
+            let (exchange, proof) = set_up.run(id, exchange, m).await?;
+            settled.push((id, exchange, proof));
         }
     }
     let conn = Conn::new(peer, w, cfg.handle.clone(), session, cfg.lanes);
-    for exchange in settled {
+    for (id, exchange, proof) in settled {
         exchange.keep(Kept {
             peers: &conn.peers,
             cookie: &conn.cookie,
         });
+        if proof.proves_any() {
+            conn.peers.set_proved(id);
+        }
     }
     if let Some(t) = tuple {
         let _ = conn.tuple.set(t);
@@ -232,13 +236,14 @@ struct SetUp<'a> {
 
 impl SetUp<'_> {
     /// Sends `first` (lane `id`'s round 0), then carries the exchange until
-    /// the lane settles: the exchange, to keep with the connection.
+    /// the lane settles: the exchange, to keep with the connection, and
+    /// what it proved.
     async fn run(
         &mut self,
         id: LaneId,
         mut exchange: Exchange,
         first: Message,
-    ) -> Result<Exchange> {
+    ) -> Result<(Exchange, LaneProof)> {
         let mut out = Some(first);
         loop {
             if let Some(m) = out.take() {
@@ -249,13 +254,13 @@ impl SetUp<'_> {
                 .accept(round, &bytes)
                 .await
                 .map_err(|e| self.misbehaved(PeerMisbehaved::Wire(e)))?;
-            let done = answer.settled.is_some();
+            let settled = answer.settled;
             out = self.session.lane_answered(lane, answer);
-            if done {
+            if let Some(proof) = settled {
                 if let Some(m) = out.take() {
                     self.send(m).await?;
                 }
-                return Ok(exchange);
+                return Ok((exchange, proof));
             }
         }
     }

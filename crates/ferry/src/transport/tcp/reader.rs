@@ -216,11 +216,14 @@ async fn answer_offer(
         }
     };
     let answer = exchange.accept(round, bytes).await?;
-    if answer.settled.is_some() {
+    if let Some(proof) = answer.settled {
         exchange.keep(Kept {
             peers: &conn.peers,
             cookie: &conn.cookie,
         });
+        if proof.proves_any() {
+            conn.peers.set_proved(lane);
+        }
     } else {
         *lock(&conn.exchange) = Some(exchange);
     }

@@ -90,8 +90,6 @@ pub(crate) struct UcxExchange {
     ep: Option<Endpoint>,
     /// Both sides' UCX moves CUDA memory, and this side reached the peer.
     device: bool,
-    /// Whether the peer proved it can copy from this side.
-    peer_pulls: bool,
 }
 
 impl UcxExchange {
@@ -103,7 +101,6 @@ impl UcxExchange {
             cuda: ucx::moves_cuda(),
             ep: None,
             device: false,
-            peer_pulls: false,
         }
     }
 
@@ -125,8 +122,7 @@ impl UcxExchange {
         }
     }
 
-    fn proof(&mut self, peer_pulls: bool) -> LaneProof {
-        self.peer_pulls = peer_pulls;
+    fn proof(&self, peer_pulls: bool) -> LaneProof {
         LaneProof {
             can_pull: self.ep.is_some(),
             peer_pulls,
@@ -225,14 +221,8 @@ impl LaneOffers for UcxExchange {
     }
 
     fn keep(self, kept: Kept<'_>) {
-        // Set up (either way): it lends and pulls instead of the host
-        // lanes.
-        let set_up = self.ep.is_some() || self.peer_pulls;
         if let Some(ep) = self.ep {
             let _ = kept.peers.ucx.set(Arc::new(ep));
-        }
-        if set_up {
-            kept.peers.set_network();
         }
     }
 }
