@@ -137,6 +137,9 @@ pub struct LaneCaps {
     pub within_process: bool,
     /// What a failed pull ends.
     pub failure: FailureScope,
+    /// The lane whose offers prove a peer for it: itself, or the lane it
+    /// rides on (CUDA IPC on cross-memory attach's proof).
+    pub proven_by: LaneId,
 }
 
 impl LaneCaps {
@@ -150,15 +153,12 @@ impl LaneCaps {
 /// What a connection proved about its peer, as the planner needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Proven {
-    /// A network lane was set up on this connection (the `Rdma` exchange):
-    /// it lends and pulls instead of the host lanes (a connection sets up
-    /// one or the other).
-    pub network: bool,
-    /// A network lane's device memory: both sides' network lane moves it.
-    pub network_device: bool,
-    /// Both processes offered device memory over the host lanes (the
-    /// `cuda_ipc` bit of the attach exchange).
-    pub host_device: bool,
+    /// The lane whose offers proved that a side can copy from the other
+    /// (a connection proves one: the session sets up no lane after one
+    /// proved a way); `None`: none did.
+    pub proved_by: Option<LaneId>,
+    /// Both sides move device memory by the lanes that proof serves.
+    pub device: bool,
     /// The peer is this very process.
     pub same_process: bool,
 }
@@ -172,23 +172,18 @@ pub struct LaneSet {
 
 impl LaneSet {
     /// The lanes of `offered` (this process's, in order of preference) that
-    /// the connection proved (`proven`): the network lanes where one was set
-    /// up, else the host lanes; device memory only where both sides move
-    /// it; no lane that cannot move memory within one process on a
-    /// connection to itself.
+    /// the connection proved (`proven`): those whose peer the proving
+    /// lane's offers prove ([`LaneCaps::proven_by`]); device memory only
+    /// where both sides move it; no lane that cannot move memory within
+    /// one process on a connection to itself.
     pub fn agreed(offered: &[LaneCaps], proven: &Proven) -> LaneSet {
         let lanes = offered
             .iter()
-            .filter(|c| (c.reach == Reach::Network) == proven.network)
+            .filter(|c| proven.proved_by == Some(c.proven_by))
             .filter(|c| c.within_process || !proven.same_process)
             .filter_map(|c| {
-                let both = if proven.network {
-                    proven.network_device
-                } else {
-                    proven.host_device
-                };
                 let mut c = *c;
-                if !both {
+                if !proven.device {
                     c.lends.device = false;
                     c.pulls_into.device = false;
                 }
@@ -245,6 +240,7 @@ mod tests {
             reach: Reach::Host,
             within_process: true,
             failure: FailureScope::Connection,
+            proven_by: LaneId::CMA,
         }
     }
 
@@ -256,6 +252,7 @@ mod tests {
             reach: Reach::Host,
             within_process: false,
             failure: FailureScope::Request,
+            proven_by: LaneId::CMA,
         }
     }
 
@@ -267,6 +264,7 @@ mod tests {
             reach: Reach::Network,
             within_process: true,
             failure: FailureScope::Connection,
+            proven_by: LaneId::UCX,
         }
     }
 
@@ -275,7 +273,8 @@ mod tests {
         use Mem::{Device, Host};
         let offered = [host_lane(), net_lane(), gpu_lane()];
         let attach = Proven {
-            host_device: true,
+            proved_by: Some(LaneId::CMA),
+            device: true,
             ..Proven::default()
         };
         let s = LaneSet::agreed(&offered, &attach);
@@ -285,9 +284,18 @@ mod tests {
         assert_eq!(s.carrying(Host, Device), None);
         assert!(!s.reaches_network());
         // Device memory only where both offered it.
-        let s = LaneSet::agreed(&offered, &Proven::default());
+        let host_only = Proven {
+            device: false,
+            ..attach
+        };
+        let s = LaneSet::agreed(&offered, &host_only);
         assert_eq!(s.lending(Device), None);
         assert_eq!(s.lending(Host), Some(LaneId::CMA));
+        // Nothing proved, no lane.
+        assert_eq!(
+            LaneSet::agreed(&offered, &Proven::default()),
+            LaneSet::default()
+        );
         // Not to itself by a lane that cannot.
         let itself = Proven {
             same_process: true,
@@ -299,8 +307,8 @@ mod tests {
         // A network lane replaces the host lanes; device memory where both
         // sides' lane moves it.
         let net = Proven {
-            network: true,
-            host_device: true,
+            proved_by: Some(LaneId::UCX),
+            device: false,
             ..Proven::default()
         };
         let s = LaneSet::agreed(&offered, &net);
@@ -311,7 +319,7 @@ mod tests {
         let s = LaneSet::agreed(
             &offered,
             &Proven {
-                network_device: true,
+                device: true,
                 ..net
             },
         );

@@ -448,8 +448,7 @@ mod tests {
         can_pull: true,
         peer_pulls: true,
         secret: false,
-        cuda_ipc: true,
-        ucx_cuda: false,
+        device: true,
     };
 
     /// An exposure of device memory (a made-up address, never touched)

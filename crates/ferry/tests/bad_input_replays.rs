@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use ferry::{AbortReason, Error, OperationKind, OperationStatus};
-use ferry_proto::wire::{self, Abort, Hello, Lease, Message, Verdict, PROTOCOL_VERSION};
+use ferry_proto::wire::{self, Abort, Hello, Lease, Message, PROTOCOL_VERSION};
 use tokio::io::AsyncWriteExt;
 use tokio::time::timeout;
 

@@ -25,7 +25,7 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ferry::{Error, OperationKind, OperationStatus, RdmaMetadata, TransportKind};
-use ferry_proto::wire::{Attach, Lease, Message, Open, Verdict};
+use ferry_proto::wire::{Lease, Message, Open};
 
 /// What untouched exposed memory holds.
 const UNTOUCHED: u8 = 0xEE;
@@ -87,9 +87,9 @@ fn drain(mut out: BufReader<ChildStdout>) {
 impl Wire {
     fn expect_attach(&mut self) -> Option<Attach> {
         match self.next() {
-            Some(Message::Attach(a)) => Some(a),
+            Some(m) if Attach::of(&m).is_some() => Attach::of(&m),
             None => None,
-            Some(other) => panic!("expected an attach frame, got {other:?}"),
+            Some(other) => panic!("expected an attach offer, got {other:?}"),
         }
     }
 
@@ -536,7 +536,7 @@ const PROBE_TIMEOUT_MS: u64 = 300;
 
 mod support;
 use support::hand::{active_cookie, Wire};
-use support::{attach, attaching_connector, sizes_of, uffd};
+use support::{attach, attaching_connector, sizes_of, uffd, Attach, Verdict};
 
 /// One page of this process that never arrives (registered with
 /// `userfaultfd` for missing pages, and never served); `None` (with the

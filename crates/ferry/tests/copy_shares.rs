@@ -27,11 +27,11 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use ferry::{AbortReason, Connector, OperationKind, RdmaMetadata, TransportKind};
-use ferry_proto::wire::{Lease, Message, Open, Verdict};
+use ferry_proto::wire::{Lease, Message, Open};
 
 mod support;
 use support::hand::{active_cookie, Wire};
-use support::{attach, attaching_connector, pattern, sizes_of, uffd};
+use support::{attach, attaching_connector, pattern, sizes_of, uffd, Attach, Verdict};
 
 /// The library's bounds (`stall.rs`): copies per connection, per peer
 /// process, in the whole process.
@@ -52,7 +52,7 @@ const PROBER: &str = "FERRY_TEST_SHARE_PROBER";
 impl Wire {
     fn verdict(&mut self) -> Option<Verdict> {
         match self.next() {
-            Some(Message::Attach(a)) => Some(a.verdict),
+            Some(m) => Attach::of(&m).map(|a| a.verdict),
             _ => None,
         }
     }
@@ -64,7 +64,7 @@ impl Wire {
         let (act, pas) = (self.s.local_addr().unwrap(), self.s.peer_addr().unwrap());
         self.send(&attach(std::process::id(), 0, nonce, Verdict::Unknown));
         let offered = match self.next() {
-            Some(Message::Attach(a)) => a,
+            Some(m) if Attach::of(&m).is_some() => Attach::of(&m).unwrap(),
             other => panic!("expected the connector's offer, got {other:?}"),
         };
         assert_ne!(offered.pid, 0, "the connector offers attach on loopback");

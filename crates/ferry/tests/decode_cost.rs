@@ -30,9 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ferry::{Connector, Device, OperationKind, RdmaMetadata};
-use ferry_proto::wire::{
-    self, Abort, AbortReason, Attach, Auth, Data, Hello, Message, Rdma, Verdict,
-};
+use ferry_proto::wire::{self, Abort, AbortReason, Auth, Data, Hello, LaneOffer, Message};
 use ferry_proto::{DescriptorInfo, Token};
 
 /// The victim's allowance per connection: its tables, its buffers, the
@@ -214,23 +212,21 @@ fn frames(op_id: u64) -> Vec<(&'static str, Vec<u8>)> {
         ("lease: runs of 2^20", lease(None)),
         ("lease: 4,096 addresses", lease(Some(4096))),
         (
-            "attach",
-            Message::Attach(Attach {
-                pid: 0,
-                addr: 0,
-                cookie: [1; 16],
-                verdict: Verdict::Unknown,
-                cuda_ipc: false,
+            "lane offer: cma",
+            Message::LaneOffer(LaneOffer {
+                lane: ferry_proto::lane::LaneId::CMA,
+                round: 0,
+                bytes: vec![1; 30],
             })
             .to_vec(),
         ),
         ("release", Message::Release { req: 7 }.to_vec()),
         (
-            "rdma",
-            Message::Rdma(Rdma {
-                address: vec![5; 64 * 1024],
-                verdict: Verdict::Unknown,
-                cuda: false,
+            "lane offer: the longest",
+            Message::LaneOffer(LaneOffer {
+                lane: ferry_proto::lane::LaneId::UCX,
+                round: 0,
+                bytes: vec![5; wire::MAX_LANE_OFFER],
             })
             .to_vec(),
         ),

@@ -1,5 +1,5 @@
 //! GPU memory over UCX: lent and pulled through UCX where both processes'
-//! UCX moves CUDA memory (they say so in the `Rdma` exchange), staged in
+//! UCX moves CUDA memory (they say so in their UCX offers), staged in
 //! band over TCP where one does not.
 //!
 //! Runs on any machine with UCX (Debian's `libucx0`; skipped with the

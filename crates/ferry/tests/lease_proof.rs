@@ -2,7 +2,7 @@
 //!
 //! A lease of host memory names the source's heap addresses. Before the
 //! fix, a same-host peer that merely *said* it could copy (`Verdict::CanPull`
-//! in its last `Attach` frame) received one, whether or not it had read
+//! in its last attach offer) received one, whether or not it had read
 //! anything: the verdict was the peer's word. Now each side places, next to
 //! its cookie, 16 random bytes of this connection, and a peer's `CanPull`
 //! counts only if it echoes them: it read this process's memory (which needs
@@ -19,14 +19,14 @@
 //! (the control, in the first test).
 
 use ferry::{OperationKind, RdmaMetadata};
-use ferry_proto::wire::{Attach, Hello, Message, Verdict, PROTOCOL_VERSION};
+use ferry_proto::wire::{Hello, Message, PROTOCOL_VERSION};
 use ferry_proto::{DescriptorInfo, Token};
 
 mod support;
 use support::hand::active_cookie;
 use support::{
-    assert_no_library_panic, attach, attaching_connector, expect_attach, open_frame, pattern,
-    within, Raw, FAKE_WORKER,
+    assert_no_library_panic, attach, attach_round, attaching_connector, expect_attach, open_frame,
+    pattern, within, Attach, Raw, Verdict, FAKE_WORKER,
 };
 
 const SIZE: usize = 256 << 10;
@@ -207,10 +207,12 @@ async fn a_passive_peer_that_only_claims_it_can_pull_gets_no_addresses() {
         let nonce = expect_attach(&mut r).await;
         assert_eq!(nonce.verdict, Verdict::Unknown, "{nonce:?}");
         // Declines to be probed (pid 0), then says it can copy.
-        r.send(&attach(0, 0, [0; 16], Verdict::Unknown)).await;
+        r.send(&attach_round(1, 0, 0, [0; 16], Verdict::Unknown))
+            .await;
         let theirs = expect_attach(&mut r).await;
         assert_eq!(theirs.verdict, Verdict::Refused, "{theirs:?}");
-        r.send(&attach(0, 0, [0; 16], Verdict::CanPull)).await;
+        r.send(&attach_round(3, 0, 0, [0; 16], Verdict::CanPull))
+            .await;
         let mut got = Vec::new();
         let mut bytes = Vec::new();
         while bytes.len() < SIZE {

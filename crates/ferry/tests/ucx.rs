@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use ferry::{Connector, Error, OperationStatus, TransportKind};
-use ferry_proto::wire::{Message, Rdma, Verdict};
+use ferry_proto::lane::LaneId;
+use ferry_proto::wire::{LaneOffer, Message};
 
 #[path = "support/spawned.rs"]
 mod spawned;
@@ -136,16 +137,12 @@ async fn garbage_worker_addresses_are_declined() {
         .enumerate()
     {
         let mut r = Raw::connect(&target).await;
-        r.send(&Message::Rdma(Rdma {
-            address,
-            verdict: Verdict::Unknown,
-            cuda: false,
-        }))
-        .await;
+        r.send(&ucx_offer(&address)).await;
         match tokio::time::timeout(Duration::from_secs(10), r.next()).await {
-            Ok(Some((Message::Rdma(a), _))) => {
-                assert_eq!(a.verdict, Verdict::Refused, "case {i}: {a:?}");
-                assert!(a.address.is_empty(), "case {i}");
+            Ok(Some((Message::LaneOffer(a), _))) => {
+                // Refused: no address, verdict 2, no CUDA memory.
+                assert_eq!((a.lane, a.round), (LaneId::UCX, 1), "case {i}");
+                assert_eq!(a.bytes, [0, 0, 0, 0, 2, 0], "case {i}: {a:?}");
             }
             Ok(None) => {}
             other => panic!("case {i}: {other:?}"),
@@ -154,15 +151,23 @@ async fn garbage_worker_addresses_are_declined() {
     // An offer, then a second offer: out of turn, the connection closes.
     let mut r = Raw::connect(&target).await;
     for _ in 0..2 {
-        r.send(&Message::Rdma(Rdma {
-            address: noise(100, 3),
-            verdict: Verdict::Unknown,
-            cuda: false,
-        }))
-        .await;
+        r.send(&ucx_offer(&noise(100, 3))).await;
     }
     r.closed().await;
     legit_transfers_still_work(&target).await;
+}
+
+/// UCX's first offer (round 0): the worker `address`, verdict unknown, no
+/// CUDA memory, as these tests write it.
+fn ucx_offer(address: &[u8]) -> Message {
+    let mut bytes = (address.len() as u32).to_le_bytes().to_vec();
+    bytes.extend_from_slice(address);
+    bytes.extend_from_slice(&[0, 0]);
+    Message::LaneOffer(LaneOffer {
+        lane: LaneId::UCX,
+        round: 0,
+        bytes,
+    })
 }
 
 /// UCX is set up between workers that authenticated with the shared

@@ -2,7 +2,7 @@
 //! frame ([`Step`]), the work it queues ([`Action`]), and how an active
 //! request begins ([`Start`]).
 
-use super::Nonces;
+use crate::lane::LaneId;
 use crate::wire::{AbortReason, Message, Open};
 use crate::{Cursor, OperationKind, Token};
 
@@ -61,27 +61,16 @@ pub enum Step<T> {
     /// Check the request's capability against the exposure table, then
     /// call [`Session::bound`](super::Session::bound).
     CheckGrant(Open),
-    /// Make the attach offer for the active side's `nonce` (or decline),
-    /// send it, then call [`Session::attach_offered`](super::Session::attach_offered).
-    AttachOffer {
-        /// The active side's nonce.
-        nonce: [u8; 16],
-    },
-    /// Reach the peer's RDMA worker at `address` (if RDMA is enabled here),
-    /// then call [`Session::rdma_answered`](super::Session::rdma_answered)
-    /// and send its answer.
-    RdmaOffer {
-        /// The active side's worker address.
-        address: Vec<u8>,
-    },
-    /// Probe the peer's cookie, then call [`Session::attach_verified`](super::Session::attach_verified).
-    AttachVerify {
-        /// Both nonces (`None`: this side declined; nothing to probe).
-        nonces: Option<Nonces>,
-        /// The peer's pid.
-        pid: u32,
-        /// Where its cookie lies.
-        addr: u64,
+    /// The peer's offer of round `round` in lane `lane`'s set-up: the
+    /// lane's code reads it and answers through
+    /// [`Session::lane_answered`](super::Session::lane_answered).
+    LaneOffer {
+        /// The lane.
+        lane: LaneId,
+        /// The peer's round.
+        round: u8,
+        /// What the peer's lane offers (only the lane reads it).
+        bytes: Vec<u8>,
     },
 }
 

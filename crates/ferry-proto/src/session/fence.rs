@@ -41,25 +41,18 @@ pub struct Caps {
     pub peer_pulls: bool,
     /// The connection authenticated with a shared secret.
     pub secret: bool,
-    /// Both processes offered CUDA IPC in the attach exchange (each has a
-    /// CUDA driver that sees a device): device memory may be lent. A
-    /// passive session learns it in the attach exchange: the peer's offer
-    /// from its first `Attach`, this side's from
-    /// [`attach_offered`](super::Session::attach_offered).
-    pub cuda_ipc: bool,
-    /// Both sides' UCX moves CUDA memory, and UCX was set up on this
-    /// connection: device memory may be lent through it (GPUDirect RDMA
-    /// where a NIC reaches the GPU, UCX's CUDA IPC on one host). A
-    /// passive session learns it in the `Rdma` exchange: the peer's from
-    /// its offer, this side's from
-    /// [`rdma_answered`](super::Session::rdma_answered).
-    pub ucx_cuda: bool,
+    /// Both sides move device memory by the lane their exchange set up
+    /// (CUDA IPC offered by both with cross-memory attach; UCX that moves
+    /// CUDA memory on both sides): device memory may be lent. Each side
+    /// learns it when the lane's exchange settles
+    /// ([`LaneProof::device`](super::LaneProof::device)).
+    pub device: bool,
 }
 
 impl Caps {
     /// Device memory may be lent on this connection: by CUDA IPC, or
     /// through UCX.
     pub fn lends_device(&self) -> bool {
-        self.cuda_ipc || self.ucx_cuda
+        self.device
     }
 }

@@ -7,7 +7,7 @@
 //! lends its memory and the destination copies it). The rules that decide
 //! the outcome live here: who may send `Data`, when a `Finish` is
 //! premature, what a lease must look like, how the parts of a striped
-//! transfer confirm, and the order of the attach exchange. Each refusal is
+//! transfer confirm, and the order of the lanes' set-up. Each refusal is
 //! a typed [`Violation`].
 //!
 //! The memory itself stays with the driver: a request carries the
@@ -17,10 +17,10 @@
 //! stripe are done.
 
 mod action;
-mod attach;
 mod digest;
 mod fence;
 pub mod liveness;
+mod offer;
 mod plan;
 mod stripe;
 #[cfg(test)]
@@ -30,9 +30,9 @@ mod violation;
 use std::collections::{BTreeMap, VecDeque};
 
 pub use action::{Action, Last, OpenParams, Start, Step};
-pub use attach::{proves, AttachState, Nonces, RdmaState};
 pub use fence::{Caps, Fence};
 pub use liveness::{Liveness, Tick};
+pub use offer::{LaneAnswer, LaneProof, LaneState};
 pub use plan::{
     can_lend, device_refusal, lane_for, lends, plan, route, table_caps, Plan, Thresholds,
     DEVICE_MEMORY_BY_IPC_ONLY,
@@ -130,11 +130,8 @@ pub struct Session<T> {
     /// out (only then may the peer be copying it).
     lent: BTreeMap<u64, (T, bool)>,
     next_req: u64,
-    attach: AttachState,
-    /// The proof bytes this side placed next to its cookie (see
-    /// [`proves`]); zeros until it made its offer.
-    proof: [u8; 16],
-    rdma: RdmaState,
+    /// The lanes' set-up (see [`LaneOffer`](crate::wire::LaneOffer)).
+    lanes: offer::LaneStates,
     /// Leases go through an RDMA backend (see [`Session::rdma_leases`]).
     rdma_leases: bool,
     /// This side's integrity check is on (see [`Session::set_digest`]).
@@ -152,9 +149,7 @@ impl<T: Fence> Session<T> {
             requests: BTreeMap::new(),
             lent: BTreeMap::new(),
             next_req: 1,
-            attach: AttachState::default(),
-            proof: [0; 16],
-            rdma: RdmaState::default(),
+            lanes: offer::LaneStates::default(),
             rdma_leases: false,
             digest: false,
             actions: VecDeque::new(),
@@ -218,8 +213,7 @@ impl<T: Fence> Session<T> {
                 self.abort(0, v.abort_reason(), v.to_string());
                 Err(v)
             }
-            Message::Attach(a) => self.on_attach(a),
-            Message::Rdma(r) => self.on_rdma(r),
+            Message::LaneOffer(o) => self.on_lane_offer(o),
             Message::Open(o) => self.on_open(o),
             Message::Data(d) => {
                 let Some(r) = self.requests.get_mut(&d.req) else {
@@ -597,9 +591,9 @@ impl<T: Fence> Session<T> {
         }
     }
 
-    /// Leases on this connection go through an RDMA backend (the passive
-    /// side learns it from the `Rdma` exchange; the active side's driver
-    /// says it). There the source's memory may still be read by gets that
+    /// Leases on this connection go through an RDMA backend (each side
+    /// learns it from the lane's exchange: [`LaneProof::release_leases`];
+    /// a driver may also say it). There the source's memory may still be read by gets that
     /// the destination posted before it stopped, so a lease ends only with
     /// the destination's `Finish` or `Release`, sent once its copy has
     /// stopped ([`Session::pull_ended`]), never with an `Abort` from either

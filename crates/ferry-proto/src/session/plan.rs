@@ -123,7 +123,7 @@ pub fn route(
 /// The caps the passive side's exposure table checks device memory
 /// against on a connection whose lanes are `lanes`: where a lane reaches
 /// the network, nothing is lent by attach (that lane lends device memory
-/// where [`Caps::ucx_cuda`] says so).
+/// where [`Caps::device`] says so).
 pub fn table_caps(caps: Caps, lanes: &LaneSet) -> Caps {
     Caps {
         attach: caps.attach && !lanes.reaches_network(),
@@ -225,8 +225,7 @@ mod tests {
             can_pull,
             peer_pulls,
             secret: false,
-            cuda_ipc: true,
-            ucx_cuda: false,
+            device: true,
         }
     }
 
@@ -316,7 +315,7 @@ mod tests {
         assert!(device_refusal(&open(Write, true, 1), off).is_some());
         // Lent only where both processes offered CUDA IPC.
         let no_ipc = Caps {
-            cuda_ipc: false,
+            device: false,
             ..both
         };
         for kind in [Read, Write] {
@@ -336,6 +335,12 @@ mod tests {
             reach,
             within_process,
             failure: FailureScope::Connection,
+            // CUDA IPC rides on cross-memory attach's proof.
+            proven_by: if id == LaneId::UCX {
+                LaneId::UCX
+            } else {
+                LaneId::CMA
+            },
         };
         let offered = [
             lane(
@@ -361,9 +366,8 @@ mod tests {
             ),
         ];
         let proven = Proven {
-            network,
-            network_device: gpu,
-            host_device: gpu,
+            proved_by: Some(if network { LaneId::UCX } else { LaneId::CMA }),
+            device: gpu,
             same_process: false,
         };
         LaneSet::agreed(&offered, &proven)
@@ -476,7 +480,7 @@ mod tests {
         }
         // Device memory needs CUDA IPC offered by both; host memory not.
         let no_ipc = Caps {
-            cuda_ipc: false,
+            device: false,
             ..caps(true, true)
         };
         assert!(can_lend(&[1], false, no_ipc));

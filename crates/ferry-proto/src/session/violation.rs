@@ -18,19 +18,23 @@ pub enum Violation {
     /// An `Auth` sent to a worker that has no shared secret.
     #[error("this worker has no shared secret configured")]
     AuthWithoutSecret,
-    /// An `Attach` sent to the side that opened the connection.
-    #[error("unexpected attach")]
-    AttachToActiveSide,
-    /// An `Attach` out of the order of the four-frame exchange.
-    #[error("an attach frame out of turn")]
-    AttachOutOfTurn,
-    /// An `Rdma` frame sent to the side that opened the connection.
-    #[error("unexpected rdma set-up frame")]
-    RdmaToActiveSide,
-    /// An `Rdma` frame out of the order of its three-frame exchange, or on
-    /// a connection that set up cross-memory attach.
-    #[error("an rdma set-up frame out of turn")]
-    RdmaOutOfTurn,
+    /// A `LaneOffer` for a lane this side does not set up by offers.
+    #[error("an offer for lane {lane}, which this worker does not know")]
+    UnknownLane {
+        /// The lane's id.
+        lane: u8,
+    },
+    /// A `LaneOffer` out of turn: a round this side did not wait for, a
+    /// lane the active side did not open, a second lane while one is
+    /// being set up, a lane out of the order of ids, or any lane after one
+    /// proved a side can copy from the other.
+    #[error("an offer for lane {lane} out of turn (round {round})")]
+    LaneOutOfTurn {
+        /// The lane's id.
+        lane: u8,
+        /// The round the frame said.
+        round: u8,
+    },
     /// An `Open` sent to the side that opened the connection.
     #[error("open sent to the active side")]
     OpenToActiveSide,
@@ -130,10 +134,8 @@ impl Violation {
                 AbortReason::Unauthenticated
             }
             Violation::UnexpectedHello
-            | Violation::AttachToActiveSide
-            | Violation::AttachOutOfTurn
-            | Violation::RdmaToActiveSide
-            | Violation::RdmaOutOfTurn
+            | Violation::UnknownLane { .. }
+            | Violation::LaneOutOfTurn { .. }
             | Violation::OpenToActiveSide
             | Violation::RequestNumberInUse(_)
             | Violation::UnexpectedData { .. }

@@ -231,32 +231,15 @@ pub fn decode_body(h: Header, body: &[u8]) -> Result<Message, WireError> {
                 key,
             })
         }
-        T_ATTACH => Message::Attach(Attach {
-            pid: r.u32()?,
-            addr: r.u64()?,
-            cookie: r.take(16)?.try_into().unwrap(),
-            verdict: verdict_of(r.u8()?)?,
-            cuda_ipc: match r.u8()? {
-                0 => false,
-                1 => true,
-                _ => return Err(WireError::InvalidField("cuda ipc offer")),
-            },
-        }),
-        T_RDMA => {
+        T_LANE_OFFER => {
+            let lane = LaneId(r.u8()?);
+            let round = r.u8()?;
             let n = r.u32()? as usize;
-            if n > MAX_RDMA_ADDRESS {
-                return Err(WireError::InvalidField("rdma address"));
+            if n > MAX_LANE_OFFER {
+                return Err(WireError::InvalidField("lane offer length"));
             }
-            let address = r.take(n)?.to_vec();
-            Message::Rdma(Rdma {
-                address,
-                verdict: verdict_of(r.u8()?)?,
-                cuda: match r.u8()? {
-                    0 => false,
-                    1 => true,
-                    _ => return Err(WireError::InvalidField("rdma cuda memory")),
-                },
-            })
+            let bytes = r.take(n)?.to_vec();
+            Message::LaneOffer(LaneOffer { lane, round, bytes })
         }
         T_RELEASE => Message::Release { req: r.u64()? },
         T_PING => Message::Ping,

@@ -110,21 +110,13 @@ impl Message {
                 put_addresses(out, &l.segments);
                 T_LEASE
             }
-            Message::Attach(a) => {
-                out.extend_from_slice(&a.pid.to_le_bytes());
-                out.extend_from_slice(&a.addr.to_le_bytes());
-                out.extend_from_slice(&a.cookie);
-                out.push(verdict_code(a.verdict));
-                out.push(u8::from(a.cuda_ipc));
-                T_ATTACH
-            }
-            Message::Rdma(r) => {
-                let a = &r.address[..r.address.len().min(MAX_RDMA_ADDRESS)];
-                out.extend_from_slice(&(a.len() as u32).to_le_bytes());
-                out.extend_from_slice(a);
-                out.push(verdict_code(r.verdict));
-                out.push(u8::from(r.cuda));
-                T_RDMA
+            Message::LaneOffer(o) => {
+                let b = &o.bytes[..o.bytes.len().min(MAX_LANE_OFFER)];
+                out.push(o.lane.0);
+                out.push(o.round);
+                out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+                out.extend_from_slice(b);
+                T_LANE_OFFER
             }
             Message::Release { req } => {
                 out.extend_from_slice(&req.to_le_bytes());

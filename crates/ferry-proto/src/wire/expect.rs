@@ -22,23 +22,21 @@ pub enum FrameType {
     Auth,
     /// [`Lease`].
     Lease,
-    /// [`Attach`].
-    Attach,
     /// [`Message::Release`].
     Release,
-    /// [`Rdma`].
-    Rdma,
     /// [`Message::Ping`].
     Ping,
     /// [`Message::Pong`].
     Pong,
     /// [`Digest`].
     Digest,
+    /// [`LaneOffer`].
+    LaneOffer,
 }
 
 impl FrameType {
     /// Every frame type.
-    pub const ALL: [FrameType; 13] = [
+    pub const ALL: [FrameType; 12] = [
         FrameType::Hello,
         FrameType::Open,
         FrameType::Data,
@@ -46,12 +44,11 @@ impl FrameType {
         FrameType::Abort,
         FrameType::Auth,
         FrameType::Lease,
-        FrameType::Attach,
         FrameType::Release,
-        FrameType::Rdma,
         FrameType::Ping,
         FrameType::Pong,
         FrameType::Digest,
+        FrameType::LaneOffer,
     ];
 
     /// The type with wire number `ty` (checked by [`decode_header`]).
@@ -64,12 +61,11 @@ impl FrameType {
             T_ABORT => FrameType::Abort,
             T_AUTH => FrameType::Auth,
             T_LEASE => FrameType::Lease,
-            T_ATTACH => FrameType::Attach,
             T_RELEASE => FrameType::Release,
-            T_RDMA => FrameType::Rdma,
             T_PING => FrameType::Ping,
             T_PONG => FrameType::Pong,
             T_DIGEST => FrameType::Digest,
+            T_LANE_OFFER => FrameType::LaneOffer,
             _ => return None,
         })
     }
@@ -84,12 +80,11 @@ impl FrameType {
             FrameType::Abort => T_ABORT,
             FrameType::Auth => T_AUTH,
             FrameType::Lease => T_LEASE,
-            FrameType::Attach => T_ATTACH,
             FrameType::Release => T_RELEASE,
-            FrameType::Rdma => T_RDMA,
             FrameType::Ping => T_PING,
             FrameType::Pong => T_PONG,
             FrameType::Digest => T_DIGEST,
+            FrameType::LaneOffer => T_LANE_OFFER,
         }
     }
 
@@ -120,12 +115,11 @@ impl fmt::Display for FrameType {
             FrameType::Abort => "abort",
             FrameType::Auth => "auth",
             FrameType::Lease => "lease",
-            FrameType::Attach => "attach",
             FrameType::Release => "release",
-            FrameType::Rdma => "rdma",
             FrameType::Ping => "ping",
             FrameType::Pong => "pong",
             FrameType::Digest => "digest",
+            FrameType::LaneOffer => "lane offer",
         };
         f.write_str(name)
     }
@@ -142,15 +136,14 @@ impl fmt::Display for FrameType {
 /// | a connection's first frame, either side | [`HELLO`](Self::HELLO) |
 /// | passive side with a secret, after the hellos | [`AUTH`](Self::AUTH) |
 /// | active side with a secret, after the hellos | [`AUTH_ANSWER`](Self::AUTH_ANSWER) |
-/// | active side, each answer of the attach exchange | [`ATTACH_ANSWER`](Self::ATTACH_ANSWER) |
-/// | active side, the answer of the RDMA set-up | [`RDMA_ANSWER`](Self::RDMA_ANSWER) |
+/// | active side, each answer of a lane's set-up | [`LANE_ANSWER`](Self::LANE_ANSWER) |
 /// | after the handshake | [`ANY`](Self::ANY) (the session refuses what it must) |
 ///
 /// ```
 /// use ferry_proto::wire::{Expect, FrameType};
 /// assert!(Expect::AUTH.allows(FrameType::Auth));
 /// assert!(!Expect::AUTH.allows(FrameType::Lease));
-/// assert!(Expect::ATTACH_ANSWER.allows(FrameType::Abort));
+/// assert!(Expect::LANE_ANSWER.allows(FrameType::Abort));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Expect(u16);
@@ -166,10 +159,8 @@ impl Expect {
     /// The active side with a secret, after the hellos: the passive side's
     /// answer, or its refusal.
     pub const AUTH_ANSWER: Expect = Expect::only(&[FrameType::Auth, FrameType::Abort]);
-    /// The active side, during the attach exchange.
-    pub const ATTACH_ANSWER: Expect = Expect::only(&[FrameType::Attach, FrameType::Abort]);
-    /// The active side, during the RDMA set-up.
-    pub const RDMA_ANSWER: Expect = Expect::only(&[FrameType::Rdma, FrameType::Abort]);
+    /// The active side, during a lane's set-up ([`LaneOffer`]).
+    pub const LANE_ANSWER: Expect = Expect::only(&[FrameType::LaneOffer, FrameType::Abort]);
 
     /// Exactly `types`.
     pub const fn only(types: &[FrameType]) -> Expect {
@@ -215,7 +206,8 @@ mod tests {
             }
         }
         assert_eq!(FrameType::of(0), None);
-        assert_eq!(FrameType::of(11), None);
+        assert_eq!(FrameType::of(8), None);
+        assert_eq!(FrameType::of(10), None);
         assert_eq!(FrameType::of(15), None);
     }
 }

@@ -44,15 +44,17 @@ pub use segments::Segments;
 /// The protocol version carried in `Hello`. 7: a [`Data`] frame may run
 /// on past the end of its descriptor into the ones that follow. 8: a
 /// [`Lease`] may send its addresses as runs of segments that follow each
-/// other. 9: an [`Attach`] says whether its sender offers CUDA IPC. 10:
-/// an [`Rdma`] frame says whether its sender's UCX reaches CUDA memory.
+/// other. 9: an `Attach` says whether its sender offers CUDA IPC. 10:
+/// an `Rdma` frame says whether its sender's UCX reaches CUDA memory.
 /// 11: a [`Lease`] names the lane that lent it.
 /// 12: heartbeats ([`Message::Ping`], [`Message::Pong`]) on a connection
 /// that carries an operation in progress, and the abort reasons
 /// [`AbortReason::PeerUnresponsive`] and [`AbortReason::Expired`].
 /// 13: a [`Digest`] frame (type 14) may precede a `Finish` (opt-in
 /// end-to-end integrity), and `Abort` has reason 17, `DigestMismatch`.
-pub const PROTOCOL_VERSION: u16 = 13;
+/// 14: a lane sets itself up with [`LaneOffer`] frames (type 11),
+/// replacing `Attach` (8) and `Rdma` (10).
+pub const PROTOCOL_VERSION: u16 = 14;
 /// The bytes that open every `Hello` body.
 pub const MAGIC: [u8; 6] = *b"FERRY\0";
 /// The length of a frame header.
@@ -67,8 +69,9 @@ pub const MAX_LEASE_BODY: u32 =
     (MAX_LEASE_SEGMENTS * 8 + MAX_RUNS * 12 + MAX_LEASE_KEY + 21) as u32;
 /// The longest backend key a [`Lease`] carries (UCX: packed remote keys).
 pub const MAX_LEASE_KEY: usize = 1024 * 1024;
-/// The longest RDMA worker address an [`Rdma`] frame carries.
-pub const MAX_RDMA_ADDRESS: usize = 64 * 1024;
+/// The longest offer a [`LaneOffer`] frame carries (a UCX worker address
+/// and a few bytes more).
+pub const MAX_LANE_OFFER: usize = 64 * 1024 + 64;
 
 /// The largest body of an [`Open`]: its fixed fields and [`MAX_RUNS`] runs.
 const MAX_OPEN_BODY: u32 = (OPEN_FIXED + 4 + MAX_RUNS * 12) as u32;
@@ -86,10 +89,9 @@ fn max_body(ty: u8) -> u32 {
         T_ABORT => (8 + 1 + 2 + MAX_DETAIL) as u32,
         T_AUTH => (2 + MAX_HANDSHAKE) as u32,
         T_LEASE => MAX_LEASE_BODY,
-        T_ATTACH => 4 + 8 + 16 + 1 + 1,
-        T_RDMA => (4 + MAX_RDMA_ADDRESS + 2) as u32,
         T_PING | T_PONG => 0,
         T_DIGEST => DIGEST_BODY,
+        T_LANE_OFFER => (1 + 1 + 4 + MAX_LANE_OFFER) as u32,
         _ => 0,
     }
 }
@@ -321,7 +323,8 @@ pub const MAX_LEASE_SEGMENTS: usize = MAX_DESCRIPTORS;
 /// The source side of request `req` lets the destination copy its bytes by
 /// cross-memory attach: segment `i` (address in the source process, length)
 /// holds descriptor `i`. Only sent to a peer whose identity was verified by
-/// [`Attach`]; the lease ends with the destination's `Finish` or `Abort`.
+/// its lane's exchange ([`LaneOffer`]); the lease ends with the
+/// destination's `Finish` or `Abort`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
     /// The request.
@@ -342,70 +345,25 @@ pub struct Lease {
     pub segments: Segments,
     /// What the lending backend needs besides addresses, at most
     /// [`MAX_LEASE_KEY`] bytes: empty for cross-memory attach, the remote
-    /// keys of the lent memory for RDMA (see [`Rdma`]).
+    /// keys of the lent memory for RDMA.
     pub key: Vec<u8>,
 }
 
-/// Set-up of an RDMA backend (UCX) on a connection, right after the
-/// handshake, in three frames: the active side sends its worker's
-/// `address` (verdict `Unknown`); the passive side answers with its own
-/// address and whether it reached the active side's worker (`CanPull`:
-/// it may copy from the active side), or an empty address and `Refused`;
-/// the active side answers with its verdict on the passive side's worker
-/// (and no address). A connection sets up either this or [`Attach`].
+/// One step of a lane's set-up on a connection, right after the handshake
+/// (see [`lane`](crate::lane)): the active side sends round 0, the passive
+/// side answers with round 1, and so on, alternately, until the lane's
+/// exchange ends. What `bytes` say is the lane's own business (cross-memory
+/// attach: a pid, a nonce and where a cookie lies; UCX: a worker address):
+/// the core checks whose turn it is ([`Session`](crate::session::Session)),
+/// never what a lane offers, so a new lane adds no frame type.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rdma {
-    /// The sender's worker address (at most [`MAX_RDMA_ADDRESS`] bytes;
-    /// empty in the third frame, or when declining).
-    pub address: Vec<u8>,
-    /// Whether the sender reached the receiver's worker.
-    pub verdict: Verdict,
-    /// Whether the sender's UCX moves CUDA memory (its context lists the
-    /// CUDA memory type, and this process has a GPU): where both say so,
-    /// device memory is lent through UCX too.
-    pub cuda: bool,
-}
-
-/// What one side found when it tried to read the other's probe bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// Not probed yet (the first `Attach` of a connection).
-    Unknown,
-    /// The sender read the receiver's probe bytes: it can copy from it.
-    CanPull,
-    /// The kernel refused, or the bytes did not match.
-    Refused,
-}
-
-/// Same-host set-up of cross-memory attach, right after the handshake, in
-/// four frames: the active side sends its fresh `nonce` (in `cookie`); the
-/// passive side answers with its pid, its nonce and where its cookie lies
-/// (or pid 0: it declines); the active side answers with its verdict on the
-/// passive side's cookie and its own pid and cookie address; the passive
-/// side answers with its verdict. A cookie is a hash of both nonces and the
-/// connection's addresses, computed by the reader itself: reading it proves
-/// the permission and that the pid names the peer in the reader's pid
-/// namespace, and it cannot be replayed or relayed from another connection.
-/// The 16 bytes after a cookie are random (its side's *proof bytes*); a
-/// verdict frame's `cookie` echoes the receiver's proof bytes where the
-/// sender read them (`CanPull`), and a `CanPull` without them proves
-/// nothing (see `session::proves`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Attach {
-    /// The sender's process id (0: the sender does not offer attach).
-    pub pid: u32,
-    /// Address of the cookie in the sender's memory.
-    pub addr: u64,
-    /// The sender's nonce (in the first two frames), or, in a verdict, the
-    /// receiver's proof bytes that the sender read (zeros if it read none).
-    pub cookie: [u8; 16],
-    /// Whether the sender could read the receiver's cookie.
-    pub verdict: Verdict,
-    /// The sender offers CUDA IPC: it can lend its GPU memory by IPC
-    /// handle and open the handles a peer lends (a CUDA driver that sees
-    /// a device). Read from each side's first `Attach`; GPU memory is
-    /// lent on the connection only where both offer it.
-    pub cuda_ipc: bool,
+pub struct LaneOffer {
+    /// The lane being set up (one byte).
+    pub lane: LaneId,
+    /// Its step: even from the active side, odd from the passive side.
+    pub round: u8,
+    /// The lane's offer, at most [`MAX_LANE_OFFER`] bytes.
+    pub bytes: Vec<u8>,
 }
 
 /// Header of a run of payload bytes starting in descriptor `desc` at
@@ -467,12 +425,10 @@ pub enum Message {
     Auth(Auth),
     /// See [`Lease`].
     Lease(Lease),
-    /// See [`Attach`].
-    Attach(Attach),
-    /// See [`Rdma`].
-    Rdma(Rdma),
     /// See [`Digest`].
     Digest(Digest),
+    /// See [`LaneOffer`].
+    LaneOffer(LaneOffer),
     /// The destination of request `req` no longer copies from the source's
     /// lent memory (it stopped after the source's `Abort`, or the request
     /// had ended here). Ends the lease only, never an operation.
@@ -497,9 +453,9 @@ const T_FINISH: u8 = 4;
 const T_ABORT: u8 = 5;
 const T_AUTH: u8 = 6;
 const T_LEASE: u8 = 7;
-const T_ATTACH: u8 = 8;
+// 8 and 10 were `Attach` and `Rdma` (protocol 11 and before).
 const T_RELEASE: u8 = 9;
-const T_RDMA: u8 = 10;
+const T_LANE_OFFER: u8 = 11;
 const T_PING: u8 = 12;
 const T_PONG: u8 = 13;
 const T_DIGEST: u8 = 14;
@@ -532,23 +488,6 @@ pub struct Digest {
 /// Lease address forms (see [`Lease::segments`]).
 const ADDRESSES_EACH: u8 = 0;
 const ADDRESSES_RUNS: u8 = 1;
-
-fn verdict_code(v: Verdict) -> u8 {
-    match v {
-        Verdict::Unknown => 0,
-        Verdict::CanPull => 1,
-        Verdict::Refused => 2,
-    }
-}
-
-fn verdict_of(code: u8) -> Result<Verdict, WireError> {
-    match code {
-        0 => Ok(Verdict::Unknown),
-        1 => Ok(Verdict::CanPull),
-        2 => Ok(Verdict::Refused),
-        _ => Err(WireError::InvalidField("verdict")),
-    }
-}
 
 #[cfg(test)]
 mod tests;

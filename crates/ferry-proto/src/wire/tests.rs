@@ -35,29 +35,20 @@ fn samples() -> Vec<Message> {
             segments: vec![(0x7f00_0000_1000, 4096), (1, u64::MAX)].into(),
             key: vec![1, 2, 3],
         }),
-        Message::Rdma(Rdma {
-            address: vec![9; 215],
-            verdict: Verdict::Unknown,
-            cuda: true,
+        Message::LaneOffer(LaneOffer {
+            lane: LaneId::UCX,
+            round: 0,
+            bytes: vec![9; 215],
         }),
-        Message::Rdma(Rdma {
-            address: Vec::new(),
-            verdict: Verdict::Refused,
-            cuda: false,
+        Message::LaneOffer(LaneOffer {
+            lane: LaneId(200),
+            round: 3,
+            bytes: Vec::new(),
         }),
-        Message::Attach(Attach {
-            pid: 1234,
-            addr: 0x5555_0000,
-            cookie: [7; 16],
-            verdict: Verdict::CanPull,
-            cuda_ipc: false,
-        }),
-        Message::Attach(Attach {
-            pid: 1235,
-            addr: 0,
-            cookie: [8; 16],
-            verdict: Verdict::Unknown,
-            cuda_ipc: true,
+        Message::LaneOffer(LaneOffer {
+            lane: LaneId::CMA,
+            round: 2,
+            bytes: vec![7; 30],
         }),
         Message::Data(Data {
             req: 5,
@@ -135,39 +126,29 @@ fn absurd_length_and_garbage_are_errors() {
 }
 
 #[test]
-fn a_cuda_ipc_offer_is_a_yes_or_a_no() {
-    let mut v = Message::Attach(Attach {
-        pid: 1,
-        addr: 2,
-        cookie: [3; 16],
-        verdict: Verdict::Unknown,
-        cuda_ipc: true,
+fn a_lane_offer_is_bounded_and_the_old_set_up_frames_are_gone() {
+    let mut v = Message::LaneOffer(LaneOffer {
+        lane: LaneId::CMA,
+        round: 0,
+        bytes: vec![1, 2],
     })
     .to_vec();
-    let last = v.len() - 1;
-    assert_eq!(v[last], 1);
-    v[last] = 2;
+    // A length past the limit, in a body that fits the header's bound.
+    let n = HEADER_LEN + 2;
+    v[n..n + 4].copy_from_slice(&(MAX_LANE_OFFER as u32 + 1).to_le_bytes());
     assert_eq!(
         decode_frame(&v),
-        Err(WireError::InvalidField("cuda ipc offer"))
+        Err(WireError::InvalidField("lane offer length"))
     );
-}
-
-#[test]
-fn an_rdma_cuda_flag_is_a_yes_or_a_no() {
-    let mut v = Message::Rdma(Rdma {
-        address: vec![1, 2],
-        verdict: Verdict::CanPull,
-        cuda: true,
-    })
-    .to_vec();
-    let last = v.len() - 1;
-    assert_eq!(v[last], 1);
-    v[last] = 7;
-    assert_eq!(
-        decode_frame(&v),
-        Err(WireError::InvalidField("rdma cuda memory"))
-    );
+    // A body longer than any offer: refused from the header.
+    v[4..8].copy_from_slice(&(max_body(T_LANE_OFFER) + 1).to_le_bytes());
+    assert!(matches!(decode_frame(&v), Err(WireError::BodyTooLarge(_))));
+    // Protocol 11's `Attach` (8) and `Rdma` (10) are unknown types now.
+    for ty in [8, 10, 15] {
+        let mut h = [0u8; HEADER_LEN];
+        h[0] = ty;
+        assert_eq!(decode_header(&h), Err(WireError::UnknownType(ty)));
+    }
 }
 
 #[test]
@@ -427,13 +408,6 @@ fn a_header_that_announces_more_than_its_type_holds_is_refused() {
             req: 1,
             crc32: Some(u32::MAX),
         }),
-        Message::Attach(Attach {
-            pid: 1,
-            addr: 2,
-            cookie: [3; 16],
-            verdict: Verdict::Unknown,
-            cuda_ipc: false,
-        }),
         Message::Abort(Abort {
             req: 1,
             reason: AbortReason::Cancelled,
@@ -442,10 +416,10 @@ fn a_header_that_announces_more_than_its_type_holds_is_refused() {
         Message::Auth(Auth {
             handshake: vec![1; MAX_HANDSHAKE],
         }),
-        Message::Rdma(Rdma {
-            address: vec![1; MAX_RDMA_ADDRESS],
-            verdict: Verdict::Unknown,
-            cuda: false,
+        Message::LaneOffer(LaneOffer {
+            lane: LaneId::UCX,
+            round: 1,
+            bytes: vec![1; MAX_LANE_OFFER],
         }),
         Message::Open(Open {
             req: 1,

@@ -18,7 +18,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
 
 use ferry_proto::session::{
-    Action, Caps, Fence, Last, OpenParams, Role, Session, Start, Step, StripeState, Violation,
+    Action, Caps, Fence, LaneAnswer, LaneProof, Last, OpenParams, Role, Session, Start, Step,
+    StripeState, Violation,
 };
 use ferry_proto::wire::{AbortReason, Data, Lease, Message, Open};
 use ferry_proto::{Cursor, OperationKind, Token};
@@ -92,8 +93,7 @@ pub const IN_BAND: Caps = Caps {
     can_pull: false,
     peer_pulls: false,
     secret: false,
-    cuda_ipc: false,
-    ucx_cuda: false,
+    device: false,
 };
 /// Attach set up both ways: either side may lend, either may pull.
 pub const ATTACH: Caps = Caps {
@@ -101,8 +101,7 @@ pub const ATTACH: Caps = Caps {
     can_pull: true,
     peer_pulls: true,
     secret: false,
-    cuda_ipc: false,
-    ucx_cuda: false,
+    device: false,
 };
 
 impl World {
@@ -458,14 +457,15 @@ impl World {
             }
             // This world sends no digest.
             Ok(Step::Verify { req, .. }) => panic!("a digest to verify for request {req}"),
-            Ok(Step::AttachOffer { .. }) => self.conns[c].s.attach_offered(None, [0; 16], false),
-            Ok(Step::RdmaOffer { .. }) => {
-                let m = self.conns[c].s.rdma_answered(false, Vec::new(), false);
-                self.send(c, m, vec![]);
-            }
-            Ok(Step::AttachVerify { .. }) => {
-                let m = self.conns[c].s.attach_verified(None);
-                self.send(c, m, vec![]);
+            Ok(Step::LaneOffer { lane, .. }) => {
+                // No lane here: each offer is declined and settles at once.
+                let answer = LaneAnswer {
+                    bytes: Some(Vec::new()),
+                    settled: Some(LaneProof::default()),
+                };
+                if let Some(m) = self.conns[c].s.lane_answered(lane, answer) {
+                    self.send(c, m, vec![]);
+                }
             }
             Err(v) => {
                 // The `Abort` of a violation the peer is told goes first.

@@ -22,11 +22,13 @@ use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::rc::Rc;
 
+use ferry_proto::lane::LaneId;
 use ferry_proto::session::{
-    part_range, Action, Caps, Fence, Last, OpenParams, Role, Session, Start, Step, Violation,
+    part_range, Action, Caps, Fence, LaneAnswer, LaneProof, Last, OpenParams, Role, Session, Start,
+    Step, Violation,
 };
 use ferry_proto::wire::{
-    self, Abort, AbortReason, Attach, Auth, Data, Hello, Lease, Message, Open, Verdict, MAX_CHUNK,
+    self, Abort, AbortReason, Auth, Data, Hello, LaneOffer, Lease, Message, Open, MAX_CHUNK,
     PROTOCOL_VERSION,
 };
 use ferry_proto::{Cursor, OperationKind, Token};
@@ -100,9 +102,6 @@ impl<'a> Input<'a> {
     }
     fn bit(&mut self) -> bool {
         self.u8() & 1 == 1
-    }
-    fn u64(&mut self) -> u64 {
-        (0..8).fold(0, |a, _| a << 8 | u64::from(self.u8()))
     }
     fn bytes(&mut self, n: usize) -> &'a [u8] {
         let start = self.pos.min(self.data.len());
@@ -261,8 +260,10 @@ struct End {
 
 impl End {
     fn new(role: Role, caps: Caps) -> End {
+        let mut s = Session::new(role, caps);
+        s.set_lanes(&LANES[..2]);
         End {
-            s: Session::new(role, caps),
+            s,
             caps,
             grants: BTreeMap::new(),
             lent: BTreeSet::new(),
@@ -297,9 +298,8 @@ impl End {
 
 const ACTIVE: usize = 0;
 const PASSIVE: usize = 1;
-/// The proof bytes the passive side places next to its cookie: a verdict
-/// that echoes them proves the peer can copy it.
-const PROOF: [u8; 16] = [0x5C; 16];
+/// The lanes both ends set up by offers (and one neither knows).
+const LANES: [LaneId; 3] = [LaneId(1), LaneId(2), LaneId(77)];
 
 struct Harness<'a> {
     input: Input<'a>,
@@ -318,8 +318,7 @@ impl<'a> Harness<'a> {
             can_pull: b & 2 != 0,
             peer_pulls: b & 4 != 0,
             secret,
-            cuda_ipc: b & 0x40 != 0,
-            ucx_cuda: b & 0x20 != 0,
+            device: b & 0x60 != 0,
         };
         let b = input.u8();
         let secret = b & 0x80 != 0;
@@ -681,18 +680,11 @@ impl<'a> Harness<'a> {
             1 => Message::Auth(Auth {
                 handshake: vec![inp.u8(); 32],
             }),
-            2 => Message::Attach(Attach {
-                pid: u32::from(inp.u8()),
-                addr: inp.u64(),
-                // Half of them echo the proof bytes the passive side placed
-                // (see `session_fuzz_checks.rs`).
-                cookie: if inp.bit() { PROOF } else { [inp.u8(); 16] },
-                verdict: match inp.u8() % 3 {
-                    0 => Verdict::Unknown,
-                    1 => Verdict::CanPull,
-                    _ => Verdict::Refused,
-                },
-                cuda_ipc: inp.u8() & 1 == 1,
+            2 => Message::LaneOffer(LaneOffer {
+                lane: LANES[usize::from(inp.u8() % 3)],
+                // Mostly rounds that may be right where they land.
+                round: inp.u8() % 5,
+                bytes: vec![inp.u8(); usize::from(inp.u8() % 8)],
             }),
             3 | 4 => {
                 let parts = 1 + u16::from(inp.u8() % 4);

@@ -32,8 +32,8 @@ pub fn variant(v: &Violation) -> &'static str {
         Violation::UnexpectedHello => "UnexpectedHello",
         Violation::UnexpectedAuth => "UnexpectedAuth",
         Violation::AuthWithoutSecret => "AuthWithoutSecret",
-        Violation::AttachToActiveSide => "AttachToActiveSide",
-        Violation::AttachOutOfTurn => "AttachOutOfTurn",
+        Violation::UnknownLane { .. } => "UnknownLane",
+        Violation::LaneOutOfTurn { .. } => "LaneOutOfTurn",
         Violation::OpenToActiveSide => "OpenToActiveSide",
         Violation::RequestNumberInUse(_) => "RequestNumberInUse",
         Violation::UnexpectedData { .. } => "UnexpectedData",
@@ -115,11 +115,10 @@ impl Harness<'_> {
             Message::Open(o) => Some(o.clone()),
             _ => None,
         };
-        let verdict = match &msg {
-            Message::Attach(a) => Some(a.verdict),
+        let offered = match &msg {
+            Message::LaneOffer(o) => Some(o.clone()),
             _ => None,
         };
-        let proven = matches!(&msg, Message::Attach(a) if a.cookie == PROOF);
         let step = self.ends[i].s.handle_frame(msg);
         match step {
             Ok(Step::Done) => {}
@@ -150,42 +149,58 @@ impl Harness<'_> {
                 assert_eq!(Some(&o), open.as_ref());
                 self.grant(o);
             }
-            Ok(Step::RdmaOffer { address }) => {
+            Ok(Step::LaneOffer { lane, round, bytes }) => {
+                // Only the passive side answers offers it did not ask for
+                // (the active side here opens none).
                 assert_eq!(i, PASSIVE);
-                assert!(!address.is_empty());
-                let reached = self.input.bit();
-                let cuda = self.input.bit();
-                let m = self.ends[i].s.rdma_answered(reached, vec![7; 4], cuda);
-                assert_eq!(self.ends[i].s.caps().can_pull, reached);
-                // UCX lends device memory only where both said so and it
-                // was set up; CUDA IPC never goes with UCX.
-                let caps = self.ends[i].s.caps();
-                assert!(!caps.ucx_cuda || (reached && cuda), "{caps:?}");
-                assert!(!caps.cuda_ipc, "{caps:?}");
-                drop(m);
-            }
-            Ok(Step::AttachOffer { nonce }) => {
-                assert_eq!(i, PASSIVE);
-                let offer = self.input.bit().then_some((nonce, [0x55; 16]));
-                let cuda_ipc = self.input.bit();
-                self.ends[i].s.attach_offered(offer, PROOF, cuda_ipc);
-            }
-            Ok(Step::AttachVerify { nonces, .. }) => {
-                assert_eq!(i, PASSIVE);
+                let o = offered.expect("a lane step for a frame that is not an offer");
+                assert_eq!((lane, round, &bytes), (o.lane, o.round, &o.bytes));
+                assert!(LANES[..2].contains(&lane), "an unknown lane answered");
+                let settled = self.input.bit().then(|| LaneProof {
+                    can_pull: self.input.bit(),
+                    peer_pulls: self.input.bit(),
+                    device: self.input.bit(),
+                    release_leases: self.input.bit(),
+                });
+                let bytes = self.input.bit().then(|| vec![7; 4]);
                 let e = &mut self.ends[i];
-                // The peer's word counts only with the proof bytes.
-                let pulls = nonces.is_some() && verdict == Some(Verdict::CanPull) && proven;
-                assert_eq!(e.s.caps().peer_pulls, pulls);
-                let ok = nonces.is_some() && self.input.bit();
-                let m = e.s.attach_verified(ok.then_some([0x66; 16]));
-                let want = if ok {
-                    Verdict::CanPull
-                } else {
-                    Verdict::Refused
+                let before = e.s.caps();
+                let answer = LaneAnswer {
+                    bytes: bytes.clone(),
+                    settled,
                 };
-                assert!(matches!(m, Message::Attach(a) if a.verdict == want));
-                assert_eq!(e.s.caps().can_pull, ok);
-                e.caps = e.s.caps();
+                let m = e.s.lane_answered(lane, answer);
+                // The answer is the next round, of the same lane.
+                match (&m, &bytes) {
+                    (Some(Message::LaneOffer(a)), Some(b)) => {
+                        assert_eq!((a.lane, a.round, &a.bytes), (lane, round + 1, b));
+                    }
+                    (None, None) => {}
+                    (None, Some(_)) => assert_eq!(round, u8::MAX),
+                    other => panic!("{other:?}"),
+                }
+                // What a lane proved becomes the connection's; a lane that
+                // proved nothing changes only its word on device memory.
+                let caps = e.s.caps();
+                match settled {
+                    Some(p) if p.can_pull || p.peer_pulls => {
+                        assert!(caps.attach);
+                        assert_eq!((caps.can_pull, caps.peer_pulls), (p.can_pull, p.peer_pulls));
+                        assert_eq!(caps.device, p.device);
+                    }
+                    Some(p) => {
+                        assert_eq!(
+                            caps,
+                            Caps {
+                                device: p.device,
+                                ..before
+                            }
+                        );
+                    }
+                    None => assert_eq!(caps, before),
+                }
+                e.caps = caps;
+                drop(m);
             }
             Err(v) => return self.violation(i, v),
         }
@@ -228,10 +243,9 @@ impl Harness<'_> {
         let e = &mut self.ends[i];
         match a {
             Action::Send { msg, .. } => {
-                // The attach exchange is the drivers' at the active side.
-                if !matches!(msg, Message::Attach(_)) {
-                    self.send(i, msg);
-                }
+                // A lane's exchange is the lanes' own, never an action.
+                assert!(!matches!(msg, Message::LaneOffer(_)));
+                self.send(i, msg);
             }
             Action::Stream {
                 req,

@@ -24,7 +24,8 @@ use ferry::{
     AbortReason, Connector, ConnectorBuilder, Descriptor, Error, OperationKind, OperationStatus,
     RdmaMetadata, TransportKind,
 };
-use ferry_proto::wire::{self, Attach, Data, Hello, Message, Open, Verdict, PROTOCOL_VERSION};
+use ferry_proto::lane::LaneId;
+use ferry_proto::wire::{self, Data, Hello, LaneOffer, Message, Open, PROTOCOL_VERSION};
 use ferry_proto::Token;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -325,14 +326,91 @@ pub fn noise(n: usize, mut seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// What one side found when it tried to read the other's cookie (in a
+/// cross-memory attach offer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Unknown,
+    CanPull,
+    Refused,
+}
+
+/// A cross-memory attach offer: the bytes of a `LaneOffer` of lane 1, as
+/// these tests write them (30 bytes: pid, cookie address, nonce or proof
+/// bytes, verdict, CUDA IPC offer), independently of the library's code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attach {
+    pub pid: u32,
+    pub addr: u64,
+    pub cookie: [u8; 16],
+    pub verdict: Verdict,
+    pub cuda_ipc: bool,
+}
+
+impl Attach {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(&self.pid.to_le_bytes());
+        v.extend_from_slice(&self.addr.to_le_bytes());
+        v.extend_from_slice(&self.cookie);
+        v.push(match self.verdict {
+            Verdict::Unknown => 0,
+            Verdict::CanPull => 1,
+            Verdict::Refused => 2,
+        });
+        v.push(u8::from(self.cuda_ipc));
+        v
+    }
+
+    /// The cross-memory attach offer `m` carries, if it is one.
+    pub fn of(m: &Message) -> Option<Attach> {
+        let Message::LaneOffer(o) = m else {
+            return None;
+        };
+        let b = &o.bytes;
+        if o.lane != LaneId::CMA || b.len() != 30 {
+            return None;
+        }
+        Some(Attach {
+            pid: u32::from_le_bytes(b[..4].try_into().unwrap()),
+            addr: u64::from_le_bytes(b[4..12].try_into().unwrap()),
+            cookie: b[12..28].try_into().unwrap(),
+            verdict: match b[28] {
+                0 => Verdict::Unknown,
+                1 => Verdict::CanPull,
+                _ => Verdict::Refused,
+            },
+            cuda_ipc: b[29] == 1,
+        })
+    }
+
+    /// As round `round` of the exchange.
+    pub fn frame(self, round: u8) -> Message {
+        Message::LaneOffer(LaneOffer {
+            lane: LaneId::CMA,
+            round,
+            bytes: self.encode(),
+        })
+    }
+}
+
+/// An active side's attach offer: its nonce (round 0) where `verdict` is
+/// `Unknown`, else its verdict and cookie (round 2).
 pub fn attach(pid: u32, addr: u64, cookie: [u8; 16], verdict: Verdict) -> Message {
-    Message::Attach(Attach {
+    let round = if verdict == Verdict::Unknown { 0 } else { 2 };
+    attach_round(round, pid, addr, cookie, verdict)
+}
+
+/// An attach offer as round `round`.
+pub fn attach_round(round: u8, pid: u32, addr: u64, cookie: [u8; 16], verdict: Verdict) -> Message {
+    Attach {
         pid,
         addr,
         cookie,
         verdict,
         cuda_ipc: false,
-    })
+    }
+    .frame(round)
 }
 
 pub fn is_closed(e: &io::Error) -> bool {
@@ -483,8 +561,8 @@ impl Raw {
 
 pub async fn expect_attach(r: &mut Raw) -> Attach {
     match r.next().await {
-        Some((Message::Attach(a), _)) => a,
-        other => panic!("expected an attach frame, got {other:?}"),
+        Some((m, _)) if Attach::of(&m).is_some() => Attach::of(&m).unwrap(),
+        other => panic!("expected an attach offer, got {other:?}"),
     }
 }
 

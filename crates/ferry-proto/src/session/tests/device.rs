@@ -159,7 +159,7 @@ fn device_memory_is_lent_only_where_both_sides_offered_cuda_ipc() {
     assert_eq!(all_about(&mut s, &f), ["Via lent", "Lend", "SendLease 1"]);
     // One did not: staged in band, never lent; host memory is still lent.
     let no_ipc = Caps {
-        cuda_ipc: false,
+        device: false,
         ..ATTACH
     };
     let mut s = passive(no_ipc);
@@ -225,33 +225,29 @@ fn a_promised_lease_that_cannot_be_lent_is_the_drivers_to_end() {
 }
 
 #[test]
-fn the_cuda_ipc_offer_needs_both_sides() {
-    let offer = |cuda_ipc: bool| {
-        Message::Attach(Attach {
-            pid: 42,
-            addr: 0,
-            cookie: [9; 16],
-            verdict: Verdict::Unknown,
-            cuda_ipc,
-        })
-    };
-    for (mine, theirs, declined) in [
-        (true, true, false),
-        (true, false, false),
-        (false, true, false),
-        (true, true, true),
-    ] {
+fn a_settled_lane_says_whether_device_memory_is_lent() {
+    // Whether both sides offered CUDA IPC is the lane's to say (see
+    // `transport::pull::cma_offer` in the `ferry` crate); the session keeps
+    // its word, even where the lane proved nothing else.
+    for device in [true, false] {
         let mut s = passive(NO_CAPS);
-        assert!(matches!(
-            s.handle_frame(offer(theirs)),
-            Ok(Step::AttachOffer { .. })
-        ));
-        let nonces = (!declined).then_some(([9; 16], [1; 16]));
-        s.attach_offered(nonces, [5; 16], mine);
-        assert_eq!(
-            s.caps().cuda_ipc,
-            mine && theirs && !declined,
-            "mine {mine}, theirs {theirs}, declined {declined}"
-        );
+        s.handle_frame(offer(LANES[0], 0)).unwrap();
+        let offered = LaneAnswer {
+            bytes: Some(vec![1]),
+            settled: None,
+        };
+        s.lane_answered(LANES[0], offered).unwrap();
+        s.handle_frame(offer(LANES[0], 2)).unwrap();
+        let proof = LaneProof {
+            device,
+            ..LaneProof::default()
+        };
+        let settled = LaneAnswer {
+            bytes: Some(vec![2]),
+            settled: Some(proof),
+        };
+        s.lane_answered(LANES[0], settled).unwrap();
+        assert_eq!(s.caps().lends_device(), device);
+        assert!(!s.caps().can_pull && !s.caps().peer_pulls);
     }
 }

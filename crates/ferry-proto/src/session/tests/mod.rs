@@ -8,7 +8,8 @@ use std::cell::Cell;
 use std::rc::Rc;
 
 use super::*;
-use crate::wire::{Attach, Data, Hello, Verdict, PROTOCOL_VERSION};
+use crate::lane::LaneId;
+use crate::wire::{Data, Hello, LaneOffer, PROTOCOL_VERSION};
 use crate::Token;
 
 mod answers;
@@ -95,8 +96,7 @@ const NO_CAPS: Caps = Caps {
     can_pull: false,
     peer_pulls: false,
     secret: false,
-    cuda_ipc: false,
-    ucx_cuda: false,
+    device: false,
 };
 /// Attach set up both ways, both sides offering CUDA IPC.
 const ATTACH: Caps = Caps {
@@ -104,12 +104,16 @@ const ATTACH: Caps = Caps {
     can_pull: true,
     peer_pulls: true,
     secret: false,
-    cuda_ipc: true,
-    ucx_cuda: false,
+    device: true,
 };
 
+/// The lanes a test session sets up by offers.
+const LANES: [LaneId; 2] = [LaneId(1), LaneId(2)];
+
 fn passive(caps: Caps) -> Session<F> {
-    Session::new(Role::Passive, caps)
+    let mut s = Session::new(Role::Passive, caps);
+    s.set_lanes(&LANES);
+    s
 }
 
 fn active(caps: Caps) -> Session<F> {
@@ -193,13 +197,12 @@ fn hello() -> Message {
     })
 }
 
-fn attach(verdict: Verdict) -> Message {
-    Message::Attach(Attach {
-        pid: 42,
-        addr: 0x5000,
-        cookie: [9; 16],
-        verdict,
-        cuda_ipc: false,
+/// Lane `lane`'s offer of `round` (bytes only the lane reads).
+fn offer(lane: LaneId, round: u8) -> Message {
+    Message::LaneOffer(LaneOffer {
+        lane,
+        round,
+        bytes: vec![9; 4],
     })
 }
 

@@ -4,33 +4,48 @@
 //! `Release`, never with an `Abort` (see [`Session::rdma_leases`]).
 
 use super::*;
-use crate::wire::Rdma;
 
-fn rdma(address: &[u8], verdict: Verdict) -> Message {
-    Message::Rdma(Rdma {
-        address: address.to_vec(),
-        verdict,
-        cuda: false,
-    })
+/// A UCX-like lane's exchange on the passive side: the active side's
+/// round 0, this side's answer, the active side's verdict; the lane
+/// settles with `proof`.
+fn set_up(s: &mut Session<F>, proof: LaneProof) {
+    let lane = LANES[1];
+    assert!(matches!(
+        s.handle_frame(offer(lane, 0)),
+        Ok(Step::LaneOffer { round: 0, .. })
+    ));
+    let answer = LaneAnswer {
+        bytes: Some(vec![2; 8]),
+        settled: None,
+    };
+    assert!(matches!(
+        s.lane_answered(lane, answer),
+        Some(Message::LaneOffer(LaneOffer { round: 1, .. }))
+    ));
+    assert!(matches!(
+        s.handle_frame(offer(lane, 2)),
+        Ok(Step::LaneOffer { round: 2, .. })
+    ));
+    let settled = LaneAnswer {
+        bytes: None,
+        settled: Some(proof),
+    };
+    assert_eq!(s.lane_answered(lane, settled), None);
 }
 
-/// A passive side that answered the active side's `Rdma` offer: leases on
-/// this connection are RDMA leases from then on, with no driver call.
+/// A passive side whose lane settled with RDMA leases: leases on this
+/// connection are RDMA leases from then on, with no driver call.
 fn passive_after_rdma() -> Session<F> {
     let mut s = passive(NO_CAPS);
-    assert!(matches!(
-        s.handle_frame(rdma(&[1; 8], Verdict::Unknown)),
-        Ok(Step::RdmaOffer { .. })
-    ));
-    let answer = s.rdma_answered(true, vec![2; 8], false);
-    assert!(matches!(
-        answer,
-        Message::Rdma(Rdma {
-            verdict: Verdict::CanPull,
-            ..
-        })
-    ));
-    done(s.handle_frame(rdma(&[], Verdict::CanPull)));
+    set_up(
+        &mut s,
+        LaneProof {
+            can_pull: true,
+            peer_pulls: true,
+            device: false,
+            release_leases: true,
+        },
+    );
     s
 }
 
@@ -118,38 +133,28 @@ fn an_active_writer_keeps_its_lent_memory_until_the_release() {
     assert_eq!(all_about(&mut s, &f), ["GiveBack"]);
 }
 
-/// Device memory is lent through UCX only where both sides' UCX moves CUDA
-/// memory and this side reached the peer; each side's answer says its own.
+/// Device memory is lent through the lane only where its proof says both
+/// sides move it (the lane decides that from both offers: see
+/// `transport::pull::ucx_offer` in the `ferry` crate).
 #[test]
-fn ucx_lends_device_memory_only_where_both_move_cuda_memory() {
-    for (peer, mine, reached) in [
-        (true, true, true),
-        (true, false, true),
-        (false, true, true),
-        (true, true, false),
-    ] {
+fn a_lane_lends_device_memory_only_where_its_proof_says_so() {
+    for (device, reached) in [(true, true), (false, true), (true, false)] {
         let mut s = passive(NO_CAPS);
-        let offer = Message::Rdma(Rdma {
-            address: vec![1; 8],
-            verdict: Verdict::Unknown,
-            cuda: peer,
-        });
-        assert!(matches!(s.handle_frame(offer), Ok(Step::RdmaOffer { .. })));
-        let answer = s.rdma_answered(reached, vec![2; 8], mine);
-        let Message::Rdma(a) = answer else {
-            panic!("{answer:?}")
+        let proof = LaneProof {
+            can_pull: reached,
+            peer_pulls: reached,
+            device: device && reached,
+            release_leases: true,
         };
-        assert_eq!(a.cuda, mine && reached, "the answer says this side's own");
-        done(s.handle_frame(rdma(&[], Verdict::CanPull)));
-        let both = peer && mine && reached;
-        assert_eq!(s.caps().ucx_cuda, both, "{peer} {mine} {reached}");
-        assert!(!s.caps().cuda_ipc, "never CUDA IPC with UCX");
+        set_up(&mut s, proof);
+        let both = device && reached;
+        assert_eq!(s.caps().lends_device(), both, "{device} {reached}");
         assert_eq!(
             crate::session::can_lend(&[4096], true, s.caps()),
             both,
-            "device memory lent: {peer} {mine} {reached}"
+            "device memory lent: {device} {reached}"
         );
-        // Host memory is lent wherever UCX is set up both ways.
+        // Host memory is lent wherever the lane is set up both ways.
         assert_eq!(crate::session::can_lend(&[4096], false, s.caps()), reached);
     }
 }

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::cursor::CursorError;
-use crate::wire::{Auth, Rdma};
+use crate::wire::Auth;
 
 // ---------------------------------------------------------------------------
 // Every violation, each provoked by the frames that break its rule. Each
@@ -70,76 +70,81 @@ fn auth_without_secret() -> Violation {
     v
 }
 
-fn attach_to_active_side() -> Violation {
+fn unknown_lane() -> Violation {
+    // Either side: a lane this side does not set up by offers.
+    let mut s = passive(ATTACH);
+    let v = s.handle_frame(offer(LaneId(77), 0)).unwrap_err();
+    assert_eq!(v, Violation::UnknownLane { lane: 77 });
+    assert!(acts(&mut s).is_empty());
     let mut s = active(ATTACH);
-    for verdict in [Verdict::Unknown, Verdict::CanPull, Verdict::Refused] {
+    s.set_lanes(&LANES);
+    assert_eq!(
+        s.handle_frame(offer(LaneId(9), 1)).unwrap_err(),
+        Violation::UnknownLane { lane: 9 }
+    );
+    // A passive side that was told no lanes knows none.
+    let mut s: Session<F> = Session::new(Role::Passive, NO_CAPS);
+    assert_eq!(
+        s.handle_frame(offer(LANES[0], 0)).unwrap_err(),
+        Violation::UnknownLane { lane: 1 }
+    );
+    v
+}
+
+fn lane_out_of_turn() -> Violation {
+    let (cma, ucx) = (LANES[0], LANES[1]);
+    let turn = |lane: LaneId, round| Violation::LaneOutOfTurn {
+        lane: lane.0,
+        round,
+    };
+    // To the active side, a lane it did not open, whatever the round.
+    let mut s = active(ATTACH);
+    s.set_lanes(&LANES);
+    for round in [0, 1, 2, 3] {
         assert_eq!(
-            s.handle_frame(attach(verdict)).unwrap_err(),
-            Violation::AttachToActiveSide
+            s.handle_frame(offer(cma, round)).unwrap_err(),
+            turn(cma, round)
         );
     }
     assert!(acts(&mut s).is_empty());
-    Violation::AttachToActiveSide
-}
-
-fn attach_out_of_turn() -> Violation {
-    // A verdict before any nonce.
+    // A verdict before any offer.
     let mut s = passive(NO_CAPS);
-    let v = s.handle_frame(attach(Verdict::CanPull)).unwrap_err();
-    assert_eq!(v, Violation::AttachOutOfTurn);
-    assert!(acts(&mut s).is_empty());
-    v
-}
-
-fn rdma(address: &[u8], verdict: Verdict) -> Message {
-    Message::Rdma(Rdma {
-        address: address.to_vec(),
-        verdict,
-        cuda: false,
-    })
-}
-
-fn rdma_to_active_side() -> Violation {
-    let mut s = active(NO_CAPS);
-    let v = s.handle_frame(rdma(&[1; 8], Verdict::Unknown)).unwrap_err();
-    assert_eq!(v, Violation::RdmaToActiveSide);
-    assert!(acts(&mut s).is_empty());
-    v
-}
-
-fn rdma_out_of_turn() -> Violation {
-    // A verdict before any address.
-    let mut s = passive(NO_CAPS);
-    let v = s.handle_frame(rdma(&[], Verdict::CanPull)).unwrap_err();
-    assert_eq!(v, Violation::RdmaOutOfTurn);
-    // An empty offer.
-    let mut s = passive(NO_CAPS);
-    assert_eq!(
-        s.handle_frame(rdma(&[], Verdict::Unknown)).unwrap_err(),
-        Violation::RdmaOutOfTurn
-    );
+    let v = s.handle_frame(offer(cma, 2)).unwrap_err();
+    assert_eq!(v, turn(cma, 2));
+    assert_eq!(s.handle_frame(offer(ucx, 1)).unwrap_err(), turn(ucx, 1));
     // A second offer while the first is being answered.
     let mut s = passive(NO_CAPS);
     assert!(matches!(
-        s.handle_frame(rdma(&[1; 8], Verdict::Unknown)),
-        Ok(Step::RdmaOffer { .. })
+        s.handle_frame(offer(ucx, 0)),
+        Ok(Step::LaneOffer { round: 0, .. })
     ));
-    assert_eq!(
-        s.handle_frame(rdma(&[1; 8], Verdict::Unknown)).unwrap_err(),
-        Violation::RdmaOutOfTurn
-    );
-    // RDMA set up, then an attach: one way of lending per connection.
-    let _ = s.rdma_answered(true, vec![2; 8], false);
-    assert!(matches!(
-        s.handle_frame(rdma(&[], Verdict::CanPull)),
-        Ok(Step::Done)
-    ));
+    assert_eq!(s.handle_frame(offer(ucx, 0)).unwrap_err(), turn(ucx, 0));
+    assert_eq!(s.handle_frame(offer(ucx, 2)).unwrap_err(), turn(ucx, 2));
+    // An earlier lane after a later one began: lanes go in order of ids.
+    assert_eq!(s.handle_frame(offer(cma, 0)).unwrap_err(), turn(cma, 0));
+    // A lane set up that proved a way: no other lane after it.
+    let proved = LaneAnswer {
+        bytes: None,
+        settled: Some(LaneProof {
+            can_pull: true,
+            peer_pulls: true,
+            ..LaneProof::default()
+        }),
+    };
+    let mut s = passive(NO_CAPS);
+    s.handle_frame(offer(cma, 0)).unwrap();
+    let answer = LaneAnswer {
+        bytes: Some(vec![1]),
+        settled: None,
+    };
+    assert!(s.lane_answered(cma, answer).is_some());
+    s.handle_frame(offer(cma, 2)).unwrap();
+    assert_eq!(s.lane_answered(cma, proved), None);
     assert!(s.caps().attach && s.caps().can_pull && s.caps().peer_pulls);
-    assert_eq!(
-        s.handle_frame(attach(Verdict::Unknown)).unwrap_err(),
-        Violation::AttachOutOfTurn
-    );
-    Violation::RdmaOutOfTurn
+    assert_eq!(s.handle_frame(offer(ucx, 0)).unwrap_err(), turn(ucx, 0));
+    // Nor a round after its exchange ended.
+    assert_eq!(s.handle_frame(offer(cma, 4)).unwrap_err(), turn(cma, 4));
+    v
 }
 
 fn open_to_active_side() -> Violation {
@@ -349,8 +354,8 @@ fn variant(v: &Violation) -> usize {
         Violation::UnexpectedHello => 0,
         Violation::UnexpectedAuth => 1,
         Violation::AuthWithoutSecret => 2,
-        Violation::AttachToActiveSide => 3,
-        Violation::AttachOutOfTurn => 4,
+        Violation::UnknownLane { .. } => 3,
+        Violation::LaneOutOfTurn { .. } => 4,
         Violation::OpenToActiveSide => 5,
         Violation::RequestNumberInUse(_) => 6,
         Violation::UnexpectedData { .. } => 7,
@@ -363,14 +368,12 @@ fn variant(v: &Violation) -> usize {
         Violation::LeaseWithoutAttach => 14,
         Violation::UnaskedLease { .. } => 15,
         Violation::LeaseShapeMismatch { .. } => 16,
-        Violation::RdmaToActiveSide => 17,
-        Violation::RdmaOutOfTurn => 18,
-        Violation::DataForDeviceMemory { .. } => 19,
-        Violation::MissingDigest { .. } => 20,
-        Violation::UnexpectedDigest { .. } => 21,
+        Violation::DataForDeviceMemory { .. } => 17,
+        Violation::MissingDigest { .. } => 18,
+        Violation::UnexpectedDigest { .. } => 19,
     }
 }
-const VARIANTS: usize = 22;
+const VARIANTS: usize = 20;
 
 type Provoker = fn() -> Violation;
 
@@ -378,8 +381,8 @@ const PROVOKERS: [(&str, Provoker); VARIANTS] = [
     ("unexpected_hello", unexpected_hello),
     ("unexpected_auth", unexpected_auth),
     ("auth_without_secret", auth_without_secret),
-    ("attach_to_active_side", attach_to_active_side),
-    ("attach_out_of_turn", attach_out_of_turn),
+    ("unknown_lane", unknown_lane),
+    ("lane_out_of_turn", lane_out_of_turn),
     ("open_to_active_side", open_to_active_side),
     ("request_number_in_use", request_number_in_use),
     ("unexpected_data", unexpected_data),
@@ -392,8 +395,6 @@ const PROVOKERS: [(&str, Provoker); VARIANTS] = [
     ("lease_without_attach", lease_without_attach),
     ("unasked_lease", unasked_lease),
     ("lease_shape_mismatch", lease_shape_mismatch),
-    ("rdma_to_active_side", rdma_to_active_side),
-    ("rdma_out_of_turn", rdma_out_of_turn),
     ("data_for_device_memory", data_for_device_memory),
     ("missing_digest", missing_digest),
     ("unexpected_digest", unexpected_digest),
@@ -431,8 +432,8 @@ violation_tests!(
     unexpected_hello,
     unexpected_auth,
     auth_without_secret,
-    attach_to_active_side,
-    attach_out_of_turn,
+    unknown_lane,
+    lane_out_of_turn,
     open_to_active_side,
     request_number_in_use,
     unexpected_data,
@@ -445,9 +446,7 @@ violation_tests!(
     lease_without_attach,
     unasked_lease,
     lease_shape_mismatch,
-    rdma_to_active_side,
     data_for_device_memory,
-    rdma_out_of_turn,
     missing_digest,
     unexpected_digest,
 );
@@ -468,102 +467,105 @@ fn every_violation_is_provoked_by_its_own_test() {
 // More frames that break each rule.
 
 #[test]
-fn attach_frames_out_of_the_exchange_order() {
-    // The nonce twice (the offer is being made).
-    let mut s = passive(ATTACH);
-    assert!(matches!(
-        s.handle_frame(attach(Verdict::Unknown)),
-        Ok(Step::AttachOffer { nonce }) if nonce == [9; 16]
-    ));
-    assert_eq!(
-        s.handle_frame(attach(Verdict::Unknown)).unwrap_err(),
-        Violation::AttachOutOfTurn
-    );
-    // The offer sent: a nonce instead of a verdict.
-    let mut s = passive(ATTACH);
-    s.handle_frame(attach(Verdict::Unknown)).unwrap();
-    s.attach_offered(Some(([9; 16], [8; 16])), [5; 16], false);
-    assert_eq!(
-        s.handle_frame(attach(Verdict::Unknown)).unwrap_err(),
-        Violation::AttachOutOfTurn
-    );
-    // A fifth frame after the exchange.
-    let mut s = passive(ATTACH);
-    s.handle_frame(attach(Verdict::Unknown)).unwrap();
-    s.attach_offered(None, [5; 16], false);
-    s.handle_frame(attach(Verdict::Refused)).unwrap();
-    for v in [Verdict::Unknown, Verdict::CanPull, Verdict::Refused] {
-        assert_eq!(
-            s.handle_frame(attach(v)).unwrap_err(),
-            Violation::AttachOutOfTurn
-        );
+fn a_lane_exchange_goes_round_by_round_on_both_sides() {
+    let cma = LANES[0];
+    let mut a = active(NO_CAPS);
+    let mut p = passive(Caps {
+        attach: true,
+        ..NO_CAPS
+    });
+    // Only the active side opens, and only once.
+    assert_eq!(p.lane_open(cma, vec![1]), None);
+    let m = a.lane_open(cma, vec![1]).expect("round 0");
+    assert_eq!(a.lane_open(cma, vec![1]), None, "once");
+    assert_eq!(a.lane_state(cma), Some(LaneState::Awaiting(1)));
+    // Each side answers the other's round with the next one, until one
+    // side's lane settles.
+    let mut to_passive = Some(m);
+    let mut rounds = vec![];
+    for turn in 0..4u8 {
+        let (me, msg) = if turn % 2 == 0 {
+            (&mut p, to_passive.take().unwrap())
+        } else {
+            (&mut a, to_passive.take().unwrap())
+        };
+        let Ok(Step::LaneOffer { lane, round, bytes }) = me.handle_frame(msg) else {
+            panic!("turn {turn}")
+        };
+        assert_eq!((lane, round, bytes), (cma, turn, vec![turn + 1]));
+        rounds.push(round);
+        let last = turn == 3;
+        let answer = LaneAnswer {
+            bytes: (!last).then(|| vec![turn + 2]),
+            settled: (turn >= 2).then_some(LaneProof {
+                can_pull: true,
+                peer_pulls: turn == 3,
+                device: true,
+                release_leases: false,
+            }),
+        };
+        to_passive = me.lane_answered(lane, answer);
+        assert_eq!(to_passive.is_some(), !last, "turn {turn}");
     }
+    assert_eq!(rounds, [0, 1, 2, 3]);
+    // What each side's lane proved is the connection's.
+    assert!(p.caps().attach && p.caps().can_pull && !p.caps().peer_pulls);
+    assert!(p.caps().lends_device());
+    assert!(a.caps().attach && a.caps().can_pull && a.caps().peer_pulls);
+    assert!(matches!(a.lane_state(cma), Some(LaneState::Settled(_))));
+    // An answer nobody asked for sends nothing.
+    assert_eq!(a.lane_answered(cma, LaneAnswer::default()), None);
+    assert!(acts(&mut a).is_empty() && acts(&mut p).is_empty());
 }
 
 #[test]
-fn the_attach_exchange_in_order_sets_the_caps() {
-    let nonces = ([9; 16], [8; 16]);
-    // The proof bytes this side placed; the test's verdicts carry [9; 16]
-    // (see `attach`), and echo them where the peer read them.
-    let (read, not_read) = ([9; 16], [4; 16]);
-    for (offer, verdict, proof, ok) in [
-        (Some(nonces), Verdict::CanPull, read, true),
-        (Some(nonces), Verdict::CanPull, not_read, false),
-        (Some(nonces), Verdict::Refused, read, false),
-        (None, Verdict::CanPull, read, false),
-    ] {
-        let mut s = passive(Caps {
-            attach: true,
-            ..NO_CAPS
-        });
-        match s.handle_frame(attach(Verdict::Unknown)) {
-            Ok(Step::AttachOffer { nonce }) => assert_eq!(nonce, [9; 16]),
-            other => panic!("{other:?}"),
-        }
-        s.attach_offered(offer, proof, false);
-        match s.handle_frame(attach(verdict)) {
-            Ok(Step::AttachVerify { nonces, pid, addr }) => {
-                assert_eq!((nonces, pid, addr), (offer, 42, 0x5000))
-            }
-            other => panic!("{other:?}"),
-        }
-        // The peer may copy from this side only if it read our offer and
-        // proved it (its word alone is not enough).
-        assert_eq!(s.caps().peer_pulls, ok, "{offer:?} {verdict:?} {proof:?}");
-        assert!(!s.caps().can_pull);
-        for probe in [None, Some([7; 16])] {
-            let m = s.attach_verified(probe);
-            let want = if probe.is_some() {
-                Verdict::CanPull
-            } else {
-                Verdict::Refused
-            };
-            assert!(matches!(
-                m,
-                Message::Attach(Attach { pid: 0, addr: 0, verdict, cookie, .. })
-                    if verdict == want && cookie == probe.unwrap_or_default()
-            ));
-            assert_eq!(s.caps().can_pull, probe.is_some());
-        }
-        assert!(acts(&mut s).is_empty());
-    }
-}
-
-#[test]
-fn a_verdict_without_its_proof_bytes_proves_nothing() {
-    let with = |verdict, cookie| Attach {
-        pid: 0,
-        addr: 0,
-        cookie,
-        verdict,
-        cuda_ipc: false,
+fn a_lane_that_proved_nothing_leaves_the_next_one_its_turn() {
+    let (cma, ucx) = (LANES[0], LANES[1]);
+    let mut s = passive(Caps {
+        attach: true,
+        ..NO_CAPS
+    });
+    s.handle_frame(offer(cma, 0)).unwrap();
+    let declined = LaneAnswer {
+        bytes: Some(vec![0]),
+        settled: None,
     };
-    assert!(proves(&with(Verdict::CanPull, [3; 16]), &[3; 16]));
-    assert!(!proves(&with(Verdict::CanPull, [3; 16]), &[4; 16]));
-    assert!(!proves(&with(Verdict::Refused, [3; 16]), &[3; 16]));
-    assert!(!proves(&with(Verdict::Unknown, [3; 16]), &[3; 16]));
-    // Zeros, what a verdict without a proof carries, never count.
-    assert!(!proves(&with(Verdict::CanPull, [0; 16]), &[0; 16]));
+    s.lane_answered(cma, declined).unwrap();
+    s.handle_frame(offer(cma, 2)).unwrap();
+    let nothing = LaneAnswer {
+        bytes: Some(vec![2]),
+        settled: Some(LaneProof::default()),
+    };
+    assert!(matches!(
+        s.lane_answered(cma, nothing),
+        Some(Message::LaneOffer(LaneOffer { round: 3, .. }))
+    ));
+    assert!(!s.caps().can_pull && !s.caps().peer_pulls);
+    // The next lane may begin; where it proves a way, its leases end as
+    // it says.
+    s.handle_frame(offer(ucx, 0)).unwrap();
+    s.lane_answered(ucx, declined_then(vec![5])).unwrap();
+    s.handle_frame(offer(ucx, 2)).unwrap();
+    let proof = LaneProof {
+        can_pull: true,
+        peer_pulls: true,
+        device: false,
+        release_leases: true,
+    };
+    let settled = LaneAnswer {
+        bytes: None,
+        settled: Some(proof),
+    };
+    assert_eq!(s.lane_answered(ucx, settled), None);
+    assert!(s.caps().can_pull && s.caps().peer_pulls && !s.caps().lends_device());
+    assert_eq!(s.lane_state(ucx), Some(LaneState::Settled(proof)));
+}
+
+fn declined_then(bytes: Vec<u8>) -> LaneAnswer {
+    LaneAnswer {
+        bytes: Some(bytes),
+        settled: None,
+    }
 }
 
 #[test]

@@ -57,6 +57,7 @@ impl Lane for CmaPuller {
             reach: Reach::Host,
             within_process: true,
             failure: SCOPE,
+            proven_by: LaneId::CMA,
         }
     }
 
@@ -322,6 +323,8 @@ fn merged(ranges: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
     }
     out
 }
+
+pub(crate) mod offer;
 
 #[cfg(all(test, target_os = "linux"))]
 #[path = "../../../tests/support/uffd.rs"]

@@ -175,6 +175,8 @@ impl Lane for CudaIpcPuller {
             // CUDA does not open a process's own IPC handles.
             within_process: false,
             failure: SCOPE,
+            // Rides on cross-memory attach's proof of the peer.
+            proven_by: LaneId::CMA,
         }
     }
 

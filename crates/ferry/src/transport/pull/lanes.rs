@@ -7,9 +7,10 @@
 //! the lane it named.
 //!
 //! A new lane is a file of its own in this folder, a line in
-//! [`Lanes::offered`] and an arm in each `match` on a lane's id here.
+//! [`Lanes::offered`] and an arm in each `match` on a lane's id here (and,
+//! where it proves its peer with offers of its own, an arm in
+//! `exchange.rs`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use ferry_proto::lane::{FailureScope, LaneCaps, LaneId, LaneSet, Proven};
@@ -170,24 +171,23 @@ pub(crate) struct Peers {
     ipc: OnceLock<Arc<IpcPeer>>,
     /// An endpoint to the peer's UCX worker, once this side reached it.
     pub(crate) ucx: OnceLock<Arc<Endpoint>>,
-    /// A network lane (UCX) was set up: it lends and pulls on this
-    /// connection instead of the host lanes.
-    network: AtomicBool,
+    /// The lane whose offers proved a way on this connection (its lanes,
+    /// [`LaneCaps::proven_by`], lend and pull on it).
+    proved: OnceLock<LaneId>,
 }
 
 impl Peers {
-    /// The connection set up a network lane (UCX).
-    pub(crate) fn set_network(&self) {
-        self.network.store(true, Ordering::Release);
+    /// Lane `id`'s offers proved that a side can copy from the other.
+    pub(crate) fn set_proved(&self, id: LaneId) {
+        let _ = self.proved.set(id);
     }
 
-    /// What the connection proved, with the session's `caps` (what both
-    /// sides offered of device memory).
+    /// What the connection proved, with the session's `caps` (whether
+    /// both sides move device memory by the lane they set up).
     pub(crate) fn proven(&self, caps: &Caps) -> Proven {
         Proven {
-            network: self.network.load(Ordering::Acquire),
-            network_device: caps.ucx_cuda,
-            host_device: caps.cuda_ipc,
+            proved_by: self.proved.get().copied(),
+            device: caps.device,
             same_process: self.process.get().is_some_and(|p| p.pid() == cma::pid()),
         }
     }
@@ -251,7 +251,7 @@ mod tests {
         assert_eq!(ids, [LaneId::CMA, LaneId::CUDA_IPC]);
         let peers = Peers::default();
         let caps = Caps {
-            cuda_ipc: true,
+            device: true,
             ..Caps::default()
         };
         // No process proven: nothing is copied, the connection ends.
@@ -266,6 +266,7 @@ mod tests {
         // connection.
         let me = cma::Peer::open(cma::pid()).expect("attach to this process");
         let _ = peers.process.set(Arc::new(me));
+        peers.set_proved(LaneId::CMA);
         let agreed = lanes.agreed(&peers.proven(&caps));
         assert!(matches!(
             peers.for_lane(LaneId::CMA, &agreed),

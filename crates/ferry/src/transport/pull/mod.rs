@@ -14,9 +14,11 @@
 //! a copy already in flight is counted by the region, which keeps the
 //! memory out of its user's hands until that copy returns.
 //!
-//! Whether a peer may be pulled from at all is probed elsewhere, during the
-//! connection's attach exchange (`transport::probe` for cross-memory
-//! attach); what the probe yields is the lane's [`Lane::Peer`].
+//! Whether a peer may be pulled from at all is proven when the lane sets
+//! itself up on the connection: each lane encodes and checks its own
+//! offers ([`offer::LaneOffers`]: cross-memory attach's pid and cookie,
+//! probed by `transport::probe`; UCX's worker address), the session keeps
+//! the turns; what the proof yields is the lane's [`Lane::Peer`].
 //!
 //! Which lane carries an operation is the planner's answer
 //! (`ferry_proto::session::lane_for`, from every lane's [`Lane::caps`]);
@@ -36,7 +38,9 @@ pub(crate) mod cma;
 mod conformance;
 pub(crate) mod cuda_ipc;
 mod error;
+pub(crate) mod exchange;
 pub(crate) mod lanes;
+pub(crate) mod offer;
 pub(crate) mod process;
 pub(crate) mod registration;
 pub(crate) mod share;

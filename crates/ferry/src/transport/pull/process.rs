@@ -94,6 +94,7 @@ impl Lane for ProcessPuller {
             reach: Reach::Process,
             within_process: true,
             failure: SCOPE,
+            proven_by: PROCESS_LANE,
         }
     }
 

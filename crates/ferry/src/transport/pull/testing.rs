@@ -134,6 +134,7 @@ impl Lane for TestPuller {
             reach: Reach::Process,
             within_process: true,
             failure: FailureScope::Connection,
+            proven_by: TEST_LANE,
         }
     }
 

@@ -158,6 +158,7 @@ impl Lane for UcxPuller {
             reach: Reach::Network,
             within_process: true,
             failure: SCOPE,
+            proven_by: LaneId::UCX,
         }
     }
 
@@ -420,6 +421,7 @@ fn ranges(segs: &[(u64, u64)]) -> Vec<(u64, u64)> {
 
 #[cfg(test)]
 mod conformance;
+pub(crate) mod offer;
 
 #[cfg(test)]
 mod tests {

@@ -27,6 +27,7 @@ use super::conn_io::*;
 use super::error::*;
 use super::request::*;
 use super::util::*;
+use crate::transport::pull::exchange::Exchange;
 use crate::transport::pull::lanes::{Lanes, Peers};
 use crate::transport::pull::LeaseBlob;
 
@@ -87,6 +88,9 @@ pub(crate) struct Conn {
     /// This side's cookie and proof bytes (`cma::placed`), kept at a fixed
     /// address for the peer to read while the connection lives.
     pub(super) cookie: Mutex<Option<Box<[u8; 32]>>>,
+    /// The lane being set up on an accepted connection, between the
+    /// peer's offers (see `transport::pull::offer`).
+    pub(super) exchange: Mutex<Option<Exchange>>,
     /// Bounds this connection's copies from the peer (see `stall.rs`).
     pub(super) copy_slots: Arc<CopySlots>,
     /// What to do once the reader has ended (`None` inside: it has).
@@ -138,6 +142,7 @@ impl Conn {
             peers: Peers::default(),
             tuple: OnceLock::new(),
             cookie: Mutex::new(None),
+            exchange: Mutex::new(None),
             copy_slots: Arc::new(CopySlots::new()),
             on_close: Mutex::new(Some(Vec::new())),
             ticket: OnceLock::new(),

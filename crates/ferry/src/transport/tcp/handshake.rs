@@ -1,26 +1,26 @@
-//! The active side's handshake: hello, authentication, and the attach
-//! probe.
+//! The active side's handshake: hello, authentication, and the lanes'
+//! set-up (carried, not decided: see `transport::pull::offer`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use ferry_proto::session::{self, Caps, Role, Session};
-use ferry_proto::wire::{self, AbortReason, Attach, Auth, Expect, Hello, Message, Rdma, Verdict};
+use ferry_proto::lane::LaneId;
+use ferry_proto::session::{Caps, LaneProof, Role, Session, Step};
+use ferry_proto::wire::{self, AbortReason, Auth, Expect, Hello, Message};
 use ferry_proto::RdmaMetadata;
 use tokio::net::TcpStream;
 
-use crate::host;
 use crate::metrics::ConnMeter;
 use crate::transport::api::Config;
-use crate::transport::cma;
-use crate::transport::probe::verify_peer;
-use crate::transport::ucx::{Endpoint, Worker};
+use crate::transport::pull::exchange::{Exchange, OFFERED};
+use crate::transport::pull::offer::{Kept, OfferCtx};
 use crate::{Error, PeerMisbehaved, Result};
 
 use super::conn::*;
 use super::conn_io::*;
 use super::error::ConnError;
 use super::reader::*;
+use super::request::Target;
 use super::secure;
 use super::util::*;
 
@@ -159,132 +159,57 @@ pub(super) async fn handshake(
         rd.secure(rx);
         w.secure(tx);
     }
-    let (mut peer_pid, mut peer_pulls, mut my_cookie) = (None, false, None);
-    // CUDA IPC carries GPU memory only where both processes offer it.
-    let offer = crate::cuda::offers_cuda_ipc();
-    let mut cuda_ipc = false;
     let tuple = match (local_addr, peer_addr) {
         (Ok(l), Ok(p)) => Some((l, p)),
         _ => None,
     };
-    if let Some((me, them)) = tuple.filter(|&(l, p)| {
-        attach && cfg.cma && remote.host_id() == cfg.host_id && cma::is_local(l, p)
-    }) {
-        let next = async |rd: &mut FrameReader| -> Result<Attach> {
-            let answer = rd.next_expecting(Expect::ATTACH_ANSWER);
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, answer).await {
-                Ok(Ok(Message::Attach(a))) => Ok(a),
-                // A passive side with a secret refuses a peer without one
-                // at its first frame after the hello.
-                Ok(Ok(Message::Abort(a))) if a.reason == AbortReason::Unauthenticated => {
-                    Err(Error::Unauthenticated {
-                        peer: peer.clone(),
-                        detail: a.detail,
-                    })
-                }
-                Ok(Ok(_)) => Err(Error::Protocol {
-                    peer: addr.to_string(),
-                    violation: PeerMisbehaved::Expected("an attach frame"),
-                }),
-                Ok(Err(e)) => Err(e.into_error(&addr.to_string())),
-                Err(_) => Err(unreachable("no answer to attach".into())),
-            }
-        };
-        // 1. Our nonce.
-        let na = host::random_bytes();
-        let hello = Message::Attach(Attach {
-            pid: cma::pid(),
-            addr: 0,
-            cookie: na,
-            verdict: Verdict::Unknown,
-            cuda_ipc: offer,
-        });
-        w.write_all(&hello.to_vec())
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
-        // 2. Theirs, and where their cookie lies (pid 0: declined).
-        let theirs = next(&mut rd).await?;
-        let np = theirs.cookie;
-        // A peer that declined (pid 0) lends nothing by attach.
-        cuda_ipc = offer && theirs.cuda_ipc && theirs.pid != 0;
-        // Our cookie, then proof bytes the peer must echo to be lent memory.
-        let cookie = cma::placed(cma::cookie(cma::Side::Active, &na, &np, me, them));
-        // The passive end of this connection is `them` -> `me`.
-        let verified = verify_peer(theirs.pid, theirs.addr, them, me, move || {
-            cma::cookie(cma::Side::Passive, &na, &np, me, them)
-        })
-        .await;
-        let ok = verified.is_some();
-        // 3. Our verdict (with their proof bytes, read), and where our
-        // cookie lies.
-        let answer = Message::Attach(Attach {
-            pid: cma::pid(),
-            addr: cookie.as_ptr() as u64,
-            cookie: verified.as_ref().map(|v| v.1).unwrap_or_default(),
-            verdict: if ok {
-                Verdict::CanPull
-            } else {
-                Verdict::Refused
-            },
-            cuda_ipc,
-        });
-        w.write_all(&answer.to_vec())
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
-        // 4. Their verdict on us: their word counts only with the proof
-        // that they read our memory (our proof bytes, echoed).
-        peer_pulls = session::proves(&next(&mut rd).await?, &cma::proof_of(&cookie));
-        peer_pid = verified.map(|v| v.0);
-        my_cookie = Some(cookie);
-        tracing::debug!(
-            peer,
-            pull_from_peer = ok,
-            peer_pulls,
-            cuda_ipc,
-            "cross-memory attach probed"
-        );
-    }
-    let mut can_pull = peer_pid.is_some();
-    let mut ucx_ep = None;
-    let mut via_ucx = false;
-    let mut ucx_cuda = false;
-    if let Some(worker) = cfg.ucx.as_ref().filter(|_| cfg.ucx_trusted && attach) {
-        if !can_pull && !peer_pulls {
-            let (mine, theirs, both_cuda) =
-                set_up_ucx(worker, &mut w, &mut rd, &peer, addr, cfg.ucx_emulated_rma).await?;
-            can_pull = mine.is_some();
-            peer_pulls = theirs;
-            via_ucx = can_pull || peer_pulls;
-            // Both moving CUDA memory implies the peer pulls: UCX is set up.
-            ucx_cuda = both_cuda;
-            ucx_ep = mine;
-        }
-    }
     let caps = Caps {
-        attach: cfg.cma || via_ucx,
-        can_pull,
-        peer_pulls,
+        attach: cfg.cma,
         secret: cfg.secret.is_some(),
-        // CUDA IPC goes with cross-memory attach, never with UCX.
-        cuda_ipc: cuda_ipc && !via_ucx,
-        ucx_cuda,
+        ..Caps::default()
     };
     let mut session = Session::new(Role::Active, caps);
     session.set_digest(cfg.digest);
-    if via_ucx {
-        session.rdma_leases();
+    session.set_lanes(&OFFERED);
+    let ctx = OfferCtx {
+        cma: cfg.cma,
+        same_host: remote.host_id() == cfg.host_id,
+        tuple,
+        // Declined on connections that cannot be trusted with UCX.
+        ucx: cfg.ucx.clone().filter(|_| cfg.ucx_trusted),
+        ucx_emulated_rma: cfg.ucx_emulated_rma,
+    };
+    let mut settled = Vec::new();
+    if attach {
+        let mut set_up = SetUp {
+            rd: &mut rd,
+            w: &mut w,
+            session: &mut session,
+            peer: &peer,
+            addr,
+        };
+        for id in OFFERED {
+            let Some((exchange, first)) = Exchange::open(id, &ctx) else {
+                continue;
+            };
+            // None once a lane proved a way (the session says).
+            let Some(m) = set_up.session.lane_open(id, first) else {
+                break;
+            };
+            let (exchange, proof) = set_up.run(id, exchange, m).await?;
+            settled.push((id, exchange, proof));
+        }
     }
     let conn = Conn::new(peer, w, cfg.handle.clone(), session, cfg.lanes);
-    if let Some(ep) = ucx_ep {
-        let _ = conn.peers.ucx.set(Arc::new(ep));
+    for (id, exchange, proof) in settled {
+        exchange.keep(Kept {
+            peers: &conn.peers,
+            cookie: &conn.cookie,
+        });
+        if proof.proves_any() {
+            conn.peers.set_proved(id);
+        }
     }
-    if via_ucx {
-        conn.peers.set_network();
-    }
-    if let Some(p) = peer_pid {
-        let _ = conn.peers.process.set(p);
-    }
-    *lock(&conn.cookie) = my_cookie;
     if let Some(t) = tuple {
         let _ = conn.tuple.set(t);
     }
@@ -299,88 +224,95 @@ pub(super) async fn handshake(
     Ok(conn)
 }
 
-/// The active side of the `Rdma` exchange: sends this worker's address,
-/// reads the passive side's answer, reaches its worker, sends the verdict.
-/// `(endpoint to the peer, whether the peer reached this worker, whether
-/// both sides' UCX moves CUDA memory)`.
-async fn set_up_ucx(
-    worker: &Arc<Worker>,
-    w: &mut ConnWriter,
-    rd: &mut FrameReader,
-    peer: &str,
+/// The active side's part in setting lanes up: it carries each lane's
+/// offers to the peer and the peer's back, and decides nothing (the lane's
+/// code reads and writes the offers, the session keeps the turns).
+struct SetUp<'a> {
+    rd: &'a mut FrameReader,
+    w: &'a mut ConnWriter,
+    session: &'a mut Session<Target>,
+    peer: &'a str,
     addr: SocketAddr,
-    emulated: bool,
-) -> Result<(Option<Endpoint>, bool, bool)> {
-    let cuda = crate::transport::ucx::moves_cuda();
-    let offer = Message::Rdma(Rdma {
-        address: worker.address().to_vec(),
-        verdict: Verdict::Unknown,
-        cuda,
-    });
-    let lost = |cause: String| Error::Unreachable {
-        worker: peer.to_string(),
-        addresses: addr.to_string(),
-        cause,
-    };
-    w.write_all(&offer.to_vec())
-        .await
-        .map_err(|e| lost(e.to_string()))?;
-    let answer = rd.next_expecting(Expect::RDMA_ANSWER);
-    let answer = match tokio::time::timeout(HANDSHAKE_TIMEOUT, answer).await {
-        Ok(Ok(Message::Rdma(a))) => a,
-        Ok(Ok(Message::Abort(a))) if a.reason == AbortReason::Unauthenticated => {
-            return Err(Error::Unauthenticated {
-                peer: peer.to_string(),
-                detail: a.detail,
-            })
-        }
-        Ok(Ok(_)) => {
-            return Err(Error::Protocol {
-                peer: addr.to_string(),
-                violation: PeerMisbehaved::Expected("an rdma set-up frame"),
-            })
-        }
-        Ok(Err(e)) => return Err(e.into_error(&addr.to_string())),
-        Err(_) => return Err(lost("no answer to the rdma set-up".into())),
-    };
-    let theirs = answer.verdict == Verdict::CanPull && !answer.address.is_empty();
-    let mine = if theirs {
-        match worker.connect(&answer.address) {
-            Ok(ep) if emulated || ep.has_rma_lane() => Some(ep),
-            Ok(_) => {
-                tracing::debug!(
-                    peer,
-                    "UCX: no RMA transport to the peer (gets would be emulated): declined"
-                );
-                None
+}
+
+impl SetUp<'_> {
+    /// Sends `first` (lane `id`'s round 0), then carries the exchange until
+    /// the lane settles: the exchange, to keep with the connection, and
+    /// what it proved.
+    async fn run(
+        &mut self,
+        id: LaneId,
+        mut exchange: Exchange,
+        first: Message,
+    ) -> Result<(Exchange, LaneProof)> {
+        let mut out = Some(first);
+        loop {
+            if let Some(m) = out.take() {
+                self.send(m).await?;
             }
-            Err(e) => {
-                tracing::debug!(peer, "UCX: cannot reach the peer's worker: {e}");
-                None
+            let (lane, round, bytes) = self.next(id).await?;
+            let answer = exchange
+                .accept(round, &bytes)
+                .await
+                .map_err(|e| self.misbehaved(PeerMisbehaved::Wire(e)))?;
+            let settled = answer.settled;
+            out = self.session.lane_answered(lane, answer);
+            if let Some(proof) = settled {
+                if let Some(m) = out.take() {
+                    self.send(m).await?;
+                }
+                return Ok((exchange, proof));
             }
         }
-    } else {
-        None
-    };
-    let verdict = Message::Rdma(Rdma {
-        address: Vec::new(),
-        cuda,
-        verdict: if mine.is_some() {
-            Verdict::CanPull
-        } else {
-            Verdict::Refused
-        },
-    });
-    w.write_all(&verdict.to_vec())
-        .await
-        .map_err(|e| lost(e.to_string()))?;
-    let cuda_memory = cuda && answer.cuda && theirs;
-    tracing::debug!(
-        peer,
-        pull_from_peer = mine.is_some(),
-        peer_pulls = theirs,
-        cuda_memory,
-        "UCX set up"
-    );
-    Ok((mine, theirs, cuda_memory))
+    }
+
+    async fn send(&mut self, m: Message) -> Result<()> {
+        self.w
+            .write_all(&m.to_vec())
+            .await
+            .map_err(|e| Error::Unreachable {
+                worker: self.peer.to_string(),
+                addresses: self.addr.to_string(),
+                cause: e.to_string(),
+            })
+    }
+
+    fn misbehaved(&self, violation: PeerMisbehaved) -> Error {
+        Error::Protocol {
+            peer: self.addr.to_string(),
+            violation,
+        }
+    }
+
+    /// The peer's next offer for lane `id`, as the session takes it.
+    async fn next(&mut self, id: LaneId) -> Result<(LaneId, u8, Vec<u8>)> {
+        let answer = self.rd.next_expecting(Expect::LANE_ANSWER);
+        let frame = match tokio::time::timeout(HANDSHAKE_TIMEOUT, answer).await {
+            Ok(Ok(m)) => m,
+            Ok(Err(e)) => return Err(e.into_error(&self.addr.to_string())),
+            Err(_) => {
+                return Err(Error::Unreachable {
+                    worker: self.peer.to_string(),
+                    addresses: self.addr.to_string(),
+                    cause: format!("no answer to the {id} set-up"),
+                })
+            }
+        };
+        match frame {
+            // A passive side with a secret refuses a peer without one at
+            // its first frame after the hello.
+            Message::Abort(a) if a.reason == AbortReason::Unauthenticated => {
+                Err(Error::Unauthenticated {
+                    peer: self.peer.to_string(),
+                    detail: a.detail,
+                })
+            }
+            m @ Message::LaneOffer(_) => match self.session.handle_frame(m) {
+                Ok(Step::LaneOffer { lane, round, bytes }) => Ok((lane, round, bytes)),
+                Ok(_) => Err(self.misbehaved(PeerMisbehaved::Expected("a lane offer"))),
+                Err(v) => Err(self.misbehaved(PeerMisbehaved::Session(v))),
+            },
+            _ => Err(self.misbehaved(PeerMisbehaved::Expected("a lane offer"))),
+        }
+    }
 }

@@ -11,6 +11,7 @@ use crate::auth::Secret;
 use crate::metrics::ConnMeter;
 use crate::transport::admission::{Activity, Admission, Grouping};
 use crate::transport::api::{Config, Host};
+use crate::transport::pull::exchange::OFFERED;
 use crate::Result;
 
 use super::conn::*;
@@ -140,6 +141,7 @@ pub(super) async fn listen(
             };
             let mut session = Session::new(Role::Passive, caps);
             session.set_digest(inner.digest);
+            session.set_lanes(&OFFERED);
             let conn = Conn::new(peer, w, inner.host.handle.clone(), session, inner.lanes);
             // Closed if it must make room while it carries no live
             // operation (see `admission.rs`).

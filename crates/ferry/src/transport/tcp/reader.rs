@@ -4,19 +4,18 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_proto::lane::Mem;
-use ferry_proto::session::{self, lends, Liveness, Nonces, Step, Tick};
-use ferry_proto::wire::{AbortReason, Attach, Message, Open, Verdict};
+use ferry_proto::lane::{LaneId, Mem};
+use ferry_proto::session::{self, lends, Liveness, Step, Tick};
+use ferry_proto::wire::{AbortReason, Message, Open};
 use ferry_proto::{OperationKind, OperationStatus};
 use tokio::sync::watch;
 
 use crate::exposure::{PassiveLink, Refusal};
-use crate::host;
 use crate::metrics::ConnMeter;
 use crate::transport::api::Host;
-use crate::transport::cma;
-use crate::transport::probe::verify_peer;
+use crate::transport::pull::exchange::Exchange;
 use crate::transport::pull::lanes::Lanes;
+use crate::transport::pull::offer::{Kept, OfferCtx};
 use crate::transport::stall::NoSlot;
 use crate::transport::ucx::Worker;
 use crate::{Error, Result};
@@ -250,115 +249,58 @@ pub(super) async fn step(
             }
             None => Ok(()),
         },
-        Step::AttachOffer { nonce } => {
-            offer_attach(conn, inner.is_some_and(|i| i.cma), nonce);
-            Ok(())
-        }
-        Step::AttachVerify { nonces, pid, addr } => {
-            verify_attach(conn, nonces, pid, addr);
-            Ok(())
-        }
-        Step::RdmaOffer { address } => {
-            let emulated = inner.is_some_and(|i| i.ucx_emulated_rma);
-            answer_rdma(conn, inner.and_then(|i| i.ucx.as_ref()), &address, emulated);
-            Ok(())
-        }
+        Step::LaneOffer { lane, round, bytes } => match inner {
+            Some(inner) => answer_offer(conn, inner, lane, round, &bytes).await,
+            // An active side's lanes were set up in its handshake.
+            None => Ok(()),
+        },
     }
 }
 
-/// Answers the active side's nonce with this side's offer (its pid, its
-/// nonce, where its cookie lies), or declines (pid 0).
-fn offer_attach(conn: &Arc<Conn>, enabled: bool, theirs: [u8; 16]) {
-    let usable = conn
-        .tuple
-        .get()
-        .copied()
-        .filter(|&(act, pas)| enabled && cma::is_local(pas, act));
-    let (answer, nonces, proof) = match usable {
-        Some((act, pas)) => {
-            let np = host::random_bytes();
-            // The cookie, then proof bytes the peer must echo to be lent
-            // memory.
-            let cookie = cma::placed(cma::cookie(cma::Side::Passive, &theirs, &np, act, pas));
-            let at = cookie.as_ptr() as u64;
-            let proof = cma::proof_of(&cookie);
-            *lock(&conn.cookie) = Some(cookie);
-            let offer = Attach {
-                pid: cma::pid(),
-                addr: at,
-                cookie: np,
-                verdict: Verdict::Unknown,
-                cuda_ipc: crate::cuda::offers_cuda_ipc(),
+/// Answers the peer's offer of `round` in lane `lane`'s set-up with that
+/// lane's code, and sends what it answers. The reader waits for it (a
+/// probe is bounded: `transport::probe`): what the lane proves must be the
+/// session's before the next frame is.
+async fn answer_offer(
+    conn: &Arc<Conn>,
+    inner: &Arc<Served>,
+    lane: LaneId,
+    round: u8,
+    bytes: &[u8],
+) -> Result<(), ConnError> {
+    let taken = lock(&conn.exchange).take();
+    let mut exchange = match taken {
+        Some(e) if round > 0 => e,
+        _ => {
+            let ctx = OfferCtx {
+                cma: inner.cma,
+                same_host: true,
+                tuple: conn.tuple.get().copied(),
+                ucx: inner.ucx.clone(),
+                ucx_emulated_rma: inner.ucx_emulated_rma,
             };
-            (offer, Some((theirs, np)), proof)
-        }
-        None => {
-            let decline = Attach {
-                pid: 0,
-                addr: 0,
-                cookie: [0; 16],
-                verdict: Verdict::Unknown,
-                cuda_ipc: false,
-            };
-            (decline, None, [0; 16])
-        }
-    };
-    lock(&conn.session).attach_offered(nonces, proof, answer.cuda_ipc);
-    conn.send_detached(Message::Attach(answer));
-}
-
-/// Reaches the active side's UCX worker at `address` (if UCX runs here),
-/// then answers with this side's worker address and verdict.
-fn answer_rdma(conn: &Arc<Conn>, worker: Option<&Arc<Worker>>, address: &[u8], emulated: bool) {
-    let reached = worker.and_then(|w| match w.connect(address) {
-        Ok(ep) if emulated || ep.has_rma_lane() => Some((w, ep)),
-        Ok(_) => {
-            tracing::debug!(
-                peer = conn.peer,
-                "UCX: no RMA transport to the peer (gets would be emulated): declined"
-            );
-            None
-        }
-        Err(e) => {
-            tracing::debug!(peer = conn.peer, "UCX: cannot reach the peer's worker: {e}");
-            None
-        }
-    });
-    let answer = match reached {
-        Some((w, ep)) => {
-            let _ = conn.peers.ucx.set(Arc::new(ep));
-            conn.peers.set_network();
-            let cuda = crate::transport::ucx::moves_cuda();
-            lock(&conn.session).rdma_answered(true, w.address().to_vec(), cuda)
-        }
-        None => lock(&conn.session).rdma_answered(false, Vec::new(), false),
-    };
-    conn.send_detached(answer);
-}
-
-/// Probes the active side's cookie, then answers with this side's verdict.
-fn verify_attach(conn: &Arc<Conn>, nonces: Option<Nonces>, pid: u32, addr: u64) {
-    let conn = conn.clone();
-    let tuple = conn.tuple.get().copied();
-    conn.handle.clone().spawn(async move {
-        let verified = match (nonces, tuple) {
-            (Some((na, np)), Some((act, pas))) => {
-                // The active end of this connection is `act` -> `pas`.
-                verify_peer(pid, addr, act, pas, move || {
-                    cma::cookie(cma::Side::Active, &na, &np, act, pas)
-                })
-                .await
+            match Exchange::answering(lane, &ctx) {
+                Some(e) => e,
+                None => return Ok(()),
             }
-            _ => None,
-        };
-        // The peer's proof bytes go back with the verdict.
-        let read = verified.as_ref().map(|v| v.1);
-        if let Some((p, _)) = verified {
-            let _ = conn.peers.process.set(p);
         }
-        let verdict = lock(&conn.session).attach_verified(read);
-        conn.send_detached(verdict);
-    });
+    };
+    let answer = exchange.accept(round, bytes).await?;
+    if let Some(proof) = answer.settled {
+        exchange.keep(Kept {
+            peers: &conn.peers,
+            cookie: &conn.cookie,
+        });
+        if proof.proves_any() {
+            conn.peers.set_proved(lane);
+        }
+    } else {
+        *lock(&conn.exchange) = Some(exchange);
+    }
+    if let Some(m) = lock(&conn.session).lane_answered(lane, answer) {
+        conn.send_detached(m);
+    }
+    Ok(())
 }
 
 /// Checks request `o` against the exposure table, binds it, and starts

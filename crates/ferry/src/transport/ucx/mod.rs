@@ -281,7 +281,7 @@ fn memory_types(api: &Api, context: ffi::Context) -> u64 {
 /// `FERRY_UCX_CUDA` is `1`, its UCX lists the CUDA memory type and a CUDA
 /// driver that sees a device is here (not a simulation); or a test said
 /// so ([`simulate_ucx_cuda`](crate::cuda::simulate_ucx_cuda)). What it
-/// says in the `Rdma` exchange.
+/// says in its UCX offers (`pull/ucx/offer.rs`).
 pub(crate) fn moves_cuda() -> bool {
     if crate::cuda::simulates_ucx_cuda() {
         return true;
