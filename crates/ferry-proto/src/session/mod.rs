@@ -19,6 +19,7 @@
 mod action;
 mod digest;
 mod fence;
+mod heartbeat;
 pub mod liveness;
 mod offer;
 mod plan;
@@ -259,26 +260,8 @@ impl<T: Fence> Session<T> {
             }
             Message::Finish { req } => self.on_finish(req),
             Message::Abort(a) => self.on_abort(a),
-            // A heartbeat is answered at once, whatever is in progress
-            // here (see `liveness`); its answer asks for nothing.
-            Message::Ping => {
-                self.reply(Message::Pong);
-                Ok(Step::Done)
-            }
-            Message::Pong => Ok(Step::Done),
+            m @ (Message::Ping | Message::Pong) => Ok(self.on_heartbeat(&m)),
             Message::Digest(d) => self.on_digest(d),
-        }
-    }
-
-    /// The peer was declared unresponsive (see [`liveness`]): tells it,
-    /// where it can still hear, that every request in flight ends
-    /// ([`AbortReason::PeerUnresponsive`], `detail` says after how long).
-    /// The driver then ends them here and closes the connection
-    /// ([`drain`](Self::drain)).
-    pub fn unresponsive(&mut self, detail: &str) {
-        let reqs: Vec<u64> = self.requests.keys().copied().collect();
-        for req in reqs {
-            self.abort(req, AbortReason::PeerUnresponsive, detail.to_string());
         }
     }
 
