@@ -26,7 +26,7 @@ use ferry_proto::wire::WireError;
 
 use crate::host;
 use crate::transport::cma::{self, Peer, Side};
-use crate::transport::probe::verify_peer;
+use crate::transport::probe::{attach, verify_peer};
 use crate::transport::pull::offer::{Kept, LaneOffers, OfferCtx};
 
 /// What one side found when it tried to read the other's cookie.
@@ -187,14 +187,17 @@ impl CmaExchange {
         self.nonces = Some((na, np));
         let cookie = cma::placed(cma::cookie(Side::Active, &na, &np, me, them));
         // The passive end of this connection is `them` -> `me`.
-        let verified = verify_peer(theirs.pid, theirs.addr, them, me, move || {
-            cma::cookie(Side::Passive, &na, &np, me, them)
+        let (pid, addr) = (theirs.pid, theirs.addr);
+        let verified = verify_peer(pid, move || {
+            attach(pid, addr, them, me, move || {
+                cma::cookie(Side::Passive, &na, &np, me, them)
+            })
         })
         .await;
         let at = cookie.as_ptr() as u64;
         self.cookie = Some(cookie);
         let read = verified.as_ref().map(|v| v.1);
-        self.peer = verified.map(|v| v.0);
+        self.peer = verified.map(|v| Arc::new(v.0));
         let answer = CmaOffer::verdict(cma::pid(), at, read, self.device);
         LaneAnswer {
             bytes: Some(answer.encode()),
@@ -247,8 +250,11 @@ impl CmaExchange {
         let verified = match (self.nonces, self.tuple) {
             (Some((na, np)), Some((act, pas))) => {
                 // The active end of this connection is `act` -> `pas`.
-                verify_peer(theirs.pid, theirs.addr, act, pas, move || {
-                    cma::cookie(Side::Active, &na, &np, act, pas)
+                let (pid, addr) = (theirs.pid, theirs.addr);
+                verify_peer(pid, move || {
+                    attach(pid, addr, act, pas, move || {
+                        cma::cookie(Side::Active, &na, &np, act, pas)
+                    })
                 })
                 .await
             }
@@ -256,7 +262,7 @@ impl CmaExchange {
         };
         // The peer's proof bytes go back with the verdict.
         let read = verified.as_ref().map(|v| v.1);
-        self.peer = verified.map(|v| v.0);
+        self.peer = verified.map(|v| Arc::new(v.0));
         let answer = CmaOffer::verdict(0, 0, read, self.device);
         LaneAnswer {
             bytes: Some(answer.encode()),
