@@ -25,6 +25,9 @@ impl LaneId {
     pub const UCX: LaneId = LaneId(2);
     /// CUDA IPC: GPU memory between processes of one host.
     pub const CUDA_IPC: LaneId = LaneId(3);
+    /// `/proc/<pid>/mem`, between processes of one host (where
+    /// `process_vm_readv` is refused).
+    pub const PROCMEM: LaneId = LaneId(4);
 
     /// The lane's name in reports (`lane-N` for one without a name here).
     pub fn name(self) -> String {
@@ -32,6 +35,7 @@ impl LaneId {
             LaneId::CMA => "cma".into(),
             LaneId::UCX => "ucx".into(),
             LaneId::CUDA_IPC => "cuda-ipc".into(),
+            LaneId::PROCMEM => "procmem".into(),
             LaneId(n) => format!("lane-{n}"),
         }
     }

@@ -60,6 +60,9 @@ pub const CMA_PROBE_TIMEOUT_ENV: &str = "FERRY_CMA_PROBE_TIMEOUT_MS";
 /// The environment variable that bounds how many open files of the claimed
 /// process a cross-memory attach probe examines (default 1,024).
 pub const CMA_PROBE_FILES_ENV: &str = "FERRY_CMA_PROBE_FILES";
+/// The environment variable that turns on lanes that are off by default,
+/// by name, comma-separated (default: none).
+pub const LANES_ON_ENV: &str = "FERRY_LANES_ON";
 
 /// The environment variable that sets [`ConnectorBuilder::digest`](crate::ConnectorBuilder::digest):
 /// `1` (or `crc32`, the one algorithm) digests every byte of each operation

@@ -42,6 +42,9 @@ pub struct ProcessConfig {
     pub(crate) probe_timeout: Setting<Duration>,
     /// `FERRY_CMA_PROBE_FILES`.
     pub(crate) probe_files: Setting<usize>,
+    /// `FERRY_LANES_ON`: the names of lanes that are off by default and
+    /// turned on here (a lane asks with [`lane_on`](Self::lane_on)).
+    pub(crate) lanes_on: Setting<Vec<String>>,
     /// Malformed values (their defaults are used instead): building a
     /// connector fails with the first.
     pub(crate) problems: Vec<SettingError>,
@@ -116,6 +119,13 @@ impl ProcessConfig {
             u64::MAX,
         );
         let files = positive(&mut problems, env, CMA_PROBE_FILES_ENV, "files", u64::MAX);
+        let lanes_on = env(LANES_ON_ENV).map(|v| {
+            v.to_string_lossy()
+                .split(',')
+                .map(|n| n.trim().to_string())
+                .filter(|n| !n.is_empty())
+                .collect::<Vec<_>>()
+        });
         let default_threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .min(DEFAULT_MAX_CMA_THREADS);
@@ -145,8 +155,15 @@ impl ProcessConfig {
                 files.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
                 DEFAULT_PROBE_FILES,
             ),
+            lanes_on: Setting::pick(None, lanes_on, Vec::new()),
             problems,
         }
+    }
+
+    /// Whether the lane named `name`, off by default, is turned on
+    /// (`FERRY_LANES_ON`).
+    pub fn lane_on(&self, name: &str) -> bool {
+        self.lanes_on.value.iter().any(|n| n == name)
     }
 
     /// The first malformed value of the process's knobs, if any.
@@ -176,6 +193,13 @@ impl ProcessConfig {
                 .knob(CMA_PROBE_TIMEOUT_ENV, |d| format!("{} ms", d.as_millis())),
             self.probe_files
                 .knob(CMA_PROBE_FILES_ENV, |n| n.to_string()),
+            self.lanes_on.knob(LANES_ON_ENV, |l| {
+                if l.is_empty() {
+                    "none".into()
+                } else {
+                    l.join(",")
+                }
+            }),
         ]
     }
 }

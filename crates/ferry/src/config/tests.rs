@@ -200,7 +200,12 @@ fn process_knobs_are_read_once_and_checked() {
             "/home/u/.local/lib".into()
         ]
     );
-    assert_eq!(p.knobs().len(), 6);
+    assert_eq!(p.knobs().len(), 7);
+    assert!(!p.lane_on("procmem"), "lanes off by default stay off");
+    let on = ProcessConfig::read(&|n: &str| {
+        (n == LANES_ON_ENV).then(|| std::ffi::OsString::from(" procmem, other ,"))
+    });
+    assert!(on.lane_on("procmem") && on.lane_on("other") && !on.lane_on(""));
 
     // Malformed: the default is used, and building a connector fails.
     let bad = [
@@ -247,7 +252,7 @@ async fn a_connector_reports_the_configuration_it_runs_with() {
     assert_eq!(get(IDLE_TIMEOUT_ENV).origin, Origin::Builder);
     assert_eq!(get(TRANSPORTS_ENV).value, "tcp");
     assert_eq!(get(CMA_THREADS_ENV).name, CMA_THREADS_ENV);
-    assert_eq!(knobs.len(), 20);
+    assert_eq!(knobs.len(), 21);
 }
 
 /// The liveness bound: milliseconds in the variable, `0` off, the builder

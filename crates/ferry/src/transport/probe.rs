@@ -21,7 +21,7 @@
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+
 use std::time::Duration;
 
 use super::cma::{self, Peer};
@@ -34,19 +34,15 @@ pub(crate) const MAX_PROBE_THREADS: usize = 64;
 /// A probe thread's stack: the probe needs a few kilobytes.
 const PROBE_STACK: usize = 256 * 1024;
 
-/// Whether process `pid` is the other end of this connection (the kernel
-/// says it holds the socket `sock` -> `remote`) and this process may copy
-/// from it (its cookie at `addr` reads as `expected`): the process, held
-/// by a handle that notices a new program image, and the proof bytes that
-/// follow its cookie (see `cma::placed`: echoed in this side's verdict), or
-/// `None` (the connection uses TCP). Bounded as the module says.
-pub(crate) async fn verify_peer(
+/// Runs `probe`, a same-host lane's check that process `pid` is the
+/// other end of this connection and that this process may read it (for
+/// cross-memory attach: [`attach`]), on a probe thread of its own: what it
+/// returns (the peer, and the proof bytes that follow its cookie), or
+/// `None` (the lane proves nothing). Bounded as the module says.
+pub(crate) async fn verify_peer<T: Send + 'static>(
     pid: u32,
-    addr: u64,
-    sock: SocketAddr,
-    remote: SocketAddr,
-    expected: impl FnOnce() -> [u8; 16] + Send + 'static,
-) -> Option<(Arc<Peer>, [u8; 16])> {
+    probe: impl FnOnce() -> Option<T> + Send + 'static,
+) -> Option<T> {
     static SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_PROBES);
     if pid == 0 {
         return None;
@@ -68,7 +64,7 @@ pub(crate) async fn verify_peer(
         .stack_size(PROBE_STACK)
         .spawn(move || {
             let _alive = alive;
-            let _ = tx.send(probe(pid, addr, sock, remote, expected));
+            let _ = tx.send(probe());
         });
     if let Err(e) = spawned {
         tracing::debug!(pid, "cross-memory attach: no thread for the probe: {e}");
@@ -78,7 +74,7 @@ pub(crate) async fn verify_peer(
     // The slot is free from here on, whatever the thread still does.
     drop(slot);
     match outcome {
-        Ok(Ok(peer)) => peer.map(|(p, proof)| (Arc::new(p), proof)),
+        Ok(Ok(peer)) => peer,
         Ok(Err(_)) => None,
         Err(_) => {
             tracing::debug!(
@@ -122,9 +118,14 @@ impl Drop for ProbeThread {
     }
 }
 
-/// The probe itself, on its own thread (it may block on the peer's pages):
-/// the peer and its proof bytes.
-fn probe(
+/// Cross-memory attach's probe, on a probe thread ([`verify_peer`]; it may
+/// block on the peer's pages): whether process `pid` is the other end of
+/// this connection (the kernel says it holds the socket `sock` ->
+/// `remote`) and this process may copy from it (its cookie at `addr` reads
+/// as `expected`): the process, held by a handle that notices a new
+/// program image, and the proof bytes that follow its cookie (see
+/// `cma::placed`: echoed in this side's verdict).
+pub(crate) fn attach(
     pid: u32,
     addr: u64,
     sock: SocketAddr,
@@ -141,7 +142,7 @@ fn probe(
             return None;
         }
     };
-    if !owns_socket(&peer, sock, remote) {
+    if !owns_socket(pid, peer.dir(), sock, remote) {
         return None;
     }
     let proof = cma::probe(&peer, addr, expected)?;
@@ -156,21 +157,22 @@ fn probe(
     Some((peer, proof))
 }
 
-/// Whether `peer` holds the TCP socket whose own address is `sock` and whose
-/// remote address is `remote`: the kernel's word on who is at the other end
-/// of a connection, which a peer cannot fake by placing bytes anywhere.
-/// Looks at most at the first [`probe_files`] open files of the process
-/// (reading them needs the same ptrace access as cross-memory attach).
-/// Blocking (file system).
+/// Whether process `pid`, whose `/proc/<pid>` directory is `dir` (opened
+/// before the check, so that it names that very process), holds the TCP
+/// socket whose own address is `sock` and whose remote address is `remote`:
+/// the kernel's word on who is at the other end of a connection, which a
+/// peer cannot fake by placing bytes anywhere. Any same-host lane that
+/// takes a pid from its peer checks it so. Looks at most at the first
+/// [`probe_files`] open files of the process (reading them needs the same
+/// ptrace access as cross-memory attach). Blocking (file system).
 #[cfg(target_os = "linux")]
-pub(crate) fn owns_socket(peer: &Peer, sock: SocketAddr, remote: SocketAddr) -> bool {
-    let pid = peer.pid();
+pub(crate) fn owns_socket(pid: u32, dir: &OwnedFd, sock: SocketAddr, remote: SocketAddr) -> bool {
     let Some(inode) = cma::socket_inode(sock, remote) else {
         tracing::debug!(pid, %sock, %remote, "cross-memory attach: no such socket in this network namespace");
         return false;
     };
     let max = probe_files();
-    let (found, examined) = holds_inode(peer.dir(), inode, max);
+    let (found, examined) = holds_inode(dir, inode, max);
     if !found {
         tracing::debug!(
             pid,
@@ -187,7 +189,12 @@ pub(crate) fn owns_socket(peer: &Peer, sock: SocketAddr, remote: SocketAddr) -> 
 }
 
 #[cfg(not(target_os = "linux"))]
-pub(crate) fn owns_socket(_peer: &Peer, _sock: SocketAddr, _remote: SocketAddr) -> bool {
+pub(crate) fn owns_socket(
+    _pid: u32,
+    _dir: &OwnedFd,
+    _sock: SocketAddr,
+    _remote: SocketAddr,
+) -> bool {
     false
 }
 
@@ -310,8 +317,8 @@ mod tests {
         let (me, them) = (c.local_addr().unwrap(), c.peer_addr().unwrap());
         // This process holds both ends.
         let this = Peer::open(cma::pid()).unwrap();
-        assert!(owns_socket(&this, me, them));
-        assert!(owns_socket(&this, them, me));
+        assert!(owns_socket(this.pid(), this.dir(), me, them));
+        assert!(owns_socket(this.pid(), this.dir(), them, me));
         // Another process does not.
         let mut other = std::process::Command::new("sh")
             .args(["-c", "echo up; read x"])
@@ -322,11 +329,16 @@ mod tests {
         let mut up = [0u8; 3];
         std::io::Read::read_exact(other.stdout.as_mut().unwrap(), &mut up).unwrap();
         let that = Peer::open(other.id()).unwrap();
-        assert!(!owns_socket(&that, me, them));
+        assert!(!owns_socket(that.pid(), that.dir(), me, them));
         other.kill().unwrap();
         other.wait().unwrap();
         // A socket that does not exist has no owner.
-        assert!(!owns_socket(&this, me, "127.0.0.1:1".parse().unwrap()));
+        assert!(!owns_socket(
+            this.pid(),
+            this.dir(),
+            me,
+            "127.0.0.1:1".parse().unwrap()
+        ));
         drop((c, s));
     }
 

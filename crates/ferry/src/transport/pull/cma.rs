@@ -331,7 +331,7 @@ pub(crate) mod offer;
 pub(super) mod uffd;
 
 #[cfg(all(test, target_os = "linux"))]
-mod tests {
+pub(super) mod tests {
     use std::sync::Arc;
 
     use super::*;
@@ -408,11 +408,12 @@ mod tests {
 
     /// A fork of this process: the same memory at the same addresses
     /// (copied on write), so a lease of ours is a lease of its memory too.
-    /// It waits to be killed, which dropping this does.
-    struct Twin(libc::pid_t);
+    /// It waits to be killed, which dropping this does. Any same-host
+    /// lane's conformance backend may use it for a source that goes away.
+    pub(in crate::transport::pull) struct Twin(pub(in crate::transport::pull) libc::pid_t);
 
     impl Twin {
-        fn fork() -> Twin {
+        pub(in crate::transport::pull) fn fork() -> Twin {
             let parent = std::process::id() as libc::pid_t;
             // SAFETY: after the fork the child only makes system calls that
             // are async-signal-safe (`close_range`, `prctl`, `getppid`,

@@ -8,16 +8,18 @@ use ferry_proto::wire::WireError;
 
 use super::cma::offer::CmaExchange;
 use super::offer::{Kept, LaneOffers, OfferCtx};
+use super::procmem::offer::ProcMemExchange;
 use super::ucx::offer::UcxExchange;
 
 /// The lanes that set themselves up by offers, in the order the active
 /// side tries them (ids ascending: the session refuses another order).
-pub(crate) const OFFERED: [LaneId; 2] = [LaneId::CMA, LaneId::UCX];
+pub(crate) const OFFERED: [LaneId; 3] = [LaneId::CMA, LaneId::UCX, LaneId::PROCMEM];
 
 /// One lane's exchange on one connection, for one side.
 pub(crate) enum Exchange {
     Cma(CmaExchange),
     Ucx(UcxExchange),
+    ProcMem(ProcMemExchange),
 }
 
 impl Exchange {
@@ -26,6 +28,7 @@ impl Exchange {
         match id {
             LaneId::CMA => CmaExchange::open(ctx).map(|(e, b)| (Exchange::Cma(e), b)),
             LaneId::UCX => UcxExchange::open(ctx).map(|(e, b)| (Exchange::Ucx(e), b)),
+            LaneId::PROCMEM => ProcMemExchange::open(ctx).map(|(e, b)| (Exchange::ProcMem(e), b)),
             _ => None,
         }
     }
@@ -36,6 +39,7 @@ impl Exchange {
         match id {
             LaneId::CMA => Some(Exchange::Cma(CmaExchange::answering(ctx))),
             LaneId::UCX => Some(Exchange::Ucx(UcxExchange::answering(ctx))),
+            LaneId::PROCMEM => Some(Exchange::ProcMem(ProcMemExchange::answering(ctx))),
             _ => None,
         }
     }
@@ -49,6 +53,7 @@ impl Exchange {
         match self {
             Exchange::Cma(e) => e.accept(round, bytes).await,
             Exchange::Ucx(e) => e.accept(round, bytes).await,
+            Exchange::ProcMem(e) => e.accept(round, bytes).await,
         }
     }
 
@@ -57,6 +62,7 @@ impl Exchange {
         match self {
             Exchange::Cma(e) => e.keep(kept),
             Exchange::Ucx(e) => e.keep(kept),
+            Exchange::ProcMem(e) => e.keep(kept),
         }
     }
 }

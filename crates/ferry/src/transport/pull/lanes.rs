@@ -18,6 +18,7 @@ use ferry_proto::session::Caps;
 
 use super::cma::CmaPuller;
 use super::cuda_ipc::{CudaIpcPuller, IpcPeer};
+use super::procmem::{self, ProcMem};
 use super::ucx::UcxPuller;
 use super::{lend_kept, pull_registered, register_kept, Lane, LaneError, LeaseBlob, PullEnd};
 use crate::kind::TransportKind;
@@ -54,6 +55,9 @@ impl Lanes {
         if self.attach {
             all.push(CmaPuller.caps());
             all.push(CudaIpcPuller.caps());
+            if ProcMem::on() {
+                all.push(ProcMem.caps());
+            }
         }
         if let Some(u) = &self.ucx {
             all.push(u.caps());
@@ -72,6 +76,7 @@ impl Lanes {
             LaneId::CMA => CmaPuller.kind(),
             LaneId::UCX => UcxPuller::default().kind(),
             LaneId::CUDA_IPC => CudaIpcPuller.kind(),
+            LaneId::PROCMEM => ProcMem.kind(),
             // No lane of this build: nothing was lent by it.
             _ => TransportKind::Tcp,
         }
@@ -84,6 +89,7 @@ impl Lanes {
             LaneId::CMA => CmaPuller.caps().failure,
             LaneId::UCX => UcxPuller::default().caps().failure,
             LaneId::CUDA_IPC => CudaIpcPuller.caps().failure,
+            LaneId::PROCMEM => ProcMem.caps().failure,
             _ => FailureScope::Connection,
         }
     }
@@ -95,6 +101,7 @@ impl Lanes {
             (LaneId::CMA, _) if self.attach => register_kept(&CmaPuller, region),
             (LaneId::CUDA_IPC, _) if self.attach => register_kept(&CudaIpcPuller, region),
             (LaneId::UCX, Some(u)) => register_kept(u, region),
+            (LaneId::PROCMEM, _) if self.attach => register_kept(&ProcMem, region),
             _ => Err(not_offered(id)),
         }
     }
@@ -104,6 +111,7 @@ impl Lanes {
         match (id, &self.ucx) {
             (LaneId::UCX, Some(u)) => lend_kept(u, region),
             (LaneId::CUDA_IPC, _) => lend_kept(&CudaIpcPuller, region),
+            (LaneId::PROCMEM, _) => lend_kept(&ProcMem, region),
             // What nothing registers: addresses alone.
             _ => lend_kept(&CmaPuller, region),
         }
@@ -132,6 +140,7 @@ impl Lanes {
         match (peer, &self.ucx) {
             (LanePeer::Cma(p), _) => pull_registered(&CmaPuller, p, lease, region, shared),
             (LanePeer::CudaIpc(p), _) => pull_registered(&CudaIpcPuller, p, lease, region, shared),
+            (LanePeer::ProcMem(p), _) => pull_registered(&ProcMem, p, lease, region, shared),
             (LanePeer::Ucx(ep), Some(u)) => pull_registered(u, ep, lease, region, shared),
             (LanePeer::Ucx(ep), None) => {
                 pull_registered(&UcxPuller::default(), ep, lease, region, shared)
@@ -157,6 +166,7 @@ pub(crate) enum LanePeer {
     Cma(Arc<cma::Peer>),
     Ucx(Arc<Endpoint>),
     CudaIpc(Arc<IpcPeer>),
+    ProcMem(Arc<procmem::Peer>),
 }
 
 /// What one connection proved about its peer and holds of it for its
@@ -171,6 +181,8 @@ pub(crate) struct Peers {
     ipc: OnceLock<Arc<IpcPeer>>,
     /// An endpoint to the peer's UCX worker, once this side reached it.
     pub(crate) ucx: OnceLock<Arc<Endpoint>>,
+    /// The peer's `/proc/<pid>/mem`, once this side read its cookie there.
+    pub(crate) procmem: OnceLock<Arc<procmem::Peer>>,
     /// The lane whose offers proved a way on this connection (its lanes,
     /// [`LaneCaps::proven_by`], lend and pull on it).
     proved: OnceLock<LaneId>,
@@ -216,6 +228,14 @@ impl Peers {
                 gone("the peer lent memory over UCX to a worker that cannot reach it")
             })?,
             LaneId::CMA => LanePeer::Cma(process()?),
+            LaneId::PROCMEM => self
+                .procmem
+                .get()
+                .cloned()
+                .map(LanePeer::ProcMem)
+                .ok_or_else(|| {
+                    gone("the peer lent memory by /proc/<pid>/mem to a process that cannot read it")
+                })?,
             LaneId::CUDA_IPC => {
                 let p = process()?;
                 if agreed.get(id).is_none() {
@@ -248,7 +268,7 @@ mod tests {
     fn a_lease_is_copied_only_by_a_lane_the_connection_agreed_on() {
         let lanes = Lanes::new(true, None);
         let ids: Vec<_> = lanes.offered().iter().map(|c| c.id).collect();
-        assert_eq!(ids, [LaneId::CMA, LaneId::CUDA_IPC]);
+        assert_eq!(ids, [LaneId::CMA, LaneId::CUDA_IPC, LaneId::PROCMEM]);
         let peers = Peers::default();
         let caps = Caps {
             device: true,

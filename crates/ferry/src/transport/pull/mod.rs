@@ -42,6 +42,7 @@ pub(crate) mod exchange;
 pub(crate) mod lanes;
 pub(crate) mod offer;
 pub(crate) mod process;
+pub(crate) mod procmem;
 pub(crate) mod registration;
 pub(crate) mod share;
 #[cfg(test)]

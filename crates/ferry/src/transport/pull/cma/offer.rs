@@ -18,15 +18,22 @@
 //! CUDA IPC rides on this exchange: each offer says whether its sender
 //! offers it; device memory is lent where both did and this side did not
 //! decline.
+//!
+//! Another same-host lane that proves its peer the same way (a pid, and a
+//! cookie read through its own way of reading the peer) reuses the whole
+//! exchange: it implements [`ReadsPeer`] and offers
+//! [`PeerExchange<ItsLane>`]; only how it reads is its own.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use ferry_proto::session::{LaneAnswer, LaneProof};
 use ferry_proto::wire::WireError;
 
 use crate::host;
-use crate::transport::cma::{self, Peer, Side};
-use crate::transport::probe::verify_peer;
+use crate::transport::cma::{self, Side};
+use crate::transport::probe::{attach, verify_peer};
+use crate::transport::pull::lanes::Peers;
 use crate::transport::pull::offer::{Kept, LaneOffers, OfferCtx};
 
 /// What one side found when it tried to read the other's cookie.
@@ -127,8 +134,68 @@ pub(crate) fn proves(verdict: &CmaOffer, proof: &[u8; 16]) -> bool {
     verdict.verdict == Verdict::CanPull && diff == 0 && *proof != [0; 16]
 }
 
-/// One side's exchange (see the module documentation).
-pub(crate) struct CmaExchange {
+/// A same-host lane that proves its peer with this module's four offers:
+/// how it reads the peer's cookie, and where it keeps the peer it proved.
+pub(crate) trait ReadsPeer: Send + 'static {
+    /// What it holds of a peer it proved.
+    type Peer: Send + Sync + 'static;
+    /// Its name in logs.
+    const NAME: &'static str;
+    /// Whether its offers carry CUDA IPC's bit (only cross-memory
+    /// attach's do).
+    const CUDA_IPC: bool;
+
+    /// Whether this side offers the lane on a connection of `ctx`.
+    fn enabled(ctx: &OfferCtx) -> bool;
+
+    /// Its probe, on a probe thread (`probe::verify_peer`): whether
+    /// process `pid` holds the socket `sock` -> `remote`
+    /// (`probe::owns_socket`) and its cookie at `addr` reads as
+    /// `expected`: the peer, and the proof bytes that follow the cookie.
+    fn probe(
+        pid: u32,
+        addr: u64,
+        sock: SocketAddr,
+        remote: SocketAddr,
+        expected: impl FnOnce() -> [u8; 16] + Send + 'static,
+    ) -> Option<(Self::Peer, [u8; 16])>;
+
+    /// Keeps the proven peer with the connection.
+    fn keep(peer: Arc<Self::Peer>, peers: &Peers);
+}
+
+/// Cross-memory attach reads its peer with `process_vm_readv`.
+pub(crate) struct Cma;
+
+impl ReadsPeer for Cma {
+    type Peer = cma::Peer;
+    const NAME: &'static str = "cross-memory attach";
+    const CUDA_IPC: bool = true;
+
+    fn enabled(ctx: &OfferCtx) -> bool {
+        ctx.cma
+    }
+
+    fn probe(
+        pid: u32,
+        addr: u64,
+        sock: SocketAddr,
+        remote: SocketAddr,
+        expected: impl FnOnce() -> [u8; 16] + Send + 'static,
+    ) -> Option<(cma::Peer, [u8; 16])> {
+        attach(pid, addr, sock, remote, expected)
+    }
+
+    fn keep(peer: Arc<cma::Peer>, peers: &Peers) {
+        let _ = peers.process.set(peer);
+    }
+}
+
+/// Cross-memory attach's exchange.
+pub(crate) type CmaExchange = PeerExchange<Cma>;
+
+/// One side's exchange (see the module documentation), for lane `L`.
+pub(crate) struct PeerExchange<L: ReadsPeer> {
     active: bool,
     /// Cross-memory attach is enabled here.
     enabled: bool,
@@ -145,16 +212,16 @@ pub(crate) struct CmaExchange {
     /// Both sides offered CUDA IPC (and this side did not decline).
     device: bool,
     /// The peer's process, once this side read its cookie.
-    peer: Option<Arc<Peer>>,
+    peer: Option<Arc<L::Peer>>,
 }
 
-impl CmaExchange {
+impl<L: ReadsPeer> PeerExchange<L> {
     fn new(active: bool, ctx: &OfferCtx) -> Self {
-        CmaExchange {
+        PeerExchange {
             active,
-            enabled: ctx.cma,
+            enabled: L::enabled(ctx),
             tuple: ctx.tuple,
-            ipc: crate::cuda::offers_cuda_ipc(),
+            ipc: L::CUDA_IPC && crate::cuda::offers_cuda_ipc(),
             nonces: None,
             mine: [0; 16],
             cookie: None,
@@ -187,14 +254,17 @@ impl CmaExchange {
         self.nonces = Some((na, np));
         let cookie = cma::placed(cma::cookie(Side::Active, &na, &np, me, them));
         // The passive end of this connection is `them` -> `me`.
-        let verified = verify_peer(theirs.pid, theirs.addr, them, me, move || {
-            cma::cookie(Side::Passive, &na, &np, me, them)
+        let (pid, addr) = (theirs.pid, theirs.addr);
+        let verified = verify_peer(pid, move || {
+            L::probe(pid, addr, them, me, move || {
+                cma::cookie(Side::Passive, &na, &np, me, them)
+            })
         })
         .await;
         let at = cookie.as_ptr() as u64;
         self.cookie = Some(cookie);
         let read = verified.as_ref().map(|v| v.1);
-        self.peer = verified.map(|v| v.0);
+        self.peer = verified.map(|v| Arc::new(v.0));
         let answer = CmaOffer::verdict(cma::pid(), at, read, self.device);
         LaneAnswer {
             bytes: Some(answer.encode()),
@@ -247,8 +317,11 @@ impl CmaExchange {
         let verified = match (self.nonces, self.tuple) {
             (Some((na, np)), Some((act, pas))) => {
                 // The active end of this connection is `act` -> `pas`.
-                verify_peer(theirs.pid, theirs.addr, act, pas, move || {
-                    cma::cookie(Side::Active, &na, &np, act, pas)
+                let (pid, addr) = (theirs.pid, theirs.addr);
+                verify_peer(pid, move || {
+                    L::probe(pid, addr, act, pas, move || {
+                        cma::cookie(Side::Active, &na, &np, act, pas)
+                    })
                 })
                 .await
             }
@@ -256,7 +329,7 @@ impl CmaExchange {
         };
         // The peer's proof bytes go back with the verdict.
         let read = verified.as_ref().map(|v| v.1);
-        self.peer = verified.map(|v| v.0);
+        self.peer = verified.map(|v| Arc::new(v.0));
         let answer = CmaOffer::verdict(0, 0, read, self.device);
         LaneAnswer {
             bytes: Some(answer.encode()),
@@ -274,13 +347,13 @@ impl CmaExchange {
     }
 }
 
-impl LaneOffers for CmaExchange {
+impl<L: ReadsPeer> LaneOffers for PeerExchange<L> {
     fn open(ctx: &OfferCtx) -> Option<(Self, Vec<u8>)> {
         let (me, them) = ctx.tuple?;
-        if !(ctx.cma && ctx.same_host && cma::is_local(me, them)) {
+        if !(L::enabled(ctx) && ctx.same_host && cma::is_local(me, them)) {
             return None;
         }
-        let mut e = CmaExchange::new(true, ctx);
+        let mut e = PeerExchange::new(true, ctx);
         e.mine = host::random_bytes();
         let nonce = CmaOffer {
             pid: cma::pid(),
@@ -293,7 +366,7 @@ impl LaneOffers for CmaExchange {
     }
 
     fn answering(ctx: &OfferCtx) -> Self {
-        CmaExchange::new(false, ctx)
+        PeerExchange::new(false, ctx)
     }
 
     async fn accept(&mut self, round: u8, bytes: &[u8]) -> Result<LaneAnswer, WireError> {
@@ -318,10 +391,11 @@ impl LaneOffers for CmaExchange {
         tracing::debug!(
             pull_from_peer = self.peer.is_some(),
             cuda_ipc = self.device,
-            "cross-memory attach probed"
+            "{} probed",
+            L::NAME
         );
         if let Some(p) = self.peer {
-            let _ = kept.peers.process.set(p);
+            L::keep(p, kept.peers);
         }
         if let Some(c) = self.cookie {
             *kept
