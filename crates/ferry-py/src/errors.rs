@@ -35,6 +35,8 @@ pub(crate) fn error_to_py(py: Python<'_>, e: ferry::Error) -> PyErr {
         E::Rejected { .. } => "RejectedError",
         E::RemoteCancelled => "RemoteCancelledError",
         E::ConnectionLost { .. } => "ConnectionLostError",
+        E::PeerUnresponsive { .. } => "PeerUnresponsiveError",
+        E::DigestMismatch { .. } => "DigestMismatchError",
         E::Protocol { .. } => "ProtocolError",
         E::Cancelled => "OperationCancelledError",
         E::Shutdown => "ShutdownError",

@@ -470,6 +470,8 @@ def test_exception_classes():
     for name in (
         "UnreachableError",
         "ConnectionLostError",
+        "PeerUnresponsiveError",
+        "DigestMismatchError",
         "RejectedError",
         "RemoteCancelledError",
         "OperationCancelledError",
@@ -481,6 +483,8 @@ def test_exception_classes():
         assert issubclass(cls, ferry.FerryError) and issubclass(cls, RuntimeError), name
     assert issubclass(ferry.UnreachableError, ConnectionError)
     assert issubclass(ferry.ConnectionLostError, ConnectionError)
+    # A stopped peer is a lost connection that says why.
+    assert issubclass(ferry.PeerUnresponsiveError, ferry.ConnectionLostError)
     assert issubclass(ferry.WrongPairingError, ValueError)
     assert issubclass(ferry.WrongPairingError, RuntimeError)
     assert not issubclass(ferry.WrongPairingError, ferry.FerryError)  # misuse, not a failure

@@ -43,12 +43,14 @@ __all__ = [
     "FerryError",
     "UnreachableError",
     "ConnectionLostError",
+    "PeerUnresponsiveError",
     "RejectedError",
     "RemoteCancelledError",
     "OperationCancelledError",
     "ProtocolError",
     "StaleMetadataError",
     "ShutdownError",
+    "DigestMismatchError",
     "WrongPairingError",
     "InvalidWorkerIdError",
     "DeviceMemoryError",
@@ -84,6 +86,20 @@ class UnreachableError(FerryError, ConnectionError):
 class ConnectionLostError(FerryError, ConnectionError):
     """The connection to the remote worker broke: it died, or the network
     failed."""
+
+
+class PeerUnresponsiveError(ConnectionLostError):
+    """Nothing at all (not even a heartbeat) arrived from the remote worker
+    for the liveness bound while the operation was in progress: the remote
+    is stopped, paused, wedged or unreachable. Every operation of that
+    connection ended and the connection closed; the next operation connects
+    again. The bound is ``FERRY_LIVENESS_MS`` (default 1500 ms)."""
+
+
+class DigestMismatchError(FerryError):
+    """The end-to-end digest (``FERRY_DIGEST=1``) found that the bytes that
+    landed differ from the bytes that were sent: the destination's memory
+    does not hold what was sent. Both sides report it."""
 
 
 class RejectedError(FerryError):
