@@ -184,7 +184,7 @@ impl<Peer> Stalled<Peer> {
         lease: LeaseBlob,
         peer: Peer,
         region: Arc<Region>,
-        stall: super::cma::uffd::Stall,
+        stall: super::uffd::Stall,
         len: usize,
     ) -> Self {
         let (fd, base) = (stall.fd, stall.base as u64);
@@ -208,9 +208,9 @@ impl<Peer> Stalled<Peer> {
                 // SAFETY: one valid `pollfd` for the call.
                 let n = unsafe { libc::poll(&mut p, 1, 30_000) };
                 assert_eq!(n, 1, "no copy touched the stalled memory");
-                super::cma::uffd::Stall::next_fault(fd).expect("a page fault");
+                super::uffd::Stall::next_fault(fd).expect("a page fault");
             }),
-            release: Box::new(move || super::cma::uffd::Stall::serve(fd, base, len as u64)),
+            release: Box::new(move || super::uffd::Stall::serve(fd, base, len as u64)),
         }
     }
 }

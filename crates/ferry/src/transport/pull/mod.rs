@@ -47,7 +47,12 @@ pub(crate) mod registration;
 pub(crate) mod share;
 #[cfg(test)]
 mod testing;
+#[cfg(all(test, target_os = "linux"))]
+mod twin;
 pub(crate) mod ucx;
+#[cfg(all(test, target_os = "linux"))]
+#[path = "../../../tests/support/uffd.rs"]
+mod uffd;
 
 pub(crate) use error::LaneError;
 use registration::Kept;

@@ -186,10 +186,10 @@ mod tests {
     use ferry_proto::DeviceKind;
 
     use super::*;
-    use crate::transport::pull::cma::uffd;
     use crate::transport::pull::conformance::{
         host_source, Applies, Backend, Mortal, Source, Stalled,
     };
+    use crate::transport::pull::uffd;
     use crate::{Descriptor, Device};
 
     /// The same-process lane between two regions of this process.

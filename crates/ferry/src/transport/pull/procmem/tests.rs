@@ -1,8 +1,8 @@
 use std::os::fd::OwnedFd;
 
 use super::*;
-use crate::transport::pull::cma::tests::Twin;
 use crate::transport::pull::conformance::{host_source, Applies, Backend, Mortal, Source, Stalled};
+use crate::transport::pull::twin::Twin;
 use ferry_proto::DeviceKind;
 
 /// The `mem` file of process `pid`.
