@@ -243,13 +243,16 @@ fn read_and_write_blocks_by_index_across_processes() {
 
 const WRITERS: u32 = 8;
 const WRITES: u32 = 1000;
+/// Blocks of 256 KiB: each write copies for tens of microseconds, so that
+/// some are in flight when the revoke comes.
+const WBLOCK: usize = 256 << 10;
 
 async fn writers(g: ferry::RemoteGrant) {
     use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
     use std::sync::Arc;
-    let local = Pool::allocate(WRITERS as usize * BLOCK, BLOCK).unwrap();
+    let local = Pool::allocate(WRITERS as usize * WBLOCK, WBLOCK).unwrap();
     for w in 0..WRITERS {
-        fill(&local, w, &[0xab; BLOCK]);
+        fill(&local, w, &[0xab; WBLOCK]);
     }
     let ok = Arc::new(AtomicU32::new(0));
     let mut tasks = Vec::new();
@@ -309,7 +312,7 @@ fn no_byte_lands_after_revoke_during_concurrent_writes() {
     rt.block_on(async {
         let owner = connector("owner").await;
         let blocks = 64u32;
-        let pool = Pool::allocate(blocks as usize * BLOCK, BLOCK).unwrap();
+        let pool = Pool::allocate(blocks as usize * WBLOCK, WBLOCK).unwrap();
         let g = owner
             .grant(&pool, GrantOptions::write().holder("writers"))
             .await
@@ -717,6 +720,7 @@ fn an_idle_owner_uses_no_cpu_and_wakes_on_a_notification() {
             .await
             .unwrap();
         let sh = bob.open_grant(s.metadata()).await.unwrap();
+        let t = Instant::now();
         sh.write_blocks(&local, &[0], &[BlockRef::new(2, 0)], Some(b"spun"))
             .await
             .unwrap();
@@ -724,6 +728,10 @@ fn an_idle_owner_uses_no_cpu_and_wakes_on_a_notification() {
             .await
             .unwrap()
             .unwrap();
+        println!(
+            "post -> owner notification (spinning owner): {:?}",
+            t.elapsed()
+        );
         assert_eq!((n.first_block, &n.payload[..]), (2, &b"spun"[..]));
     });
 }
