@@ -84,8 +84,12 @@ fn name(r: &ferry::Result<()>) -> String {
     }
 }
 
-/// The holder's side of every cross-process test.
+/// The holder's side of every cross-process test (or, for `owner`, the
+/// owner's).
 fn holder(spec: &str) {
+    if spec == "owner" {
+        return owner_role();
+    }
     let (role, json) = spec.split_once(' ').unwrap();
     let meta = GrantMetadata::from_json(json).unwrap();
     runtime().block_on(async move {
@@ -436,6 +440,54 @@ fn a_holder_killed_mid_write_leaves_the_owner_intact() {
         assert!(all_are(&pool, 3, 0x42));
         assert!(all_are(&mine, 1, 20));
         drop(h);
+    });
+}
+
+// ---------------------------------------------------------------------------
+// An owner that died.
+
+fn owner_role() {
+    runtime().block_on(async {
+        let me = connector("owner").await;
+        let pool = Pool::allocate(4 * BLOCK, BLOCK).unwrap();
+        fill(&pool, 2, &[0x77; BLOCK]);
+        let g = me
+            .grant(&pool, GrantOptions::read_write().bearer())
+            .await
+            .unwrap();
+        println!("GRANT {}", g.metadata().to_json().unwrap());
+        assert_eq!(cue(), "");
+    });
+}
+
+#[test]
+fn an_owner_that_died_is_reported_gone() {
+    if spawned::served(ROLE, holder) {
+        return;
+    }
+    let rt = runtime();
+    rt.block_on(async {
+        let mut owner = Server::start("an_owner_that_died_is_reported_gone", ROLE, "owner");
+        let meta = GrantMetadata::from_json(&owner.after("GRANT ")).unwrap();
+        let me = connector("holder").await;
+        let g = me.open_grant(&meta).await.unwrap();
+        let local = Pool::allocate(2 * BLOCK, BLOCK).unwrap();
+        let r = g.block_refs(&[2]).unwrap();
+        g.read_blocks(&r, &local, &[0]).await.unwrap();
+        assert!(all_are(&local, 0, 0x77));
+        owner.child.kill().unwrap();
+        owner.child.wait().unwrap();
+        for res in [
+            g.read_blocks(&r, &local, &[1]).await,
+            g.write_blocks(&local, &[0], &r, Some(b"late")).await,
+        ] {
+            assert!(
+                matches!(res, Err(Error::Grant(GrantError::OwnerGone(_)))),
+                "{res:?}"
+            );
+        }
+        assert!(all_are(&local, 1, 0), "nothing was read from a dead owner");
+        drop(owner);
     });
 }
 
