@@ -161,6 +161,13 @@ async fn rw_holder(g: &ferry::RemoteGrant) {
         "LATENCY 4KiB read p50 {:?} p99 {:?}, write p50 {:?} p99 {:?}",
         read.0, read.1, write.0, write.1
     );
+    // Post -> owner notification: each write carries the monotonic clock
+    // at its post; the owner (parked between them) compares on arrival.
+    for _ in 0..NOTIFIED {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let at = monotonic_ns().to_le_bytes();
+        g.write_blocks(&local, &[9], &one, Some(&at)).await.unwrap();
+    }
     println!("DONE");
     assert_eq!(cue(), "");
 }
@@ -170,6 +177,21 @@ async fn next(g: &Grant) -> ferry::Notification {
         .await
         .expect("a notification within 10 s")
         .expect("the grant lives")
+}
+
+/// Writes whose notification the owner times.
+const NOTIFIED: usize = 200;
+
+/// `CLOCK_MONOTONIC` in nanoseconds: one clock for every process of the
+/// host.
+fn monotonic_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 fn percentiles(t: &mut [Duration]) -> (Duration, Duration) {
@@ -233,6 +255,22 @@ fn read_and_write_blocks_by_index_across_processes() {
         assert_eq!(h.after("GENERATION "), "1");
         assert!(holds(&pool, 12, &block_bytes(2, 7)), "a stale write landed");
         println!("holder: {}", h.after("LATENCY "));
+        let mut lat = Vec::with_capacity(NOTIFIED);
+        for i in 0..NOTIFIED {
+            let n = next(&g).await;
+            let now = monotonic_ns();
+            assert_eq!(
+                n.seq,
+                3 + i as u64,
+                "in order, the stale write not notified"
+            );
+            let sent = u64::from_le_bytes(n.payload[..8].try_into().unwrap());
+            lat.push(Duration::from_nanos(now.saturating_sub(sent)));
+        }
+        let (p50, p99) = percentiles(&mut lat);
+        println!(
+            "post -> owner notification across processes, parked owner: p50 {p50:?} p99 {p99:?}"
+        );
         h.after("DONE");
         assert!(
             g.try_next_notification().is_none(),
@@ -281,7 +319,7 @@ async fn writers(g: ferry::RemoteGrant) {
                         other += 1;
                     }
                 }
-                tokio::time::sleep(Duration::from_millis(1)).await;
+                tokio::time::sleep(Duration::from_millis(2)).await;
             }
             (revoked, other, after_revoked_ok)
         }));
