@@ -7,6 +7,11 @@
 //! same way with a [`WritableOperation`] and a [`WriteOperation`]. Both sides
 //! learn of completion, failure and cancellation.
 //!
+//! For many small transfers between the same two workers, a standing
+//! [`Grant`] over a [`Pool`] lets the remote read and write blocks by index,
+//! one-sidedly, with no handshake per transfer, until it is revoked (see
+//! [`grant`] and `docs/grants.md`).
+//!
 //! ```
 //! use ferry::{Connector, Descriptor, OperationStatus};
 //!
@@ -40,6 +45,7 @@ pub mod cuda;
 mod descriptor;
 mod error;
 mod exposure;
+pub mod grant;
 mod host;
 mod hugemem;
 mod kind;
@@ -73,6 +79,10 @@ pub use ferry_proto::wire::{AbortReason, WireError};
 pub use ferry_proto::{
     Device, DeviceKind, MetadataError, OperationKind, OperationStatus, ParseDeviceError,
     RdmaMetadata,
+};
+pub use grant::{
+    BlockRef, Grant, GrantError, GrantMetadata, GrantOptions, Notification, NotificationKind,
+    RemoteGrant, Rights,
 };
 pub use kind::TransportKind;
 pub use op::{ReadOperation, ReadableOperation, WritableOperation, WriteOperation};
