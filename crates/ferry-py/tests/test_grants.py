@@ -328,3 +328,15 @@ def test_expires_after_ends_a_readable_on_both_sides() -> None:
             owner.create_writable(ferry.Descriptor(data), expires_after="soon")  # type: ignore[arg-type]
 
     run(main())
+
+
+def test_the_python_example_of_docs_grants_md() -> None:
+    """docs/grants.md's Python example runs as written."""
+    path = os.path.join(HERE, "..", "..", "..", "docs", "grants.md")
+    if not os.path.exists(path):
+        pytest.skip("docs/grants.md is not next to the tests")
+    with open(path) as f:
+        text = f.read()
+    start = text.index("```python\n") + len("```python\n")
+    code = text[start : text.index("```", start)]
+    exec(compile(code, "docs/grants.md", "exec"), {"__name__": "docs_grants"})
