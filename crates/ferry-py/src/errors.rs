@@ -31,7 +31,7 @@ pub(crate) fn error_to_py(py: Python<'_>, e: ferry::Error) -> PyErr {
         E::NoDeviceTransport { .. } => "NoDeviceTransportError",
         E::NotDeviceMemory { .. } => "NotDeviceMemoryError",
         E::UnsupportedDevice { .. } => "DeviceMemoryError",
-        E::Grant(ref g) => match crate::grant::grant_error_class(g) {
+        E::Grant(ref g) => match grant_error_class(g) {
             Some(class) => class,
             None => return PyValueError::new_err(message),
         },
@@ -88,4 +88,30 @@ pub(crate) fn pool_error_to_py(py: Python<'_>, e: ferry::PoolError) -> PyErr {
         _ => "PoolError",
     };
     named_error(py, class, e.to_string())
+}
+
+/// The exception class (of `ferry._errors`) for a grant's error `e`, or
+/// `None` for misuse (a `ValueError`).
+fn grant_error_class(e: &ferry::GrantError) -> Option<&'static str> {
+    use ferry::GrantError as G;
+    Some(match e {
+        G::Malformed(_)
+        | G::TooLarge { .. }
+        | G::Unbound
+        | G::LengthMismatch { .. }
+        | G::NotificationTooLarge { .. } => return None,
+        G::Revoked => "GrantRevokedError",
+        G::Expired { .. } => "GrantExpiredError",
+        G::NotYours { .. } => "GrantNotYoursError",
+        G::Claimed { .. } => "GrantClaimedError",
+        G::OutOfRange { .. } => "GrantBlockRangeError",
+        G::StaleGeneration { .. } => "StaleGenerationError",
+        G::RightsMissing { .. } => "GrantRightsError",
+        G::NoLane(_) => "NoGrantLaneError",
+        G::Forged { .. } => "GrantForgedError",
+        G::NotificationsFull { .. } => "NotificationsFullError",
+        G::OwnerGone(_) | G::HolderGone => "GrantPeerGoneError",
+        G::Stalled { .. } => "GrantStalledError",
+        _ => "GrantError",
+    })
 }

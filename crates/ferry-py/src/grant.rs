@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry::{BlockRef, GrantError, GrantOptions, Rights};
+use ferry::{BlockRef, GrantOptions, Rights};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyTuple};
@@ -482,30 +482,4 @@ where
     tokio::spawn(work)
         .await
         .map_err(|e| ferry::Error::Config(format!("a grant's copy failed: {e}")))?
-}
-
-/// The exception class (of `ferry._errors`) for a grant's error `e`, or
-/// `None` for misuse (a `ValueError`).
-pub(crate) fn grant_error_class(e: &GrantError) -> Option<&'static str> {
-    use GrantError as G;
-    Some(match e {
-        G::Malformed(_)
-        | G::TooLarge { .. }
-        | G::Unbound
-        | G::LengthMismatch { .. }
-        | G::NotificationTooLarge { .. } => return None,
-        G::Revoked => "GrantRevokedError",
-        G::Expired { .. } => "GrantExpiredError",
-        G::NotYours { .. } => "GrantNotYoursError",
-        G::Claimed { .. } => "GrantClaimedError",
-        G::OutOfRange { .. } => "GrantBlockRangeError",
-        G::StaleGeneration { .. } => "StaleGenerationError",
-        G::RightsMissing { .. } => "GrantRightsError",
-        G::NoLane(_) => "NoGrantLaneError",
-        G::Forged { .. } => "GrantForgedError",
-        G::NotificationsFull { .. } => "NotificationsFullError",
-        G::OwnerGone(_) | G::HolderGone => "GrantPeerGoneError",
-        G::Stalled { .. } => "GrantStalledError",
-        _ => "GrantError",
-    })
 }
