@@ -244,6 +244,8 @@ def test_typed_refusals_in_process() -> None:
             await remote.read_blocks([1, 2], mine, [0])
         with pytest.raises(ferry.GrantClaimedError):
             await ferry.Connector("decode-1").open_grant(grant.metadata())
+        with pytest.raises(TypeError, match="BlockRef alone"):
+            await remote.read_blocks(BlockRef(5, 0), mine, [0])  # type: ignore[arg-type]
         remote.read_blocks_blocking([BlockRef(5, 0)], mine, [1])
         assert bytes(local[BLOCK:]) == block(mem, 5)
         with pytest.raises(ValueError, match="holder=worker_id"):

@@ -499,6 +499,9 @@ def _pool_arg(pool: Pool) -> _ferry.Pool:
 def _remote_arg(blocks: RemoteBlocks) -> Sequence[Union[int, Tuple[int, int]]]:
     if isinstance(blocks, (str, bytes, bytearray)):
         raise TypeError("remote blocks are ints or (index, generation) pairs, not text")
+    if isinstance(blocks, BlockRef):
+        # Else taken for two indices: the block's and its generation.
+        raise TypeError("remote blocks are a list: pass [block_ref], not a BlockRef alone")
     numpy_like = hasattr(blocks, "tolist") and not isinstance(blocks, tuple)
     given: List[Any] = blocks.tolist() if numpy_like else list(blocks)  # type: ignore[attr-defined]
     items: List[Union[int, Tuple[int, int]]] = []
