@@ -208,13 +208,41 @@ where
     F: Future<Output = ferry::Result<T>> + Send + 'static,
     T: ToPython,
 {
+    run_future_with(py, work, false)
+}
+
+/// [`run_future`], whose first poll runs without the GIL: for work that
+/// may do something before it first waits (a grant's copy in place, a
+/// notification ring with no room), which other Python threads need not
+/// wait for.
+pub(crate) fn run_future_detached<'py, F, T>(
+    py: Python<'py>,
+    work: F,
+) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = ferry::Result<T>> + Send + 'static,
+    T: ToPython,
+{
+    run_future_with(py, work, true)
+}
+
+fn run_future_with<'py, F, T>(py: Python<'py>, work: F, detach: bool) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = ferry::Result<T>> + Send + 'static,
+    T: ToPython,
+{
     let core = core()?;
     let event_loop = GET_RUNNING_LOOP
         .import(py, "asyncio", "get_running_loop")?
         .call0()?;
     let future = event_loop.call_method0(intern!(py, "create_future"))?;
     let mut work = Box::pin(work);
-    match poll_once(core, work.as_mut()) {
+    let first = if detach {
+        py.detach(|| poll_once(core, work.as_mut()))
+    } else {
+        poll_once(core, work.as_mut())
+    };
+    match first {
         Poll::Ready(result) => resolve(&future, |py| result_to_py(py, result))?,
         Poll::Pending => {
             let bridge = BRIDGE_FOR
@@ -248,4 +276,15 @@ where
         Poll::Ready(v) => v,
         Poll::Pending => py.detach(|| core.rt.block_on(fut)),
     })
+}
+
+/// Runs `fut` to completion on the calling thread without the GIL, also
+/// its first poll (see [`run_future_detached`]).
+pub(crate) fn block_on_detached<F>(py: Python<'_>, fut: F) -> PyResult<F::Output>
+where
+    F: Future + Send,
+    F::Output: Send,
+{
+    let core = core()?;
+    Ok(py.detach(|| core.rt.block_on(fut)))
 }

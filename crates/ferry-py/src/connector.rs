@@ -7,11 +7,13 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::bridge::{block_on, run_future};
+use crate::bridge::{block_on, run_future, ToPython};
 use crate::errors::error_to_py;
+use crate::grant::{grant_options, seconds_arg, Grant, GrantMetadata};
 use crate::memory::{descriptors, KeepAlive, RawItem};
 use crate::metadata::Metadata;
 use crate::ops::{boxed, Operation};
+use crate::pool::Pool;
 
 /// One worker's connector.
 #[pyclass(frozen, module = "ferry._ferry")]
@@ -85,14 +87,78 @@ impl Connector {
         metrics_dict(py, &self.inner.metrics())
     }
 
-    /// Exposes memory for one remote worker to read.
-    fn create_readable(&self, py: Python<'_>, descriptors: Vec<RawItem>) -> PyResult<Operation> {
-        self.expose(py, descriptors, false)
+    /// Exposes memory for one remote worker to read, until
+    /// `expires_after` seconds if given.
+    #[pyo3(signature = (descriptors, expires_after=None))]
+    fn create_readable(
+        &self,
+        py: Python<'_>,
+        descriptors: Vec<RawItem>,
+        expires_after: Option<f64>,
+    ) -> PyResult<Operation> {
+        self.expose(py, descriptors, false, expires_after)
     }
 
-    /// Exposes memory for one remote worker to write.
-    fn create_writable(&self, py: Python<'_>, descriptors: Vec<RawItem>) -> PyResult<Operation> {
-        self.expose(py, descriptors, true)
+    /// Exposes memory for one remote worker to write, until
+    /// `expires_after` seconds if given.
+    #[pyo3(signature = (descriptors, expires_after=None))]
+    fn create_writable(
+        &self,
+        py: Python<'_>,
+        descriptors: Vec<RawItem>,
+        expires_after: Option<f64>,
+    ) -> PyResult<Operation> {
+        self.expose(py, descriptors, true, expires_after)
+    }
+
+    /// Grants a remote worker `rights` (1 READ, 2 WRITE, 3 both) over the
+    /// blocks of `pool` (see `grant::grant_options` for the rest).
+    #[pyo3(signature = (pool, rights, holder=None, bearer=false, expires_after=None, spin_us=None, revoke_deadline=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn grant(
+        &self,
+        py: Python<'_>,
+        pool: &Bound<'_, Pool>,
+        rights: u8,
+        holder: Option<String>,
+        bearer: bool,
+        expires_after: Option<f64>,
+        spin_us: Option<f64>,
+        revoke_deadline: Option<f64>,
+    ) -> PyResult<Grant> {
+        let opts = grant_options(
+            rights,
+            holder,
+            bearer,
+            expires_after,
+            spin_us,
+            revoke_deadline,
+        )?;
+        let pool = pool.get().rust();
+        // Ready at once: making a grant waits for nothing.
+        let g = block_on(py, self.inner.grant(pool, opts))?.map_err(|e| error_to_py(py, e))?;
+        Ok(Grant::new(g))
+    }
+
+    /// Opens a grant made for this worker; an asyncio future of the
+    /// `RemoteGrant`.
+    fn open_grant<'py>(
+        &self,
+        py: Python<'py>,
+        metadata: &GrantMetadata,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let inner = self.inner.clone();
+        let meta = metadata.0.clone();
+        run_future(py, async move { inner.open_grant(&meta).await })
+    }
+
+    /// `open_grant`, blocking without the GIL.
+    fn open_grant_blocking(&self, py: Python<'_>, metadata: &GrantMetadata) -> PyResult<Py<PyAny>> {
+        let inner = self.inner.clone();
+        let meta = metadata.0.clone();
+        let g = block_on(py, async move { inner.open_grant(&meta).await })?
+            .map_err(|e| error_to_py(py, e))?;
+        g.to_python(py)
     }
 
     /// Starts reading the remote readable `metadata` describes; returns an
@@ -147,15 +213,30 @@ impl Connector {
 }
 
 impl Connector {
-    fn expose(&self, py: Python<'_>, raw: Vec<RawItem>, writable: bool) -> PyResult<Operation> {
+    fn expose(
+        &self,
+        py: Python<'_>,
+        raw: Vec<RawItem>,
+        writable: bool,
+        expires_after: Option<f64>,
+    ) -> PyResult<Operation> {
+        let expiry = expires_after
+            .map(|s| seconds_arg("expires_after", s))
+            .transpose()?;
         let (descs, owners) = descriptors(py, raw, writable)?;
         let inner = &self.inner;
         // Ready at once: exposing memory waits for nothing.
         let op = block_on(py, async {
             if writable {
-                inner.create_writable(descs).await.map(boxed)
+                inner.create_writable(descs).await.map(|op| match expiry {
+                    Some(d) => boxed(op.expires_after(d)),
+                    None => boxed(op),
+                })
             } else {
-                inner.create_readable(descs).await.map(boxed)
+                inner.create_readable(descs).await.map(|op| match expiry {
+                    Some(d) => boxed(op.expires_after(d)),
+                    None => boxed(op),
+                })
             }
         })?;
         // On failure the descriptors are gone by now, and `owners` go after them.

@@ -18,7 +18,9 @@ fn error_class<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyType>>
 /// The Python exception for `e`, with the core's message: `ValueError` for
 /// misuse and bad metadata (a `DeviceMemoryError` subclass for memory
 /// outside the host), `TimeoutError` for deadlines, a `FerryError` subclass
-/// for everything that made a transfer fail.
+/// for everything that made a transfer fail: a `GrantError` subclass for a
+/// refused grant or one-sided transfer, an `ExpiredError` for an expired
+/// passive operation on both sides.
 pub(crate) fn error_to_py(py: Python<'_>, e: ferry::Error) -> PyErr {
     use ferry::Error as E;
     let message = e.to_string();
@@ -29,6 +31,16 @@ pub(crate) fn error_to_py(py: Python<'_>, e: ferry::Error) -> PyErr {
         E::NoDeviceTransport { .. } => "NoDeviceTransportError",
         E::NotDeviceMemory { .. } => "NotDeviceMemoryError",
         E::UnsupportedDevice { .. } => "DeviceMemoryError",
+        E::Grant(ref g) => match grant_error_class(g) {
+            Some(class) => class,
+            None => return PyValueError::new_err(message),
+        },
+        E::Pool(p) => return pool_error_to_py(py, p),
+        E::Expired { .. } => "ExpiredError",
+        E::Rejected {
+            reason: ferry::AbortReason::Expired,
+            ..
+        } => "RemoteExpiredError",
         ref e if e.is_misuse() => return PyValueError::new_err(message),
         E::WrongWorker { .. } => "StaleMetadataError",
         E::Unreachable { .. } => "UnreachableError",
@@ -76,4 +88,30 @@ pub(crate) fn pool_error_to_py(py: Python<'_>, e: ferry::PoolError) -> PyErr {
         _ => "PoolError",
     };
     named_error(py, class, e.to_string())
+}
+
+/// The exception class (of `ferry._errors`) for a grant's error `e`, or
+/// `None` for misuse (a `ValueError`).
+fn grant_error_class(e: &ferry::GrantError) -> Option<&'static str> {
+    use ferry::GrantError as G;
+    Some(match e {
+        G::Malformed(_)
+        | G::TooLarge { .. }
+        | G::Unbound
+        | G::LengthMismatch { .. }
+        | G::NotificationTooLarge { .. } => return None,
+        G::Revoked => "GrantRevokedError",
+        G::Expired { .. } => "GrantExpiredError",
+        G::NotYours { .. } => "GrantNotYoursError",
+        G::Claimed { .. } => "GrantClaimedError",
+        G::OutOfRange { .. } => "GrantBlockRangeError",
+        G::StaleGeneration { .. } => "StaleGenerationError",
+        G::RightsMissing { .. } => "GrantRightsError",
+        G::NoLane(_) => "NoGrantLaneError",
+        G::Forged { .. } => "GrantForgedError",
+        G::NotificationsFull { .. } => "NotificationsFullError",
+        G::OwnerGone(_) | G::HolderGone => "GrantPeerGoneError",
+        G::Stalled { .. } => "GrantStalledError",
+        _ => "GrantError",
+    })
 }

@@ -16,6 +16,9 @@
 //! - `Pool` and `Blocks` (`pool.rs`): a registered region cut into blocks,
 //!   and blocks of it by id (a paged descriptor), taken by an operation
 //!   while it is in progress.
+//! - `GrantMetadata`, `Grant` and `RemoteGrant` (`grant.rs`): standing
+//!   grants, the owner's and the holder's sides, with one-sided transfers
+//!   by block index.
 //! - `HttpServer`, `NatsChannel`, `Publication` and `http_fetch`
 //!   (`control.rs`): the control plane of `ferry-control`, blocking without
 //!   the GIL; `ferry.control` wraps them in coroutines.
@@ -35,6 +38,7 @@ mod claims;
 mod connector;
 mod control;
 mod errors;
+mod grant;
 mod memory;
 mod metadata;
 mod ops;
@@ -119,6 +123,9 @@ fn _ferry(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Bridge>()?;
     m.add_class::<pool::Pool>()?;
     m.add_class::<pool::Blocks>()?;
+    m.add_class::<grant::GrantMetadata>()?;
+    m.add_class::<grant::Grant>()?;
+    m.add_class::<grant::RemoteGrant>()?;
     m.add_function(wrap_pyfunction!(parse_device, m)?)?;
     m.add_function(wrap_pyfunction!(bytes_address, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_device_of, m)?)?;

@@ -9,7 +9,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes};
 
-use crate::claims::{Claim, Table};
+use crate::claims::{Claim, Range, Table};
 use crate::errors::{named_error, pool_error_to_py};
 
 /// Numbers pools, so that claims (`claims.rs`) can tell the descriptors of
@@ -97,10 +97,46 @@ impl Blocks {
     }
 }
 
+impl Pool {
+    /// The Rust pool over this memory (a grant is made over it, and a
+    /// grant's transfers copy from and into it).
+    pub(crate) fn rust(&self) -> &ferry::Pool {
+        &self.inner
+    }
+
+    /// Takes blocks `ids` for a grant's one-sided transfer that `writes`
+    /// into them (exclusively) or only reads them (shared), as an
+    /// operation takes its blocks (`Blocks::take`), until the returned
+    /// claim is dropped: the transfer holds it until its copy is over.
+    pub(crate) fn hold_blocks(&self, py: Python<'_>, ids: &[u32], writes: bool) -> PyResult<Claim> {
+        if writes && !self.writable {
+            return Err(pool_error_to_py(py, PoolError::ReadOnly));
+        }
+        if ids.is_empty() {
+            return Err(pool_error_to_py(py, PoolError::BadCount(0)));
+        }
+        let ranges = if self.device == Device::CPU {
+            vec![Range {
+                index: 0,
+                start: self.ptr,
+                end: self.ptr.saturating_add(self.size),
+                pool: self.id,
+            }]
+        } else {
+            Vec::new()
+        };
+        let mut claim = Claim::new(ranges, writes)?;
+        let ids: Arc<[u32]> = ids.into();
+        self.table.take(py, &ids, !writes, claim.owner())?;
+        claim.hold(self.table.clone());
+        Ok(claim)
+    }
+}
+
 /// Block ids from `ids`: the native-endian `u32`s of a `bytes` (what
 /// `numpy.ndarray.astype(uint32).tobytes()` gives: no Python object per
 /// id), or a sequence of ints.
-fn read_ids(ids: &Bound<'_, PyAny>, count: usize) -> PyResult<Vec<u32>> {
+pub(crate) fn read_ids(ids: &Bound<'_, PyAny>, count: usize) -> PyResult<Vec<u32>> {
     let out: Vec<u32> = if let Ok(b) = ids.cast::<PyBytes>() {
         let b = b.as_bytes();
         if b.len() % 4 != 0 {

@@ -12,6 +12,12 @@ through any side channel; the remote starts a :class:`ReadOperation` with it.
 Writing works the same way with a :class:`WritableOperation` and a
 :class:`WriteOperation`. Both sides learn of completion, failure and
 cancellation; waiting is event driven and releases the GIL.
+
+A standing :class:`Grant` (``connector.grant(pool, "read_write",
+holder=...)``) lets one remote worker read and write blocks of a
+:class:`Pool` by index, one-sidedly, with no round trip per transfer, until
+it is revoked: the holder opens its :class:`GrantMetadata` with
+``await connector.open_grant(meta)`` and gets a :class:`RemoteGrant`.
 """
 
 from ._connection import Connection
@@ -27,6 +33,7 @@ from ._operations import (
     WriteOperation,
 )
 from ._remote import Remote
+from ._grant import BlockRef, Grant, GrantMetadata, GrantNotification, RemoteGrant
 from ._errors import (
     BlockBusyError,
     BlockIdTypeError,
@@ -36,7 +43,22 @@ from ._errors import (
     CudaUnavailableError,
     DeviceMemoryError,
     DigestMismatchError,
+    ExpiredError,
     FerryError,
+    GrantBlockRangeError,
+    GrantClaimedError,
+    GrantError,
+    GrantExpiredError,
+    GrantForgedError,
+    GrantNotYoursError,
+    GrantPeerGoneError,
+    GrantRevokedError,
+    GrantRightsError,
+    GrantStalledError,
+    NoGrantLaneError,
+    NotificationsFullError,
+    RemoteExpiredError,
+    StaleGenerationError,
     InvalidWorkerIdError,
     NoDeviceTransportError,
     NotDeviceMemoryError,
@@ -106,5 +128,25 @@ __all__ = [
     "BlockIdTypeError",
     "BlockSliceError",
     "BlockBusyError",
+    "ExpiredError",
+    "RemoteExpiredError",
+    "BlockRef",
+    "Grant",
+    "GrantMetadata",
+    "GrantNotification",
+    "RemoteGrant",
+    "GrantError",
+    "GrantRevokedError",
+    "GrantExpiredError",
+    "StaleGenerationError",
+    "GrantNotYoursError",
+    "GrantClaimedError",
+    "GrantBlockRangeError",
+    "GrantRightsError",
+    "GrantForgedError",
+    "NoGrantLaneError",
+    "NotificationsFullError",
+    "GrantPeerGoneError",
+    "GrantStalledError",
     "__version__",
 ]

@@ -3,10 +3,11 @@ operations."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Type
+from typing import Any, Callable, List, Optional, Type, Union
 
 from . import _ferry
 from ._connection import _ConnectorBase
+from ._grant import Grant, GrantMetadata, RemoteGrant, Rights, _make_grant, _metadata_arg
 from ._metadata import RdmaMetadata
 from ._operations import (
     Descriptors,
@@ -22,7 +23,7 @@ from ._operations import (
     _read_args,
     _write_args,
 )
-from ._pool import AnyDescriptor
+from ._pool import AnyDescriptor, Pool
 
 
 class Connector(_ConnectorBase):
@@ -44,18 +45,68 @@ class Connector(_ConnectorBase):
 
     __slots__ = ()
 
-    def create_readable(self, local_descriptors: Descriptors) -> PendingOperation[ReadableOperation]:
+    def create_readable(
+        self, local_descriptors: Descriptors, *, expires_after: Optional[float] = None
+    ) -> PendingOperation[ReadableOperation]:
         """Exposes `local_descriptors` for one remote worker to read; hand it
-        the operation's ``metadata()``."""
+        the operation's ``metadata()``. With `expires_after` (seconds), the
+        exposure ends by itself then unless the operation has ended: its
+        memory is withdrawn as on a cancel, and both sides raise
+        :class:`ExpiredError` (the remote :class:`RemoteExpiredError`)."""
         descs = _descriptor_list(local_descriptors, "local_descriptors")
-        return self._expose(ReadableOperation, descs, self._core.create_readable)
+        expiry = _expiry_arg(expires_after)
+        return self._expose(ReadableOperation, descs, lambda raw: self._core.create_readable(raw, expiry))
 
-    def create_writable(self, local_descriptors: Descriptors) -> PendingOperation[WritableOperation]:
+    def create_writable(
+        self, local_descriptors: Descriptors, *, expires_after: Optional[float] = None
+    ) -> PendingOperation[WritableOperation]:
         """Exposes `local_descriptors` for one remote worker to write; hand
-        it the operation's ``metadata()``."""
+        it the operation's ``metadata()``. `expires_after` as for
+        :meth:`create_readable`."""
         descs = _descriptor_list(local_descriptors, "local_descriptors")
         _check_writable(descs, "WritableOperation")
-        return self._expose(WritableOperation, descs, self._core.create_writable)
+        expiry = _expiry_arg(expires_after)
+        return self._expose(WritableOperation, descs, lambda raw: self._core.create_writable(raw, expiry))
+
+    def grant(
+        self,
+        pool: Pool,
+        rights: Rights,
+        *,
+        holder: Optional[str] = None,
+        bearer: bool = False,
+        expires_after: Optional[float] = None,
+        spin_us: Optional[float] = None,
+        revoke_deadline: Optional[float] = None,
+    ) -> Grant:
+        """Grants one remote worker `rights` (``"read"``, ``"write"`` or
+        ``"read_write"``) over the blocks of `pool`, one-sidedly, until the
+        grant is revoked, dropped or expires (see :class:`Grant` and
+        ``docs/grants.md``). Hand ``grant.metadata()`` to the holder, which
+        opens it with :meth:`open_grant`.
+
+        `holder` binds it to the worker with that id; ``bearer=True`` makes
+        it a bearer grant instead (whoever holds the metadata opens it; one
+        holder process at a time): one of the two is needed.
+        `expires_after` (seconds) ends it by itself. `spin_us` is the
+        low-latency mode: the owner's notification thread spins that many
+        microseconds after each notification before it parks (default:
+        parks at once, no CPU while idle). `revoke_deadline` (seconds,
+        default 1.5) bounds how long :meth:`Grant.revoke` waits for a
+        stopped holder's transfer in flight."""
+        return _make_grant(self._core, pool, rights, holder, bearer, expires_after, spin_us, revoke_deadline)
+
+    async def open_grant(self, metadata: Union[GrantMetadata, str, bytes]) -> RemoteGrant:
+        """Opens a grant another worker made for this one (its metadata, or
+        the metadata's JSON): checks that it is bound to this worker
+        (:class:`GrantNotYoursError`) or a bearer grant, unexpired, live, and
+        that a lane reaches its owner (:class:`NoGrantLaneError`), and
+        claims it (one holder at a time)."""
+        return RemoteGrant._new(await self._core.open_grant(_metadata_arg(metadata)))
+
+    def open_grant_blocking(self, metadata: Union[GrantMetadata, str, bytes]) -> RemoteGrant:
+        """:meth:`open_grant`, blocking (without the GIL)."""
+        return RemoteGrant._new(self._core.open_grant_blocking(_metadata_arg(metadata)))
 
     def begin_read(
         self, remote_metadata: RdmaMetadata, local_descriptors: Descriptors
@@ -99,3 +150,11 @@ class Connector(_ConnectorBase):
         return PendingOperation(
             self, None, lambda: create(raw), lambda op, conn: cls._new(op, descs, self, conn)
         )
+
+
+def _expiry_arg(expires_after: Optional[float]) -> Optional[float]:
+    if expires_after is None:
+        return None
+    if isinstance(expires_after, bool) or not isinstance(expires_after, (int, float)):
+        raise TypeError(f"expires_after must be a number of seconds, not {type(expires_after).__name__}")
+    return float(expires_after)

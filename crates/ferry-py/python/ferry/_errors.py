@@ -35,6 +35,18 @@ A :class:`Pool` or a block list that is refused raises a :class:`PoolError`
 :class:`BlockIdTypeError` (also a :class:`TypeError`) for ids that are not
 integers, :class:`BlockSliceError` for a part of a block that does not fit
 it, :class:`BlockBusyError` for blocks that an operation in progress uses.
+
+A passive operation created with ``expires_after`` that lapsed raises
+:class:`ExpiredError` on its side, and :class:`RemoteExpiredError` (an
+``ExpiredError`` and a :class:`RejectedError`) on its remote's.
+
+A standing grant (:meth:`Connector.grant`) that refuses raises a
+:class:`GrantError`, whose subclass says why: revoked, expired, a block
+retired since the generation named (:class:`StaleGenerationError`: nothing
+moved), another worker's grant, an index out of range, a right the grant
+does not give. Misuse (malformed grant metadata, a grant bound to nobody,
+block counts or sizes that differ, a notification over 256 bytes) raises
+:class:`ValueError`.
 """
 
 from __future__ import annotations
@@ -69,6 +81,21 @@ __all__ = [
     "BlockIdTypeError",
     "BlockSliceError",
     "BlockBusyError",
+    "ExpiredError",
+    "RemoteExpiredError",
+    "GrantError",
+    "GrantRevokedError",
+    "GrantExpiredError",
+    "StaleGenerationError",
+    "GrantNotYoursError",
+    "GrantClaimedError",
+    "GrantBlockRangeError",
+    "GrantRightsError",
+    "GrantForgedError",
+    "NoGrantLaneError",
+    "NotificationsFullError",
+    "GrantPeerGoneError",
+    "GrantStalledError",
 ]
 
 
@@ -234,3 +261,86 @@ class BlockBusyError(PoolError):
     would write into it, reads), or that one operation would write twice:
     the two would race on its bytes. Wait for the other operation to end,
     or cancel it."""
+
+
+class ExpiredError(FerryError):
+    """A passive operation created with ``expires_after`` outlived it: its
+    memory was withdrawn (status CANCELLED) and a transfer in progress was
+    aborted. Raised on the passive side; the remote's side raises
+    :class:`RemoteExpiredError`, a subclass. Ask for fresh metadata."""
+
+
+class RemoteExpiredError(ExpiredError, RejectedError):
+    """The remote's passive operation expired (its ``expires_after``
+    lapsed): the remote refused the transfer, or ended it. Also a
+    :class:`RejectedError`, as other refusals."""
+
+
+class GrantError(FerryError):
+    """A standing grant, or a one-sided transfer on one, was refused; the
+    subclass says why, the message says it in words. Nothing moved unless
+    the message says otherwise."""
+
+
+class GrantRevokedError(GrantError):
+    """The owner revoked the grant (``revoke()``, or dropped it): ask it for
+    a new one."""
+
+
+class GrantExpiredError(GrantError, ExpiredError):
+    """The grant's ``expires_after`` has passed: ask the owner for a new
+    grant. Also an :class:`ExpiredError`."""
+
+
+class StaleGenerationError(GrantError):
+    """A block was retired by its owner (reused) since the generation the
+    transfer names: nothing moved. Ask for the block's current generation
+    (``generation(i)``) once the owner hands it on again."""
+
+
+class GrantNotYoursError(GrantError):
+    """The grant is bound to another worker: open it from the worker it
+    names (the connector's ``worker_id``)."""
+
+
+class GrantClaimedError(GrantError):
+    """Another process holds the grant already: a grant has one holder at a
+    time."""
+
+
+class GrantBlockRangeError(GrantError, IndexError):
+    """A block index past the granted blocks (or negative). Also an
+    :class:`IndexError`."""
+
+
+class GrantRightsError(GrantError):
+    """The grant does not give the right the transfer needs (a write on a
+    READ grant, a read on a WRITE grant)."""
+
+
+class GrantForgedError(GrantError):
+    """The grant's secret or layout does not match what its owner keeps:
+    forged, tampered with, or stale metadata."""
+
+
+class NoGrantLaneError(GrantError):
+    """No lane of the grant reaches this worker: the owner is on another
+    host, or the memory is not host memory (this version has the same-host
+    cross-memory attach lane), or the kernel does not let this process
+    attach to the owner."""
+
+
+class NotificationsFullError(GrantError):
+    """The owner's notification queue stayed full: the write landed, but its
+    notification was not queued. The owner is not reading its
+    notifications."""
+
+
+class GrantPeerGoneError(GrantError, ConnectionError):
+    """The other side of the grant (its owner, or its holder) is gone."""
+
+
+class GrantStalledError(GrantError, TimeoutError):
+    """``revoke()`` or ``retire()`` gave up waiting for a transfer in flight
+    of a live holder that did not finish (stopped): when it resumes it may
+    still complete that one transfer; its later ones are refused."""
