@@ -25,6 +25,8 @@ pub(super) async fn grant(
 }
 
 impl Granted {
-    /// Revokes the grant and stops listening.
-    pub(super) fn revoke(self) {}
+    /// Stops listening and revokes the grant.
+    pub(super) async fn revoke(self) -> anyhow::Result<()> {
+        Ok(())
+    }
 }

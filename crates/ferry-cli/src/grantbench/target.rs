@@ -47,7 +47,7 @@ impl State {
         };
         match r.cmd {
             Cmd::Pool => {
-                self.revoke_all();
+                self.revoke_all().await?;
                 *self.pool.lock().unwrap() = None;
                 let (block, blocks) = (r.block, r.blocks);
                 let pool = tokio::task::spawn_blocking(move || -> anyhow::Result<Pool> {
@@ -77,9 +77,12 @@ impl State {
                 )
                 .await?;
                 a.metadata = Some(g.metadata.clone());
-                self.grants.lock().unwrap().insert(r.tag, g);
+                let old = self.grants.lock().unwrap().insert(r.tag, g);
+                if let Some(old) = old {
+                    old.revoke().await?;
+                }
             }
-            Cmd::Revoke => self.revoke_all(),
+            Cmd::Revoke => self.revoke_all().await?,
             Cmd::PerOp => {
                 let pool = self.pool()?;
                 let ids = r.ids.as_ref().map(|i| i.resolve()).unwrap_or_default();
@@ -134,7 +137,7 @@ impl State {
     }
 
     /// Revokes every grant (before the pool under them goes).
-    fn revoke_all(&self) {
+    async fn revoke_all(&self) -> anyhow::Result<()> {
         let all: Vec<Granted> = self
             .grants
             .lock()
@@ -143,8 +146,9 @@ impl State {
             .map(|(_, g)| g)
             .collect();
         for g in all {
-            g.revoke();
+            g.revoke().await?;
         }
+        Ok(())
     }
 }
 
@@ -187,7 +191,7 @@ pub async fn target(connector: Connector) -> anyhow::Result<()> {
         };
         state.answer(a);
     }
-    state.revoke_all();
+    state.revoke_all().await?;
     drop(state);
     let _ = writer.await;
     Ok(())
