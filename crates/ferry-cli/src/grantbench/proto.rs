@@ -61,9 +61,13 @@ pub(super) enum Ids {
     },
 }
 
+/// The last permutation [`Ids::resolve`] made, by `(blocks, run, seed)`:
+/// the requests of one row all slice the same one.
+pub(super) type PermCache = std::sync::Mutex<Option<((u32, u32, u64), Arc<Vec<u32>>)>>;
+
 impl Ids {
-    /// The ids.
-    pub(super) fn resolve(&self) -> Vec<u32> {
+    /// The ids (a permutation made once per `cache`).
+    pub(super) fn resolve(&self, cache: &PermCache) -> Vec<u32> {
         match self {
             Ids::List(v) => v.clone(),
             Ids::Perm {
@@ -73,7 +77,18 @@ impl Ids {
                 from,
                 to,
             } => {
-                let all = crate::kv::ids(*blocks, *run, *seed);
+                let key = (*blocks, *run, *seed);
+                let all = {
+                    let mut c = cache.lock().unwrap();
+                    match &*c {
+                        Some((k, all)) if *k == key => all.clone(),
+                        _ => {
+                            let all = Arc::new(crate::kv::ids(*blocks, *run, *seed));
+                            *c = Some((key, all.clone()));
+                            all
+                        }
+                    }
+                };
                 let (a, b) = (
                     (*from as usize).min(all.len()),
                     (*to as usize).min(all.len()),

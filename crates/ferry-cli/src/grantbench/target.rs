@@ -23,6 +23,7 @@ struct State {
     grants: Mutex<HashMap<u32, Granted>>,
     /// Notification latencies (ns) not yet asked for.
     notes: Arc<Mutex<Vec<u64>>>,
+    perms: super::proto::PermCache,
     out: mpsc::UnboundedSender<Answer>,
 }
 
@@ -85,7 +86,11 @@ impl State {
             Cmd::Revoke => self.revoke_all().await?,
             Cmd::PerOp => {
                 let pool = self.pool()?;
-                let ids = r.ids.as_ref().map(|i| i.resolve()).unwrap_or_default();
+                let ids = r
+                    .ids
+                    .as_ref()
+                    .map(|i| i.resolve(&self.perms))
+                    .unwrap_or_default();
                 let created = crate::clock::monotonic_ns();
                 let op: Box<dyn ferry::Operation<'static>> = if r.write {
                     Box::new(
@@ -121,8 +126,16 @@ impl State {
             Cmd::Cpu => a.cpu_ns = Some(super::raw::process_cpu_ns()),
             Cmd::Check => {
                 let pool = self.pool()?;
-                let ids = r.ids.as_ref().map(|i| i.resolve()).unwrap_or_default();
-                let expect = r.expect.as_ref().map(|i| i.resolve()).unwrap_or_default();
+                let ids = r
+                    .ids
+                    .as_ref()
+                    .map(|i| i.resolve(&self.perms))
+                    .unwrap_or_default();
+                let expect = r
+                    .expect
+                    .as_ref()
+                    .map(|i| i.resolve(&self.perms))
+                    .unwrap_or_default();
                 if ids.len() != expect.len() {
                     return Err(anyhow!("{} blocks, {} expected", ids.len(), expect.len()));
                 }
@@ -170,6 +183,7 @@ pub async fn target(connector: Connector) -> anyhow::Result<()> {
         pool: Mutex::new(None),
         grants: Mutex::new(HashMap::new()),
         notes: Arc::default(),
+        perms: Mutex::new(None),
         out: tx,
     });
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
