@@ -14,6 +14,7 @@
 
 mod cursor;
 mod device;
+pub mod grant;
 pub mod lane;
 mod metadata;
 pub mod runs;

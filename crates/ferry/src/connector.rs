@@ -618,6 +618,28 @@ impl Connector {
     }
 }
 
+impl Connector {
+    /// Grants a remote worker READ, WRITE or both over the blocks of
+    /// `pool`, one-sidedly, until the grant is revoked, dropped or expires
+    /// (`docs/grants.md`). Hand its [`metadata`](crate::Grant::metadata)
+    /// to the holder, which opens it with [`open_grant`](Self::open_grant).
+    pub async fn grant(
+        &self,
+        pool: &crate::Pool,
+        opts: crate::GrantOptions,
+    ) -> Result<crate::Grant> {
+        crate::grant::create_grant(&self.inner.worker_id, &self.inner.host_id, pool, opts)
+    }
+
+    /// Opens a grant another worker made for this one: checks that it is
+    /// bound to this worker (or a bearer grant), unexpired, live, and that
+    /// a lane reaches its owner (same host: its control page opens and
+    /// shows the grant's cookie), and claims it (one holder at a time).
+    pub async fn open_grant(&self, meta: &crate::GrantMetadata) -> Result<crate::RemoteGrant> {
+        crate::grant::open_grant(&self.inner.worker_id, &self.inner.host_id, meta).await
+    }
+}
+
 impl Drop for Connector {
     fn drop(&mut self) {
         let _ = self.inner.shutdown.send(true);

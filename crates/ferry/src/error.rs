@@ -226,6 +226,16 @@ pub enum Error {
     #[error("I/O error: {0}")]
     Io(Arc<std::io::Error>),
 
+    // ---- grants ----
+    /// A grant, or a one-sided operation on one, was refused (typed: match
+    /// on the [`GrantError`](crate::grant::GrantError)).
+    #[error(transparent)]
+    Grant(#[from] ferry_proto::grant::GrantError),
+    /// Blocks of a pool could not be taken (busy, out of range, a
+    /// read-only pool written).
+    #[error(transparent)]
+    Pool(#[from] crate::PoolError),
+
     // ---- time ----
     /// A deadline passed before the operation ended. The operation goes on;
     /// drop or cancel it to stop it.

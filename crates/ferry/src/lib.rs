@@ -40,6 +40,7 @@ pub mod cuda;
 mod descriptor;
 mod error;
 mod exposure;
+pub mod grant;
 mod host;
 mod hugemem;
 mod kind;
@@ -73,6 +74,10 @@ pub use ferry_proto::wire::{AbortReason, WireError};
 pub use ferry_proto::{
     Device, DeviceKind, MetadataError, OperationKind, OperationStatus, ParseDeviceError,
     RdmaMetadata,
+};
+pub use grant::{
+    BlockRef, Grant, GrantError, GrantMetadata, GrantOptions, Notification, NotificationKind,
+    RemoteGrant, Rights,
 };
 pub use kind::TransportKind;
 pub use op::{ReadOperation, ReadableOperation, WritableOperation, WriteOperation};

@@ -303,6 +303,16 @@ impl Pool {
         self.inner.device
     }
 
+    /// The address of block 0 (for a grant, which hands it to its holder).
+    pub(crate) fn base(&self) -> *mut u8 {
+        self.inner.ptr.as_ptr()
+    }
+
+    /// Whether the pool's memory may be written.
+    pub(crate) fn is_writable(&self) -> bool {
+        self.inner.writable
+    }
+
     /// A writable descriptor over blocks `ids`, in that order, each taken
     /// exclusively until the descriptor is dropped.
     pub fn blocks(&self, ids: &[u32]) -> Result<Descriptor<'static>, PoolError> {

@@ -30,11 +30,11 @@ impl Token {
             == 0
     }
 
-    pub(super) fn to_hex(self) -> String {
+    pub(crate) fn to_hex(self) -> String {
         hex_encode(&self.0)
     }
 
-    pub(super) fn from_hex(s: &str) -> Option<Token> {
+    pub(crate) fn from_hex(s: &str) -> Option<Token> {
         if s.len() != 32 {
             return None;
         }

@@ -49,7 +49,7 @@ pub(crate) fn transport_name(t: Option<TransportKind>) -> &'static str {
 
 /// The values of the `cause` label of `ferry_errors_total`, one per
 /// [`Error`] variant, in snake case.
-pub const ERROR_CAUSES: [&str; 28] = [
+pub const ERROR_CAUSES: [&str; 30] = [
     "no_descriptors",
     "too_many_descriptors",
     "read_only_descriptor",
@@ -78,6 +78,8 @@ pub const ERROR_CAUSES: [&str; 28] = [
     "peer_unresponsive",
     "expired",
     "digest_mismatch",
+    "grant",
+    "pool",
 ];
 
 /// The index of `e`'s cause in [`ERROR_CAUSES`].
@@ -111,6 +113,8 @@ pub(crate) fn cause_index(e: &Error) -> usize {
         Error::PeerUnresponsive { .. } => 25,
         Error::Expired { .. } => 26,
         Error::DigestMismatch { .. } => 27,
+        Error::Grant(_) => 28,
+        Error::Pool(_) => 29,
     }
 }
 

@@ -1,0 +1,356 @@
+//! The holder's side of a grant: one-sided reads and writes of the owner's
+//! blocks.
+
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferry_proto::grant::{check, BlockRef, GrantError, GrantMetadata, Rights};
+
+use super::control::{ControlPage, Header, LIVE};
+use super::{copy, fence, ring, sys, Notification, NotificationKind};
+use crate::transport::cma::{self, Peer};
+use crate::{Error, Pool, Result};
+
+/// Transfers of at least this many bytes are copied on a blocking thread;
+/// smaller ones in place (a copy of a few pages takes microseconds, less
+/// than a hand-over to another thread).
+pub const INLINE_MAX: usize = 1 << 20;
+
+/// How long a write waits for room in the owner's notification ring.
+const RING_PATIENCE: Duration = Duration::from_secs(1);
+
+/// A grant opened by its holder ([`Connector::open_grant`](crate::Connector::open_grant)):
+/// reads and writes blocks of the owner's memory by index, from and into
+/// blocks of a local [`Pool`], one-sidedly.
+///
+/// Each operation checks that the grant is live and that every block it
+/// names is at the generation it names, then copies, inside the fence the
+/// owner's [`revoke`](crate::Grant::revoke) and
+/// [`retire`](crate::Grant::retire) wait on. Local blocks are taken from
+/// the local pool for the copy, as an operation takes them
+/// ([`PoolError::Busy`](crate::PoolError::Busy) if another holds them).
+#[derive(Clone)]
+pub struct RemoteGrant {
+    inner: Arc<Held>,
+}
+
+struct Held {
+    meta: GrantMetadata,
+    page: Arc<ControlPage>,
+    owner: Peer,
+    base: u64,
+    me: u32,
+    /// The process's producer lock on the notification ring, and the last
+    /// sequence number pushed.
+    producer: Mutex<u64>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // Every operation holds this value: none is in flight any more.
+        let _ = self
+            .page
+            .holder_pid()
+            .compare_exchange(self.me, 0, SeqCst, SeqCst);
+    }
+}
+
+/// Opens a grant for this worker (see
+/// [`Connector::open_grant`](crate::Connector::open_grant)).
+pub(crate) async fn open(
+    worker_id: &str,
+    host_id: &str,
+    meta: &GrantMetadata,
+) -> Result<RemoteGrant> {
+    meta.validate()?;
+    check::holder(meta.holder.as_deref(), worker_id)?;
+    check::expiry(meta.expires_at_ms, super::now_ms())?;
+    if !meta.device.is_cpu() {
+        return Err(GrantError::NoLane(format!(
+            "the granted memory is on {}: this version reaches host memory only",
+            meta.device
+        ))
+        .into());
+    }
+    let Some(lane) = meta.cma else {
+        return Err(
+            GrantError::NoLane("the grant offers no cross-memory attach lane".into()).into(),
+        );
+    };
+    if meta.host_id != host_id {
+        return Err(GrantError::NoLane("the owner is on another host".into()).into());
+    }
+    let meta = meta.clone();
+    tokio::task::spawn_blocking(move || attach(meta, lane.pid, lane.control_fd, lane.base))
+        .await
+        .map_err(|e| Error::Config(format!("opening a grant failed: {e}")))?
+}
+
+/// Takes hold of the owner process, maps its control page and claims the
+/// grant. Blocking (file system, the owner's memory).
+fn attach(meta: GrantMetadata, pid: u32, fd: i32, base: u64) -> Result<RemoteGrant> {
+    let no_lane =
+        |e: std::io::Error| GrantError::NoLane(format!("cannot attach to process {pid}: {e}"));
+    // The handle first, then the page through it: both name one process.
+    let owner = Peer::open(pid).map_err(no_lane)?;
+    let name = std::ffi::CString::new(format!("fd/{fd}"))
+        .map_err(|_| GrantError::Forged { what: "descriptor" })?;
+    let file = match cma::open_in(owner.dir(), &name, libc::O_RDWR) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // The owner holds no such descriptor: the grant was dropped
+            // (or the metadata never was the owner's).
+            return Err(GrantError::Revoked.into());
+        }
+        Err(e) => return Err(no_lane(e).into()),
+    };
+    let page = ControlPage::open(
+        file,
+        &Header {
+            block_count: meta.block_count,
+            cookie: meta.cma.map(|c| c.cookie).unwrap_or_default(),
+            token_hash: super::token_hash(&meta.token),
+            grant: meta.grant,
+            base,
+            block_size: meta.block_size,
+            expires_at_ms: meta.expires_at_ms.unwrap_or(0),
+            rights: meta.rights,
+        },
+    )?;
+    if page.state().load(SeqCst) != LIVE {
+        return Err(GrantError::Revoked.into());
+    }
+    let me = std::process::id();
+    if let Err(pid) = page.holder_pid().compare_exchange(0, me, SeqCst, SeqCst) {
+        return Err(GrantError::Claimed { pid }.into());
+    }
+    page.holder_start()
+        .store(sys::process_start(me).unwrap_or(0), SeqCst);
+    Ok(RemoteGrant {
+        inner: Arc::new(Held {
+            meta,
+            page: Arc::new(page),
+            owner,
+            base,
+            me,
+            producer: Mutex::new(0),
+        }),
+    })
+}
+
+impl RemoteGrant {
+    /// The grant's metadata.
+    pub fn metadata(&self) -> &GrantMetadata {
+        &self.inner.meta
+    }
+
+    /// What the grant allows.
+    pub fn rights(&self) -> Rights {
+        self.inner.meta.rights
+    }
+
+    /// Whether the owner revoked the grant (or it expired).
+    pub fn is_revoked(&self) -> bool {
+        self.inner.page.state().load(SeqCst) != LIVE
+            || check::expiry(self.inner.meta.expires_at_ms, super::now_ms()).is_err()
+    }
+
+    /// Block `index`'s generation now (read from the owner's control page).
+    pub fn generation(&self, index: u32) -> Result<u32> {
+        let page = &self.inner.page;
+        match page.generation(index) {
+            Some(g) => Ok(g.load(SeqCst)),
+            None => Err(GrantError::OutOfRange {
+                index,
+                count: page.block_count(),
+            }
+            .into()),
+        }
+    }
+
+    /// The current references of blocks `indices`.
+    pub fn block_refs(&self, indices: &[u32]) -> Result<Vec<BlockRef>> {
+        indices
+            .iter()
+            .map(|&i| Ok(BlockRef::new(i, self.generation(i)?)))
+            .collect()
+    }
+
+    /// Reads the owner's blocks `remote` into blocks `local_blocks` of
+    /// `local` (pairwise; the pools' block sizes must match). Refused,
+    /// with nothing copied, if the grant is revoked or expired, gives no
+    /// READ, or a block is out of range or at another generation than
+    /// named.
+    pub async fn read_blocks(
+        &self,
+        remote: &[BlockRef],
+        local: &Pool,
+        local_blocks: &[u32],
+    ) -> Result<()> {
+        self.precheck(Rights::READ, remote, local, local_blocks)?;
+        let desc = local.blocks(local_blocks)?;
+        let inner = self.inner.clone();
+        let remote = remote.to_vec();
+        let op = move || -> Result<()> {
+            let mut segs = Vec::with_capacity(desc.block_count());
+            desc.raw_segments(&mut segs);
+            let _in = inner.enter(&remote)?;
+            let (l, r) = copy::pair(&segs, &inner.ranges(&remote));
+            // SAFETY: `desc` holds the local blocks exclusively (taken
+            // writable from their pool) until it drops after the copy, so
+            // each range is valid for writes and touched by nothing else;
+            // `pair` keeps lengths equal pairwise.
+            unsafe { copy::read(&inner.owner, &l, &r) }.map_err(|e| inner.copy_failed(e))?;
+            drop(desc);
+            Ok(())
+        };
+        self.run(remote_len(&self.inner.meta, local_blocks.len()), op)
+            .await
+    }
+
+    /// Writes blocks `local_blocks` of `local` into the owner's blocks
+    /// `remote` (pairwise), then, with `notify` (at most
+    /// [`MAX_NOTIFICATION`](super::MAX_NOTIFICATION) bytes; `Some(&[])` for
+    /// none), queues a notification for the owner, before the operation
+    /// leaves the fence. Refused, with nothing copied, as
+    /// [`read_blocks`](Self::read_blocks) is (WRITE needed).
+    pub async fn write_blocks(
+        &self,
+        local: &Pool,
+        local_blocks: &[u32],
+        remote: &[BlockRef],
+        notify: Option<&[u8]>,
+    ) -> Result<()> {
+        if let Some(p) = notify {
+            check::payload(p.len())?;
+        }
+        self.precheck(Rights::WRITE, remote, local, local_blocks)?;
+        let desc = local.shared_blocks(local_blocks)?;
+        let inner = self.inner.clone();
+        let remote = remote.to_vec();
+        let payload = notify.map(<[u8]>::to_vec);
+        let op = move || -> Result<()> {
+            let mut segs = Vec::with_capacity(desc.block_count());
+            desc.raw_segments(&mut segs);
+            let _in = inner.enter(&remote)?;
+            let (l, r) = copy::pair(&segs, &inner.ranges(&remote));
+            let l: Vec<(*const u8, usize)> =
+                l.into_iter().map(|(p, n)| (p.cast_const(), n)).collect();
+            // SAFETY: `desc` holds the local blocks shared (no writer)
+            // until it drops after the copy, so each range is valid for
+            // reads; `pair` keeps lengths equal pairwise.
+            unsafe { copy::write(&inner.owner, &l, &r) }.map_err(|e| inner.copy_failed(e))?;
+            drop(desc);
+            if let Some(payload) = payload {
+                inner.notify(&remote, payload)?;
+            }
+            Ok(())
+        };
+        self.run(remote_len(&self.inner.meta, local_blocks.len()), op)
+            .await
+    }
+
+    /// The checks that need no fence.
+    fn precheck(
+        &self,
+        needed: Rights,
+        remote: &[BlockRef],
+        local: &Pool,
+        local_blocks: &[u32],
+    ) -> Result<()> {
+        let m = &self.inner.meta;
+        check::rights(m.rights, needed)?;
+        check::expiry(m.expires_at_ms, super::now_ms())?;
+        check::blocks(remote, m.block_count)?;
+        check::shape(
+            local_blocks.len(),
+            local.block_size() as u64,
+            remote.len(),
+            m.block_size,
+        )?;
+        if !local.device().is_cpu() {
+            return Err(GrantError::NoLane(format!(
+                "the local pool is on {}: this version moves host memory only",
+                local.device()
+            ))
+            .into());
+        }
+        Ok(())
+    }
+
+    /// Runs `op` in place, or on a blocking thread for large transfers.
+    async fn run(
+        &self,
+        bytes: u64,
+        op: impl FnOnce() -> Result<()> + Send + 'static,
+    ) -> Result<()> {
+        if bytes < INLINE_MAX as u64 {
+            return op();
+        }
+        tokio::task::spawn_blocking(op)
+            .await
+            .map_err(|e| Error::Config(format!("a grant's copy failed: {e}")))?
+    }
+}
+
+fn remote_len(meta: &GrantMetadata, blocks: usize) -> u64 {
+    meta.block_size.saturating_mul(blocks as u64)
+}
+
+impl Held {
+    /// Enters the fence and checks the named generations inside it.
+    fn enter(&self, remote: &[BlockRef]) -> Result<fence::Entered> {
+        let entered = fence::enter(&self.page)?;
+        check::generations(remote, |i| {
+            self.page.generation(i).map_or(u32::MAX, |g| g.load(SeqCst))
+        })?;
+        Ok(entered)
+    }
+
+    /// The owner's address ranges of blocks `remote`.
+    fn ranges(&self, remote: &[BlockRef]) -> Vec<(u64, u64)> {
+        let bs = self.meta.block_size;
+        remote
+            .iter()
+            .map(|r| {
+                (
+                    self.base
+                        .saturating_add(u64::from(r.index).saturating_mul(bs)),
+                    bs,
+                )
+            })
+            .collect()
+    }
+
+    fn copy_failed(&self, e: std::io::Error) -> Error {
+        if self.owner.unchanged() {
+            GrantError::Copy(e.to_string()).into()
+        } else {
+            GrantError::OwnerGone(e.to_string()).into()
+        }
+    }
+
+    fn notify(&self, remote: &[BlockRef], payload: Vec<u8>) -> Result<()> {
+        let mut seq = self.producer.lock().unwrap_or_else(|e| e.into_inner());
+        *seq += 1;
+        let n = Notification {
+            seq: *seq,
+            kind: NotificationKind::Write,
+            first_block: remote.first().map_or(0, |r| r.index),
+            block_count: remote.len() as u32,
+            payload,
+        };
+        ring::push(&self.page, &n, RING_PATIENCE).inspect_err(|_| *seq -= 1)?;
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for RemoteGrant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteGrant")
+            .field("metadata", &self.inner.meta)
+            .field("revoked", &self.is_revoked())
+            .finish()
+    }
+}

@@ -1,0 +1,342 @@
+//! The owner's side of a grant.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use ferry_proto::grant::{BlockRef, CmaGrant, GrantError, GrantId, GrantMetadata};
+use ferry_proto::Token;
+use tokio::sync::mpsc;
+
+use super::control::{ControlPage, Header, REVOKED};
+use super::{fence, ring, sys, GrantOptions, Notification};
+use crate::{host, Error, Pool, Result};
+
+/// Notifications handed over by the owner's thread and not yet taken by
+/// [`Grant::next_notification`] (past it, the thread stops taking them
+/// from the ring, and the holder's writes wait for room).
+const QUEUE: usize = 1024;
+
+/// How long the notification thread parks before it looks at its stop
+/// flag again (a drop wakes it at once; this only bounds a lost wake-up).
+const PARK: Duration = Duration::from_secs(1);
+
+/// A standing grant over a [`Pool`], on its owner's side: made by
+/// [`Connector::grant`](crate::Connector::grant), handed to its holder as
+/// [`metadata`](Self::metadata).
+///
+/// The holder reads and writes the pool's blocks by index, one-sidedly,
+/// until [`revoke`](Self::revoke) (or the drop of the grant, or its
+/// expiry). The grant keeps the pool's memory alive while it lives, and
+/// after it is dropped until no operation of the holder is in flight.
+///
+/// The grant does not take the pool's blocks ([`Pool::blocks`]): the owner
+/// keeps using them, and hands a block on only once it knows the holder is
+/// done with it (a [`Notification`]), or [`retire`](Self::retire)s it
+/// before reusing it, so that a late transfer that names the old
+/// generation is refused.
+pub struct Grant {
+    inner: Arc<Owned>,
+}
+
+struct Owned {
+    meta: GrantMetadata,
+    page: Arc<ControlPage>,
+    pool: Pool,
+    /// Serialises drains (a revoke and a retire, or two retires).
+    drains: Mutex<()>,
+    deadline: Duration,
+    notes: tokio::sync::Mutex<mpsc::Receiver<Notification>>,
+    stop: Arc<AtomicBool>,
+}
+
+/// Makes a grant over `pool` (see [`Connector::grant`](crate::Connector::grant)).
+pub(crate) fn create(owner: &str, host_id: &str, pool: &Pool, opts: GrantOptions) -> Result<Grant> {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    if opts.holder.is_none() && !opts.bearer {
+        return Err(GrantError::Unbound.into());
+    }
+    if opts.rights.is_empty() {
+        return Err(GrantError::Malformed("a grant of no rights".into()).into());
+    }
+    if !pool.device().is_cpu() {
+        return Err(GrantError::NoLane(format!(
+            "the pool is on {}: this version grants host memory only",
+            pool.device()
+        ))
+        .into());
+    }
+    if opts.rights.allows(ferry_proto::grant::Rights::WRITE) && !pool.is_writable() {
+        return Err(crate::PoolError::ReadOnly.into());
+    }
+    let block_count = u32::try_from(pool.block_count()).map_err(|_| {
+        GrantError::Malformed(format!(
+            "{} blocks: a grant takes at most 2^32 - 1",
+            pool.block_count()
+        ))
+    })?;
+    let expires_at_ms = opts
+        .expires_after
+        .map(|d| super::now_ms().saturating_add(d.as_millis().min(u64::MAX as u128) as u64));
+    let token = Token::from_bytes(host::random_bytes());
+    let cookie = host::random_bytes();
+    let grant = GrantId(NEXT.fetch_add(1, SeqCst));
+    let base = pool.base() as usize as u64;
+    let page = ControlPage::create(&Header {
+        block_count,
+        cookie,
+        token_hash: super::token_hash(&token),
+        grant,
+        base,
+        block_size: pool.block_size() as u64,
+        expires_at_ms: expires_at_ms.unwrap_or(0),
+        rights: opts.rights,
+    })?;
+    let meta = GrantMetadata {
+        owner: owner.to_string(),
+        host_id: host_id.to_string(),
+        grant,
+        token,
+        holder: opts.holder.clone(),
+        rights: opts.rights,
+        expires_at_ms,
+        block_size: pool.block_size() as u64,
+        block_count,
+        device: pool.device(),
+        cma: Some(CmaGrant {
+            pid: std::process::id(),
+            control_fd: page.raw_fd(),
+            cookie,
+            base,
+        }),
+    };
+    // Refuses metadata over 1 KiB (worker ids JSON escapes) now, not later.
+    meta.to_json()?;
+    let page = Arc::new(page);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = mpsc::channel(QUEUE);
+    let spin = opts.spin.unwrap_or(Duration::ZERO);
+    {
+        let (page, stop) = (page.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name(format!("ferry-grant-{}", grant.0))
+            .spawn(move || notifications(&page, &stop, &tx, spin))?;
+    }
+    let inner = Arc::new(Owned {
+        meta,
+        page,
+        pool: pool.clone(),
+        drains: Mutex::new(()),
+        deadline: opts.revoke_deadline,
+        notes: tokio::sync::Mutex::new(rx),
+        stop,
+    });
+    if let Some(after) = opts.expires_after {
+        let weak = Arc::downgrade(&inner);
+        tokio::spawn(expire(weak, after));
+    }
+    Ok(Grant { inner })
+}
+
+/// The owner's notification thread: takes the ring's entries in order and
+/// hands them to [`Grant::next_notification`]; parked on the ring's tail
+/// while there are none.
+fn notifications(
+    page: &ControlPage,
+    stop: &AtomicBool,
+    tx: &mpsc::Sender<Notification>,
+    spin: Duration,
+) {
+    while !stop.load(SeqCst) {
+        match ring::take(page) {
+            ring::Taken::One(n) => {
+                if tx.blocking_send(n).is_err() {
+                    return;
+                }
+            }
+            ring::Taken::Garbage => {
+                tracing::warn!(
+                    "a grant's holder queued a notification that does not decode: dropped"
+                );
+            }
+            ring::Taken::Empty => ring::wait(page, spin, PARK),
+        }
+    }
+}
+
+async fn expire(grant: Weak<Owned>, after: Duration) {
+    tokio::time::sleep(after).await;
+    if let Some(g) = grant.upgrade() {
+        let _ = Owned::revoke(g).await;
+    }
+}
+
+impl Owned {
+    fn set_revoked(&self) {
+        self.page.state().store(REVOKED, SeqCst);
+    }
+
+    /// Whether nothing is in flight in either phase: after a store the
+    /// holder's later operations will see, nothing that saw the old value
+    /// can still be copying.
+    fn idle(&self) -> bool {
+        self.page.inflight(0).load(SeqCst) == 0 && self.page.inflight(1).load(SeqCst) == 0
+    }
+
+    /// Drains (see [`fence::drain`]), on a blocking thread unless nothing
+    /// is in flight.
+    async fn drain(this: Arc<Owned>) -> Result<()> {
+        if this.idle() {
+            return Ok(());
+        }
+        tokio::task::spawn_blocking(move || {
+            let _one = this.drains.lock().unwrap_or_else(|e| e.into_inner());
+            fence::drain(&this.page, this.deadline)
+        })
+        .await
+        .map_err(|e| Error::Config(format!("a grant's drain failed: {e}")))?
+        .map_err(Error::from)
+    }
+
+    async fn revoke(this: Arc<Owned>) -> Result<()> {
+        this.set_revoked();
+        Owned::drain(this).await
+    }
+}
+
+impl Grant {
+    /// The grant's name.
+    pub fn id(&self) -> GrantId {
+        self.inner.meta.grant
+    }
+
+    /// What to hand to the holder (as [`GrantMetadata::to_json`], at most
+    /// 1 KiB). A capability: send it only to the holder.
+    pub fn metadata(&self) -> &GrantMetadata {
+        &self.inner.meta
+    }
+
+    /// The pool the grant is over.
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    /// Whether the grant was revoked (or expired).
+    pub fn is_revoked(&self) -> bool {
+        self.inner.page.state().load(SeqCst) == REVOKED
+    }
+
+    /// Revokes the grant: once this returns `Ok`, no byte moves in or out
+    /// of the pool through it; the holder's operations in flight ended
+    /// (they were waited for), and its later ones fail with
+    /// [`GrantError::Revoked`]. Returns as soon as a holder process killed
+    /// mid-operation is seen gone. Idempotent.
+    ///
+    /// [`GrantError::Stalled`] if an operation of a live holder is still in
+    /// flight after the grant's revoke deadline (a stopped holder): when
+    /// it resumes, it may complete that one operation. The memory stays
+    /// alive for it.
+    pub async fn revoke(&self) -> Result<()> {
+        Owned::revoke(self.inner.clone()).await
+    }
+
+    /// Retires blocks `indices` before the owner reuses them: bumps each
+    /// one's generation, then waits for the holder's operations in flight
+    /// that may have checked the old ones. When it returns, a transfer that
+    /// names an old generation is refused
+    /// ([`GrantError::StaleGeneration`]) and moves nothing. Returns the
+    /// blocks' new references, for the holder's next transfers.
+    pub async fn retire(&self, indices: &[u32]) -> Result<Vec<BlockRef>> {
+        let page = &self.inner.page;
+        let mut out = Vec::with_capacity(indices.len());
+        for &i in indices {
+            page.generation(i).ok_or(GrantError::OutOfRange {
+                index: i,
+                count: page.block_count(),
+            })?;
+        }
+        for &i in indices {
+            if let Some(g) = page.generation(i) {
+                let now = g.fetch_add(1, SeqCst).wrapping_add(1);
+                out.push(BlockRef::new(i, now));
+            }
+        }
+        Owned::drain(self.inner.clone()).await?;
+        Ok(out)
+    }
+
+    /// Block `index`'s generation now.
+    pub fn generation(&self, index: u32) -> Result<u32> {
+        let page = &self.inner.page;
+        page.generation(index)
+            .map(|g| g.load(SeqCst))
+            .ok_or_else(|| {
+                GrantError::OutOfRange {
+                    index,
+                    count: page.block_count(),
+                }
+                .into()
+            })
+    }
+
+    /// The current references of blocks `indices` (index and generation).
+    pub fn block_refs(&self, indices: &[u32]) -> Result<Vec<BlockRef>> {
+        indices
+            .iter()
+            .map(|&i| Ok(BlockRef::new(i, self.generation(i)?)))
+            .collect()
+    }
+
+    /// The next notification of the holder's operations, in order; `None`
+    /// once the grant can have no more (never, while it lives). Event
+    /// driven: the owner's notification thread is parked while none comes
+    /// (or spins first, with [`GrantOptions::spin`]).
+    pub async fn next_notification(&self) -> Option<Notification> {
+        self.inner.notes.lock().await.recv().await
+    }
+
+    /// A notification already handed over, if any, without waiting.
+    pub fn try_next_notification(&self) -> Option<Notification> {
+        self.inner.notes.try_lock().ok()?.try_recv().ok()
+    }
+}
+
+impl Drop for Grant {
+    fn drop(&mut self) {
+        let inner = &self.inner;
+        inner.set_revoked();
+        inner.stop.store(true, SeqCst);
+        sys::futex_wake(inner.page.ring_tail());
+        if inner.idle() {
+            return;
+        }
+        // Operations in flight: the pool's memory stays alive until they
+        // ended or their process is gone, however long that takes (a
+        // stopped holder).
+        let keep = inner.clone();
+        let moved = inner.clone();
+        let spawned = std::thread::Builder::new()
+            .name("ferry-grant-drop".into())
+            .spawn(move || {
+                let _one = moved.drains.lock().unwrap_or_else(|e| e.into_inner());
+                while let Err(e) = fence::drain(&moved.page, moved.deadline) {
+                    tracing::debug!("a dropped grant waits for its holder: {e}");
+                }
+            });
+        if spawned.is_err() {
+            // No thread to wait with: the memory is never freed rather
+            // than freed under a copy.
+            std::mem::forget(keep);
+        }
+    }
+}
+
+impl std::fmt::Debug for Grant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grant")
+            .field("id", &self.id())
+            .field("revoked", &self.is_revoked())
+            .field("metadata", &self.inner.meta)
+            .finish()
+    }
+}

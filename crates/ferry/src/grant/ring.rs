@@ -1,0 +1,149 @@
+//! The notification ring on a grant's control page: the holder pushes one
+//! entry after each write that asked for a notification, inside the fence;
+//! the owner's notification thread takes them, in order, parked on a futex
+//! on the ring's tail while there are none (no CPU while idle), optionally
+//! after a bounded spin.
+//!
+//! One producer (the holder's process, which serialises its own pushes)
+//! and one consumer (the owner's thread). An entry is 36 words: sequence;
+//! what (1 read, 2 write) and payload length; first block and block count;
+//! 32 words of payload.
+
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::time::{Duration, Instant};
+
+use ferry_proto::grant::{GrantError, MAX_NOTIFICATION};
+
+use super::control::{ControlPage, LIVE};
+use super::sys;
+use super::{Notification, NotificationKind};
+
+const PAYLOAD_WORDS: usize = MAX_NOTIFICATION / 8;
+
+/// Pushes one notification; waits while the ring is full (sleeping in
+/// short slices), at most `patience`, then [`GrantError::NotificationsFull`].
+/// The caller holds its process's producer lock.
+pub(super) fn push(
+    page: &ControlPage,
+    n: &Notification,
+    patience: Duration,
+) -> Result<(), GrantError> {
+    let cap = page.ring_cap();
+    let tail = page.ring_tail().load(Relaxed);
+    let start = Instant::now();
+    let mut spins = 0u32;
+    while tail.wrapping_sub(page.ring_head().load(Acquire)) >= cap {
+        if page.state().load(SeqCst) != LIVE {
+            return Err(GrantError::Revoked);
+        }
+        let waited = start.elapsed();
+        if waited >= patience {
+            return Err(GrantError::NotificationsFull {
+                waited_ms: waited.as_millis() as u64,
+            });
+        }
+        spins += 1;
+        if spins < 64 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    let kind = match n.kind {
+        NotificationKind::Read => 1u64,
+        NotificationKind::Write => 2u64,
+    };
+    let len = n.payload.len().min(MAX_NOTIFICATION);
+    page.entry_word(tail, 0).store(n.seq, Relaxed);
+    page.entry_word(tail, 1)
+        .store(kind | (len as u64) << 32, Relaxed);
+    page.entry_word(tail, 2).store(
+        u64::from(n.first_block) | u64::from(n.block_count) << 32,
+        Relaxed,
+    );
+    for (i, chunk) in n.payload[..len].chunks(8).enumerate() {
+        let mut w = [0u8; 8];
+        w[..chunk.len()].copy_from_slice(chunk);
+        page.entry_word(tail, 3 + i)
+            .store(u64::from_le_bytes(w), Relaxed);
+    }
+    page.ring_tail().store(tail.wrapping_add(1), SeqCst);
+    if page.owner_parked().load(SeqCst) != 0 {
+        sys::futex_wake(page.ring_tail());
+    }
+    Ok(())
+}
+
+/// What the consumer found.
+pub(super) enum Taken {
+    /// The next notification.
+    One(Notification),
+    /// An entry that does not decode (a hostile holder): skipped.
+    Garbage,
+    /// Nothing queued.
+    Empty,
+}
+
+/// Takes the next notification, if any. The owner's thread only.
+pub(super) fn take(page: &ControlPage) -> Taken {
+    let head = page.ring_head().load(Relaxed);
+    let tail = page.ring_tail().load(Acquire);
+    let queued = tail.wrapping_sub(head);
+    if queued == 0 {
+        return Taken::Empty;
+    }
+    if queued > page.ring_cap() {
+        // Only a holder that scribbled on the page gets here: drop what it
+        // claims is queued.
+        page.ring_head().store(tail, Release);
+        return Taken::Garbage;
+    }
+    let seq = page.entry_word(head, 0).load(Relaxed);
+    let w1 = page.entry_word(head, 1).load(Relaxed);
+    let w2 = page.entry_word(head, 2).load(Relaxed);
+    let len = (w1 >> 32) as usize;
+    let kind = match w1 as u32 {
+        1 => Some(NotificationKind::Read),
+        2 => Some(NotificationKind::Write),
+        _ => None,
+    };
+    let mut payload = Vec::with_capacity(len.min(MAX_NOTIFICATION));
+    if len <= MAX_NOTIFICATION {
+        for i in 0..len.div_ceil(8).min(PAYLOAD_WORDS) {
+            let w = page.entry_word(head, 3 + i).load(Relaxed).to_le_bytes();
+            let take = (len - 8 * i).min(8);
+            payload.extend_from_slice(&w[..take]);
+        }
+    }
+    page.ring_head().store(head.wrapping_add(1), Release);
+    match kind {
+        Some(kind) if len <= MAX_NOTIFICATION => Taken::One(Notification {
+            seq,
+            kind,
+            first_block: w2 as u32,
+            block_count: (w2 >> 32) as u32,
+            payload,
+        }),
+        _ => Taken::Garbage,
+    }
+}
+
+/// Waits for an entry: spins for `spin`, then parks on the tail (until a
+/// push wakes it, or `park` passes). Returns at once if one is queued.
+pub(super) fn wait(page: &ControlPage, spin: Duration, park: Duration) {
+    let head = page.ring_head().load(Relaxed);
+    if !spin.is_zero() {
+        let until = Instant::now() + spin;
+        while Instant::now() < until {
+            if page.ring_tail().load(Acquire) != head {
+                return;
+            }
+            std::hint::spin_loop();
+        }
+    }
+    page.owner_parked().store(1, SeqCst);
+    if page.ring_tail().load(SeqCst) == head {
+        sys::futex_wait(page.ring_tail(), head, Some(park));
+    }
+    page.owner_parked().store(0, SeqCst);
+}
