@@ -22,6 +22,10 @@
 //!   `grant-spin`: the same grant in low-latency mode (the owner spins
 //!   [`measure::SPIN`] before parking; 4 KiB only).
 //!
+//! At 4 KiB, WRITEs one at a time ([`measure::GAP`] apart) also time the
+//! notification alone: in a closed loop the holder posts faster than the
+//! owner takes notifications, and their latency includes the queue.
+//!
 //! Columns: post → completion latency on this side (p50, p99); post →
 //! the owner's notification of a WRITE (p50, p99: the owner timestamps the
 //! arrival on `CLOCK_MONOTONIC`, which every process of the host shares,
@@ -49,7 +53,6 @@ mod raw;
 mod stats;
 mod target;
 
-pub use raw::process_cpu_ns;
 pub use target::target;
 
 use measure::{Case, Side};
@@ -122,6 +125,25 @@ pub struct GrantRow {
     pub vs_raw: Option<Ratios>,
 }
 
+/// The notification latency of paced 4 KiB WRITEs, one at a time.
+#[derive(Debug, Clone, Serialize)]
+pub struct Paced {
+    /// `notify-paced`.
+    pub kind: &'static str,
+    /// `grant` or `grant-spin`.
+    pub grant: &'static str,
+    /// WRITEs timed.
+    pub ops: usize,
+    /// Microseconds between one's completion and the next's post.
+    pub gap_us: f64,
+    /// Post → completion on the holder, microseconds.
+    pub lat_us_p50: f64,
+    /// Post → the owner's notification, microseconds.
+    pub notify_us_p50: f64,
+    /// The same, 99th percentile.
+    pub notify_us_p99: f64,
+}
+
 /// How long and how much.
 struct Plan {
     rounds: usize,
@@ -135,6 +157,8 @@ struct Plan {
     /// counts beyond its blocks are skipped.
     pool_bytes: u64,
     idle: Duration,
+    /// Paced WRITEs per grant.
+    paced: usize,
 }
 
 impl Plan {
@@ -147,6 +171,7 @@ impl Plan {
                 max_ops: 400,
                 pool_bytes: 64 << 20,
                 idle: Duration::from_millis(500),
+                paced: 50,
             }
         } else {
             Plan {
@@ -156,6 +181,7 @@ impl Plan {
                 max_ops: 20_000,
                 pool_bytes: 2 << 30,
                 idle: Duration::from_secs(3),
+                paced: 1000,
             }
         }
     }
@@ -268,14 +294,13 @@ async fn measure_case(
 ) -> anyhow::Result<Vec<GrantRow>> {
     let (mut raw, mut per_op, mut grant, mut spin) =
         <(Samples, Samples, Samples, Samples)>::default();
+    let held = side.grant.clone().ok_or_else(|| anyhow!("no grant open"))?;
     for round in 0..plan.rounds {
         raw.add(side.raw_slice(case, budget)?);
         per_op.add(side.per_op_slice(case, budget).await?);
-        if let Some(held) = &side.grant {
-            grant.add(side.grant_slice(held, case, budget).await?);
-            if round == 0 {
-                side.verify(case).await?;
-            }
+        grant.add(side.grant_slice(&held, case, budget).await?);
+        if round == 0 {
+            side.verify(case).await?;
         }
         if let Some(s) = &side.spin {
             spin.add(side.grant_slice(s, case, budget).await?);
@@ -314,10 +339,7 @@ async fn measure_case(
     let mut per_op = row("per-op", &per_op);
     per_op.vs_raw = Some(vs(&per_op, &raw));
     let mut rows = vec![raw, per_op];
-    let mut kinds = Vec::new();
-    if side.grant.is_some() {
-        kinds.push(("grant", grant));
-    }
+    let mut kinds = vec![("grant", grant)];
     if side.spin.is_some() {
         kinds.push(("grant-spin", spin));
     }
@@ -356,21 +378,8 @@ pub async fn run(exe: &Path, mut opts: Options) -> anyhow::Result<Vec<GrantRow>>
     );
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
-    let mut emit = |new: Vec<GrantRow>, rows: &mut Vec<GrantRow>| -> anyhow::Result<()> {
-        for r in new {
-            if let Some(j) = &mut opts.json {
-                serde_json::to_writer(&mut *j, &r)?;
-                writeln!(j)?;
-            }
-            eprint!(
-                "\r{:<70}",
-                format!("{} {} x{} {}", r.workload, r.op, r.inflight, r.kind)
-            );
-            rows.push(r);
-        }
-        Ok(())
-    };
     let mut last = None;
+    let mut paced = Vec::new();
     for &size in &sizes {
         let fits = (plan.pool_bytes / size.max(1)).max(1) as usize;
         let blocks = most.min(fits);
@@ -398,7 +407,24 @@ pub async fn run(exe: &Path, mut opts: Options) -> anyhow::Result<Vec<GrantRow>>
                 let case = one_block_case(size, k, write);
                 let new =
                     measure_case(&side, &plan, &human(size), &case, plan.budget(size, k)).await?;
-                emit(new, &mut rows)?;
+                push_rows(&mut opts.json, &mut rows, new)?;
+            }
+        }
+        if let (Some(g), Some(s)) = (&side.grant, &side.spin) {
+            let case = one_block_case(size, 1, true);
+            for (name, held) in [("grant", g), ("grant-spin", s)] {
+                let got = side.paced(held, &case, plan.paced).await?;
+                let p = Paced {
+                    kind: "notify-paced",
+                    grant: name,
+                    ops: got.ops(),
+                    gap_us: measure::GAP.as_secs_f64() * 1e6,
+                    lat_us_p50: pct_us(&got.lat, 50).unwrap_or(0.0),
+                    notify_us_p50: pct_us(&got.notes, 50).unwrap_or(0.0),
+                    notify_us_p99: pct_us(&got.notes, 99).unwrap_or(0.0),
+                };
+                to_json(&mut opts.json, &p)?;
+                paced.push(p);
             }
         }
         last = Some(side);
@@ -415,7 +441,7 @@ pub async fn run(exe: &Path, mut opts: Options) -> anyhow::Result<Vec<GrantRow>>
                 time: Duration::ZERO,
             };
             let new = measure_case(&side, &plan, s.name, &case, budget).await?;
-            emit(new, &mut rows)?;
+            push_rows(&mut opts.json, &mut rows, new)?;
         }
         last = Some(side);
     }
@@ -424,19 +450,29 @@ pub async fn run(exe: &Path, mut opts: Options) -> anyhow::Result<Vec<GrantRow>>
     let open = last.as_ref().map_or(0, |s| {
         usize::from(s.grant.is_some()) + usize::from(s.spin.is_some())
     });
-    // Settled first; then two readings back to back, for what one request
-    // costs, which the idle period's figure leaves out.
+    // Settled first, then measured by the owner itself around a sleep.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let cpu = async || -> anyhow::Result<u64> {
-        Ok(owner.call(Req::new(Cmd::Cpu)).await?.cpu_ns.unwrap_or(0))
-    };
-    let (a, b) = (cpu().await?, cpu().await?);
-    tokio::time::sleep(plan.idle).await;
-    let after = cpu().await?;
-    let request = b.saturating_sub(a);
-    let idle_us = after.saturating_sub(b).saturating_sub(request) as f64 / 1e3;
+    let mut r = Req::new(Cmd::Idle);
+    r.idle_ms = plan.idle.as_millis() as u64;
+    let a = owner.call(r.clone()).await?;
+    let idle_us = a.cpu_ns.unwrap_or(0) as f64 / 1e3;
+    let threads_us = a.grant_cpu_us.unwrap_or(0);
+    // And the same with no grant: what the rest of the process uses.
+    owner.call(Req::new(Cmd::Revoke)).await?;
+    let none_us = owner.call(r).await?.cpu_ns.unwrap_or(0) as f64 / 1e3;
     print_table(&rows);
     print_summary(&rows);
+    for p in &paced {
+        println!(
+            "4 KiB write notification, one at a time ({} writes {:.0} us apart), {}: post -> owner p50 {:.1} us, p99 {:.1} us (post -> completion p50 {:.1} us; NIXL 1.5.1: 24.6 us until the target sees it)",
+            p.ops,
+            p.gap_us,
+            if p.grant == "grant" { "event-driven" } else { "low-latency" },
+            p.notify_us_p50,
+            p.notify_us_p99,
+            p.lat_us_p50
+        );
+    }
     if !skipped.is_empty() {
         println!(
             "skipped (more blocks in flight than a pool of {} holds): {}",
@@ -445,22 +481,44 @@ pub async fn run(exe: &Path, mut opts: Options) -> anyhow::Result<Vec<GrantRow>>
         );
     }
     println!(
-        "owner idle: {idle_us:.0} us of CPU over {:?} with {open} grant(s) open (event-driven; less {:.0} us, what one request for the clock costs)",
+        "owner idle over {:?} with {open} grant(s) open (event-driven): {threads_us} us of CPU in the grant's notification thread (10 ms ticks); the whole process {idle_us:.0} us, and {none_us:.0} us over the same time once the grant was revoked (its connector's timers, the sleep's own)",
         plan.idle,
-        request as f64 / 1e3
     );
-    if let Some(j) = &mut opts.json {
-        let idle = serde_json::json!({
-            "kind": "owner-idle",
-            "seconds": plan.idle.as_secs_f64(),
-            "cpu_us": idle_us,
-            "grants_open": open,
-        });
-        serde_json::to_writer(&mut *j, &idle)?;
-        writeln!(j)?;
-    }
+    let idle = serde_json::json!({
+        "kind": "owner-idle",
+        "seconds": plan.idle.as_secs_f64(),
+        "cpu_us": idle_us,
+        "grant_threads_cpu_us": threads_us,
+        "cpu_us_without_grant": none_us,
+        "grants_open": open,
+    });
+    to_json(&mut opts.json, &idle)?;
     drop(last);
     Ok(rows)
+}
+
+/// Writes `v` as one JSON line to `json`, if given.
+fn to_json(json: &mut Option<Box<dyn Write>>, v: &impl Serialize) -> anyhow::Result<()> {
+    if let Some(j) = json {
+        serde_json::to_writer(&mut *j, v)?;
+        writeln!(j)?;
+    }
+    Ok(())
+}
+
+/// Adds `new` to `rows` (and to `json`), saying how far the run is.
+fn push_rows(
+    json: &mut Option<Box<dyn Write>>,
+    rows: &mut Vec<GrantRow>,
+    new: Vec<GrantRow>,
+) -> anyhow::Result<()> {
+    for r in new {
+        to_json(json, &r)?;
+        let at = format!("{} {} x{} {}", r.workload, r.op, r.inflight, r.kind);
+        eprint!("\r{at:<70}");
+        rows.push(r);
+    }
+    Ok(())
 }
 
 /// `0.52x`, or `-`.
@@ -536,7 +594,12 @@ fn print_summary(rows: &[GrantRow]) {
         }
     }
     let mut scaling = Vec::new();
-    for r in rows.iter().filter(|r| r.kind == "grant" && r.inflight > 1) {
+    // One-block rows only: a KV row's requests split one transfer, and
+    // its GB/s says what more in flight did.
+    for r in rows
+        .iter()
+        .filter(|r| r.kind == "grant" && r.inflight > 1 && r.bytes == r.block as u64)
+    {
         if let (Some(one), Some(raw_k), Some(raw_1)) = (
             find(&r.workload, r.op, 1, "grant"),
             find(&r.workload, r.op, r.inflight, "raw"),

@@ -20,8 +20,13 @@ use crate::kv::{block_ok, fill_block};
 pub(super) const LOCAL_IDS: u32 = 1 << 24;
 
 /// How long the owner's notification thread spins before parking in
-/// low-latency mode.
-pub(super) const SPIN: Duration = Duration::from_micros(100);
+/// low-latency mode: longer than [`GAP`], so that paced writes find it
+/// spinning.
+pub(super) const SPIN: Duration = Duration::from_millis(1);
+
+/// The pause between the paced WRITEs that time one notification at a
+/// time (see [`Side::paced`]).
+pub(super) const GAP: Duration = Duration::from_micros(200);
 
 /// One row's transfers: the blocks each of its workers moves per
 /// operation (the same blocks at every operation of that worker).
@@ -96,10 +101,9 @@ impl Side {
             grant: None,
             spin: None,
         };
-        // TEMPORARY until the grant API lands: rows without grants.
-        side.grant = side.open(0, None).await.ok().map(Arc::new);
+        side.grant = Some(Arc::new(side.open(0, None).await?));
         if spin {
-            side.spin = side.open(1, Some(SPIN)).await.ok().map(Arc::new);
+            side.spin = Some(Arc::new(side.open(1, Some(SPIN)).await?));
         }
         Ok(side)
     }
@@ -244,6 +248,32 @@ impl Side {
             s.notes = self.notes(s.ops()).await?;
         }
         Ok(s)
+    }
+
+    /// `n` WRITEs of `case`'s first worker on `held`, [`GAP`] apart: the
+    /// latency of one notification at a time, with no queue before it (a
+    /// closed loop's WRITEs post faster than the owner takes their
+    /// notifications, whose latency then includes the queue).
+    pub(super) async fn paced(
+        &self,
+        held: &Arc<Held>,
+        case: &Case,
+        n: usize,
+    ) -> anyhow::Result<Samples> {
+        let rt = tokio::runtime::Handle::current();
+        let start = Instant::now();
+        let lat = tokio::task::block_in_place(|| {
+            (0..n)
+                .map(|_| {
+                    let t = rt.block_on(one(held, &self.local, case, 0, true))?;
+                    std::thread::sleep(GAP);
+                    Ok(t.0)
+                })
+                .collect::<anyhow::Result<Vec<Duration>>>()
+        })?;
+        let wall = start.elapsed();
+        let notes = self.notes(n).await?;
+        Ok(Samples { lat, notes, wall })
     }
 
     /// The notification latencies of the last `n` WRITEs, as they arrive.

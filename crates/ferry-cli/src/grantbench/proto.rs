@@ -38,8 +38,11 @@ pub(super) enum Cmd {
     /// the last `notes`, in nanoseconds: the arrival on the owner's clock
     /// less the post time the payload carries.
     Notes,
-    /// Answers this process's CPU time in nanoseconds.
-    Cpu,
+    /// Sleeps `idle_ms` and answers the CPU time this process used
+    /// meanwhile, in nanoseconds, all its threads (the sleep's own timer
+    /// and the connector's included), and its grants' notification
+    /// threads' alone.
+    Idle,
     /// Checks that blocks `ids` hold what `fill_block` puts in blocks
     /// `expect` (a WRITE's result); answers `error` if not.
     Check,
@@ -120,6 +123,8 @@ pub(super) struct Req {
     pub(super) spin_us: Option<u64>,
     #[serde(default)]
     pub(super) tag: u32,
+    #[serde(default)]
+    pub(super) idle_ms: u64,
 }
 
 impl Req {
@@ -154,6 +159,10 @@ pub(super) struct Answer {
     pub(super) notes: Vec<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) cpu_ns: Option<u64>,
+    /// For `idle`: the CPU time of the grants' notification threads
+    /// meanwhile, microseconds (10 ms ticks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) grant_cpu_us: Option<u64>,
 }
 
 type Waiting = Arc<std::sync::Mutex<HashMap<u64, oneshot::Sender<Answer>>>>;

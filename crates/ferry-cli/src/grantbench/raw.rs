@@ -147,7 +147,7 @@ pub(super) fn write_ranges(pid: u32, remote: &[(u64, u64)], local: &[&[u8]]) -> 
 
 /// Nanoseconds of CPU this process has used, all its threads
 /// (`CLOCK_PROCESS_CPUTIME_ID`; 0 if it cannot be read).
-pub fn process_cpu_ns() -> u64 {
+pub(super) fn process_cpu_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -123,7 +123,12 @@ impl State {
                 });
             }
             Cmd::Notes => a.notes = std::mem::take(&mut *self.notes.lock().unwrap()),
-            Cmd::Cpu => a.cpu_ns = Some(super::raw::process_cpu_ns()),
+            Cmd::Idle => {
+                let (before, threads) = (super::raw::process_cpu_ns(), grant_threads_us());
+                tokio::time::sleep(std::time::Duration::from_millis(r.idle_ms)).await;
+                a.cpu_ns = Some(super::raw::process_cpu_ns().saturating_sub(before));
+                a.grant_cpu_us = Some(grant_threads_us().saturating_sub(threads));
+            }
             Cmd::Check => {
                 let pool = self.pool()?;
                 let ids = r
@@ -163,6 +168,28 @@ impl State {
         }
         Ok(())
     }
+}
+
+/// The CPU time of this process's grant notification threads (named
+/// `ferry-grant-<id>`), in microseconds, in the kernel's 10 ms ticks.
+fn grant_threads_us() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    let mut ticks = 0;
+    for t in tasks.flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("ferry-grant-") {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        // After the ")" fields start at number 3: utime (14), stime (15).
+        let after = stat.rsplit_once(')').map(|(_, a)| a).unwrap_or("");
+        let f: Vec<&str> = after.split_whitespace().collect();
+        let at = |i: usize| f.get(i).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+        ticks += at(11) + at(12);
+    }
+    ticks * 10_000
 }
 
 /// `ferry grant-target`: serves requests on stdin until it closes.
