@@ -523,7 +523,12 @@ fn push_rows(
 
 /// `0.52x`, or `-`.
 fn ratio(x: Option<f64>) -> String {
-    x.map_or("-".into(), |x| format!("{x:.2}x"))
+    match x {
+        None => "-".into(),
+        Some(x) if x >= 100.0 => format!("{x:.0}x"),
+        Some(x) if x >= 0.1 => format!("{x:.2}x"),
+        Some(x) => format!("{x:.3}x"),
+    }
 }
 
 fn us(x: Option<f64>) -> String {

@@ -67,6 +67,8 @@ pub(super) struct Side {
     pub(super) grant: Option<Arc<Held>>,
     /// The same pool granted in low-latency mode, open here.
     pub(super) spin: Option<Arc<Held>>,
+    /// The raw loop's memory for transfers of many blocks.
+    raw_buf: std::sync::Mutex<Option<ferry::Descriptor<'static>>>,
 }
 
 impl Side {
@@ -100,6 +102,7 @@ impl Side {
             base,
             grant: None,
             spin: None,
+            raw_buf: std::sync::Mutex::new(None),
         };
         side.grant = Some(Arc::new(side.open(0, None).await?));
         if spin {
@@ -152,35 +155,16 @@ impl Side {
                 })
             });
         }
-        // Blocks: a plain buffer of the pool's size, one slice per block.
-        let mut buf = crate::buffers::host_buffer(self.local.size())?;
-        let mut slots: Vec<Option<&mut [u8]>> = buf
-            .as_mut_slice()
-            .ok_or_else(|| anyhow!("the baseline's buffer is not host memory"))?
-            .chunks_exact_mut(block)
-            .map(Some)
-            .collect();
-        let mut states = Vec::new();
-        for (r, l) in case.remote_ids.iter().zip(&case.local) {
-            let mine = l
-                .iter()
-                .map(|&id| slots.get_mut(id as usize).and_then(Option::take))
-                .collect::<Option<Vec<&mut [u8]>>>()
-                .ok_or_else(|| anyhow!("a block of this side twice in one row"))?;
-            states.push((r.as_slice(), mine));
-        }
-        tokio::task::block_in_place(|| {
-            inflight_blocking(states, budget, |(r, mine), _| {
-                let t = Instant::now();
-                if write {
-                    let src: Vec<&[u8]> = mine.iter().map(|b| &**b).collect();
-                    raw::blocks(pid, base, block, r, raw::Local::From(&src))?;
-                } else {
-                    raw::blocks(pid, base, block, r, raw::Local::Into(mine))?;
-                }
-                Ok(t.elapsed())
-            })
-        })
+        // Blocks: a plain buffer of the pool's size (made once per side),
+        // one slice per block.
+        let kept = self.raw_buf.lock().unwrap().take();
+        let mut buf = match kept {
+            Some(b) => b,
+            None => crate::buffers::host_buffer(self.local.size())?,
+        };
+        let out = raw_blocks(&mut buf, case, (pid, base), budget);
+        *self.raw_buf.lock().unwrap() = Some(buf);
+        out
     }
 
     /// One slice of today's per-operation capability: per operation the
@@ -312,6 +296,44 @@ impl Side {
         }
         Ok(())
     }
+}
+
+/// One slice of the raw loop over blocks: `buf` (this side's memory, as
+/// large as its pool) split into one slice per block.
+fn raw_blocks(
+    buf: &mut ferry::Descriptor<'static>,
+    case: &Case,
+    (pid, base): (u32, u64),
+    budget: Budget,
+) -> anyhow::Result<Samples> {
+    let (block, write) = (case.block, case.write);
+    let mut slots: Vec<Option<&mut [u8]>> = buf
+        .as_mut_slice()
+        .ok_or_else(|| anyhow!("the baseline's buffer is not host memory"))?
+        .chunks_exact_mut(block)
+        .map(Some)
+        .collect();
+    let mut states = Vec::new();
+    for (r, l) in case.remote_ids.iter().zip(&case.local) {
+        let mine = l
+            .iter()
+            .map(|&id| slots.get_mut(id as usize).and_then(Option::take))
+            .collect::<Option<Vec<&mut [u8]>>>()
+            .ok_or_else(|| anyhow!("a block of this side twice in one row"))?;
+        states.push((r.as_slice(), mine));
+    }
+    tokio::task::block_in_place(|| {
+        inflight_blocking(states, budget, |(r, mine), _| {
+            let t = Instant::now();
+            if write {
+                let src: Vec<&[u8]> = mine.iter().map(|b| &**b).collect();
+                raw::blocks(pid, base, block, r, raw::Local::From(&src))?;
+            } else {
+                raw::blocks(pid, base, block, r, raw::Local::Into(mine))?;
+            }
+            Ok(t.elapsed())
+        })
+    })
 }
 
 /// Fills `p`'s block `k` as [`fill_block`] fills `k + LOCAL_IDS`.
