@@ -124,14 +124,17 @@ pub(super) unsafe fn read(
     unsafe { peer.pull_many(local, remote) }
 }
 
+/// A local range: where, how many bytes.
+pub(super) type Local = (*mut u8, usize);
+
 /// Pairs the local block ranges with the remote ones (equal lengths
 /// pairwise), merging a pair into the previous one where both sides follow
 /// on in memory: fewer, larger ranges, still equal pairwise.
 pub(super) fn pair(
     local: &[(*mut u8, usize)],
     remote: &[(u64, u64)],
-) -> (Vec<(*mut u8, usize)>, Vec<(u64, u64)>) {
-    let mut l: Vec<(*mut u8, usize)> = Vec::with_capacity(local.len());
+) -> (Vec<Local>, Vec<(u64, u64)>) {
+    let mut l: Vec<Local> = Vec::with_capacity(local.len());
     let mut r: Vec<(u64, u64)> = Vec::with_capacity(remote.len());
     for (&(la, n), &(ra, _)) in local.iter().zip(remote) {
         match (l.last_mut(), r.last_mut()) {

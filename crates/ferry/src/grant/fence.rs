@@ -114,3 +114,116 @@ pub(super) fn holder_gone(page: &ControlPage) -> bool {
     let pid = page.holder_pid().load(SeqCst);
     pid == 0 || sys::process_gone(pid, page.holder_start().load(SeqCst))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+    use ferry_proto::grant::{GrantId, Rights};
+
+    use super::super::control::{Header, REVOKED};
+    use super::*;
+
+    fn page() -> Arc<ControlPage> {
+        let p = ControlPage::create(&Header {
+            block_count: 4,
+            cookie: [1; 16],
+            token_hash: [2; 32],
+            grant: GrantId(1),
+            base: 0x1000,
+            block_size: 64,
+            expires_at_ms: 0,
+            rights: Rights::READ_WRITE,
+        })
+        .unwrap();
+        let me = std::process::id();
+        p.holder_pid().store(me, SeqCst);
+        p.holder_start()
+            .store(sys::process_start(me).unwrap(), SeqCst);
+        Arc::new(p)
+    }
+
+    #[test]
+    fn a_revoke_waits_for_the_operation_in_flight() {
+        let page = page();
+        let op = enter(&page).unwrap();
+        let p = page.clone();
+        let revoker = std::thread::spawn(move || {
+            p.state().store(REVOKED, SeqCst);
+            let t = Instant::now();
+            drain(&p, Duration::from_secs(10)).unwrap();
+            t.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(!revoker.is_finished(), "the revoke did not wait");
+        drop(op);
+        let waited = revoker.join().unwrap();
+        assert!(waited >= Duration::from_millis(50), "{waited:?}");
+        assert_eq!(enter(&page).err(), Some(GrantError::Revoked));
+    }
+
+    #[test]
+    fn a_stopped_holder_stalls_a_revoke_until_its_deadline() {
+        let page = page();
+        let op = enter(&page).unwrap();
+        page.state().store(REVOKED, SeqCst);
+        let e = drain(&page, Duration::from_millis(30)).unwrap_err();
+        assert!(matches!(e, GrantError::Stalled { pending: 1, .. }), "{e}");
+        // The next drain waits for what the first left behind.
+        let p = page.clone();
+        let again = std::thread::spawn(move || drain(&p, Duration::from_secs(10)));
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(!again.is_finished());
+        drop(op);
+        again.join().unwrap().unwrap();
+    }
+
+    #[test]
+    fn a_dead_holder_does_not_hold_a_drain() {
+        let page = page();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        page.holder_pid().store(dead, SeqCst);
+        page.holder_start().store(0, SeqCst);
+        // Killed mid-operation: its count never comes down.
+        std::mem::forget(enter(&page).unwrap());
+        let t = Instant::now();
+        drain(&page, Duration::from_secs(10)).unwrap();
+        assert!(t.elapsed() < Duration::from_millis(200));
+    }
+
+    #[test]
+    fn a_stream_of_operations_does_not_starve_a_retire() {
+        let page = page();
+        let stop = Arc::new(AtomicBool::new(false));
+        let busy: Vec<_> = (0..2)
+            .map(|_| {
+                let (page, stop) = (page.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut held = Some(enter(&page).unwrap());
+                    while !stop.load(Relaxed) {
+                        // Always one operation in flight per thread.
+                        let next = enter(&page).unwrap();
+                        held = Some(next);
+                    }
+                    drop(held);
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(10));
+        for _ in 0..20 {
+            let g = page.generation(1).unwrap();
+            g.fetch_add(1, SeqCst);
+            drain(&page, Duration::from_secs(5)).unwrap();
+        }
+        stop.store(true, Relaxed);
+        for b in busy {
+            b.join().unwrap();
+        }
+        assert_eq!(
+            page.inflight(0).load(SeqCst) + page.inflight(1).load(SeqCst),
+            0
+        );
+    }
+}

@@ -171,3 +171,8 @@ pub(crate) fn token_hash(t: &ferry_proto::Token) -> [u8; 32] {
 
 #[cfg(test)]
 mod tests;
+
+/// `docs/grants.md`'s example, compiled and run as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../../../../docs/grants.md")]
+struct GrantsDoctests;
