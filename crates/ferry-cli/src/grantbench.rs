@@ -447,19 +447,21 @@ pub async fn run(exe: &Path, mut opts: Options) -> anyhow::Result<Vec<GrantRow>>
     }
     eprintln!("\r{:<70}", "grant workload done");
     // The owner's CPU while idle, with the last grant still open.
-    let open = last.as_ref().map_or(0, |s| {
-        usize::from(s.grant.is_some()) + usize::from(s.spin.is_some())
-    });
-    // Settled first, then measured by the owner itself around a sleep.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The owner's CPU while idle, measured by the owner itself around a
+    // sleep: first with no grant (the last ones revoked), then with one
+    // fresh event-driven grant, opened here, both after the same pause.
+    let side = last.take().ok_or_else(|| anyhow!("nothing was measured"))?;
     let mut r = Req::new(Cmd::Idle);
     r.idle_ms = plan.idle.as_millis() as u64;
-    let a = owner.call(r.clone()).await?;
+    owner.call(Req::new(Cmd::Revoke)).await?;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let none_us = owner.call(r.clone()).await?.cpu_ns.unwrap_or(0) as f64 / 1e3;
+    let held = side.open(0, None).await?;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let a = owner.call(r).await?;
     let idle_us = a.cpu_ns.unwrap_or(0) as f64 / 1e3;
     let threads_us = a.grant_cpu_us.unwrap_or(0);
-    // And the same with no grant: what the rest of the process uses.
-    owner.call(Req::new(Cmd::Revoke)).await?;
-    let none_us = owner.call(r).await?.cpu_ns.unwrap_or(0) as f64 / 1e3;
+    let open = 1;
     print_table(&rows);
     print_summary(&rows);
     for p in &paced {
@@ -481,7 +483,7 @@ pub async fn run(exe: &Path, mut opts: Options) -> anyhow::Result<Vec<GrantRow>>
         );
     }
     println!(
-        "owner idle over {:?} with {open} grant(s) open (event-driven): {threads_us} us of CPU in the grant's notification thread (10 ms ticks); the whole process {idle_us:.0} us, and {none_us:.0} us over the same time once the grant was revoked (its connector's timers, the sleep's own)",
+        "owner idle over {:?} with {open} grant open (event-driven, its holder attached): {threads_us} us of CPU in the grant's notification thread (10 ms ticks); the whole process {idle_us:.0} us, against {none_us:.0} us over the same time with no grant (its connector's timers, the sleep's own)",
         plan.idle,
     );
     let idle = serde_json::json!({
@@ -493,7 +495,7 @@ pub async fn run(exe: &Path, mut opts: Options) -> anyhow::Result<Vec<GrantRow>>
         "grants_open": open,
     });
     to_json(&mut opts.json, &idle)?;
-    drop(last);
+    drop((held, side));
     Ok(rows)
 }
 

@@ -112,7 +112,7 @@ impl Side {
     }
 
     /// Asks the owner for grant `tag` of its pool and opens it.
-    async fn open(&self, tag: u32, spin: Option<Duration>) -> anyhow::Result<Held> {
+    pub(super) async fn open(&self, tag: u32, spin: Option<Duration>) -> anyhow::Result<Held> {
         let mut r = Req::new(Cmd::Grant);
         r.tag = tag;
         r.holder = Some(self.c.worker_id().to_string());
