@@ -147,6 +147,8 @@ pub struct Paced {
 /// How long and how much.
 struct Plan {
     rounds: usize,
+    /// Rounds of a KV row: one transfer of the shape each.
+    kv_rounds: usize,
     /// Per row and kind, all rounds together.
     row_time: Duration,
     /// Bytes per slice at most.
@@ -166,6 +168,7 @@ impl Plan {
         if quick {
             Plan {
                 rounds: 2,
+                kv_rounds: 2,
                 row_time: Duration::from_millis(60),
                 slice_bytes: 32 << 20,
                 max_ops: 400,
@@ -176,6 +179,7 @@ impl Plan {
         } else {
             Plan {
                 rounds: 3,
+                kv_rounds: 5,
                 row_time: Duration::from_millis(1200),
                 slice_bytes: 1 << 30,
                 max_ops: 20_000,
@@ -287,7 +291,7 @@ fn shape_case(s: &crate::kv::Shape, k: usize) -> Case {
 /// raw one first.
 async fn measure_case(
     side: &Side,
-    plan: &Plan,
+    rounds: usize,
     workload: &str,
     case: &Case,
     budget: Budget,
@@ -295,7 +299,7 @@ async fn measure_case(
     let (mut raw, mut per_op, mut grant, mut spin) =
         <(Samples, Samples, Samples, Samples)>::default();
     let held = side.grant.clone().ok_or_else(|| anyhow!("no grant open"))?;
-    for round in 0..plan.rounds {
+    for round in 0..rounds {
         raw.add(side.raw_slice(case, budget)?);
         per_op.add(side.per_op_slice(case, budget).await?);
         grant.add(side.grant_slice(&held, case, budget).await?);
@@ -405,8 +409,14 @@ pub async fn run(exe: &Path, mut opts: Options) -> anyhow::Result<Vec<GrantRow>>
                     continue;
                 }
                 let case = one_block_case(size, k, write);
-                let new =
-                    measure_case(&side, &plan, &human(size), &case, plan.budget(size, k)).await?;
+                let new = measure_case(
+                    &side,
+                    plan.rounds,
+                    &human(size),
+                    &case,
+                    plan.budget(size, k),
+                )
+                .await?;
                 push_rows(&mut opts.json, &mut rows, new)?;
             }
         }
@@ -440,7 +450,7 @@ pub async fn run(exe: &Path, mut opts: Options) -> anyhow::Result<Vec<GrantRow>>
                 min: k as u64,
                 time: Duration::ZERO,
             };
-            let new = measure_case(&side, &plan, s.name, &case, budget).await?;
+            let new = measure_case(&side, plan.kv_rounds, s.name, &case, budget).await?;
             push_rows(&mut opts.json, &mut rows, new)?;
         }
         last = Some(side);
