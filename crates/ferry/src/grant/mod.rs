@@ -13,13 +13,14 @@
 use std::time::Duration;
 
 pub use ferry_proto::grant::{
-    BlockRef, CmaGrant, GrantError, GrantId, GrantMetadata, Rights, MAX_NOTIFICATION,
+    BlockRef, CmaGrant, CudaIpcGrant, GrantError, GrantId, GrantMetadata, Rights, MAX_NOTIFICATION,
 };
 
 mod control;
 mod copy;
 mod fence;
 mod holder;
+mod ipc;
 mod owner;
 mod ring;
 mod sys;
