@@ -41,6 +41,12 @@ const OFFSET: usize = 3 * BS;
 /// The seed of the owner's bytes (block `i` holds `pattern(SEED, i, BS)`).
 const SEED: u64 = 77;
 const HOLDER: &str = "holder-0";
+/// The blocks of the pool of [`one_gib_read_against_dtod`].
+const BENCH_BLOCKS: usize = 16;
+/// Its size where `FERRY_GRANT_IPC_BENCH_BYTES` does not say (1 GiB).
+const BENCH_BYTES: usize = 1 << 30;
+/// What a grant's READ must reach of `cuMemcpyDtoD` (issue 35).
+const BENCH_FLOOR: f64 = 0.9;
 
 /// Whether this test runs here; says why not.
 fn gpu_here() -> bool {
@@ -71,6 +77,16 @@ fn gpu_pool(
     offset: usize,
     fill: impl Fn(usize) -> Vec<u8>,
 ) -> (Pool, Arc<CudaBuffer>) {
+    gpu_pool_of(blocks, BS, offset, fill)
+}
+
+/// [`gpu_pool`] of blocks of `bs` bytes.
+fn gpu_pool_of(
+    blocks: usize,
+    bs: usize,
+    offset: usize,
+    fill: impl Fn(usize) -> Vec<u8>,
+) -> (Pool, Arc<CudaBuffer>) {
     let mut image = vec![0xEEu8; offset];
     for i in 0..blocks {
         image.extend_from_slice(&fill(i));
@@ -79,14 +95,14 @@ fn gpu_pool(
     buf.copy_from_host(&image).unwrap();
     let buf = Arc::new(buf);
     let ptr = buf.device_ptr() + offset as u64;
-    // SAFETY: `blocks * BS` bytes at `offset` of the allocation, which the
+    // SAFETY: `blocks * bs` bytes at `offset` of the allocation, which the
     // pool keeps alive (its owner); device memory, touched only through
     // the pool's descriptors (and read back by the test when idle).
     let pool = unsafe {
         Pool::from_raw_parts(
             ptr as *mut u8,
-            blocks * BS,
-            BS,
+            blocks * bs,
+            bs,
             Device::cuda(0),
             true,
             buf.clone(),
@@ -107,12 +123,19 @@ fn block(buf: &CudaBuffer, offset: usize, i: usize) -> Vec<u8> {
 // The owner process.
 
 /// Grants a GPU pool (`read_write`, bound to [`HOLDER`]) and obeys its
-/// standard input until it closes.
-fn own(_spec: &str) {
+/// standard input until it closes. With the spec `bench <bytes>`, the
+/// pool is `bytes` of [`BENCH_BLOCKS`] blocks, block `i` all `i + 1`.
+fn own(spec: &str) {
     let rt = runtime();
     rt.block_on(async {
         let c = connector("owner-0").await;
-        let (pool, buf) = gpu_pool(BLOCKS, OFFSET, |i| pattern(SEED, i, BS));
+        let (pool, buf) = match spec.strip_prefix("bench ") {
+            Some(bytes) => {
+                let bs = bytes.parse::<usize>().unwrap() / BENCH_BLOCKS;
+                gpu_pool_of(BENCH_BLOCKS, bs, 0, |i| vec![i as u8 + 1; bs])
+            }
+            None => gpu_pool(BLOCKS, OFFSET, |i| pattern(SEED, i, BS)),
+        };
         let grant = c
             .grant(&pool, GrantOptions::read_write().holder(HOLDER))
             .await
@@ -415,4 +438,86 @@ fn a_device_grant_within_one_process_is_refused_with_a_reason() {
             "{e}"
         );
     });
+}
+
+// ---------------------------------------------------------------------------
+// The GPU check (scripts/gpu-check): a 1 GiB READ on a grant against
+// cuMemcpyDtoD of the same bytes in this process, in the same run.
+
+/// The median of `n` timings of `f`, after one untimed run.
+fn median(n: usize, mut f: impl FnMut()) -> Duration {
+    f();
+    let mut t: Vec<Duration> = (0..n)
+        .map(|_| {
+            let t0 = std::time::Instant::now();
+            f();
+            t0.elapsed()
+        })
+        .collect();
+    t.sort();
+    t[n / 2]
+}
+
+/// A measurement for a GPU, run where `FERRY_GRANT_IPC_BENCH=1`
+/// (scripts/gpu-check sets it); a skip otherwise.
+#[test]
+fn one_gib_read_against_dtod() {
+    if owned() {
+        return;
+    }
+    if std::env::var("FERRY_GRANT_IPC_BENCH").as_deref() != Ok("1") {
+        println!("skipped: a measurement for a GPU; FERRY_GRANT_IPC_BENCH=1 runs it");
+        return;
+    }
+    if !gpu_here() {
+        return;
+    }
+    let bytes = std::env::var("FERRY_GRANT_IPC_BENCH_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(BENCH_BYTES);
+    let bs = bytes / BENCH_BLOCKS;
+    let mut s = Server::start("one_gib_read_against_dtod", ROLE, &format!("bench {bytes}"));
+    let meta = GrantMetadata::from_json(&s.after("META ")).expect("the owner's grant");
+    let rt = runtime();
+    let (mine, buf) = gpu_pool_of(BENCH_BLOCKS, bs, 0, |_| vec![0u8; bs]);
+    let remote = rt.block_on(async { open(&connector(HOLDER).await, &meta).await });
+    let all: Vec<u32> = (0..BENCH_BLOCKS as u32).collect();
+    let refs = remote.block_refs(&all).unwrap();
+    let grant = median(5, || {
+        rt.block_on(remote.read_blocks(&refs, &mine, &all))
+            .expect("the READ")
+    });
+    // Every block landed (its first and last byte).
+    let mut back = vec![0u8; bytes];
+    buf.copy_to_host(&mut back).unwrap();
+    for i in 0..BENCH_BLOCKS {
+        let b = &back[i * bs..(i + 1) * bs];
+        assert!(b[0] == i as u8 + 1 && b[bs - 1] == i as u8 + 1, "block {i}");
+    }
+    drop(back);
+    // The baseline: the same bytes device to device in this process.
+    let src = CudaBuffer::new(0, bytes).expect("GPU memory");
+    let mut dst = CudaBuffer::new(0, bytes).expect("GPU memory");
+    let dtod = median(5, || dst.copy_from(&src).expect("cuMemcpyDtoD"));
+    let gbps = |d: Duration| bytes as f64 / d.as_secs_f64() / 1e9;
+    let ratio = dtod.as_secs_f64() / grant.as_secs_f64();
+    println!(
+        "grant READ over CUDA IPC, {bytes} bytes ({BENCH_BLOCKS} blocks): {:.1} us, {:.1} GB/s; \
+         cuMemcpyDtoD: {:.1} us, {:.1} GB/s; ratio {ratio:.3} (floor {BENCH_FLOOR})",
+        grant.as_secs_f64() * 1e6,
+        gbps(grant),
+        dtod.as_secs_f64() * 1e6,
+        gbps(dtod),
+    );
+    drop(remote);
+    drop(s.child.stdin.take());
+    if using_fake() {
+        println!("the fake CUDA driver measures nothing: the ratio is not checked");
+    } else {
+        assert!(
+            ratio >= BENCH_FLOOR,
+            "a grant's READ at {ratio:.3} of cuMemcpyDtoD (needs {BENCH_FLOOR})"
+        );
+    }
 }
