@@ -8,7 +8,9 @@
 //! This slice has the same-host lane: cross-memory attach, the holder
 //! copying with `process_vm_readv`/`process_vm_writev` at the addresses
 //! the grant carries, fenced through a shared control page (see
-//! `docs/grants.md` and `docs/security.md`).
+//! `docs/grants.md` and `docs/security.md`); and for device memory, CUDA
+//! IPC (`ipc`): the allocation's handle opened once, device-to-device
+//! copies inside the same fence.
 
 use std::time::Duration;
 
