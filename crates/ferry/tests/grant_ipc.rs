@@ -122,8 +122,9 @@ fn block(buf: &CudaBuffer, offset: usize, i: usize) -> Vec<u8> {
 // ---------------------------------------------------------------------------
 // The owner process.
 
-/// Grants a GPU pool (`read_write`, bound to [`HOLDER`]) and obeys its
-/// standard input until it closes. With the spec `bench <bytes>`, the
+/// Grants a GPU pool (`read_write`, bound to [`HOLDER`]; with the spec
+/// `expire <ms>`, for that long) and obeys its standard input until it
+/// closes. With the spec `bench <bytes>`, the
 /// pool is `bytes` of [`BENCH_BLOCKS`] blocks, block `i` all `i + 1`.
 fn own(spec: &str) {
     let rt = runtime();
@@ -136,10 +137,11 @@ fn own(spec: &str) {
             }
             None => gpu_pool(BLOCKS, OFFSET, |i| pattern(SEED, i, BS)),
         };
-        let grant = c
-            .grant(&pool, GrantOptions::read_write().holder(HOLDER))
-            .await
-            .expect("a grant of GPU memory");
+        let mut opts = GrantOptions::read_write().holder(HOLDER);
+        if let Some(ms) = spec.strip_prefix("expire ") {
+            opts = opts.expires_after(Duration::from_millis(ms.parse().unwrap()));
+        }
+        let grant = c.grant(&pool, opts).await.expect("a grant of GPU memory");
         let out = std::io::stdout();
         let say = |s: String| {
             let mut o = out.lock();
@@ -340,6 +342,32 @@ fn a_revoke_refuses_the_next_use_and_closes_the_handle() {
         assert!(again.is_err(), "{again:?}");
     });
     assert_eq!(ask(&mut s, &format!("CHECK 2 {SEED}"), "CHECK "), "ok");
+}
+
+#[test]
+fn an_expired_grant_is_refused_and_unmapped() {
+    if owned() || !gpu_here() {
+        return;
+    }
+    let name = "an_expired_grant_is_refused_and_unmapped";
+    let mut s = Server::start(name, ROLE, "expire 400");
+    let meta = GrantMetadata::from_json(&s.after("META ")).expect("the owner's grant");
+    let rt = runtime();
+    rt.block_on(async {
+        let c = connector(HOLDER).await;
+        let (mine, _buf) = local(2);
+        let before = fake_mappings();
+        let remote = open(&c, &meta).await;
+        let refs = remote.block_refs(&[1]).unwrap();
+        remote.read_blocks(&refs, &mine, &[0]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let e = grant_err(remote.write_blocks(&mine, &[1], &refs, None).await);
+        assert!(matches!(e, GrantError::Expired { .. }), "{e}");
+        if using_fake() {
+            assert_eq!(fake_mappings(), before, "unmapped at the first use after");
+        }
+    });
+    assert_eq!(ask(&mut s, &format!("CHECK 1 {SEED}"), "CHECK "), "ok");
 }
 
 #[test]

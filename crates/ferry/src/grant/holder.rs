@@ -291,7 +291,7 @@ impl RemoteGrant {
     ) -> Result<()> {
         let m = &self.inner.meta;
         check::rights(m.rights, needed)?;
-        check::expiry(m.expires_at_ms, super::now_ms())?;
+        check::expiry(m.expires_at_ms, super::now_ms()).inspect_err(|_| self.inner.unmap())?;
         check::blocks(remote, m.block_count)?;
         check::shape(
             local_blocks.len(),
@@ -334,14 +334,17 @@ fn remote_len(meta: &GrantMetadata, blocks: usize) -> u64 {
 }
 
 impl Held {
+    /// Unmaps the owner's device memory (the grant ended: revoked or
+    /// expired); nothing for host memory.
+    fn unmap(&self) {
+        if let Some(m) = &self.ipc {
+            m.close();
+        }
+    }
+
     /// Enters the fence and checks the named generations inside it.
     fn enter(&self, remote: &[BlockRef]) -> Result<fence::Entered> {
-        let entered = fence::enter(&self.page).inspect_err(|_| {
-            // Revoked: the owner's device memory is not mapped any longer.
-            if let Some(m) = &self.ipc {
-                m.close();
-            }
-        })?;
+        let entered = fence::enter(&self.page).inspect_err(|_| self.unmap())?;
         check::generations(remote, |i| {
             self.page.generation(i).map_or(u32::MAX, |g| g.load(SeqCst))
         })?;
