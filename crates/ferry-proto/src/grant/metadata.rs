@@ -4,7 +4,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::{GrantError, GrantId, Rights};
+use super::cuda_ipc::RawCudaIpc;
+use super::{CudaIpcGrant, GrantError, GrantId, Rights};
 use crate::{Device, Token};
 
 /// The grant metadata format this build writes and reads.
@@ -84,8 +85,11 @@ pub struct GrantMetadata {
     pub block_count: u32,
     /// Where the memory lives.
     pub device: Device,
-    /// The cross-memory attach lane, where the owner offers it.
+    /// The cross-memory attach lane, where the owner offers it (for device
+    /// memory: the control page only, `base` the owner's device address).
     pub cma: Option<CmaGrant>,
+    /// The CUDA IPC lane, for device memory.
+    pub cuda_ipc: Option<CudaIpcGrant>,
 }
 
 impl fmt::Debug for GrantMetadata {
@@ -100,6 +104,7 @@ impl fmt::Debug for GrantMetadata {
             .field("block_count", &self.block_count)
             .field("device", &self.device)
             .field("cma", &self.cma)
+            .field("cuda_ipc", &self.cuda_ipc)
             .finish_non_exhaustive()
     }
 }
@@ -122,6 +127,8 @@ struct RawGrant {
     device: Device,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     cma: Option<RawCma>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cuda_ipc: Option<RawCudaIpc>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -179,6 +186,9 @@ impl GrantMetadata {
                 ));
             }
         }
+        if let Some(c) = &self.cuda_ipc {
+            c.validate(total)?;
+        }
         Ok(())
     }
 
@@ -210,6 +220,7 @@ impl GrantMetadata {
                 cookie: Token::from_bytes(c.cookie).to_hex(),
                 base: c.base,
             }),
+            cuda_ipc: self.cuda_ipc.as_ref().map(RawCudaIpc::from),
         };
         let s = serde_json::to_string(&raw).map_err(|e| GrantError::Malformed(e.to_string()))?;
         if s.len() > MAX_GRANT_JSON {
@@ -272,6 +283,7 @@ impl GrantMetadata {
             block_count: raw.block_count,
             device: raw.device,
             cma,
+            cuda_ipc: raw.cuda_ipc.map(CudaIpcGrant::try_from).transpose()?,
         };
         m.validate()?;
         Ok(m)

@@ -23,9 +23,11 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 pub mod check;
+mod cuda_ipc;
 mod error;
 mod metadata;
 
+pub use cuda_ipc::{CudaIpcGrant, IPC_HANDLE_LEN};
 pub use error::GrantError;
 pub use metadata::{CmaGrant, GrantMetadata, GRANT_VERSION, MAX_GRANT_JSON};
 

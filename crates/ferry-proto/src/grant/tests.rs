@@ -21,6 +21,7 @@ fn sample() -> GrantMetadata {
             cookie: [0x5c; 16],
             base: 0x7f00_0000_0000,
         }),
+        cuda_ipc: None,
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use ferry_proto::grant::{check, BlockRef, GrantError, GrantMetadata, Rights};
 
 use super::control::{ControlPage, Header, LIVE};
-use super::{copy, fence, ring, sys, Notification, NotificationKind};
+use super::{copy, fence, ipc, ring, sys, Notification, NotificationKind};
 use crate::transport::cma::{self, Peer};
 use crate::{Error, Pool, Result};
 
@@ -44,6 +44,8 @@ struct Held {
     /// The process's producer lock on the notification ring, and the last
     /// sequence number pushed.
     producer: Mutex<u64>,
+    /// The owner's device memory, mapped (a grant of device memory).
+    ipc: Option<super::ipc::Mapped>,
 }
 
 impl Drop for Held {
@@ -66,9 +68,9 @@ pub(crate) async fn open(
     meta.validate()?;
     check::holder(meta.holder.as_deref(), worker_id)?;
     check::expiry(meta.expires_at_ms, super::now_ms())?;
-    if !meta.device.is_cpu() {
+    if !meta.device.is_cpu() && meta.cuda_ipc.is_none() {
         return Err(GrantError::NoLane(format!(
-            "the granted memory is on {}: this version reaches host memory only",
+            "the granted memory is on {} and the grant offers no CUDA IPC lane",
             meta.device
         ))
         .into());
@@ -114,17 +116,23 @@ fn attach(meta: GrantMetadata, pid: u32, fd: i32, base: u64) -> Result<RemoteGra
         &Header {
             block_count: meta.block_count,
             cookie: meta.cma.map(|c| c.cookie).unwrap_or_default(),
-            token_hash: super::token_hash(&meta.token),
+            token_hash: super::ipc::page_hash(&meta.token, meta.cuda_ipc.as_ref()),
             grant: meta.grant,
             base,
             block_size: meta.block_size,
             expires_at_ms: meta.expires_at_ms.unwrap_or(0),
             rights: meta.rights,
         },
-    )?;
+    )
+    .map_err(|e| super::ipc::forged(e, &meta))?;
     if page.state().load(SeqCst) != LIVE {
         return Err(GrantError::Revoked.into());
     }
+    // Device memory: its handle opened once, for the grant's life.
+    let ipc = match &meta.cuda_ipc {
+        Some(lane) => Some(super::ipc::open(&meta, lane, pid)?),
+        None => None,
+    };
     let me = std::process::id();
     if let Err(pid) = page.holder_pid().compare_exchange(0, me, SeqCst, SeqCst) {
         return Err(GrantError::Claimed { pid }.into());
@@ -139,6 +147,7 @@ fn attach(meta: GrantMetadata, pid: u32, fd: i32, base: u64) -> Result<RemoteGra
             base,
             me,
             producer: Mutex::new(0),
+            ipc,
         }),
     })
 }
@@ -200,6 +209,15 @@ impl RemoteGrant {
             let mut segs = Vec::with_capacity(desc.block_count());
             desc.raw_segments(&mut segs);
             let _in = inner.enter(&remote)?;
+            if let Some(m) = &inner.ipc {
+                // SAFETY: `desc` holds the local blocks exclusively (taken
+                // writable from their pool, which `precheck` showed is on
+                // the mapping's GPU) until it drops after the copy.
+                unsafe { m.copy(ipc::Dir::Read, &segs, &remote) }
+                    .map_err(|e| inner.ipc_failed(e))?;
+                drop(desc);
+                return Ok(());
+            }
             let (l, r) = copy::pair(&segs, &inner.ranges(&remote));
             // SAFETY: `desc` holds the local blocks exclusively (taken
             // writable from their pool) until it drops after the copy, so
@@ -238,13 +256,21 @@ impl RemoteGrant {
             let mut segs = Vec::with_capacity(desc.block_count());
             desc.raw_segments(&mut segs);
             let _in = inner.enter(&remote)?;
-            let (l, r) = copy::pair(&segs, &inner.ranges(&remote));
-            let l: Vec<(*const u8, usize)> =
-                l.into_iter().map(|(p, n)| (p.cast_const(), n)).collect();
-            // SAFETY: `desc` holds the local blocks shared (no writer)
-            // until it drops after the copy, so each range is valid for
-            // reads; `pair` keeps lengths equal pairwise.
-            unsafe { copy::write(&inner.owner, &l, &r) }.map_err(|e| inner.copy_failed(e))?;
+            if let Some(m) = &inner.ipc {
+                // SAFETY: `desc` holds the local blocks shared (no writer)
+                // until it drops after the copy; `precheck` showed they
+                // are on the mapping's GPU.
+                unsafe { m.copy(ipc::Dir::Write, &segs, &remote) }
+                    .map_err(|e| inner.ipc_failed(e))?;
+            } else {
+                let (l, r) = copy::pair(&segs, &inner.ranges(&remote));
+                let l: Vec<(*const u8, usize)> =
+                    l.into_iter().map(|(p, n)| (p.cast_const(), n)).collect();
+                // SAFETY: `desc` holds the local blocks shared (no writer)
+                // until it drops after the copy, so each range is valid for
+                // reads; `pair` keeps lengths equal pairwise.
+                unsafe { copy::write(&inner.owner, &l, &r) }.map_err(|e| inner.copy_failed(e))?;
+            }
             drop(desc);
             if let Some(payload) = payload {
                 inner.notify(&remote, payload)?;
@@ -265,7 +291,7 @@ impl RemoteGrant {
     ) -> Result<()> {
         let m = &self.inner.meta;
         check::rights(m.rights, needed)?;
-        check::expiry(m.expires_at_ms, super::now_ms())?;
+        check::expiry(m.expires_at_ms, super::now_ms()).inspect_err(|_| self.inner.unmap())?;
         check::blocks(remote, m.block_count)?;
         check::shape(
             local_blocks.len(),
@@ -273,12 +299,17 @@ impl RemoteGrant {
             remote.len(),
             m.block_size,
         )?;
-        if !local.device().is_cpu() {
-            return Err(GrantError::NoLane(format!(
-                "the local pool is on {}: this version moves host memory only",
-                local.device()
-            ))
-            .into());
+        match &self.inner.ipc {
+            Some(m) => m.check_local(local.device())?,
+            None if !local.device().is_cpu() => {
+                return Err(GrantError::NoLane(format!(
+                    "the granted memory is host memory and the local pool is on {}: a grant \
+                     copies host to host here, GPU to GPU by CUDA IPC",
+                    local.device()
+                ))
+                .into())
+            }
+            None => {}
         }
         Ok(())
     }
@@ -303,9 +334,17 @@ fn remote_len(meta: &GrantMetadata, blocks: usize) -> u64 {
 }
 
 impl Held {
+    /// Unmaps the owner's device memory (the grant ended: revoked or
+    /// expired); nothing for host memory.
+    fn unmap(&self) {
+        if let Some(m) = &self.ipc {
+            m.close();
+        }
+    }
+
     /// Enters the fence and checks the named generations inside it.
     fn enter(&self, remote: &[BlockRef]) -> Result<fence::Entered> {
-        let entered = fence::enter(&self.page)?;
+        let entered = fence::enter(&self.page).inspect_err(|_| self.unmap())?;
         check::generations(remote, |i| {
             self.page.generation(i).map_or(u32::MAX, |g| g.load(SeqCst))
         })?;
@@ -325,6 +364,13 @@ impl Held {
                 )
             })
             .collect()
+    }
+
+    fn ipc_failed(&self, e: ipc::CopyError) -> Error {
+        match e {
+            ipc::CopyError::Grant(g) => g.into(),
+            ipc::CopyError::Cuda(c) => self.copy_failed(std::io::Error::other(c)),
+        }
     }
 
     fn copy_failed(&self, e: std::io::Error) -> Error {

@@ -8,18 +8,21 @@
 //! This slice has the same-host lane: cross-memory attach, the holder
 //! copying with `process_vm_readv`/`process_vm_writev` at the addresses
 //! the grant carries, fenced through a shared control page (see
-//! `docs/grants.md` and `docs/security.md`).
+//! `docs/grants.md` and `docs/security.md`); and for device memory, CUDA
+//! IPC (`ipc`): the allocation's handle opened once, device-to-device
+//! copies inside the same fence.
 
 use std::time::Duration;
 
 pub use ferry_proto::grant::{
-    BlockRef, CmaGrant, GrantError, GrantId, GrantMetadata, Rights, MAX_NOTIFICATION,
+    BlockRef, CmaGrant, CudaIpcGrant, GrantError, GrantId, GrantMetadata, Rights, MAX_NOTIFICATION,
 };
 
 mod control;
 mod copy;
 mod fence;
 mod holder;
+mod ipc;
 mod owner;
 mod ring;
 mod sys;

@@ -59,13 +59,12 @@ pub(crate) fn create(owner: &str, host_id: &str, pool: &Pool, opts: GrantOptions
     if opts.rights.is_empty() {
         return Err(GrantError::Malformed("a grant of no rights".into()).into());
     }
-    if !pool.device().is_cpu() {
-        return Err(GrantError::NoLane(format!(
-            "the pool is on {}: this version grants host memory only",
-            pool.device()
-        ))
-        .into());
-    }
+    // Device memory: its allocation's IPC handle, exported once.
+    let cuda_ipc = if super::ipc::is_device(pool) {
+        Some(super::ipc::export(pool)?)
+    } else {
+        None
+    };
     if opts.rights.allows(ferry_proto::grant::Rights::WRITE) && !pool.is_writable() {
         return Err(crate::PoolError::ReadOnly.into());
     }
@@ -85,7 +84,7 @@ pub(crate) fn create(owner: &str, host_id: &str, pool: &Pool, opts: GrantOptions
     let page = ControlPage::create(&Header {
         block_count,
         cookie,
-        token_hash: super::token_hash(&token),
+        token_hash: super::ipc::page_hash(&token, cuda_ipc.as_ref()),
         grant,
         base,
         block_size: pool.block_size() as u64,
@@ -109,6 +108,7 @@ pub(crate) fn create(owner: &str, host_id: &str, pool: &Pool, opts: GrantOptions
             cookie,
             base,
         }),
+        cuda_ipc,
     };
     // Refuses metadata over 1 KiB (worker ids JSON escapes) now, not later.
     meta.to_json()?;
