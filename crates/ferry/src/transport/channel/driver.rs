@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use ferry_proto::session::{
     Action, Caps, Fence, Last, Liveness, OpenParams, Role, Session, Start, Step, Tick,
 };
-use ferry_proto::wire::{self, AbortReason, Data, Hello, Message, Open, PROTOCOL_VERSION};
+use ferry_proto::wire::{self, Abort, AbortReason, Data, Hello, Message, Open, PROTOCOL_VERSION};
 use ferry_proto::{Cursor, OperationKind, Token};
 use tokio::sync::{mpsc, watch};
 
@@ -130,9 +130,17 @@ pub(crate) struct Config {
     pub(crate) liveness: Option<Duration>,
 }
 
+/// What an endpoint's owner asks of its task.
+enum Cmd {
+    /// Begin an active request.
+    Open(OpenParams, Op),
+    /// Cancel an active request's operation.
+    Cancel(Op),
+}
+
 /// One endpoint of a connection over an in-process channel.
 pub(crate) struct Endpoint {
-    opens: mpsc::UnboundedSender<(OpenParams, Op)>,
+    cmds: mpsc::UnboundedSender<Cmd>,
     closed: watch::Receiver<Option<Error>>,
 }
 
@@ -140,7 +148,7 @@ impl Endpoint {
     /// Starts an endpoint of `role` on `end`; a passive one serves
     /// `exposed`. Its task runs on the current tokio runtime.
     pub(crate) fn start(role: Role, end: End, cfg: Config, exposed: Vec<Exposed>) -> Endpoint {
-        let (opens, rx) = mpsc::unbounded_channel();
+        let (cmds, rx) = mpsc::unbounded_channel();
         let (closed_tx, closed) = watch::channel(None);
         let d = Driver {
             link: end,
@@ -153,12 +161,13 @@ impl Endpoint {
             exposed,
             liveness: Liveness::new(cfg.liveness, Instant::now()),
             waiting: Vec::new(),
+            active: Vec::new(),
         };
         tokio::spawn(async move {
             let err = d.run(rx).await;
             let _ = closed_tx.send(Some(err));
         });
-        Endpoint { opens, closed }
+        Endpoint { cmds, closed }
     }
 
     /// Begins an active operation of `kind` on the peer's operation
@@ -174,9 +183,16 @@ impl Endpoint {
             lane: None,
             part: (0, 1),
         };
-        if self.opens.send((params, op.clone())).is_err() {
+        if self.cmds.send(Cmd::Open(params, op.clone())).is_err() {
             op.end(Err(Error::Shutdown));
         }
+    }
+
+    /// Cancels `op`, an active operation of this endpoint, unless it has
+    /// ended or is sealed (then the outcome is the peer's): it ends
+    /// `Cancelled`, no byte lands in it any more, and the peer is told.
+    pub(crate) fn cancel(&self, op: &Op) {
+        let _ = self.cmds.send(Cmd::Cancel(op.clone()));
     }
 
     /// Waits for the connection's end: the error that ended it.
@@ -212,6 +228,8 @@ struct Driver {
     liveness: Liveness,
     /// Operations begun before the handshake ended.
     waiting: Vec<(OpenParams, Op)>,
+    /// This side's requests and their operations.
+    active: Vec<(u64, Op)>,
 }
 
 fn channel_error(what: &str) -> Error {
@@ -222,7 +240,7 @@ fn channel_error(what: &str) -> Error {
 }
 
 impl Driver {
-    async fn run(mut self, mut opens: mpsc::UnboundedReceiver<(OpenParams, Op)>) -> Error {
+    async fn run(mut self, mut cmds: mpsc::UnboundedReceiver<Cmd>) -> Error {
         let hello = Message::Hello(Hello {
             version: PROTOCOL_VERSION,
             worker_id: self.me.clone(),
@@ -256,8 +274,13 @@ impl Driver {
                         return self.close(e);
                     }
                 }
-                o = opens.recv(), if taking => match o {
-                    Some((params, op)) => self.waiting.push((params, op)),
+                c = cmds.recv(), if taking => match c {
+                    Some(Cmd::Open(params, op)) => self.waiting.push((params, op)),
+                    Some(Cmd::Cancel(op)) => {
+                        if let Err(e) = self.cancel(&op) {
+                            return self.close(e);
+                        }
+                    }
                     None => taking = false,
                 },
                 _ = timer.as_mut(), if due.is_some() => {
@@ -331,7 +354,8 @@ impl Driver {
                 if n == 0 {
                     return Ok(());
                 }
-                if let Some(op) = &p.op {
+                // Nothing lands once the operation ended here (a cancel).
+                if let Some(op) = p.op.as_ref().filter(|op| op.is_open()) {
                     op.land(p.offset, &self.buf[..n])?;
                 }
                 self.buf.drain(..n);
@@ -458,6 +482,8 @@ impl Driver {
             return Ok(());
         };
         let (req, start) = s.open(params, op.clone());
+        self.active.retain(|(_, op)| op.is_open());
+        self.active.push((req, op.clone()));
         match start {
             Start::Open(m) => self.send(&m),
             Start::Stream { open, cursor, last } => {
@@ -472,6 +498,29 @@ impl Driver {
                 Ok(())
             }
         }
+    }
+
+    /// Cancels active operation `op` (see [`Endpoint::cancel`]): ended
+    /// here first, so that no byte lands in it, then forgotten by the
+    /// session and the peer told. An operation begun before the handshake
+    /// ended never opened: it just ends.
+    fn cancel(&mut self, op: &Op) -> Result<(), Error> {
+        if !op.is_open() || op.is_sealed() {
+            return Ok(());
+        }
+        op.end(Err(Error::Cancelled));
+        self.waiting.retain(|(_, w)| !Arc::ptr_eq(&w.0, &op.0));
+        let Some(&(req, _)) = self.active.iter().find(|(_, a)| Arc::ptr_eq(&a.0, &op.0)) else {
+            return Ok(());
+        };
+        if let Some(s) = self.session.as_mut() {
+            s.forget(req);
+        }
+        self.send(&Message::Abort(Abort {
+            req,
+            reason: AbortReason::Cancelled,
+            detail: String::new(),
+        }))
     }
 
     /// Sends the bytes under `cursor` from `op`'s memory, then the

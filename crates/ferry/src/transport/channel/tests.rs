@@ -208,6 +208,38 @@ async fn a_cut_mid_transfer_ends_both_sides_with_connection_lost() {
     }
 }
 
+#[tokio::test]
+async fn a_cancel_mid_payload_lands_no_late_byte_and_both_sides_agree() {
+    let len = 64 << 10;
+    let w = world(len, Faults::default(), None);
+    w.faults.set_way(Way::BtoA, |f| f.stall_after = Some(4096));
+    let read = Op::new(vec![0; len]);
+    w.active.begin(OperationKind::Read, READABLE, TOKEN, &read);
+    // Mid-payload: the first bytes landed, the rest is held.
+    within("first bytes", async {
+        while read.bytes()[0] == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    w.active.cancel(&read);
+    let err = within("read", read.wait()).await.unwrap_err();
+    assert!(matches!(err, Error::Cancelled), "{err}");
+    let at_cancel = read.bytes();
+    assert_ne!(at_cancel, pattern(len, 1), "cancelled before the end");
+    let err = within("readable", w.readable.wait()).await.unwrap_err();
+    assert!(matches!(err, Error::RemoteCancelled), "{err}");
+    // The held bytes now arrive, and are dropped: the next operation's
+    // answer comes after them, and nothing changed in the cancelled one.
+    w.faults.set_way(Way::BtoA, |f| f.stall_after = None);
+    let write = Op::new(pattern(len, 2));
+    w.active
+        .begin(OperationKind::Write, WRITABLE, TOKEN, &write);
+    within("write", write.wait()).await.unwrap();
+    assert_eq!(w.writable.bytes(), pattern(len, 2));
+    assert_eq!(read.bytes(), at_cancel, "a byte landed after the cancel");
+}
+
 /// A raw peer: its end of a channel whose bytes reach a passive endpoint
 /// in pieces of `split` bytes.
 fn raw_peer(split: usize, exposed: Vec<Exposed>) -> (End, Endpoint) {
