@@ -598,35 +598,55 @@ async fn deadlines_fire_on_both_sides() {
 /// bytes go, and leaves nothing behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remote_killed_mid_striped_transfers() {
-    const SIZE: u64 = 256 << 20;
-    let tcp = [TransportKind::Tcp];
     for case in [
         "it reads this process",
         "this process reads it",
         "this process writes it",
     ] {
+        striped_transfer_killed(case).await;
+    }
+}
+
+/// How many fresh transfers [`striped_transfer_killed`] starts when the
+/// one before ended before its peer could be frozen.
+const STRIPED_TRIES: usize = 3;
+
+/// One case of [`remote_killed_mid_striped_transfers`]: a fresh connector
+/// and peer, the transfer, its peer killed mid-way. Where the transfer
+/// ended before the peer was frozen (it never sees the kill), again.
+async fn striped_transfer_killed(case: &str) {
+    const SIZE: u64 = 256 << 20;
+    let tcp = [TransportKind::Tcp];
+    for attempt in 1..=STRIPED_TRIES {
         let local = connector_striped(4).await;
         let mut victim = peer_striped(&tcp, 4, &[]).await;
         let v = &mut victim;
-        match case {
+        let killed = match case {
             "it reads this process" => {
                 let r = local.create_readable(zeroed(&[SIZE])).await.unwrap();
                 let _a = v
                     .request(with_meta(req(Cmd::Read, &[SIZE], 0), r.metadata()))
                     .await
                     .unwrap();
-                killed_mid_transfer(v, case, || r.status(), r.wait_for_completion()).await;
+                killed_mid_transfer(v, case, || r.status(), r.wait_for_completion()).await
             }
             "this process reads it" => {
                 let (_a, m) = expose(v, Cmd::Readable, &[SIZE], 0).await;
                 let r = local.begin_read(&m, zeroed(&[SIZE])).await.unwrap();
-                killed_mid_transfer(v, case, || r.status(), r.wait_for_completion()).await;
+                killed_mid_transfer(v, case, || r.status(), r.wait_for_completion()).await
             }
             _ => {
                 let (_a, m) = expose(v, Cmd::Writable, &[SIZE], 0).await;
                 let w = local.begin_write(zeroed(&[SIZE]), &m).await.unwrap();
-                killed_mid_transfer(v, case, || w.status(), w.wait_for_completion()).await;
+                killed_mid_transfer(v, case, || w.status(), w.wait_for_completion()).await
             }
+        };
+        if !killed {
+            eprintln!(
+                "{case}: the transfer ended before its peer was frozen (try {attempt}); again"
+            );
+            let _ = victim.kill().await;
+            continue;
         }
         assert_eq!(local.exposed_count(), 0, "{case}");
         // The parts on the other streams leave their tables a moment later.
@@ -635,24 +655,81 @@ async fn remote_killed_mid_striped_transfers() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert_eq!(local.pending_count(), 0, "{case}");
+        return;
+    }
+    panic!("{case}: the transfer ended before its peer was frozen, {STRIPED_TRIES} times");
+}
+
+/// Sends signal `sig` to process `pid`.
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: `kill` takes no pointer; `pid` is a child of this process
+    // that has not been waited for, so the id is still its own.
+    let rc = unsafe { libc::kill(pid as i32, sig) };
+    assert_eq!(
+        rc,
+        0,
+        "kill({pid}, {sig}): {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// Waits until process `pid` is stopped (state `T` in /proc).
+async fn frozen(pid: u32) {
+    let t = Instant::now();
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat.rsplit_once(')').map(|(_, a)| a.trim_start());
+        if state.is_some_and(|s| s.starts_with('T') || s.starts_with('t')) {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{pid} not stopped: {stat}"
+        );
+        tokio::time::sleep(Duration::from_micros(200)).await;
     }
 }
 
-/// Kills `victim` once the operation is under way; the operation must fail
-/// with `ConnectionLost` within 5 s.
+/// Kills `victim` while the operation is provably under way; the operation
+/// must then fail with `ConnectionLost` within 5 s. `false`: the operation
+/// ended before the victim could be frozen, so no kill landed mid-transfer
+/// (the caller tries again).
+///
+/// No fixed delay decides "mid-transfer": once the operation is in
+/// progress the victim is frozen (SIGSTOP), and it must still be in
+/// progress a while later. A frozen peer moves no byte, so the transfer
+/// (far larger than the sockets' buffers) is stuck part-way when the
+/// SIGKILL lands.
 async fn killed_mid_transfer(
     victim: &mut ferry_cli::peer::PeerProcess,
     case: &str,
     status: impl Fn() -> OperationStatus,
     wait: impl std::future::Future<Output = ferry::Result<()>>,
-) {
-    wait_status(
-        &status,
-        OperationStatus::InProgress,
-        Duration::from_secs(60),
-    )
-    .await;
+) -> bool {
+    let pid = victim.pid().expect("the peer is a child process");
+    let t = Instant::now();
+    while matches!(
+        status(),
+        OperationStatus::Uninitialized | OperationStatus::Initialized
+    ) {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{case}: never started"
+        );
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+    signal(pid, libc::SIGSTOP);
+    frozen(pid).await;
+    if status() != OperationStatus::InProgress {
+        assert_eq!(status(), OperationStatus::Complete, "{case}");
+        return false;
+    }
     tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        status(),
+        OperationStatus::InProgress,
+        "{case}: the transfer went on while its peer was frozen"
+    );
     victim.kill().await.unwrap();
     let err = tokio::time::timeout(Duration::from_secs(5), wait)
         .await
@@ -660,4 +737,5 @@ async fn killed_mid_transfer(
         .unwrap_err();
     assert!(matches!(err, Error::ConnectionLost { .. }), "{case}: {err}");
     assert_eq!(status(), OperationStatus::Errored, "{case}");
+    true
 }

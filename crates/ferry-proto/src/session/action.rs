@@ -103,6 +103,10 @@ pub enum Action<T> {
         target: T,
         /// Lent memory.
         lent: bool,
+        /// The lane that lends it, where this side knows it (the source,
+        /// or a destination whose lease named it); `None` in band, or
+        /// until the lease comes.
+        lane: Option<LaneId>,
     },
     /// Lend the target's memory to the peer (it stays lent until
     /// [`Action::GiveBack`](Action::GiveBack)).
@@ -113,13 +117,18 @@ pub enum Action<T> {
         req: u64,
         /// Its handle.
         target: T,
+        /// The lane that lends it (the planner's answer).
+        lane: LaneId,
     },
-    /// Send a `Lease` of the target's memory for request `req`.
+    /// Send a `Lease` of the target's memory for request `req`, by the
+    /// lane that lent it.
     SendLease {
         /// The request.
         req: u64,
         /// Its handle.
         target: T,
+        /// The lane that lent it ([`Action::Lend`]'s).
+        lane: LaneId,
     },
     /// The peer no longer copies from the target's memory.
     GiveBack {
@@ -134,7 +143,7 @@ pub enum Action<T> {
         /// Its handle.
         target: T,
         /// The lane that lent it: the destination copies by that lane.
-        lane: crate::lane::LaneId,
+        lane: LaneId,
         /// The lease's segments, one per descriptor.
         segments: Vec<(u64, u64)>,
         /// The lease's backend key (empty for cross-memory attach).
@@ -200,6 +209,11 @@ pub struct OpenParams {
     pub sizes: Vec<u64>,
     /// Move the bytes by lending (cross-memory attach).
     pub pull: bool,
+    /// The lane that lends this side's memory where it is the source and
+    /// `pull` (a WRITE): the planner's answer
+    /// ([`Session::lane_for`](super::Session::lane_for)). A pulled WRITE
+    /// without one moves in band.
+    pub lane: Option<LaneId>,
     /// Which part of how many (`(0, 1)`: not striped).
     pub part: (u16, u16),
 }
@@ -209,9 +223,10 @@ pub struct OpenParams {
 pub enum Start {
     /// Send the `Open` (a READ: the bytes come back).
     Open(Message),
-    /// Send the `Open` followed by a `Lease` of the memory (a pulled
-    /// WRITE; the memory was lent by the queued [`Action::Lend`]).
-    OpenAndLease(Message),
+    /// Send the `Open` followed by a `Lease` of the memory by the lane
+    /// (a pulled WRITE; the memory was lent by the queued
+    /// [`Action::Lend`]).
+    OpenAndLease(Message, LaneId),
     /// Send the `Open`, then stream the bytes (a WRITE in band).
     Stream {
         /// The `Open`.

@@ -20,6 +20,7 @@ mod action;
 mod digest;
 mod fence;
 mod heartbeat;
+mod lease;
 pub mod liveness;
 mod offer;
 mod plan;
@@ -41,7 +42,8 @@ pub use plan::{
 pub use stripe::{part_range, BindError, StripeState};
 pub use violation::Violation;
 
-use crate::wire::{Abort, AbortReason, Lease, Message, Open};
+use crate::lane::{LaneId, Mem};
+use crate::wire::{Abort, AbortReason, Message, Open};
 // The session tests use it through `super::*`.
 use crate::runs::Runs;
 #[cfg(test)]
@@ -127,9 +129,9 @@ pub struct Session<T> {
     role: Role,
     caps: Caps,
     requests: BTreeMap<u64, Request<T>>,
-    /// Memory lent to the peer, by request, and whether its lease went
-    /// out (only then may the peer be copying it).
-    lent: BTreeMap<u64, (T, bool)>,
+    /// Memory lent to the peer, by request, whether its lease went out
+    /// (only then may the peer be copying it), and the lane that lends it.
+    lent: BTreeMap<u64, (T, bool, LaneId)>,
     next_req: u64,
     /// The lanes' set-up (see [`LaneOffer`](crate::wire::LaneOffer)).
     lanes: offer::LaneStates,
@@ -196,7 +198,7 @@ impl<T: Fence> Session<T> {
     }
 
     fn give_back(&mut self, req: u64) {
-        if let Some((target, _)) = self.lent.remove(&req) {
+        if let Some((target, ..)) = self.lent.remove(&req) {
             self.push(Action::GiveBack { target });
         }
     }
@@ -238,6 +240,7 @@ impl<T: Fence> Session<T> {
                     self.push(Action::Via {
                         target: target.clone(),
                         lent: false,
+                        lane: None,
                     });
                     return Ok(Step::Payload {
                         target,
@@ -309,6 +312,7 @@ impl<T: Fence> Session<T> {
             self.push(Action::Via {
                 target: target.clone(),
                 lent: false,
+                lane: None,
             });
             self.requests.insert(
                 o.req,
@@ -328,23 +332,36 @@ impl<T: Fence> Session<T> {
             );
             return;
         }
-        let path = match (o.kind, o.pull) {
-            _ if lends(o, target.is_device(), self.caps) => Path::Lent,
-            (OperationKind::Write, true) => Path::AwaitLease,
+        // The lane that lends it, where this side lends: the planner's.
+        let device = target.is_device();
+        let lane = Some(o)
+            .filter(|o| lends(o, device, self.caps))
+            .map(|_| self.lending_lane(Mem::of(device)));
+        let path = match (lane, o.kind, o.pull) {
+            (Some(Some(_)), ..) => Path::Lent,
+            (Some(None), ..) if !target.moves_in_band() => {
+                let why = "no lane of this connection lends it";
+                let detail = format!("{DEVICE_MEMORY_BY_IPC_ONLY}: {why}");
+                return self.refuse_device(o.req, target, detail);
+            }
+            (_, OperationKind::Write, true) => Path::AwaitLease,
             // In band, or a READ that cannot be lent: its bytes stream.
             _ => Path::InBand,
         };
+        let lane = lane.flatten();
         self.push(Action::Via {
             target: target.clone(),
             lent: path != Path::InBand,
+            lane,
         });
-        if path == Path::Lent {
+        if let Some(lane) = lane {
             // Lent before the driver looks at the status: an owner that
             // drops the operation from then on finds the memory lent.
-            self.lent.insert(o.req, (target.clone(), false));
+            self.lent.insert(o.req, (target.clone(), false, lane));
             self.push(Action::Lend {
                 req: o.req,
                 target: target.clone(),
+                lane,
             });
         }
         self.requests.insert(
@@ -374,10 +391,13 @@ impl<T: Fence> Session<T> {
         let (target, cursor) = (r.target.clone(), r.cursor.clone());
         let a = match (r.path, r.part) {
             (Path::Lent, _) => {
-                if let Some(l) = self.lent.get_mut(&req) {
-                    l.1 = true;
-                }
-                Action::SendLease { req, target }
+                let Some(l) = self.lent.get_mut(&req) else {
+                    // Given back meanwhile: nothing to lease.
+                    return;
+                };
+                l.1 = true;
+                let lane = l.2;
+                Action::SendLease { req, target, lane }
             }
             (_, Some(p)) => Action::Stream {
                 req,
@@ -411,45 +431,6 @@ impl<T: Fence> Session<T> {
         self.requests.remove(&req).is_some()
     }
 
-    /// Gives back the memory request `req` lent, whose lease the driver
-    /// never sent (the peer cannot be copying it): for an active request
-    /// that found its connection dead before it began.
-    pub fn unlend(&mut self, req: u64) {
-        self.give_back(req);
-    }
-
-    /// The driver could not lend the memory of request `req` (its
-    /// [`Action::Lend`] failed: a CUDA IPC export, a registration), `why`:
-    /// nothing was lent, and nothing must be given back. A READ this side
-    /// serves falls back to streaming where its memory moves in band (its
-    /// lease has not gone out: [`serve`](Self::serve) then streams), and is
-    /// refused with `Abort(DeviceMemory)` where it does not. False where
-    /// the lease is already promised (this side's own request, whose lease
-    /// goes out with its `Open`): the driver must end the request, which
-    /// holds nothing lent any more.
-    pub fn lend_failed(&mut self, req: u64, why: &str) -> bool {
-        match self.lent.remove(&req) {
-            None => return true,
-            Some((_, promised)) if promised => return false,
-            Some(_) => {}
-        }
-        let Some(r) = self.requests.get_mut(&req) else {
-            return true;
-        };
-        let target = r.target.clone();
-        if target.moves_in_band() {
-            r.path = Path::InBand;
-            self.push(Action::Via {
-                target,
-                lent: false,
-            });
-        } else {
-            self.requests.remove(&req);
-            self.refuse_device(req, target, format!("{DEVICE_MEMORY_BY_IPC_ONLY}: {why}"));
-        }
-        true
-    }
-
     /// Refuses request `req` over device memory it cannot move: the peer
     /// told (`Abort(DeviceMemory)`, `detail`), and the operation behind
     /// `target` ended with the same.
@@ -470,7 +451,9 @@ impl<T: Fence> Session<T> {
         let (part, parts) = p.part;
         let side = Side::of(Role::Active, p.kind);
         let striped = parts > 1;
-        let pull = p.pull && !striped;
+        // A source lends by the planner's lane, or not at all.
+        let lane = p.lane.filter(|_| side == Side::Source);
+        let pull = p.pull && !striped && (side == Side::Destination || lane.is_some());
         let path = match (pull, side) {
             (false, _) => Path::InBand,
             (true, Side::Destination) => Path::Requested,
@@ -489,23 +472,26 @@ impl<T: Fence> Session<T> {
         } else {
             Cursor::new(p.sizes.clone())
         };
-        match path {
-            Path::InBand => self.push(Action::Via {
-                target: target.clone(),
-                lent: false,
-            }),
-            Path::Lent => {
+        match (path, lane) {
+            (Path::Lent, Some(lane)) => {
                 self.push(Action::Via {
                     target: target.clone(),
                     lent: true,
+                    lane: Some(lane),
                 });
                 // Its lease goes out with the `Open` (`Start::OpenAndLease`).
-                self.lent.insert(req, (target.clone(), true));
+                self.lent.insert(req, (target.clone(), true, lane));
                 self.push(Action::Lend {
                     req,
                     target: target.clone(),
+                    lane,
                 });
             }
+            (Path::InBand, _) => self.push(Action::Via {
+                target: target.clone(),
+                lent: false,
+                lane: None,
+            }),
             // Known once the peer answers with a lease or with data.
             _ => {}
         }
@@ -519,10 +505,11 @@ impl<T: Fence> Session<T> {
             part,
             parts,
         });
-        let start = match (side, path) {
-            (Side::Destination, _) => Start::Open(open),
-            (Side::Source, Path::Lent) => Start::OpenAndLease(open),
-            (Side::Source, _) => Start::Stream {
+        let start = match (side, path, lane) {
+            (Side::Destination, ..) => Start::Open(open),
+            // `Lent` only with a lane (above).
+            (Side::Source, Path::Lent, Some(lane)) => Start::OpenAndLease(open, lane),
+            (Side::Source, ..) => Start::Stream {
                 open,
                 cursor: cursor.clone(),
                 last: match (striped, part) {
@@ -562,29 +549,6 @@ impl<T: Fence> Session<T> {
         }
     }
 
-    /// The copy of request `req` ended (`done`: every byte landed and the
-    /// operation is sealed; else it stopped, or never started): the frame
-    /// to send, if any. With RDMA leases, a copy that stopped says so
-    /// (`Release`): only then does the source release the memory.
-    pub fn pull_ended(&mut self, req: u64, done: bool) -> Option<Message> {
-        if done {
-            Some(Message::Finish { req })
-        } else {
-            self.rdma_leases.then_some(Message::Release { req })
-        }
-    }
-
-    /// Leases on this connection go through an RDMA backend (each side
-    /// learns it from the lane's exchange: [`LaneProof::release_leases`];
-    /// a driver may also say it). There the source's memory may still be read by gets that
-    /// the destination posted before it stopped, so a lease ends only with
-    /// the destination's `Finish` or `Release`, sent once its copy has
-    /// stopped ([`Session::pull_ended`]), never with an `Abort` from either
-    /// side (or with the connection).
-    pub fn rdma_leases(&mut self) {
-        self.rdma_leases = true;
-    }
-
     /// The connection ended: the handles of the requests whose operation
     /// ends with it, and every lent memory's, for the driver to end and
     /// give back.
@@ -606,56 +570,8 @@ impl<T: Fence> Session<T> {
                 .filter(|r| !settled(r))
                 .map(|r| r.target)
                 .collect(),
-            lent.into_values().map(|(t, _)| t).collect(),
+            lent.into_values().map(|(t, ..)| t).collect(),
         )
-    }
-
-    fn on_lease(&mut self, l: Lease) -> Result<Step<T>, Violation> {
-        let want = match self.role {
-            Role::Passive => {
-                if !self.caps.attach || !self.caps.can_pull {
-                    return Err(Violation::LeaseWithoutAttach);
-                }
-                Path::AwaitLease
-            }
-            Role::Active => {
-                if !self.caps.can_pull || l.req >= self.next_req {
-                    return Err(Violation::UnaskedLease { req: l.req });
-                }
-                Path::Requested
-            }
-        };
-        let Some(r) = self.requests.get_mut(&l.req) else {
-            // Ended here meanwhile: the source must not wait for a copy
-            // that never starts.
-            self.reply(Message::Release { req: l.req });
-            return Ok(Step::Done);
-        };
-        if r.path != want {
-            return Err(Violation::UnaskedLease { req: l.req });
-        }
-        // Its lengths are checked against the request's sizes before a
-        // segment is expanded: what that costs follows the request.
-        let sizes = r.cursor.sizes();
-        if l.segments.len() != sizes.len() || l.segments.lens().first_difference(sizes).is_some() {
-            return Err(Violation::LeaseShapeMismatch { req: l.req });
-        }
-        r.path = Path::Pulling;
-        let target = r.target.clone();
-        if self.role == Role::Active {
-            self.push(Action::Via {
-                target: target.clone(),
-                lent: true,
-            });
-        }
-        self.push(Action::Pull {
-            req: l.req,
-            target,
-            lane: l.lane,
-            segments: l.segments.expand(),
-            key: l.key,
-        });
-        Ok(Step::Done)
     }
 
     fn on_finish(&mut self, req: u64) -> Result<Step<T>, Violation> {

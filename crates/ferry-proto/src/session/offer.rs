@@ -13,8 +13,9 @@
 //! connection's [`Caps`](super::Caps).
 
 use super::{Fence, Role, Session, Step, Violation};
-use crate::lane::LaneId;
+use crate::lane::{LaneId, LaneSet, Mem};
 use crate::wire::{LaneOffer, Message};
+use crate::OperationKind;
 
 /// What a lane's exchange proved, as the lane found it on this side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -65,6 +66,9 @@ pub enum LaneState {
 pub(super) struct LaneStates {
     known: Vec<LaneId>,
     states: Vec<(LaneId, LaneState)>,
+    /// The lanes the two sides share, as the driver found them once a
+    /// lane settled ([`Session::agree_lanes`]): what lends and what pulls.
+    pub(super) agreed: LaneSet,
 }
 
 impl LaneStates {
@@ -95,6 +99,33 @@ impl<T: Fence> Session<T> {
     /// [`Violation::UnknownLane`].
     pub fn set_lanes(&mut self, known: &[LaneId]) {
         self.lanes.known = known.to_vec();
+    }
+
+    /// The lanes this connection shares with its peer, narrowed to what
+    /// the exchanges proved ([`LaneSet::agreed`]): the driver builds them
+    /// from its lanes' caps once a lane settles, and the session plans by
+    /// them from then on. None before: nothing is lent.
+    pub fn agree_lanes(&mut self, lanes: LaneSet) {
+        self.lanes.agreed = lanes;
+    }
+
+    /// The lanes this connection shares ([`agree_lanes`](Self::agree_lanes)).
+    pub fn agreed_lanes(&self) -> &LaneSet {
+        &self.lanes.agreed
+    }
+
+    /// The lane that carries an active operation of `kind` between this
+    /// side's memory (`local`) and the peer's (`remote`), or `None` (in
+    /// band): the planner's answer ([`super::lane_for`]) on this
+    /// connection's lanes and caps.
+    pub fn lane_for(&self, kind: OperationKind, local: Mem, remote: Mem) -> Option<LaneId> {
+        super::lane_for(kind, local, remote, &self.lanes.agreed, self.caps)
+    }
+
+    /// The lane through which this side lends memory of kind `source` on
+    /// this connection.
+    pub(super) fn lending_lane(&self, source: Mem) -> Option<LaneId> {
+        self.lanes.agreed.lending(source)
     }
 
     /// Where lane `lane`'s exchange stands (`None`: not begun).

@@ -94,11 +94,12 @@ pub fn lane_for(
 }
 
 /// How an active operation moves ([`plan`]), where `lane` (from
-/// [`lane_for`]) would carry it: host memory on both sides is lent from the
-/// connector's threshold on (`thresholds.pull_from`); memory on a device
-/// (either side) is lent whatever its size where a lane carries it, and
-/// never where none does (each side then stages its own through host
-/// memory).
+/// [`lane_for`]) would carry it: never lent where no lane carries it (a
+/// lane that cannot copy it now is none: the driver passes `None` where
+/// this process has no copy slot free); host memory on both sides is lent
+/// from the connector's threshold on (`thresholds.pull_from`); memory on a
+/// device (either side) is lent whatever its size (else each side stages
+/// its own through host memory).
 pub fn route(
     kind: OperationKind,
     sizes: &[u64],
@@ -109,9 +110,9 @@ pub fn route(
 ) -> Plan {
     let device = memory.0 == Mem::Device || memory.1 == Mem::Device;
     let pull_from = match (device, lane) {
-        (false, _) => thresholds.pull_from,
+        (_, None) => u64::MAX,
+        (false, Some(_)) => thresholds.pull_from,
         (true, Some(_)) => 0,
-        (true, None) => u64::MAX,
     };
     let t = Thresholds {
         pull_from,
@@ -428,6 +429,8 @@ mod tests {
         let cma = Some(LaneId::CMA);
         assert_eq!(route(Read, &small, host, cma, both, &T), Plan::Stream);
         assert_eq!(route(Read, &[4096], host, cma, both, &T), Plan::Pull);
+        // No lane (none carries it, or none can copy it now): in band.
+        assert_eq!(route(Read, &[4096], host, None, both, &T), Plan::Stream);
         // The exposure table sees no attach lending over a network lane.
         assert!(!table_caps(both, &net).attach);
         assert!(table_caps(both, &attach).attach);

@@ -17,6 +17,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
 
+use ferry_proto::lane::LaneId;
 use ferry_proto::session::{
     Action, Caps, Fence, LaneAnswer, LaneProof, Last, OpenParams, Role, Session, Start, Step,
     StripeState, Violation,
@@ -24,6 +25,8 @@ use ferry_proto::session::{
 use ferry_proto::wire::{AbortReason, Data, Lease, Message, Open};
 use ferry_proto::{Cursor, OperationKind, Token};
 
+#[path = "lanes.rs"]
+mod lanes;
 #[path = "pair_world_ops.rs"]
 mod ops;
 pub use ops::*;
@@ -120,7 +123,11 @@ impl World {
     pub fn conn(&mut self, name: String, role: Role, caps: Caps, peer: Option<usize>) -> usize {
         self.conns.push(Conn {
             name,
-            s: Session::new(role, caps),
+            s: {
+                let mut s = Session::new(role, caps);
+                s.agree_lanes(lanes::agreed(caps.device));
+                s
+            },
             peer,
             inbox: VecDeque::new(),
             out: Vec::new(),
@@ -203,19 +210,20 @@ impl World {
             token: meta.token,
             sizes: meta.sizes.clone(),
             pull,
+            lane: pull.then_some(LaneId::CMA),
             part,
         };
         let (req, start) = self.conns[c].s.open(p, target.clone());
         target.0.reqs.borrow_mut().push((c, req));
         match start {
             Start::Open(m) => self.send(c, m, vec![]),
-            Start::OpenAndLease(m) => {
+            Start::OpenAndLease(m, lane) => {
                 self.send(c, m, vec![]);
                 let segments = target.segments();
                 self.send(
                     c,
                     Message::Lease(Lease {
-                        lane: ferry_proto::lane::LaneId::CMA,
+                        lane,
                         req,
                         segments: segments.into(),
                         key: vec![],
@@ -260,17 +268,17 @@ impl World {
                 cursor,
                 last,
             }),
-            Action::Via { target, lent } => target.0.via.borrow_mut().push(lent),
+            Action::Via { target, lent, .. } => target.0.via.borrow_mut().push(lent),
             Action::Lend { target, .. } => {
                 target.0.lends.set(target.0.lends.get() + 1);
                 self.lent.insert(target.0.key, target);
             }
-            Action::SendLease { req, target } => {
+            Action::SendLease { req, target, lane } => {
                 let segments = target.segments();
                 self.send(
                     c,
                     Message::Lease(Lease {
-                        lane: ferry_proto::lane::LaneId::CMA,
+                        lane,
                         req,
                         segments: segments.into(),
                         key: vec![],

@@ -35,6 +35,8 @@ use ferry_proto::{Cursor, OperationKind, Token};
 
 #[path = "session_fuzz_checks.rs"]
 mod checks;
+#[path = "lanes.rs"]
+mod lanes;
 
 /// What one run did, for tests that check the scripts reach far.
 #[derive(Debug, Default, Clone)]
@@ -262,6 +264,7 @@ impl End {
     fn new(role: Role, caps: Caps) -> End {
         let mut s = Session::new(role, caps);
         s.set_lanes(&LANES[..2]);
+        s.agree_lanes(lanes::agreed(caps.device));
         End {
             s,
             caps,
@@ -390,6 +393,7 @@ impl<'a> Harness<'a> {
             token: Token::from_bytes([9; 16]),
             sizes: sizes.clone(),
             pull,
+            lane: pull.then_some(LaneId::CMA),
             part: (part, parts),
         };
         let e = &mut self.ends[ACTIVE];
@@ -413,7 +417,7 @@ impl<'a> Harness<'a> {
                 open(&m);
                 self.send(ACTIVE, m);
             }
-            Start::OpenAndLease(m) => {
+            Start::OpenAndLease(m, _) => {
                 assert!(!dest && pull && parts == 1);
                 open(&m);
                 self.send(ACTIVE, m);

@@ -256,7 +256,7 @@ impl Harness<'_> {
             Action::Via { target, .. } => {
                 e.by_id(target.id(), "Via");
             }
-            Action::Lend { req, target } => {
+            Action::Lend { req, target, .. } => {
                 let (_, g) = e.by_id(target.id(), "Lend");
                 assert!(!g.dest, "lends memory it receives into");
                 if self.input.u8() % 8 == 0 {
@@ -273,7 +273,7 @@ impl Harness<'_> {
                 }
                 assert!(e.lent.insert(target.id()), "lent twice");
             }
-            Action::SendLease { req, target } => {
+            Action::SendLease { req, target, .. } => {
                 let g = e.grant(req, &target, "SendLease");
                 assert!(e.lent.contains(&target.id()), "a lease of memory not lent");
                 let segments = lease_of(&g.sizes);

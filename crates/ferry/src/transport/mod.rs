@@ -17,6 +17,8 @@ pub(crate) use api::{ActiveJob, ActiveLink, Config, Host, Transport};
 
 pub(crate) mod admission;
 pub(crate) mod api;
+#[cfg(test)]
+mod channel;
 pub(crate) mod cma;
 pub(crate) mod digest;
 #[cfg(test)]

@@ -113,7 +113,10 @@ fn a_release_gives_lent_memory_back_once() {
     let mut s = active(ATTACH);
     let f = F::new();
     let (req, start) = s.open(params(OperationKind::Write, &[8], true, (0, 1)), f.clone());
-    assert!(matches!(start, Start::OpenAndLease(Message::Open(_))));
+    assert!(matches!(
+        start,
+        Start::OpenAndLease(Message::Open(_), LaneId::CMA)
+    ));
     assert_eq!(all_about(&mut s, &f), ["Via lent", "Lend"]);
     assert_eq!(s.pending(), 2);
     done(s.handle_frame(Message::Release { req }));

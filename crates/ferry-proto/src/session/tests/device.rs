@@ -9,7 +9,7 @@ use super::*;
 
 /// Binds `o` at the passive session `s` to an operation over device memory
 /// and serves it, as the driver does.
-fn bind_device(s: &mut Session<F>, o: &Open) -> F {
+pub(super) fn bind_device(s: &mut Session<F>, o: &Open) -> F {
     let step = s.handle_frame(Message::Open(o.clone())).unwrap();
     assert!(matches!(&step, Step::CheckGrant(x) if x == o), "{step:?}");
     let f = F::new();
@@ -215,7 +215,7 @@ fn a_promised_lease_that_cannot_be_lent_is_the_drivers_to_end() {
     let f = F::new();
     f.on_staged_device();
     let (req, start) = s.open(params(OperationKind::Write, &[8], true, (0, 1)), f.clone());
-    assert!(matches!(start, Start::OpenAndLease(_)));
+    assert!(matches!(start, Start::OpenAndLease(..)));
     assert_eq!(all_about(&mut s, &f), ["Via lent", "Lend"]);
     assert!(!s.lend_failed(req, "cuIpcGetMemHandle failed"));
     // Nothing is lent any more: losing the connection gives nothing back.

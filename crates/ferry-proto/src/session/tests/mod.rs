@@ -9,12 +9,13 @@ use std::rc::Rc;
 
 use super::*;
 use crate::lane::LaneId;
-use crate::wire::{Data, Hello, LaneOffer, PROTOCOL_VERSION};
+use crate::wire::{Data, Hello, LaneOffer, Lease, PROTOCOL_VERSION};
 use crate::Token;
 
 mod answers;
 mod device;
 mod digest;
+mod lanes;
 mod rdma;
 mod settled;
 mod violations;
@@ -113,11 +114,44 @@ const LANES: [LaneId; 2] = [LaneId(1), LaneId(2)];
 fn passive(caps: Caps) -> Session<F> {
     let mut s = Session::new(Role::Passive, caps);
     s.set_lanes(&LANES);
+    s.agree_lanes(agreed(caps.device));
     s
 }
 
 fn active(caps: Caps) -> Session<F> {
-    Session::new(Role::Active, caps)
+    let mut s = Session::new(Role::Active, caps);
+    s.agree_lanes(agreed(caps.device));
+    s
+}
+
+/// The lanes a test session shares with its peer: a host lane (as
+/// cross-memory attach declares itself) and a device lane riding on its
+/// proof (as CUDA IPC does), device memory only where `device`.
+fn agreed(device: bool) -> crate::lane::LaneSet {
+    use crate::lane::{FailureScope, LaneCaps, LaneSet, MemKinds, Proven, Reach};
+    let host = LaneCaps {
+        id: LaneId::CMA,
+        lends: MemKinds::HOST,
+        pulls_into: MemKinds::HOST,
+        reach: Reach::Host,
+        within_process: true,
+        failure: FailureScope::Connection,
+        proven_by: LaneId::CMA,
+    };
+    let gpu = LaneCaps {
+        id: LaneId::CUDA_IPC,
+        lends: MemKinds::DEVICE,
+        pulls_into: MemKinds::BOTH,
+        within_process: false,
+        failure: FailureScope::Request,
+        ..host
+    };
+    let proven = Proven {
+        proved_by: Some(LaneId::CMA),
+        device,
+        same_process: false,
+    };
+    LaneSet::agreed(&[host, gpu], &proven)
 }
 
 fn open(req: u64, kind: OperationKind, sizes: &[u64]) -> Open {
@@ -148,6 +182,7 @@ fn params(kind: OperationKind, sizes: &[u64], pull: bool, part: (u16, u16)) -> O
         token: Token::from_bytes([3; 16]),
         sizes: sizes.to_vec(),
         pull,
+        lane: pull.then_some(LaneId::CMA),
         part,
     }
 }

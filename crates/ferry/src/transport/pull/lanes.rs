@@ -11,9 +11,10 @@
 //! where it proves its peer with offers of its own, an arm in
 //! `exchange.rs`).
 
+use std::net::IpAddr;
 use std::sync::{Arc, OnceLock};
 
-use ferry_proto::lane::{FailureScope, LaneCaps, LaneId, LaneSet, Proven};
+use ferry_proto::lane::{FailureScope, LaneCaps, LaneId, LaneSet, Proven, Reach};
 use ferry_proto::session::Caps;
 
 use super::cma::CmaPuller;
@@ -25,6 +26,7 @@ use crate::kind::TransportKind;
 use crate::outcome::OpShared;
 use crate::region::Region;
 use crate::transport::cma;
+use crate::transport::stall::PeerKey;
 use crate::transport::ucx::Endpoint;
 
 /// The lanes a connector offers, best first (built once, from its
@@ -91,6 +93,18 @@ impl Lanes {
             LaneId::CUDA_IPC => CudaIpcPuller.caps().failure,
             LaneId::PROCMEM => ProcMem.caps().failure,
             _ => FailureScope::Connection,
+        }
+    }
+
+    /// How far lane `id` reaches (a lane this build does not have: the
+    /// network, the farthest).
+    pub(crate) fn reach(id: LaneId) -> Reach {
+        match id {
+            LaneId::CMA => CmaPuller.caps().reach,
+            LaneId::UCX => UcxPuller::default().caps().reach,
+            LaneId::CUDA_IPC => CudaIpcPuller.caps().reach,
+            LaneId::PROCMEM => ProcMem.caps().reach,
+            _ => Reach::Network,
         }
     }
 
@@ -202,6 +216,22 @@ impl Peers {
             device: caps.device,
             same_process: self.process.get().is_some_and(|p| p.pid() == cma::pid()),
         }
+    }
+
+    /// Who this connection's copies read from, for the copy shares
+    /// (`stall.rs`): where the lane that proved the connection reaches the
+    /// network, the two hosts (`hosts`: this side's address and the
+    /// peer's); else the peer's process, as the attach probe proved it.
+    /// `None` where nothing was proved: this side copies nothing.
+    pub(crate) fn copy_peer(&self, hosts: Option<(IpAddr, IpAddr)>) -> Option<PeerKey> {
+        let proved = *self.proved.get()?;
+        if Lanes::reach(proved) == Reach::Network {
+            let (a, p) = hosts?;
+            let (a, p) = (a.to_canonical(), p.to_canonical());
+            return Some(PeerKey::Hosts(a.min(p), a.max(p)));
+        }
+        let (pid, image) = self.process.get()?.identity();
+        Some(PeerKey::Process(pid, image))
     }
 
     /// The peer that lane `id` copies a lease from, where the connection

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use ferry_proto::lane::LaneId;
-use ferry_proto::session::{Action, Caps, Fence, Session};
+use ferry_proto::session::{Action, Fence, Session};
 use ferry_proto::wire::{Abort, AbortReason, Lease, Message};
 use ferry_proto::OperationStatus;
 use tokio::runtime::Handle;
@@ -185,16 +185,15 @@ impl Conn {
                     // Counted while the session still holds the lease: the
                     // reader's drain (under this lock) then always finds
                     // it counted, and its give-back always follows.
-                    Action::Lend { req, target } => {
-                        let caps = s.caps();
-                        if let Err((lane, why)) = self.lend(&target, prepared.take(), caps) {
+                    Action::Lend { req, target, lane } => {
+                        if let Err(why) = self.lend(&target, prepared.take(), lane) {
                             // Nothing lent: a READ served here streams
                             // instead (or is refused); else the request
                             // ends with the connection.
                             tracing::debug!(peer = self.peer, req, "{why}");
                             if !s.lend_failed(req, &why) {
                                 self.kill(why);
-                            } else if let Some(lane) = lane.filter(|_| target.moves_in_band()) {
+                            } else if target.moves_in_band() {
                                 Lanes::fell_back(lane, &target.shared, &why);
                             }
                         }
@@ -210,22 +209,16 @@ impl Conn {
         r
     }
 
-    /// Lends the target's memory to the peer (registered first by the lane
-    /// that lends it on this connection with `caps`, if `prepared` does not
-    /// say how that went), or says why it cannot (and by which lane, where
-    /// one was to lend it).
+    /// Lends the target's memory to the peer by `lane`, the lane the
+    /// session said lends it (registered first, if `prepared` does not say
+    /// how that went), or says why it cannot.
     fn lend(
         &self,
         target: &Target,
         prepared: Option<Result<(), String>>,
-        caps: Caps,
-    ) -> Result<(), (Option<LaneId>, String)> {
-        let lane = self.lending_lane(&target.region, caps);
-        let prepared = prepared.unwrap_or_else(|| match lane {
-            Some(lane) => self.prepare_lent(lane, &target.region),
-            None => Err("cannot lend this memory: no lane of this connection lends it".into()),
-        });
-        prepared.map_err(|why| (lane, why))?;
+        lane: LaneId,
+    ) -> Result<(), String> {
+        prepared.unwrap_or_else(|| self.prepare_lent(lane, &target.region))?;
         target.region.lend();
         Ok(())
     }
@@ -258,21 +251,17 @@ impl Conn {
                 target.shared.first_byte();
                 self.stream_from(req, target, cursor, Vec::new(), None, last)
             }
-            Action::Via { target, lent } => {
-                if lent {
-                    let caps = lock(&self.session).caps();
-                    target
-                        .shared
-                        .set_transport(self.lending_kind(&target.region, caps))
-                } else {
-                    target.shared.moved_by(TransportKind::Tcp)
-                }
-            }
+            // The lease names the lane where this side did not know it
+            // (`spawn_pull`).
+            Action::Via { target, lent, lane } => match (lent, lane) {
+                (true, Some(lane)) => target.shared.set_transport(Lanes::kind(lane)),
+                (true, None) => {}
+                (false, _) => target.shared.moved_by(TransportKind::Tcp),
+            },
             // Run by `with_session`, under the session's lock.
             Action::Lend { .. } => {}
-            Action::SendLease { req, target } => {
-                let caps = lock(&self.session).caps();
-                let (lane, segments, key) = self.lease_of(&target.region, caps).into_parts();
+            Action::SendLease { req, target, lane } => {
+                let (lane, segments, key) = self.lease_of(lane, &target.region).into_parts();
                 let lease = Message::Lease(Lease {
                     req,
                     lane,

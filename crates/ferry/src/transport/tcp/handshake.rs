@@ -210,6 +210,7 @@ pub(super) async fn handshake(
             conn.peers.set_proved(id);
         }
     }
+    conn.agree_lanes(&mut lock(&conn.session));
     if let Some(t) = tuple {
         let _ = conn.tuple.set(t);
     }

@@ -1,53 +1,34 @@
 //! What this connection's lanes are, and who its copies read from. Which
-//! lane lends and pulls a region is the planner's answer
-//! (`ferry_proto::session`), from the lanes the connection agreed on
-//! ([`Conn::lanes`]); the lane itself is reached through the registry
-//! (`transport::pull::lanes`).
+//! lane lends and pulls a region is the planner's answer, inside the
+//! session (`ferry_proto::session`: `Session::lane_for`, and the lane each
+//! `Lend` / `SendLease` names), from the lanes the connection agreed on
+//! ([`Conn::agree_lanes`]); who a copy reads from is the registry's
+//! (`transport::pull::lanes`). Nothing here chooses a lane.
 
 use ferry_proto::lane::{LaneId, LaneSet};
-use ferry_proto::session::Caps;
+use ferry_proto::session::Session;
 
-use crate::kind::TransportKind;
 use crate::region::Region;
-use crate::transport::pull::lanes::Lanes;
 use crate::transport::pull::LeaseBlob;
 use crate::transport::stall::{CopySlot, NoSlot, PeerKey};
 
 use super::conn::Conn;
+use super::request::Target;
+use super::util::lock;
 
 impl Conn {
-    /// The lanes this connection shares with its peer, where the session
-    /// found `caps`.
-    pub(super) fn lanes(&self, caps: Caps) -> LaneSet {
-        self.lanes.agreed(&self.peers.proven(&caps))
+    /// Tells `session` the lanes this connection shares with its peer, as
+    /// the registry finds them from what the lanes' exchanges proved and
+    /// the session's caps: called once a lane settles, so that the
+    /// session plans by them.
+    pub(super) fn agree_lanes(&self, session: &mut Session<Target>) {
+        let agreed = self.lanes.agreed(&self.peers.proven(&session.caps()));
+        session.agree_lanes(agreed);
     }
 
-    /// The lane that lends `region` on this connection (with `caps`).
-    pub(super) fn lending_lane(&self, region: &Region, caps: Caps) -> Option<LaneId> {
-        self.lanes(caps).lending(region.mem())
-    }
-
-    /// The transport that lent bytes of `region` travel by on this
-    /// connection (a destination learns it from the lease:
-    /// `OpShared::moved_by`).
-    pub(super) fn lending_kind(&self, region: &Region, caps: Caps) -> TransportKind {
-        self.lending_lane(region, caps)
-            .map_or(TransportKind::Tcp, Lanes::kind)
-    }
-
-    /// Who this connection's copies read from, for the copy shares
-    /// (`stall.rs`): the process that passed the attach probe, or, where a
-    /// lane reaches the network, the two hosts' addresses; `None` where
-    /// this side copies nothing.
-    fn copy_peer(&self) -> Option<PeerKey> {
-        // Which lanes, not what memory they move, says how far they reach.
-        if self.lanes(Caps::default()).reaches_network() {
-            let (a, p) = self.tuple.get()?;
-            let (a, p) = (a.ip().to_canonical(), p.ip().to_canonical());
-            return Some(PeerKey::Hosts(a.min(p), a.max(p)));
-        }
-        let (pid, image) = self.peers.process.get()?.identity();
-        Some(PeerKey::Process(pid, image))
+    /// The lanes this connection shares with its peer (the session's).
+    pub(super) fn agreed_lanes(&self) -> LaneSet {
+        lock(&self.session).agreed_lanes().clone()
     }
 
     /// A slot for one copy from the peer, at once, or why there is none
@@ -58,20 +39,20 @@ impl Conn {
         self.copy_slots.try_acquire(self.copy_key())
     }
 
-    /// [`copy_peer`](Self::copy_peer), or a key shared by every connection
-    /// without a verified peer (which copies nothing: the session refuses
-    /// a lease on it).
+    /// Who this connection's copies read from (the registry's answer:
+    /// `Peers::copy_peer`), or a key shared by every connection without a
+    /// verified peer (which copies nothing: the session refuses a lease on
+    /// it).
     pub(super) fn copy_key(&self) -> PeerKey {
-        self.copy_peer().unwrap_or(PeerKey::Process(0, [0; 16]))
+        let hosts = self.tuple.get().map(|(a, p)| (a.ip(), p.ip()));
+        self.peers
+            .copy_peer(hosts)
+            .unwrap_or(PeerKey::Process(0, [0; 16]))
     }
 
-    /// What the peer needs to copy `region`: a lease by the lane that lends
-    /// it on this connection (with `caps`; it was registered when it was
-    /// lent).
-    pub(super) fn lease_of(&self, region: &Region, caps: Caps) -> LeaseBlob {
-        // Lent means a lane lends it; addresses alone otherwise (the
-        // destination refuses a lane it did not agree on).
-        let lane = self.lending_lane(region, caps).unwrap_or(LaneId::CMA);
+    /// What the peer needs to copy `region`: a lease by `lane`, the lane
+    /// the session said lends it (registered when it was lent).
+    pub(super) fn lease_of(&self, lane: LaneId, region: &Region) -> LeaseBlob {
         self.lanes.lend(lane, region)
     }
 }

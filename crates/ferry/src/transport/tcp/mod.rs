@@ -183,15 +183,17 @@ impl Transport for TcpTransport {
     fn start(&self, mut job: ActiveJob) -> BoxFuture<'_, Result<Arc<dyn ActiveLink>>> {
         Box::pin(async move {
             let conn = self.conn_for(&job.remote, 0).await?;
-            let mut caps = lock(&conn.session).caps();
-            // Which lane, if any, carries it: the planner's answer from the
-            // connection's lanes and both sides' memory
-            // (`session::lane_for`). Memory no lane carries moves in band,
+            // Which lane, if any, carries it: the session's planner, from
+            // the connection's lanes and both sides' memory
+            // (`Session::lane_for`). Memory no lane carries moves in band,
             // each side staging its own GPU memory through host memory
             // (`staged.rs`), whatever the size.
             let local = job.region.mem();
             let remote = Mem::of(job.remote.descriptors().iter().any(|d| !d.device.is_cpu()));
-            let mut lane = session::lane_for(job.kind, local, remote, &conn.lanes(caps), caps);
+            let (mut lane, caps) = {
+                let s = lock(&conn.session);
+                (s.lane_for(job.kind, local, remote), s.caps())
+            };
             let mut prepared = None;
             if let Some(l) =
                 lane.filter(|_| job.kind == OperationKind::Write && local == Mem::Device)
@@ -208,32 +210,33 @@ impl Transport for TcpTransport {
                     }
                 }
             }
+            // A READ that will copy from the peer takes its copy slot
+            // before it is planned (`stall.rs`). Where only this
+            // connection's or this peer's share is in use, its lease waits
+            // for one of that peer's own copies to end (cancellable:
+            // `Conn::spawn_pull`); where the process has none free, no lane
+            // can copy it now, and it moves in band at once, never waiting
+            // behind copies another peer may be stalling.
+            let mut slot = None;
+            if lane.is_some() && job.kind == OperationKind::Read {
+                match conn.copy_slot() {
+                    Ok(s) => slot = Some(s),
+                    Err(NoSlot::Connection | NoSlot::Peer) => {}
+                    Err(why) => {
+                        tracing::debug!(peer = conn.peer, "READ in band: {why}");
+                        lane = None;
+                    }
+                }
+            }
             let thresholds = Thresholds {
                 pull_from: self.local.cma_threshold,
                 stripe_from: self.local.stripe_threshold,
                 streams: self.streams_to(&job.remote),
             };
             let memory = (local, remote);
-            let mut plan = session::route(job.kind, &job.sizes, memory, lane, caps, &thresholds);
-            // A READ that will copy from the peer takes its copy slot now
-            // (`stall.rs`). Where only this connection's or this peer's
-            // share is in use, its lease waits for one of that peer's own
-            // copies to end (cancellable: `Conn::spawn_pull`); where the
-            // process has none free, it moves in band at once, never
-            // waiting behind copies another peer may be stalling.
-            let mut slot = None;
-            if plan == Plan::Pull && job.kind == OperationKind::Read {
-                match conn.copy_slot() {
-                    Ok(s) => slot = Some(s),
-                    Err(NoSlot::Connection | NoSlot::Peer) => {}
-                    Err(why) => {
-                        tracing::debug!(peer = conn.peer, "READ in band: {why}");
-                        caps.can_pull = false;
-                        plan =
-                            session::route(job.kind, &job.sizes, memory, lane, caps, &thresholds);
-                    }
-                }
-            }
+            let plan = session::route(job.kind, &job.sizes, memory, lane, caps, &thresholds);
+            // A slot is held only by a copy.
+            let slot = slot.filter(|_| plan == Plan::Pull);
             if let Plan::Striped { parts } = plan {
                 let mut conns = vec![conn.clone()];
                 for i in 1..parts {
@@ -261,6 +264,7 @@ impl Transport for TcpTransport {
                 // operation has one per block).
                 sizes: std::mem::take(&mut job.sizes),
                 pull,
+                lane: lane.filter(|_| pull),
                 part: (0, 1),
             };
             let (req, start) =
@@ -322,6 +326,7 @@ impl TcpTransport {
                 token: *job.remote.token(),
                 sizes: job.sizes.clone(),
                 pull: false,
+                lane: None,
                 part: (part, parts),
             };
             let (req, start) = conn.with_session(|s| s.open(params, target.clone()));

@@ -37,8 +37,7 @@ impl Conn {
         let (region, shared) = (target.region.clone(), target.shared.clone());
         // The lane the lease names, where this connection agreed on it;
         // else the failure ends what that lane's scope says.
-        let caps = lock(&self.session).caps();
-        let peer = match self.peers.for_lane(lease.lane(), &self.lanes(caps)) {
+        let peer = match self.peers.for_lane(lease.lane(), &self.agreed_lanes()) {
             Ok(peer) => peer,
             Err(end) => return self.pull_failed(req, &target, end),
         };

@@ -297,7 +297,16 @@ async fn answer_offer(
     } else {
         *lock(&conn.exchange) = Some(exchange);
     }
-    if let Some(m) = lock(&conn.session).lane_answered(lane, answer) {
+    let settles = answer.settled.is_some();
+    let m = {
+        let mut s = lock(&conn.session);
+        let m = s.lane_answered(lane, answer);
+        if settles {
+            conn.agree_lanes(&mut s);
+        }
+        m
+    };
+    if let Some(m) = m {
         conn.send_detached(m);
     }
     Ok(())
@@ -310,8 +319,10 @@ fn on_open(conn: &Arc<Conn>, inner: &Arc<Served>, o: Open) {
     let mut bind =
         |bound: Option<&Arc<dyn PassiveLink>>| bind_request(conn, &o, bound, &mut joined);
     let table = &inner.host.exposures;
-    let session_caps = lock(&conn.session).caps();
-    let lanes = conn.lanes(session_caps);
+    let (session_caps, lanes) = {
+        let s = lock(&conn.session);
+        (s.caps(), s.agreed_lanes().clone())
+    };
     // What the table's device check sees lent (`session::table_caps`).
     let caps = session::table_caps(session_caps, &lanes);
     // A WRITE whose source lends its memory: this side will copy it, under

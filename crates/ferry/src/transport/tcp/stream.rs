@@ -32,10 +32,9 @@ impl Conn {
     ) {
         match start {
             Start::Open(open) => self.send_soon(open.to_vec(), opened, false),
-            Start::OpenAndLease(open) => {
+            Start::OpenAndLease(open, lane) => {
                 let mut frames = open.to_vec();
-                let caps = lock(&self.session).caps();
-                let (lane, segments, key) = self.lease_of(&target.region, caps).into_parts();
+                let (lane, segments, key) = self.lease_of(lane, &target.region).into_parts();
                 Message::Lease(Lease {
                     req,
                     lane,
