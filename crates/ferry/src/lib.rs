@@ -76,7 +76,8 @@ pub use ferry_proto::{
     RdmaMetadata,
 };
 pub use grant::{
-    BlockRef, Grant, GrantError, GrantMetadata, GrantOptions, Notification, NotificationKind,
+    BlockRef, Grant, GrantError, GrantLane, GrantMetadata, GrantOptions, Notification,
+    NotificationKind,
     RemoteGrant, Rights,
 };
 pub use kind::TransportKind;

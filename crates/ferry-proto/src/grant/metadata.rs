@@ -1,6 +1,7 @@
 //! What a grant's owner hands to its holder: small, whatever the pool size.
 
 use std::fmt;
+use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
@@ -45,6 +46,19 @@ impl fmt::Debug for CmaGrant {
     }
 }
 
+/// The TCP lane of a grant: where the holder reaches the owner's
+/// connector, which serves each request in its runtime (one round trip;
+/// see [`serve`](super::serve)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcpGrant {
+    /// The owner connector's advertised addresses (1 to
+    /// [`MAX_TCP_ADDRESSES`]).
+    pub addresses: Vec<SocketAddr>,
+}
+
+/// The most addresses a grant's TCP lane carries.
+pub const MAX_TCP_ADDRESSES: usize = 8;
+
 /// What the owner of a grant hands to its holder, through any side
 /// channel, like [`RdmaMetadata`](crate::RdmaMetadata): JSON of at most
 /// [`MAX_GRANT_JSON`] (1 KiB) bytes whatever the pool size. It is a
@@ -86,6 +100,8 @@ pub struct GrantMetadata {
     pub device: Device,
     /// The cross-memory attach lane, where the owner offers it.
     pub cma: Option<CmaGrant>,
+    /// The TCP lane, where the owner offers it.
+    pub tcp: Option<TcpGrant>,
 }
 
 impl fmt::Debug for GrantMetadata {
@@ -100,6 +116,7 @@ impl fmt::Debug for GrantMetadata {
             .field("block_count", &self.block_count)
             .field("device", &self.device)
             .field("cma", &self.cma)
+            .field("tcp", &self.tcp)
             .finish_non_exhaustive()
     }
 }
@@ -122,6 +139,8 @@ struct RawGrant {
     device: Device,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     cma: Option<RawCma>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tcp: Option<Vec<SocketAddr>>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -179,6 +198,13 @@ impl GrantMetadata {
                 ));
             }
         }
+        if let Some(t) = &self.tcp {
+            if t.addresses.is_empty() || t.addresses.len() > MAX_TCP_ADDRESSES {
+                return Err(GrantError::Malformed(format!(
+                    "the tcp lane must carry 1 to {MAX_TCP_ADDRESSES} addresses"
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -210,6 +236,7 @@ impl GrantMetadata {
                 cookie: Token::from_bytes(c.cookie).to_hex(),
                 base: c.base,
             }),
+            tcp: self.tcp.as_ref().map(|t| t.addresses.clone()),
         };
         let s = serde_json::to_string(&raw).map_err(|e| GrantError::Malformed(e.to_string()))?;
         if s.len() > MAX_GRANT_JSON {
@@ -272,6 +299,7 @@ impl GrantMetadata {
             block_count: raw.block_count,
             device: raw.device,
             cma,
+            tcp: raw.tcp.map(|addresses| TcpGrant { addresses }),
         };
         m.validate()?;
         Ok(m)

@@ -1,14 +1,16 @@
 //! The owner's side of a grant.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use ferry_proto::grant::{BlockRef, CmaGrant, GrantError, GrantId, GrantMetadata};
+use ferry_proto::grant::{BlockRef, CmaGrant, GrantError, GrantId, GrantMetadata, TcpGrant};
 use ferry_proto::Token;
 use tokio::sync::mpsc;
 
 use super::control::{ControlPage, Header, REVOKED};
+use super::served::GrantTable;
 use super::{fence, ring, sys, GrantOptions, Notification};
 use crate::{host, Error, Pool, Result};
 
@@ -39,10 +41,13 @@ pub struct Grant {
     inner: Arc<Owned>,
 }
 
-struct Owned {
-    meta: GrantMetadata,
-    page: Arc<ControlPage>,
-    pool: Pool,
+pub(super) struct Owned {
+    pub(super) meta: GrantMetadata,
+    pub(super) page: Arc<ControlPage>,
+    pub(super) pool: Pool,
+    /// The last sequence number of a notification pushed for a TCP
+    /// request, and the lock that makes this process one producer.
+    pub(super) tcp_seq: Mutex<u64>,
     /// Serialises drains (a revoke and a retire, or two retires).
     drains: Mutex<()>,
     deadline: Duration,
@@ -51,7 +56,16 @@ struct Owned {
 }
 
 /// Makes a grant over `pool` (see [`Connector::grant`](crate::Connector::grant)).
-pub(crate) fn create(owner: &str, host_id: &str, pool: &Pool, opts: GrantOptions) -> Result<Grant> {
+///
+/// `serving`: where holders over TCP find it, and the addresses it is
+/// served at (`None`: the TCP lane is not offered).
+pub(crate) fn create(
+    owner: &str,
+    host_id: &str,
+    pool: &Pool,
+    opts: GrantOptions,
+    serving: Option<(&GrantTable, Vec<SocketAddr>)>,
+) -> Result<Grant> {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     if opts.holder.is_none() && !opts.bearer {
         return Err(GrantError::Unbound.into());
@@ -109,6 +123,17 @@ pub(crate) fn create(owner: &str, host_id: &str, pool: &Pool, opts: GrantOptions
             cookie,
             base,
         }),
+        tcp: serving
+            .as_ref()
+            .filter(|_| opts.tcp)
+            .map(|(_, addrs)| TcpGrant {
+                addresses: addrs
+                    .iter()
+                    .take(ferry_proto::grant::MAX_TCP_ADDRESSES)
+                    .copied()
+                    .collect(),
+            })
+            .filter(|t| !t.addresses.is_empty()),
     };
     // Refuses metadata over 1 KiB (worker ids JSON escapes) now, not later.
     meta.to_json()?;
@@ -126,11 +151,15 @@ pub(crate) fn create(owner: &str, host_id: &str, pool: &Pool, opts: GrantOptions
         meta,
         page,
         pool: pool.clone(),
+        tcp_seq: Mutex::new(0),
         drains: Mutex::new(()),
         deadline: opts.revoke_deadline,
         notes: tokio::sync::Mutex::new(rx),
         stop,
     });
+    if let (Some((table, _)), true) = (&serving, inner.meta.tcp.is_some()) {
+        table.insert(grant.0, token, &inner);
+    }
     if let Some(after) = opts.expires_after {
         let weak = Arc::downgrade(&inner);
         tokio::spawn(expire(weak, after));
