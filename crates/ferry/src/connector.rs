@@ -646,7 +646,8 @@ impl Connector {
     /// Where cross-memory attach does not reach the owner (another host,
     /// permission refused), the grant is opened by TCP, if it offers it.
     pub async fn open_grant(&self, meta: &crate::GrantMetadata) -> Result<crate::RemoteGrant> {
-        self.open_grant_via(meta, crate::grant::GrantLane::Any).await
+        self.open_grant_via(meta, crate::grant::GrantLane::Any)
+            .await
     }
 
     /// [`open_grant`](Self::open_grant) by the lane `via` only (for
@@ -662,7 +663,7 @@ impl Connector {
             &self.inner.host_id,
             meta,
             via,
-            self.inner.transports.tcp(),
+            Some(self.inner.transports.tcp()),
         )
         .await
     }

@@ -77,8 +77,7 @@ pub use ferry_proto::{
 };
 pub use grant::{
     BlockRef, Grant, GrantError, GrantLane, GrantMetadata, GrantOptions, Notification,
-    NotificationKind,
-    RemoteGrant, Rights,
+    NotificationKind, RemoteGrant, Rights,
 };
 pub use kind::TransportKind;
 pub use op::{ReadOperation, ReadableOperation, WritableOperation, WriteOperation};

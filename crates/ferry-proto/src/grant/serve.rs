@@ -42,7 +42,12 @@ pub type Spans = Vec<(u64, u64)>;
 /// the named blocks or a WRITE whose bytes are not `len`
 /// ([`GrantError::LengthMismatch`]), a notification too large. Revocation
 /// and generations are checked inside the fence, by the caller.
-pub fn check(g: &Served<'_>, peer: &str, req: &GrantRequest, now_ms: u64) -> Result<Spans, GrantError> {
+pub fn check(
+    g: &Served<'_>,
+    peer: &str,
+    req: &GrantRequest,
+    now_ms: u64,
+) -> Result<Spans, GrantError> {
     if req.token != *g.token {
         return Err(GrantError::Forged { what: "token" });
     }
@@ -196,7 +201,10 @@ mod tests {
         let t = Token::from_bytes([7; 16]);
         let g = grant(&t);
         let r = read(t, &[3, 4, 6], 50, 200);
-        assert_eq!(check(&g, "decode-0", &r, 10), Ok(vec![(350, 150), (600, 50)]));
+        assert_eq!(
+            check(&g, "decode-0", &r, 10),
+            Ok(vec![(350, 150), (600, 50)])
+        );
     }
 
     #[test]
@@ -249,7 +257,13 @@ mod tests {
 
     #[test]
     fn chunks_cover_every_byte_once_within_bounds() {
-        for (blocks, bs) in [(1, 4096u64), (3, 5 << 20), (9000, 64), (5, 1 << 20), (40, 100_000)] {
+        for (blocks, bs) in [
+            (1, 4096u64),
+            (3, 5 << 20),
+            (9000, 64),
+            (5, 1 << 20),
+            (40, 100_000),
+        ] {
             let cs = chunks(blocks, bs);
             let mut at = 0;
             for c in &cs {

@@ -175,10 +175,7 @@ fn refusal(code: u8, n: [u64; 3], s: [String; 2]) -> Result<GrantError, WireErro
             at_ms: n[0],
             now_ms: n[1],
         },
-        4 => G::NotYours {
-            holder: s0,
-            me: s1,
-        },
+        4 => G::NotYours { holder: s0, me: s1 },
         5 => G::Unbound,
         6 => G::Claimed { pid: u32_of(n[0])? },
         7 => G::OutOfRange {
@@ -427,7 +424,10 @@ mod tests {
                 remote: 8,
             }),
             GrantAnswer::Refused(GrantError::OutOfRange { index: 9, count: 8 }),
-            GrantAnswer::Refused(GrantError::Expired { at_ms: 1, now_ms: 2 }),
+            GrantAnswer::Refused(GrantError::Expired {
+                at_ms: 1,
+                now_ms: 2,
+            }),
             GrantAnswer::Refused(GrantError::NotificationsFull { waited_ms: 3 }),
         ] {
             round_trip(&Message::GrantReply(GrantReply { req: 1, answer }));
@@ -462,12 +462,24 @@ mod tests {
         };
         assert_eq!(fixed(33, &[4]), Err(WireError::InvalidField("grant flags")));
         assert_eq!(fixed(32, &[3]), Err(WireError::InvalidField("grant kind")));
-        assert_eq!(fixed(42, &0u32.to_le_bytes()), Err(WireError::InvalidField("grant length")));
+        assert_eq!(
+            fixed(42, &0u32.to_le_bytes()),
+            Err(WireError::InvalidField("grant length"))
+        );
         let over = (MAX_TCP_CHUNK as u32 + 1).to_le_bytes();
-        assert_eq!(fixed(42, &over), Err(WireError::InvalidField("grant length")));
-        assert_eq!(fixed(46, &0u32.to_le_bytes()), Err(WireError::InvalidField("grant block count")));
+        assert_eq!(
+            fixed(42, &over),
+            Err(WireError::InvalidField("grant length"))
+        );
+        assert_eq!(
+            fixed(46, &0u32.to_le_bytes()),
+            Err(WireError::InvalidField("grant block count"))
+        );
         let many = (MAX_TCP_BLOCKS as u32 + 1).to_le_bytes();
-        assert_eq!(fixed(46, &many), Err(WireError::InvalidField("grant block count")));
+        assert_eq!(
+            fixed(46, &many),
+            Err(WireError::InvalidField("grant block count"))
+        );
         // A notification on a READ, or one too long.
         let mut r = write_req();
         r.kind = OperationKind::Read;
@@ -488,7 +500,10 @@ mod tests {
         // A header announcing more than the largest request.
         let mut h = [T_GRANT_REQUEST, 0, 0, 0, 0, 0, 0, 0];
         h[4..].copy_from_slice(&(MAX_REQUEST_BODY + 1).to_le_bytes());
-        assert_eq!(decode_header(&h), Err(WireError::BodyTooLarge(MAX_REQUEST_BODY + 1)));
+        assert_eq!(
+            decode_header(&h),
+            Err(WireError::BodyTooLarge(MAX_REQUEST_BODY + 1))
+        );
         // Replies: an unknown status, an empty READ, an unknown refusal
         // (still a refusal).
         assert!(decode(T_GRANT_REPLY, &[0, 0, 0, 0, 0, 0, 0, 0, 9]).is_err());

@@ -380,7 +380,11 @@ fn runs_stay_runs_until_a_grant_is_checked() {
 fn a_header_that_announces_more_than_its_type_holds_is_refused() {
     for t in FrameType::ALL {
         let largest = max_body(t.code());
-        let large = [FrameType::Lease, FrameType::GrantRequest, FrameType::GrantReply];
+        let large = [
+            FrameType::Lease,
+            FrameType::GrantRequest,
+            FrameType::GrantReply,
+        ];
         assert!(largest <= MAX_BODY || large.contains(&t), "{t}");
         let mut h = [t.code(), 0, 0, 0, 0, 0, 0, 0];
         h[4..].copy_from_slice(&largest.to_le_bytes());

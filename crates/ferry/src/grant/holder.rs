@@ -69,13 +69,13 @@ impl Drop for Held {
 /// Opens a grant for this worker (see
 /// [`Connector::open_grant`](crate::Connector::open_grant)) by lane `via`:
 /// cross-memory attach where it reaches the owner, else TCP over
-/// `tcp` (this connector's connections).
+/// `tcp` (this connector's connections; `None`: no TCP lane).
 pub(crate) async fn open(
     worker_id: &str,
     host_id: &str,
     meta: &GrantMetadata,
     via: GrantLane,
-    tcp: &Arc<crate::transport::tcp::TcpTransport>,
+    tcp: Option<&Arc<crate::transport::tcp::TcpTransport>>,
 ) -> Result<RemoteGrant> {
     meta.validate()?;
     check::holder(meta.holder.as_deref(), worker_id)?;
@@ -88,6 +88,7 @@ pub(crate) async fn open(
         .into());
     }
     let by_tcp = || -> Result<RemoteGrant> {
+        let tcp = tcp.ok_or_else(|| GrantError::NoLane("no TCP transport here".into()))?;
         let held = TcpHeld::new(meta, tcp.clone())?;
         Ok(RemoteGrant {
             lane: Lane::Tcp(Arc::new(held)),
@@ -101,7 +102,7 @@ pub(crate) async fn open(
     match open_cma(host_id, meta).await {
         // The grant's own answers (forged, revoked, claimed) stand; only
         // a lane that does not reach the owner falls back.
-        Err(Error::Grant(GrantError::NoLane(why))) if meta.tcp.is_some() => {
+        Err(Error::Grant(GrantError::NoLane(why))) if meta.tcp.is_some() && tcp.is_some() => {
             tracing::debug!("grant {}: by TCP ({why})", meta.grant.0);
             by_tcp()
         }

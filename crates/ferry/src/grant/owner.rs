@@ -1,7 +1,7 @@
 //! The owner's side of a grant.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 

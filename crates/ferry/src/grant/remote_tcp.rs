@@ -75,7 +75,13 @@ impl TcpHeld {
         Ok(known.get(&index).copied().unwrap_or(0))
     }
 
-    fn request(&self, kind: OperationKind, remote: &[BlockRef], c: &Chunk, last: bool) -> GrantRequest {
+    fn request(
+        &self,
+        kind: OperationKind,
+        remote: &[BlockRef],
+        c: &Chunk,
+        last: bool,
+    ) -> GrantRequest {
         GrantRequest {
             req: 0,
             grant: self.meta.grant.0,

@@ -117,7 +117,11 @@ impl Owned {
     /// a TCP request while a cma holder holds it is).
     fn claim_for_tcp(&self) -> Result<(), GrantError> {
         let me = std::process::id();
-        match self.page.holder_pid().compare_exchange(0, me, SeqCst, SeqCst) {
+        match self
+            .page
+            .holder_pid()
+            .compare_exchange(0, me, SeqCst, SeqCst)
+        {
             Ok(_) => {
                 self.page
                     .holder_start()

@@ -3,10 +3,17 @@
 
 use std::time::Duration;
 
-use super::holder::open;
-use super::owner::create;
 use super::*;
 use crate::{Error, Pool};
+
+/// A grant with no TCP lane (the cma lane's tests).
+fn create(o: &str, h: &str, pool: &Pool, opts: GrantOptions) -> crate::Result<Grant> {
+    super::owner::create(o, h, pool, opts, None)
+}
+
+async fn open(w: &str, h: &str, meta: &GrantMetadata) -> crate::Result<RemoteGrant> {
+    super::holder::open(w, h, meta, GrantLane::Any, None).await
+}
 
 fn pattern(pool: &Pool, id: u32, byte: u8) {
     pool.with_block_mut(id, |b| b.fill(byte)).unwrap();

@@ -378,9 +378,15 @@ fn grant_request_to_active_side() -> Violation {
     assert!(acts(&mut s).is_empty());
     // The passive side serves it (and is told nothing of replies).
     let mut p = passive(NO_CAPS);
-    assert!(matches!(p.handle_frame(grant_frame(true)), Ok(Step::ServeGrant(_))));
+    assert!(matches!(
+        p.handle_frame(grant_frame(true)),
+        Ok(Step::ServeGrant(_))
+    ));
     let mut a = active(NO_CAPS);
-    assert!(matches!(a.handle_frame(grant_frame(false)), Ok(Step::GrantReply(_))));
+    assert!(matches!(
+        a.handle_frame(grant_frame(false)),
+        Ok(Step::GrantReply(_))
+    ));
     v
 }
 
