@@ -76,9 +76,15 @@ impl TcpTransport {
                 cause,
             });
         }
+        // Grant requests are no session operations: they keep the
+        // connection from counting as idle themselves.
+        conn.touch();
         conn.send_soon(Message::GrantRequest(req).to_vec(), None, false);
         match tokio::time::timeout(REPLY_TIMEOUT, rx).await {
-            Ok(Ok(answer)) => Ok(answer),
+            Ok(Ok(answer)) => {
+                conn.touch();
+                Ok(answer)
+            }
             Ok(Err(_)) => {
                 let cause = conn.dead.borrow().clone().unwrap_or_default();
                 Err(Error::ConnectionLost {
@@ -108,7 +114,7 @@ impl Drop for Forget<'_> {
 pub(super) fn serve(conn: &Arc<Conn>, grants: &Arc<GrantTable>, req: GrantRequest) {
     if req.len < SERVE_INLINE_MAX {
         let reply = grants.serve(&conn.peer, req);
-        conn.send_soon(Message::GrantReply(reply).to_vec(), None, true);
+        answer(conn, reply);
         return;
     }
     let (conn, grants) = (conn.clone(), grants.clone());
@@ -121,6 +127,22 @@ pub(super) fn serve(conn: &Arc<Conn>, grants: &Arc<GrantTable>, req: GrantReques
                 req: id,
                 answer: GrantAnswer::Refused(ferry_proto::grant::GrantError::Copy(e.to_string())),
             });
-        conn.send_soon(Message::GrantReply(reply).to_vec(), None, true);
+        answer(&conn, reply);
     });
+}
+
+/// Sends the reply. A request that named a grant under its token proved
+/// the connection (it is not closed to make room for others, like one
+/// that presented an operation's capability) and keeps it from counting
+/// as idle.
+fn answer(conn: &Arc<Conn>, reply: GrantReply) {
+    let forged = matches!(
+        reply.answer,
+        GrantAnswer::Refused(ferry_proto::grant::GrantError::Forged { .. })
+    );
+    if !forged {
+        conn.prove();
+        conn.touch();
+    }
+    conn.send_soon(Message::GrantReply(reply).to_vec(), None, true);
 }
