@@ -29,8 +29,8 @@ mod sys;
 
 pub(crate) use holder::open as open_grant;
 pub use holder::{RemoteGrant, INLINE_MAX};
-pub(crate) use owner::create as create_grant;
 pub use owner::Grant;
+pub(crate) use served::create as create_grant;
 pub(crate) use served::GrantTable;
 
 /// Which lane a holder opens a grant by

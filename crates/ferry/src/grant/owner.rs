@@ -10,7 +10,6 @@ use ferry_proto::Token;
 use tokio::sync::mpsc;
 
 use super::control::{ControlPage, Header, REVOKED};
-use super::served::GrantTable;
 use super::{fence, ring, sys, GrantOptions, Notification};
 use crate::{host, Error, Pool, Result};
 
@@ -57,14 +56,15 @@ pub(super) struct Owned {
 
 /// Makes a grant over `pool` (see [`Connector::grant`](crate::Connector::grant)).
 ///
-/// `serving`: where holders over TCP find it, and the addresses it is
-/// served at (`None`: the TCP lane is not offered).
+/// `tcp`: the addresses its TCP lane is served at (`None`: not offered);
+/// the caller enters the grant in its connector's table
+/// (`served::create`).
 pub(crate) fn create(
     owner: &str,
     host_id: &str,
     pool: &Pool,
     opts: GrantOptions,
-    serving: Option<(&GrantTable, Vec<SocketAddr>)>,
+    tcp: Option<Vec<SocketAddr>>,
 ) -> Result<Grant> {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     if opts.holder.is_none() && !opts.bearer {
@@ -123,10 +123,10 @@ pub(crate) fn create(
             cookie,
             base,
         }),
-        tcp: serving
+        tcp: tcp
             .as_ref()
             .filter(|_| opts.tcp)
-            .map(|(_, addrs)| TcpGrant {
+            .map(|addrs| TcpGrant {
                 addresses: addrs
                     .iter()
                     .take(ferry_proto::grant::MAX_TCP_ADDRESSES)
@@ -157,9 +157,6 @@ pub(crate) fn create(
         notes: tokio::sync::Mutex::new(rx),
         stop,
     });
-    if let (Some((table, _)), true) = (&serving, inner.meta.tcp.is_some()) {
-        table.insert(grant.0, token, &inner);
-    }
     if let Some(after) = opts.expires_after {
         let weak = Arc::downgrade(&inner);
         tokio::spawn(expire(weak, after));
@@ -234,6 +231,10 @@ impl Owned {
 }
 
 impl Grant {
+    pub(super) fn owned(&self) -> &Arc<Owned> {
+        &self.inner
+    }
+
     /// The grant's name.
     pub fn id(&self) -> GrantId {
         self.inner.meta.grant

@@ -22,8 +22,12 @@ use ferry_proto::grant::{check, GrantError};
 use ferry_proto::wire::{GrantAnswer, GrantReply, GrantRequest};
 use ferry_proto::{OperationKind, Token};
 
-use super::owner::Owned;
+use std::net::SocketAddr;
+
+use super::owner::{Grant, Owned};
+use super::GrantOptions;
 use super::{fence, ring, sys, Notification, NotificationKind};
+use crate::{Pool, Result};
 
 /// How long a TCP WRITE's notification waits for room in the owner's ring
 /// (the owner not reading its notifications), in the owner's runtime.
@@ -43,8 +47,29 @@ struct Entry {
     grant: Weak<Owned>,
 }
 
+/// Makes a grant over `pool` (see [`Connector::grant`](crate::Connector::grant));
+/// `serving`: the connector's table and the addresses the grant's TCP
+/// lane is served at (`None`: no TCP lane).
+pub(crate) fn create(
+    owner: &str,
+    host_id: &str,
+    pool: &Pool,
+    opts: GrantOptions,
+    serving: Option<(&GrantTable, Vec<SocketAddr>)>,
+) -> Result<Grant> {
+    let (table, addrs) = match serving {
+        Some((t, a)) => (Some(t), Some(a)),
+        None => (None, None),
+    };
+    let g = super::owner::create(owner, host_id, pool, opts, addrs)?;
+    if let (Some(table), true) = (table, g.metadata().tcp.is_some()) {
+        table.insert(g.id().0, g.metadata().token, g.owned());
+    }
+    Ok(g)
+}
+
 impl GrantTable {
-    pub(super) fn insert(&self, id: u64, token: Token, grant: &Arc<Owned>) {
+    fn insert(&self, id: u64, token: Token, grant: &Arc<Owned>) {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         if map.len() >= PRUNE_AT {
             map.retain(|_, e| e.grant.strong_count() > 0);
