@@ -7,6 +7,11 @@
 //! same way with a [`WritableOperation`] and a [`WriteOperation`]. Both sides
 //! learn of completion, failure and cancellation.
 //!
+//! For many small transfers between the same two workers, a standing
+//! [`Grant`] over a [`Pool`] lets the remote read and write blocks by index,
+//! one-sidedly, with no handshake per transfer, until it is revoked (see
+//! [`grant`] and `docs/grants.md`).
+//!
 //! ```
 //! use ferry::{Connector, Descriptor, OperationStatus};
 //!

@@ -84,8 +84,12 @@ fn name(r: &ferry::Result<()>) -> String {
     }
 }
 
-/// The holder's side of every cross-process test.
+/// The holder's side of every cross-process test (or, for `owner`, the
+/// owner's).
 fn holder(spec: &str) {
+    if spec == "owner" {
+        return owner_role();
+    }
     let (role, json) = spec.split_once(' ').unwrap();
     let meta = GrantMetadata::from_json(json).unwrap();
     runtime().block_on(async move {
@@ -157,6 +161,13 @@ async fn rw_holder(g: &ferry::RemoteGrant) {
         "LATENCY 4KiB read p50 {:?} p99 {:?}, write p50 {:?} p99 {:?}",
         read.0, read.1, write.0, write.1
     );
+    // Post -> owner notification: each write carries the monotonic clock
+    // at its post; the owner (parked between them) compares on arrival.
+    for _ in 0..NOTIFIED {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let at = monotonic_ns().to_le_bytes();
+        g.write_blocks(&local, &[9], &one, Some(&at)).await.unwrap();
+    }
     println!("DONE");
     assert_eq!(cue(), "");
 }
@@ -166,6 +177,21 @@ async fn next(g: &Grant) -> ferry::Notification {
         .await
         .expect("a notification within 10 s")
         .expect("the grant lives")
+}
+
+/// Writes whose notification the owner times.
+const NOTIFIED: usize = 200;
+
+/// `CLOCK_MONOTONIC` in nanoseconds: one clock for every process of the
+/// host.
+fn monotonic_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 fn percentiles(t: &mut [Duration]) -> (Duration, Duration) {
@@ -229,6 +255,22 @@ fn read_and_write_blocks_by_index_across_processes() {
         assert_eq!(h.after("GENERATION "), "1");
         assert!(holds(&pool, 12, &block_bytes(2, 7)), "a stale write landed");
         println!("holder: {}", h.after("LATENCY "));
+        let mut lat = Vec::with_capacity(NOTIFIED);
+        for i in 0..NOTIFIED {
+            let n = next(&g).await;
+            let now = monotonic_ns();
+            assert_eq!(
+                n.seq,
+                3 + i as u64,
+                "in order, the stale write not notified"
+            );
+            let sent = u64::from_le_bytes(n.payload[..8].try_into().unwrap());
+            lat.push(Duration::from_nanos(now.saturating_sub(sent)));
+        }
+        let (p50, p99) = percentiles(&mut lat);
+        println!(
+            "post -> owner notification across processes, parked owner: p50 {p50:?} p99 {p99:?}"
+        );
         h.after("DONE");
         assert!(
             g.try_next_notification().is_none(),
@@ -277,7 +319,7 @@ async fn writers(g: ferry::RemoteGrant) {
                         other += 1;
                     }
                 }
-                tokio::time::sleep(Duration::from_millis(1)).await;
+                tokio::time::sleep(Duration::from_millis(2)).await;
             }
             (revoked, other, after_revoked_ok)
         }));
@@ -436,6 +478,54 @@ fn a_holder_killed_mid_write_leaves_the_owner_intact() {
         assert!(all_are(&pool, 3, 0x42));
         assert!(all_are(&mine, 1, 20));
         drop(h);
+    });
+}
+
+// ---------------------------------------------------------------------------
+// An owner that died.
+
+fn owner_role() {
+    runtime().block_on(async {
+        let me = connector("owner").await;
+        let pool = Pool::allocate(4 * BLOCK, BLOCK).unwrap();
+        fill(&pool, 2, &[0x77; BLOCK]);
+        let g = me
+            .grant(&pool, GrantOptions::read_write().bearer())
+            .await
+            .unwrap();
+        println!("GRANT {}", g.metadata().to_json().unwrap());
+        assert_eq!(cue(), "");
+    });
+}
+
+#[test]
+fn an_owner_that_died_is_reported_gone() {
+    if spawned::served(ROLE, holder) {
+        return;
+    }
+    let rt = runtime();
+    rt.block_on(async {
+        let mut owner = Server::start("an_owner_that_died_is_reported_gone", ROLE, "owner");
+        let meta = GrantMetadata::from_json(&owner.after("GRANT ")).unwrap();
+        let me = connector("holder").await;
+        let g = me.open_grant(&meta).await.unwrap();
+        let local = Pool::allocate(2 * BLOCK, BLOCK).unwrap();
+        let r = g.block_refs(&[2]).unwrap();
+        g.read_blocks(&r, &local, &[0]).await.unwrap();
+        assert!(all_are(&local, 0, 0x77));
+        owner.child.kill().unwrap();
+        owner.child.wait().unwrap();
+        for res in [
+            g.read_blocks(&r, &local, &[1]).await,
+            g.write_blocks(&local, &[0], &r, Some(b"late")).await,
+        ] {
+            assert!(
+                matches!(res, Err(Error::Grant(GrantError::OwnerGone(_)))),
+                "{res:?}"
+            );
+        }
+        assert!(all_are(&local, 1, 0), "nothing was read from a dead owner");
+        drop(owner);
     });
 }
 

@@ -111,12 +111,15 @@ impl ControlPage {
     pub(super) fn open(fd: OwnedFd, expected: &Header) -> Result<ControlPage, GrantError> {
         let forged = |what| GrantError::Forged { what };
         let file = sys::file_len(&fd).map_err(|e| GrantError::NoLane(e.to_string()))?;
-        if file < GENERATIONS {
+        let Some(file) = file.filter(|&n| n >= GENERATIONS) else {
             return Err(forged("control page"));
-        }
+        };
         let want = page_len(expected.block_count, RING);
         if file != want {
             return Err(forged("control page size"));
+        }
+        if !sys::size_sealed(&fd) {
+            return Err(forged("control page seals"));
         }
         let map = Shared::map(&fd, want).map_err(|e| GrantError::NoLane(e.to_string()))?;
         let page = ControlPage {
@@ -298,5 +301,28 @@ mod tests {
             ControlPage::open(reopen(), &header(6)),
             Err(GrantError::Forged { .. })
         ));
+    }
+
+    #[test]
+    fn only_a_sealed_file_of_the_right_size_is_mapped() {
+        // A file the other side could shrink under the mapping (SIGBUS).
+        let path = std::env::temp_dir().join(format!("ferry-grant-{}", std::process::id()));
+        let f = std::fs::File::create(&path).unwrap();
+        f.set_len(page_len(5, RING) as u64).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(
+            ControlPage::open(f.into(), &header(5)).err(),
+            Some(GrantError::Forged {
+                what: "control page seals"
+            })
+        );
+        // Not a file at all.
+        let (r, _w) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert_eq!(
+            ControlPage::open(r.into(), &header(5)).err(),
+            Some(GrantError::Forged {
+                what: "control page"
+            })
+        );
     }
 }

@@ -135,7 +135,11 @@ fn attach(meta: GrantMetadata, pid: u32, fd: i32, base: u64) -> Result<RemoteGra
     let owner = Peer::open(pid).map_err(no_lane)?;
     let name = std::ffi::CString::new(format!("fd/{fd}"))
         .map_err(|_| GrantError::Forged { what: "descriptor" })?;
-    let file = match cma::open_in(owner.dir(), &name, libc::O_RDWR) {
+    let file = match cma::open_in(
+        owner.dir(),
+        &name,
+        libc::O_RDWR | libc::O_NOCTTY | libc::O_NONBLOCK,
+    ) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             // The owner holds no such descriptor: the grant was dropped

@@ -147,3 +147,107 @@ pub(super) fn wait(page: &ControlPage, spin: Duration, park: Duration) {
     }
     page.owner_parked().store(0, SeqCst);
 }
+
+#[cfg(test)]
+mod tests {
+    use ferry_proto::grant::{GrantId, Rights};
+
+    use super::super::control::{Header, REVOKED};
+    use super::*;
+
+    fn page() -> ControlPage {
+        ControlPage::create(&Header {
+            block_count: 2,
+            cookie: [1; 16],
+            token_hash: [2; 32],
+            grant: GrantId(1),
+            base: 0x1000,
+            block_size: 64,
+            expires_at_ms: 0,
+            rights: Rights::READ_WRITE,
+        })
+        .unwrap()
+    }
+
+    fn note(seq: u64, payload: &[u8]) -> Notification {
+        Notification {
+            seq,
+            kind: NotificationKind::Write,
+            first_block: seq as u32,
+            block_count: 1,
+            payload: payload.to_vec(),
+        }
+    }
+
+    #[test]
+    fn notifications_come_out_in_order_and_a_full_ring_is_an_error() {
+        let page = page();
+        let cap = page.ring_cap();
+        for seq in 1..=u64::from(cap) {
+            push(
+                &page,
+                &note(seq, &[seq as u8; 200][..(seq as usize % 200)]),
+                Duration::ZERO,
+            )
+            .unwrap();
+        }
+        // Full, and nobody takes: refused after the patience, typed.
+        let e = push(&page, &note(999, b"x"), Duration::from_millis(20)).unwrap_err();
+        assert!(matches!(e, GrantError::NotificationsFull { .. }), "{e}");
+        // Full, and the grant is revoked meanwhile: Revoked at once.
+        page.state().store(REVOKED, SeqCst);
+        assert_eq!(
+            push(&page, &note(999, b"x"), Duration::from_secs(10)).err(),
+            Some(GrantError::Revoked)
+        );
+        for seq in 1..=u64::from(cap) {
+            match take(&page) {
+                Taken::One(n) => {
+                    assert_eq!(n, note(seq, &[seq as u8; 200][..(seq as usize % 200)]))
+                }
+                _ => panic!("entry {seq}"),
+            }
+        }
+        assert!(matches!(take(&page), Taken::Empty));
+        // A full payload survives whole.
+        page.state().store(0, SeqCst);
+        let big: Vec<u8> = (0..MAX_NOTIFICATION).map(|i| i as u8).collect();
+        push(&page, &note(7, &big), Duration::ZERO).unwrap();
+        match take(&page) {
+            Taken::One(n) => assert_eq!(n.payload, big),
+            _ => panic!("the full payload"),
+        }
+    }
+
+    #[test]
+    fn entries_a_holder_scribbled_are_dropped() {
+        let page = page();
+        push(&page, &note(1, b"ok"), Duration::ZERO).unwrap();
+        // An impossible kind and length.
+        let head = page.ring_head().load(SeqCst);
+        page.entry_word(head, 1).store(9 | 5000 << 32, SeqCst);
+        assert!(matches!(take(&page), Taken::Garbage));
+        // A tail far past the head: resynchronised, not read out of bounds.
+        page.ring_tail().fetch_add(10_000, SeqCst);
+        assert!(matches!(take(&page), Taken::Garbage));
+        assert!(matches!(take(&page), Taken::Empty));
+        // And it goes on working.
+        push(&page, &note(2, b"again"), Duration::ZERO).unwrap();
+        assert!(matches!(take(&page), Taken::One(n) if n.payload == b"again"));
+    }
+
+    #[test]
+    fn a_parked_consumer_returns_when_an_entry_comes() {
+        let page = std::sync::Arc::new(page());
+        let p = page.clone();
+        let t = std::thread::spawn(move || {
+            let start = Instant::now();
+            wait(&p, Duration::ZERO, Duration::from_secs(10));
+            start.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(30));
+        push(&page, &note(1, b"wake"), Duration::ZERO).unwrap();
+        let waited = t.join().unwrap();
+        assert!(waited < Duration::from_secs(5), "{waited:?}");
+    }
+}

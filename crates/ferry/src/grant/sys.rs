@@ -14,7 +14,12 @@ use std::time::Duration;
 pub(super) fn memfd(len: usize) -> io::Result<OwnedFd> {
     // SAFETY: a NUL-terminated name and integer flags; the result is
     // checked, then owned.
-    let fd = unsafe { libc::memfd_create(c"ferry-grant".as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = unsafe {
+        libc::memfd_create(
+            c"ferry-grant".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -25,7 +30,29 @@ pub(super) fn memfd(len: usize) -> io::Result<OwnedFd> {
     if unsafe { libc::ftruncate(fd.as_raw_fd(), len) } != 0 {
         return Err(io::Error::last_os_error());
     }
+    // Its size is fixed for good: a peer that maps it can never be made to
+    // fault (SIGBUS) by the other side shrinking it.
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: an integer call on the descriptor just made.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
     Ok(fd)
+}
+
+/// Whether `fd` is a file whose size can no longer change (sealed against
+/// shrinking and growing), so that mapping it cannot fault later.
+#[cfg(target_os = "linux")]
+pub(super) fn size_sealed(fd: &OwnedFd) -> bool {
+    // SAFETY: an integer call on a descriptor this process holds.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    let need = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+    seals >= 0 && seals & need == need
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(super) fn size_sealed(_fd: &OwnedFd) -> bool {
+    false
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -36,10 +63,17 @@ pub(super) fn memfd(_len: usize) -> io::Result<OwnedFd> {
     ))
 }
 
-/// The length of the file `fd`.
-pub(super) fn file_len(fd: &OwnedFd) -> io::Result<usize> {
+/// The length of `fd`, a regular file (`None`: something else, such as a
+/// pipe, socket or device).
+pub(super) fn file_len(fd: &OwnedFd) -> io::Result<Option<usize>> {
     let f = std::fs::File::from(fd.try_clone()?);
-    usize::try_from(f.metadata()?.len()).map_err(|_| io::Error::other("file too large"))
+    let m = f.metadata()?;
+    if !m.is_file() {
+        return Ok(None);
+    }
+    usize::try_from(m.len())
+        .map(Some)
+        .map_err(|_| io::Error::other("file too large"))
 }
 
 /// A shared read-write mapping of the first `len` bytes of `fd`, unmapped
