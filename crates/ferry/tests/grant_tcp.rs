@@ -660,3 +660,112 @@ async fn a_grant_without_a_cma_lane_opens_by_tcp() {
         "{e:?}"
     );
 }
+
+/// Reads from `s` until the owner closes it (what it sent before is
+/// dropped); `false` if it stays open for 5 s.
+fn closed_by_owner(s: &mut std::net::TcpStream) -> bool {
+    use std::io::Read;
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_grant_frames_close_the_connection_and_move_nothing() {
+    use ferry_proto::wire::{self, Hello, Message};
+    // No secret: a raw socket speaks to the owner directly.
+    let owner = Connector::builder()
+        .worker_id("owner")
+        .listen("127.0.0.1:0".parse().unwrap())
+        .build()
+        .await
+        .unwrap();
+    let pool = Pool::allocate(4 * BLOCK, BLOCK).unwrap();
+    for i in 0..4 {
+        fill(&pool, i, &[i as u8; BLOCK]);
+    }
+    let g = owner
+        .grant(&pool, GrantOptions::read_write().bearer())
+        .await
+        .unwrap();
+    let addr = g.metadata().tcp.as_ref().unwrap().addresses[0];
+    let hello = Message::Hello(Hello {
+        version: wire::PROTOCOL_VERSION,
+        worker_id: "mallory".into(),
+    })
+    .to_vec();
+    // A real request's frame, then broken in several ways.
+    let good = Message::GrantRequest(wire::GrantRequest {
+        req: 1,
+        grant: g.id().0,
+        token: g.metadata().token,
+        kind: ferry_proto::OperationKind::Write,
+        last: true,
+        offset: 0,
+        len: BLOCK as u32,
+        blocks: vec![BlockRef::new(1, 0)],
+        notify: None,
+        bytes: vec![0xff; BLOCK],
+    })
+    .to_vec();
+    let mut bad_flags = good.clone();
+    bad_flags[8 + 33] = 0x80;
+    let mut short_bytes = good.clone();
+    short_bytes.truncate(good.len() - 1);
+    let body = (short_bytes.len() - 8) as u32;
+    short_bytes[4..8].copy_from_slice(&body.to_le_bytes());
+    let mut oversize = good[..8].to_vec();
+    oversize[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+    let reply = Message::GrantReply(wire::GrantReply {
+        req: 1,
+        answer: wire::GrantAnswer::Done,
+    })
+    .to_vec();
+    let frames = tokio::task::spawn_blocking(move || {
+        let mut closed = Vec::new();
+        for frame in [bad_flags, short_bytes, oversize, reply] {
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.write_all(&hello).unwrap();
+            s.write_all(&frame).unwrap();
+            closed.push(closed_by_owner(&mut s));
+        }
+        closed
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        frames, [true; 4],
+        "each malformed frame closes the connection"
+    );
+    assert!(
+        (0..4).all(|i| all_are(&pool, i, i as u8)),
+        "a malformed frame moved bytes"
+    );
+    // The owner still serves a well-formed holder.
+    let holder = connector_plain("holder").await;
+    let r = holder
+        .open_grant_via(g.metadata(), GrantLane::Tcp)
+        .await
+        .unwrap();
+    let mine = Pool::allocate(BLOCK, BLOCK).unwrap();
+    r.read_blocks(&[BlockRef::new(2, 0)], &mine, &[0])
+        .await
+        .unwrap();
+    assert!(all_are(&mine, 0, 2));
+}
+
+async fn connector_plain(worker: &str) -> Connector {
+    Connector::builder()
+        .worker_id(worker)
+        .listen("127.0.0.1:0".parse().unwrap())
+        .build()
+        .await
+        .unwrap()
+}
