@@ -59,14 +59,16 @@ enum Cmd {
         /// same one.
         #[arg(long)]
         secret: Option<String>,
-        /// `sweep` (block sizes and batches, the default) or `kv` (KV-cache
-        /// shapes: paged descriptors, see `ferry_cli::kv`).
+        /// `sweep` (block sizes and batches, the default), `kv` (KV-cache
+        /// shapes: paged descriptors, see `ferry_cli::kv`) or `grant`
+        /// (one-sided operations on a standing grant, next to per-operation
+        /// capabilities and raw copies: see `ferry_cli::grantbench`).
         #[arg(long, default_value = "sweep")]
         workload: String,
-        /// For `--workload kv`: requests in flight, e.g. 1,8,32.
+        /// For `--workload kv` and `grant`: requests in flight, e.g. 1,8,32.
         #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 8, 32])]
         inflight: Vec<usize>,
-        /// For `--workload kv`: only these shapes, e.g. kv-vllm,kv-tp8
+        /// For `--workload kv` and `grant`: only these shapes, e.g. kv-vllm,kv-tp8
         /// (default: all; `--quick` picks its own unless this is given).
         #[arg(long, value_delimiter = ',')]
         shapes: Vec<String>,
@@ -103,6 +105,9 @@ enum Cmd {
     /// The target of `ferry bench --workload kv` (JSON lines on stdin).
     #[command(hide = true)]
     KvTarget,
+    /// The owner process of `ferry bench --workload grant` (JSON lines on stdin).
+    #[command(hide = true)]
+    GrantTarget,
     /// Run a worker driven by JSON lines on stdin (used by demo, bench and tests).
     Peer {
         /// Where to listen.
@@ -196,6 +201,10 @@ async fn main() -> anyhow::Result<()> {
             let c = ferry::Connector::builder().build().await?;
             ferry_cli::kv::target(c).await
         }
+        Cmd::GrantTarget => {
+            let c = ferry::Connector::builder().build().await?;
+            ferry_cli::grantbench::target(c).await
+        }
         Cmd::Demo { size, descriptors } => {
             let exe = std::env::current_exe()?;
             ferry_cli::demo::run(&exe, size, descriptors).await
@@ -237,8 +246,24 @@ async fn main() -> anyhow::Result<()> {
                     .await
                     .map(drop);
             }
+            if workload == "grant" {
+                let exe = std::env::current_exe()?;
+                let json: Option<Box<dyn std::io::Write>> = match &json {
+                    None => None,
+                    Some(p) if p.as_os_str() == "-" => Some(Box::new(std::io::stdout())),
+                    Some(p) => Some(Box::new(std::fs::File::create(p)?)),
+                };
+                let opts = ferry_cli::grantbench::Options {
+                    quick,
+                    sizes: blocks,
+                    inflight,
+                    shapes,
+                    json,
+                };
+                return ferry_cli::grantbench::run(&exe, opts).await.map(drop);
+            }
             if workload != "sweep" {
-                anyhow::bail!("unknown workload {workload:?}: sweep or kv");
+                anyhow::bail!("unknown workload {workload:?}: sweep, kv or grant");
             }
             let mut opts = if quick {
                 ferry_cli::bench::Options::quick()
