@@ -106,7 +106,7 @@ pub(crate) fn create(
         expires_at_ms: expires_at_ms.unwrap_or(0),
         rights: opts.rights,
     })?;
-    let meta = GrantMetadata {
+    let mut meta = GrantMetadata {
         owner: owner.to_string(),
         host_id: host_id.to_string(),
         grant,
@@ -135,6 +135,17 @@ pub(crate) fn create(
             })
             .filter(|t| !t.addresses.is_empty()),
     };
+    // The TCP lane's addresses make the metadata longer: past 1 KiB
+    // (long worker ids, many addresses), fewer of them, then none.
+    while matches!(meta.to_json(), Err(GrantError::TooLarge { .. })) {
+        match &mut meta.tcp {
+            Some(t) if t.addresses.len() > 1 => {
+                t.addresses.pop();
+            }
+            Some(_) => meta.tcp = None,
+            None => break,
+        }
+    }
     // Refuses metadata over 1 KiB (worker ids JSON escapes) now, not later.
     meta.to_json()?;
     let page = Arc::new(page);
