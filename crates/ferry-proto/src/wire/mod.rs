@@ -12,6 +12,11 @@
 //! and `Finish`; the passive side confirms with `Finish`. Either side may send
 //! `Abort` at any time; `Data` for an aborted request is skipped.
 //!
+//! A standing grant held over TCP needs no operation: the active side
+//! (the grant's holder) sends a [`GrantRequest`], the passive side (the
+//! grant's owner) checks and serves it and answers with one
+//! [`GrantReply`] (protocol 15; see [`grant::serve`](crate::grant::serve)).
+//!
 //! With a shared secret, the two `Hello`s are followed by two [`Auth`]
 //! frames carrying a Noise handshake (active side first). From then on every
 //! byte of the connection, in both directions, travels inside Noise
