@@ -91,7 +91,8 @@ pub struct Ratios {
 pub struct GrantRow {
     /// The transfer: its block size (`4 KiB`) or the KV shape's name.
     pub workload: String,
-    /// `raw`, `per-op`, `grant` or `grant-spin`.
+    /// `raw`, `per-op`, `grant`, `grant-spin` or `grant-tcp` (the grant
+    /// opened by TCP: each operation served in the owner's runtime).
     pub kind: &'static str,
     /// `read` or `write`.
     pub op: &'static str,
@@ -296,8 +297,8 @@ async fn measure_case(
     case: &Case,
     budget: Budget,
 ) -> anyhow::Result<Vec<GrantRow>> {
-    let (mut raw, mut per_op, mut grant, mut spin) =
-        <(Samples, Samples, Samples, Samples)>::default();
+    let (mut raw, mut per_op, mut grant, mut spin, mut tcp) =
+        <(Samples, Samples, Samples, Samples, Samples)>::default();
     let held = side.grant.clone().ok_or_else(|| anyhow!("no grant open"))?;
     for round in 0..rounds {
         raw.add(side.raw_slice(case, budget)?);
@@ -308,6 +309,9 @@ async fn measure_case(
         }
         if let Some(s) = &side.spin {
             spin.add(side.grant_slice(s, case, budget).await?);
+        }
+        if let Some(t) = &side.tcp {
+            tcp.add(side.grant_slice(t, case, budget).await?);
         }
     }
     let row = |kind: &'static str, s: &Samples| -> GrantRow {
@@ -346,6 +350,9 @@ async fn measure_case(
     let mut kinds = vec![("grant", grant)];
     if side.spin.is_some() {
         kinds.push(("grant-spin", spin));
+    }
+    if side.tcp.is_some() {
+        kinds.push(("grant-tcp", tcp));
     }
     for (kind, s) in kinds {
         let mut r = row(kind, &s);

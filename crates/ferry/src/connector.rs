@@ -92,6 +92,7 @@ impl ConnectorBuilder {
             secret,
             digest: settings.digest.value,
             exposures: Arc::new(Exposures::default()),
+            grants: Arc::default(),
             shutdown: shutdown_rx,
             handle,
         });
@@ -628,15 +629,43 @@ impl Connector {
         pool: &crate::Pool,
         opts: crate::GrantOptions,
     ) -> Result<crate::Grant> {
-        crate::grant::create_grant(&self.inner.worker_id, &self.inner.host_id, pool, opts)
+        let serving = Some((&*self.inner._host.grants, self.inner.advertised.clone()));
+        crate::grant::create_grant(
+            &self.inner.worker_id,
+            &self.inner.host_id,
+            pool,
+            opts,
+            serving,
+        )
     }
 
     /// Opens a grant another worker made for this one: checks that it is
     /// bound to this worker (or a bearer grant), unexpired, live, and that
     /// a lane reaches its owner (same host: its control page opens and
     /// shows the grant's cookie), and claims it (one holder at a time).
+    /// Where cross-memory attach does not reach the owner (another host,
+    /// permission refused), the grant is opened by TCP, if it offers it.
     pub async fn open_grant(&self, meta: &crate::GrantMetadata) -> Result<crate::RemoteGrant> {
-        crate::grant::open_grant(&self.inner.worker_id, &self.inner.host_id, meta).await
+        self.open_grant_via(meta, crate::grant::GrantLane::Any)
+            .await
+    }
+
+    /// [`open_grant`](Self::open_grant) by the lane `via` only (for
+    /// example [`GrantLane::Tcp`](crate::grant::GrantLane::Tcp), to serve
+    /// every operation in the owner's runtime).
+    pub async fn open_grant_via(
+        &self,
+        meta: &crate::GrantMetadata,
+        via: crate::grant::GrantLane,
+    ) -> Result<crate::RemoteGrant> {
+        crate::grant::open_grant(
+            &self.inner.worker_id,
+            &self.inner.host_id,
+            meta,
+            via,
+            Some(self.inner.transports.tcp()),
+        )
+        .await
     }
 }
 

@@ -81,8 +81,8 @@ pub use ferry_proto::{
     RdmaMetadata,
 };
 pub use grant::{
-    BlockRef, Grant, GrantError, GrantMetadata, GrantOptions, Notification, NotificationKind,
-    RemoteGrant, Rights,
+    BlockRef, Grant, GrantError, GrantLane, GrantMetadata, GrantOptions, Notification,
+    NotificationKind, RemoteGrant, Rights,
 };
 pub use kind::TransportKind;
 pub use op::{ReadOperation, ReadableOperation, WritableOperation, WriteOperation};

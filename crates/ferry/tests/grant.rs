@@ -614,8 +614,10 @@ fn hostile_grants_are_refused_typed_and_move_no_byte() {
         ));
         let mut m = real.clone();
         m.cma.as_mut().unwrap().control_fd = 0;
+        // (By cma only: where it does not reach, open_grant falls back to
+        // TCP, whose refusals `grant_tcp.rs` tests.)
         assert!(matches!(
-            grant_err(bob.open_grant(&m).await),
+            grant_err(bob.open_grant_via(&m, ferry::GrantLane::Cma).await),
             GrantError::Forged { .. } | GrantError::NoLane(_)
         ));
         let mut m = real.clone();
@@ -624,7 +626,7 @@ fn hostile_grants_are_refused_typed_and_move_no_byte() {
         let mut m = real.clone();
         m.host_id = "another-host".into();
         assert!(matches!(
-            grant_err(bob.open_grant(&m).await),
+            grant_err(bob.open_grant_via(&m, ferry::GrantLane::Cma).await),
             GrantError::NoLane(_)
         ));
         // Another worker's.

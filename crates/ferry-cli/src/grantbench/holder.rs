@@ -3,7 +3,7 @@
 //! generation it had when the grant was opened (nothing retires blocks in
 //! the bench).
 
-use ferry::{BlockRef, Connector, GrantMetadata, Pool, RemoteGrant};
+use ferry::{BlockRef, Connector, GrantLane, GrantMetadata, Pool, RemoteGrant};
 
 /// An open grant and the generation of each of its blocks.
 pub(super) struct Held {
@@ -11,10 +11,10 @@ pub(super) struct Held {
     generations: Vec<u32>,
 }
 
-/// Opens the grant whose metadata is `json`.
-pub(super) async fn open(c: &Connector, json: &str) -> anyhow::Result<Held> {
+/// Opens the grant whose metadata is `json`, by lane `via`.
+pub(super) async fn open(c: &Connector, json: &str, via: GrantLane) -> anyhow::Result<Held> {
     let meta = GrantMetadata::from_json(json)?;
-    let grant = c.open_grant(&meta).await?;
+    let grant = c.open_grant_via(&meta, via).await?;
     let generations = (0..meta.block_count)
         .map(|i| grant.generation(i))
         .collect::<Result<Vec<u32>, _>>()?;

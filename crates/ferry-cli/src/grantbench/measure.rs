@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail};
-use ferry::{Connector, Pool, RdmaMetadata, TransportKind};
+use ferry::{Connector, GrantLane, Pool, RdmaMetadata, TransportKind};
 
 use super::holder::Held;
 use super::proto::{ended, Cmd, Ids, Owner, Req};
@@ -67,6 +67,9 @@ pub(super) struct Side {
     pub(super) grant: Option<Arc<Held>>,
     /// The same pool granted in low-latency mode, open here.
     pub(super) spin: Option<Arc<Held>>,
+    /// The same pool granted again, opened by TCP (each operation served
+    /// in the owner's runtime).
+    pub(super) tcp: Option<Arc<Held>>,
     /// The raw loop's memory for transfers of many blocks.
     raw_buf: std::sync::Mutex<Option<ferry::Descriptor<'static>>>,
 }
@@ -102,17 +105,29 @@ impl Side {
             base,
             grant: None,
             spin: None,
+            tcp: None,
             raw_buf: std::sync::Mutex::new(None),
         };
         side.grant = Some(Arc::new(side.open(0, None).await?));
         if spin {
             side.spin = Some(Arc::new(side.open(1, Some(SPIN)).await?));
         }
+        side.tcp = Some(Arc::new(side.open_via(2, None, GrantLane::Tcp).await?));
         Ok(side)
     }
 
     /// Asks the owner for grant `tag` of its pool and opens it.
     pub(super) async fn open(&self, tag: u32, spin: Option<Duration>) -> anyhow::Result<Held> {
+        self.open_via(tag, spin, GrantLane::Any).await
+    }
+
+    /// [`open`](Self::open) by lane `via`.
+    pub(super) async fn open_via(
+        &self,
+        tag: u32,
+        spin: Option<Duration>,
+        via: GrantLane,
+    ) -> anyhow::Result<Held> {
         let mut r = Req::new(Cmd::Grant);
         r.tag = tag;
         r.holder = Some(self.c.worker_id().to_string());
@@ -121,7 +136,7 @@ impl Side {
         let m = a
             .metadata
             .ok_or_else(|| anyhow!("the owner answered no grant metadata"))?;
-        super::holder::open(&self.c, &m).await
+        super::holder::open(&self.c, &m, via).await
     }
 
     /// Fills this side's blocks again (after READs landed in them).

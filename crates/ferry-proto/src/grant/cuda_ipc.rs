@@ -130,6 +130,9 @@ mod tests {
                 offset: u64::MAX - (1 << 37),
                 device_uuid: [0x9d; 16],
             }),
+            // A device grant has no TCP lane (the owner's runtime copies
+            // with the CPU).
+            tcp: None,
         }
     }
 

@@ -1,6 +1,7 @@
 //! What a grant's owner hands to its holder: small, whatever the pool size.
 
 use std::fmt;
+use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
@@ -46,6 +47,19 @@ impl fmt::Debug for CmaGrant {
     }
 }
 
+/// The TCP lane of a grant: where the holder reaches the owner's
+/// connector, which serves each request in its runtime (one round trip;
+/// see [`serve`](super::serve)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcpGrant {
+    /// The owner connector's advertised addresses (1 to
+    /// [`MAX_TCP_ADDRESSES`]).
+    pub addresses: Vec<SocketAddr>,
+}
+
+/// The most addresses a grant's TCP lane carries.
+pub const MAX_TCP_ADDRESSES: usize = 8;
+
 /// What the owner of a grant hands to its holder, through any side
 /// channel, like [`RdmaMetadata`](crate::RdmaMetadata): JSON of at most
 /// [`MAX_GRANT_JSON`] (1 KiB) bytes whatever the pool size. It is a
@@ -90,6 +104,8 @@ pub struct GrantMetadata {
     pub cma: Option<CmaGrant>,
     /// The CUDA IPC lane, for device memory.
     pub cuda_ipc: Option<CudaIpcGrant>,
+    /// The TCP lane, where the owner offers it.
+    pub tcp: Option<TcpGrant>,
 }
 
 impl fmt::Debug for GrantMetadata {
@@ -105,6 +121,7 @@ impl fmt::Debug for GrantMetadata {
             .field("device", &self.device)
             .field("cma", &self.cma)
             .field("cuda_ipc", &self.cuda_ipc)
+            .field("tcp", &self.tcp)
             .finish_non_exhaustive()
     }
 }
@@ -129,6 +146,7 @@ struct RawGrant {
     cma: Option<RawCma>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     cuda_ipc: Option<RawCudaIpc>,
+    tcp: Option<Vec<SocketAddr>>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -189,6 +207,13 @@ impl GrantMetadata {
         if let Some(c) = &self.cuda_ipc {
             c.validate(total)?;
         }
+        if let Some(t) = &self.tcp {
+            if t.addresses.is_empty() || t.addresses.len() > MAX_TCP_ADDRESSES {
+                return Err(GrantError::Malformed(format!(
+                    "the tcp lane must carry 1 to {MAX_TCP_ADDRESSES} addresses"
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -221,6 +246,7 @@ impl GrantMetadata {
                 base: c.base,
             }),
             cuda_ipc: self.cuda_ipc.as_ref().map(RawCudaIpc::from),
+            tcp: self.tcp.as_ref().map(|t| t.addresses.clone()),
         };
         let s = serde_json::to_string(&raw).map_err(|e| GrantError::Malformed(e.to_string()))?;
         if s.len() > MAX_GRANT_JSON {
@@ -284,6 +310,7 @@ impl GrantMetadata {
             device: raw.device,
             cma,
             cuda_ipc: raw.cuda_ipc.map(CudaIpcGrant::try_from).transpose()?,
+            tcp: raw.tcp.map(|addresses| TcpGrant { addresses }),
         };
         m.validate()?;
         Ok(m)

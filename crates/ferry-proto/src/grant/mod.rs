@@ -26,14 +26,27 @@ pub mod check;
 mod cuda_ipc;
 mod error;
 mod metadata;
+pub mod serve;
 
 pub use cuda_ipc::{CudaIpcGrant, IPC_HANDLE_LEN};
 pub use error::GrantError;
-pub use metadata::{CmaGrant, GrantMetadata, GRANT_VERSION, MAX_GRANT_JSON};
+pub use metadata::{
+    CmaGrant, GrantMetadata, TcpGrant, GRANT_VERSION, MAX_GRANT_JSON, MAX_TCP_ADDRESSES,
+};
 
 /// The largest notification payload a one-sided write may carry to the
 /// owner (NIXL's `notif_msg`), in bytes.
 pub const MAX_NOTIFICATION: usize = 256;
+
+/// The most bytes one request of a grant served over TCP moves
+/// ([`wire::GrantRequest`](crate::wire::GrantRequest)): 1 MiB. A larger
+/// transfer is several requests ([`serve::chunks`]), so that one request
+/// holds the connection's other frames back for no longer than a
+/// megabyte takes.
+pub const MAX_TCP_CHUNK: usize = 1 << 20;
+
+/// The most blocks one request of a grant served over TCP names.
+pub const MAX_TCP_BLOCKS: usize = 4096;
 
 /// The name of a grant, unique within its owner's process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

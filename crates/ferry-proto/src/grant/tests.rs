@@ -22,6 +22,9 @@ fn sample() -> GrantMetadata {
             base: 0x7f00_0000_0000,
         }),
         cuda_ipc: None,
+        tcp: Some(TcpGrant {
+            addresses: vec!["10.0.0.7:7100".parse().unwrap()],
+        }),
     }
 }
 
@@ -35,10 +38,11 @@ fn metadata_round_trips() {
         holder: None,
         expires_at_ms: None,
         cma: None,
+        tcp: None,
         ..m
     };
     let json = bearer.to_json().unwrap();
-    assert!(!json.contains("holder") && !json.contains("cma"));
+    assert!(!json.contains("holder") && !json.contains("cma") && !json.contains("tcp"));
     assert_eq!(GrantMetadata::from_json(&json).unwrap(), bearer);
     // Debug hides the secrets.
     let dbg = format!("{bearer:?} {:?}", sample());

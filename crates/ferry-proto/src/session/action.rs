@@ -72,6 +72,13 @@ pub enum Step<T> {
         /// What the peer's lane offers (only the lane reads it).
         bytes: Vec<u8>,
     },
+    /// A holder's request on a grant this side owns (passive side only):
+    /// the driver serves it with the grant's checks
+    /// ([`grant::serve`](crate::grant::serve)) and sends the reply.
+    ServeGrant(crate::wire::GrantRequest),
+    /// The owner's reply to one of this side's grant requests (active side
+    /// only): the driver hands it to whoever waits for it.
+    GrantReply(crate::wire::GrantReply),
 }
 
 /// Work for the driver, in order.

@@ -265,6 +265,14 @@ impl<T: Fence> Session<T> {
             Message::Abort(a) => self.on_abort(a),
             m @ (Message::Ping | Message::Pong) => Ok(self.on_heartbeat(&m)),
             Message::Digest(d) => self.on_digest(d),
+            Message::GrantRequest(r) => match self.role {
+                Role::Passive => Ok(Step::ServeGrant(r)),
+                Role::Active => Err(Violation::GrantRequestToActiveSide),
+            },
+            Message::GrantReply(r) => match self.role {
+                Role::Active => Ok(Step::GrantReply(r)),
+                Role::Passive => Err(Violation::GrantReplyToPassiveSide),
+            },
         }
     }
 

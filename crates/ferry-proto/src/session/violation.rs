@@ -35,6 +35,13 @@ pub enum Violation {
         /// The round the frame said.
         round: u8,
     },
+    /// A `GrantRequest` sent to the side that opened the connection
+    /// (grants are served by the side that accepted it).
+    #[error("grant request sent to the active side")]
+    GrantRequestToActiveSide,
+    /// A `GrantReply` sent to the side that accepted the connection.
+    #[error("grant reply sent to the passive side")]
+    GrantReplyToPassiveSide,
     /// An `Open` sent to the side that opened the connection.
     #[error("open sent to the active side")]
     OpenToActiveSide,
@@ -137,6 +144,8 @@ impl Violation {
             | Violation::UnknownLane { .. }
             | Violation::LaneOutOfTurn { .. }
             | Violation::OpenToActiveSide
+            | Violation::GrantRequestToActiveSide
+            | Violation::GrantReplyToPassiveSide
             | Violation::RequestNumberInUse(_)
             | Violation::UnexpectedData { .. }
             | Violation::DataForDeviceMemory { .. }

@@ -8,7 +8,7 @@ use super::*;
 /// A checked frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header {
-    ty: u8,
+    pub(super) ty: u8,
     /// Body length, at most the largest valid body of its type (at most
     /// [`MAX_BODY`]; a `Lease`: [`MAX_LEASE_BODY`]).
     pub body_len: u32,
@@ -48,10 +48,10 @@ pub fn decode_header(h: &[u8; HEADER_LEN]) -> Result<Header, WireError> {
     Ok(Header { ty, body_len })
 }
 
-struct Reader<'a>(&'a [u8]);
+pub(super) struct Reader<'a>(pub(super) &'a [u8]);
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+    pub(super) fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
         if self.0.len() < n {
             return Err(WireError::Truncated);
         }
@@ -59,19 +59,19 @@ impl<'a> Reader<'a> {
         self.0 = b;
         Ok(a)
     }
-    fn u8(&mut self) -> Result<u8, WireError> {
+    pub(super) fn u8(&mut self) -> Result<u8, WireError> {
         Ok(self.take(1)?[0])
     }
-    fn u16(&mut self) -> Result<u16, WireError> {
+    pub(super) fn u16(&mut self) -> Result<u16, WireError> {
         Ok(u16::from_le_bytes(self.take(2)?.try_into().unwrap()))
     }
-    fn u32(&mut self) -> Result<u32, WireError> {
+    pub(super) fn u32(&mut self) -> Result<u32, WireError> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
     }
-    fn u64(&mut self) -> Result<u64, WireError> {
+    pub(super) fn u64(&mut self) -> Result<u64, WireError> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
     }
-    fn string(&mut self, max: usize, field: &'static str) -> Result<String, WireError> {
+    pub(super) fn string(&mut self, max: usize, field: &'static str) -> Result<String, WireError> {
         let n = self.u16()? as usize;
         if n > max {
             return Err(WireError::InvalidField(field));
@@ -255,6 +255,8 @@ pub fn decode_body(h: Header, body: &[u8]) -> Result<Message, WireError> {
             };
             Message::Digest(Digest { req, crc32 })
         }
+        grant::T_GRANT_REQUEST => Message::GrantRequest(grant::decode_request(&mut r)?),
+        grant::T_GRANT_REPLY => Message::GrantReply(grant::decode_reply(&mut r)?),
         other => return Err(WireError::UnknownType(other)),
     };
     r.end()?;

@@ -134,6 +134,14 @@ impl Message {
                 out.extend_from_slice(&value.to_le_bytes());
                 T_DIGEST
             }
+            Message::GrantRequest(r) => {
+                super::grant::encode_request(r, out);
+                super::grant::T_GRANT_REQUEST
+            }
+            Message::GrantReply(r) => {
+                super::grant::encode_reply(r, out);
+                super::grant::T_GRANT_REPLY
+            }
         };
         let body_len = out.len() - start - HEADER_LEN;
         out[start] = ty;

@@ -32,11 +32,15 @@ pub enum FrameType {
     Digest,
     /// [`LaneOffer`].
     LaneOffer,
+    /// [`GrantRequest`].
+    GrantRequest,
+    /// [`GrantReply`].
+    GrantReply,
 }
 
 impl FrameType {
     /// Every frame type.
-    pub const ALL: [FrameType; 12] = [
+    pub const ALL: [FrameType; 14] = [
         FrameType::Hello,
         FrameType::Open,
         FrameType::Data,
@@ -49,6 +53,8 @@ impl FrameType {
         FrameType::Pong,
         FrameType::Digest,
         FrameType::LaneOffer,
+        FrameType::GrantRequest,
+        FrameType::GrantReply,
     ];
 
     /// The type with wire number `ty` (checked by [`decode_header`]).
@@ -66,6 +72,8 @@ impl FrameType {
             T_PONG => FrameType::Pong,
             T_DIGEST => FrameType::Digest,
             T_LANE_OFFER => FrameType::LaneOffer,
+            super::grant::T_GRANT_REQUEST => FrameType::GrantRequest,
+            super::grant::T_GRANT_REPLY => FrameType::GrantReply,
             _ => return None,
         })
     }
@@ -85,6 +93,8 @@ impl FrameType {
             FrameType::Pong => T_PONG,
             FrameType::Digest => T_DIGEST,
             FrameType::LaneOffer => T_LANE_OFFER,
+            FrameType::GrantRequest => super::grant::T_GRANT_REQUEST,
+            FrameType::GrantReply => super::grant::T_GRANT_REPLY,
         }
     }
 
@@ -101,6 +111,8 @@ impl FrameType {
                 | FrameType::Lease
                 | FrameType::Release
                 | FrameType::Digest
+                | FrameType::GrantRequest
+                | FrameType::GrantReply
         )
     }
 }
@@ -120,6 +132,8 @@ impl fmt::Display for FrameType {
             FrameType::Pong => "pong",
             FrameType::Digest => "digest",
             FrameType::LaneOffer => "lane offer",
+            FrameType::GrantRequest => "grant request",
+            FrameType::GrantReply => "grant reply",
         };
         f.write_str(name)
     }
@@ -208,6 +222,6 @@ mod tests {
         assert_eq!(FrameType::of(0), None);
         assert_eq!(FrameType::of(8), None);
         assert_eq!(FrameType::of(10), None);
-        assert_eq!(FrameType::of(15), None);
+        assert_eq!(FrameType::of(17), None);
     }
 }

@@ -12,6 +12,11 @@
 //! and `Finish`; the passive side confirms with `Finish`. Either side may send
 //! `Abort` at any time; `Data` for an aborted request is skipped.
 //!
+//! A standing grant held over TCP needs no operation: the active side
+//! (the grant's holder) sends a [`GrantRequest`], the passive side (the
+//! grant's owner) checks and serves it and answers with one
+//! [`GrantReply`] (protocol 15; see [`grant::serve`](crate::grant::serve)).
+//!
 //! With a shared secret, the two `Hello`s are followed by two [`Auth`]
 //! frames carrying a Noise handshake (active side first). From then on every
 //! byte of the connection, in both directions, travels inside Noise
@@ -35,10 +40,12 @@ use crate::{OperationKind, Token, MAX_DESCRIPTORS};
 mod decode;
 mod encode;
 mod expect;
+mod grant;
 mod segments;
 
 pub use decode::{decode_body, decode_frame, decode_header, Header};
 pub use expect::{Expect, FrameType};
+pub use grant::{GrantAnswer, GrantReply, GrantRequest};
 pub use segments::Segments;
 
 /// The protocol version carried in `Hello`. 7: a [`Data`] frame may run
@@ -54,12 +61,15 @@ pub use segments::Segments;
 /// end-to-end integrity), and `Abort` has reason 17, `DigestMismatch`.
 /// 14: a lane sets itself up with [`LaneOffer`] frames (type 11),
 /// replacing `Attach` (8) and `Rdma` (10).
-pub const PROTOCOL_VERSION: u16 = 14;
+/// 15: standing grants served over TCP: [`GrantRequest`] (type 15) and
+/// [`GrantReply`] (type 16).
+pub const PROTOCOL_VERSION: u16 = 15;
 /// The bytes that open every `Hello` body.
 pub const MAGIC: [u8; 6] = *b"FERRY\0";
 /// The length of a frame header.
 pub const HEADER_LEN: usize = 8;
-/// The largest body of any frame but a [`Lease`].
+/// The largest body of any frame but a [`Lease`] and the grant frames
+/// ([`GrantRequest`], [`GrantReply`]: a megabyte of bytes, at most).
 pub const MAX_BODY: u32 = 256 * 1024;
 /// The largest body of a [`Lease`]: eight bytes for each of up to
 /// [`MAX_LEASE_SEGMENTS`] addresses, their lengths as up to
@@ -92,6 +102,8 @@ fn max_body(ty: u8) -> u32 {
         T_PING | T_PONG => 0,
         T_DIGEST => DIGEST_BODY,
         T_LANE_OFFER => (1 + 1 + 4 + MAX_LANE_OFFER) as u32,
+        grant::T_GRANT_REQUEST => grant::MAX_REQUEST_BODY,
+        grant::T_GRANT_REPLY => grant::MAX_REPLY_BODY,
         _ => 0,
     }
 }
@@ -444,6 +456,10 @@ pub enum Message {
     /// The answer to a [`Message::Ping`] (empty body). Like any frame, it
     /// tells the receiver that the sender is alive; it asks for nothing.
     Pong,
+    /// See [`GrantRequest`] (protocol 15).
+    GrantRequest(GrantRequest),
+    /// See [`GrantReply`] (protocol 15).
+    GrantReply(GrantReply),
 }
 
 const T_HELLO: u8 = 1;

@@ -465,6 +465,9 @@ impl World {
             }
             // This world sends no digest.
             Ok(Step::Verify { req, .. }) => panic!("a digest to verify for request {req}"),
+            // Nor grant frames.
+            Ok(Step::ServeGrant(r)) => panic!("a grant request {}", r.req),
+            Ok(Step::GrantReply(r)) => panic!("a grant reply {}", r.req),
             Ok(Step::LaneOffer { lane, .. }) => {
                 // No lane here: each offer is declined and settles at once.
                 let answer = LaneAnswer {

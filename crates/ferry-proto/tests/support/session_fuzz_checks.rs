@@ -149,6 +149,9 @@ impl Harness<'_> {
                 assert_eq!(Some(&o), open.as_ref());
                 self.grant(o);
             }
+            // Grant frames are handed on, by role, and change nothing.
+            Ok(Step::ServeGrant(_)) => assert_eq!(i, PASSIVE, "a grant request served actively"),
+            Ok(Step::GrantReply(_)) => assert_ne!(i, PASSIVE, "a grant reply to the passive side"),
             Ok(Step::LaneOffer { lane, round, bytes }) => {
                 // Only the passive side answers offers it did not ask for
                 // (the active side here opens none).

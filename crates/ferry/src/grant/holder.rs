@@ -8,7 +8,8 @@ use std::time::Duration;
 use ferry_proto::grant::{check, BlockRef, GrantError, GrantMetadata, Rights};
 
 use super::control::{ControlPage, Header, LIVE};
-use super::{copy, fence, ipc, ring, sys, Notification, NotificationKind};
+use super::remote_tcp::TcpHeld;
+use super::{copy, fence, ipc, ring, sys, GrantLane, Notification, NotificationKind};
 use crate::transport::cma::{self, Peer};
 use crate::{Error, Pool, Result};
 
@@ -32,7 +33,16 @@ const RING_PATIENCE: Duration = Duration::from_secs(1);
 /// ([`PoolError::Busy`](crate::PoolError::Busy) if another holds them).
 #[derive(Clone)]
 pub struct RemoteGrant {
-    inner: Arc<Held>,
+    lane: Lane,
+}
+
+/// How the holder reaches the owner's memory.
+#[derive(Clone)]
+enum Lane {
+    /// Cross-memory attach: copies itself, fenced by the control page.
+    Cma(Arc<Held>),
+    /// TCP: the owner's runtime serves each request.
+    Tcp(Arc<TcpHeld>),
 }
 
 struct Held {
@@ -59,11 +69,15 @@ impl Drop for Held {
 }
 
 /// Opens a grant for this worker (see
-/// [`Connector::open_grant`](crate::Connector::open_grant)).
+/// [`Connector::open_grant`](crate::Connector::open_grant)) by lane `via`:
+/// cross-memory attach where it reaches the owner, else TCP over
+/// `tcp` (this connector's connections; `None`: no TCP lane).
 pub(crate) async fn open(
     worker_id: &str,
     host_id: &str,
     meta: &GrantMetadata,
+    via: GrantLane,
+    tcp: Option<&Arc<crate::transport::tcp::TcpTransport>>,
 ) -> Result<RemoteGrant> {
     meta.validate()?;
     check::holder(meta.holder.as_deref(), worker_id)?;
@@ -75,6 +89,31 @@ pub(crate) async fn open(
         ))
         .into());
     }
+    let by_tcp = || -> Result<RemoteGrant> {
+        let tcp = tcp.ok_or_else(|| GrantError::NoLane("no TCP transport here".into()))?;
+        let held = TcpHeld::new(meta, tcp.clone())?;
+        Ok(RemoteGrant {
+            lane: Lane::Tcp(Arc::new(held)),
+        })
+    };
+    match via {
+        GrantLane::Tcp => return by_tcp(),
+        GrantLane::Cma => return open_cma(host_id, meta).await,
+        _ => {}
+    }
+    match open_cma(host_id, meta).await {
+        // The grant's own answers (forged, revoked, claimed) stand; only
+        // a lane that does not reach the owner falls back.
+        Err(Error::Grant(GrantError::NoLane(why))) if meta.tcp.is_some() && tcp.is_some() => {
+            tracing::debug!("grant {}: by TCP ({why})", meta.grant.0);
+            by_tcp()
+        }
+        r => r,
+    }
+}
+
+/// Opens a grant by cross-memory attach.
+async fn open_cma(host_id: &str, meta: &GrantMetadata) -> Result<RemoteGrant> {
     let Some(lane) = meta.cma else {
         return Err(
             GrantError::NoLane("the grant offers no cross-memory attach lane".into()).into(),
@@ -140,7 +179,7 @@ fn attach(meta: GrantMetadata, pid: u32, fd: i32, base: u64) -> Result<RemoteGra
     page.holder_start()
         .store(sys::process_start(me).unwrap_or(0), SeqCst);
     Ok(RemoteGrant {
-        inner: Arc::new(Held {
+        lane: Lane::Cma(Arc::new(Held {
             meta,
             page: Arc::new(page),
             owner,
@@ -148,30 +187,52 @@ fn attach(meta: GrantMetadata, pid: u32, fd: i32, base: u64) -> Result<RemoteGra
             me,
             producer: Mutex::new(0),
             ipc,
-        }),
+        })),
     })
 }
 
 impl RemoteGrant {
     /// The grant's metadata.
     pub fn metadata(&self) -> &GrantMetadata {
-        &self.inner.meta
+        match &self.lane {
+            Lane::Cma(h) => &h.meta,
+            Lane::Tcp(t) => t.metadata(),
+        }
     }
 
     /// What the grant allows.
     pub fn rights(&self) -> Rights {
-        self.inner.meta.rights
+        self.metadata().rights
     }
 
-    /// Whether the owner revoked the grant (or it expired).
+    /// The lane the grant was opened by: [`GrantLane::Cma`] or
+    /// [`GrantLane::Tcp`].
+    pub fn lane(&self) -> GrantLane {
+        match &self.lane {
+            Lane::Cma(_) => GrantLane::Cma,
+            Lane::Tcp(_) => GrantLane::Tcp,
+        }
+    }
+
+    /// Whether the owner revoked the grant (or it expired). Over TCP: as
+    /// far as this holder learned (at its last request).
     pub fn is_revoked(&self) -> bool {
-        self.inner.page.state().load(SeqCst) != LIVE
-            || check::expiry(self.inner.meta.expires_at_ms, super::now_ms()).is_err()
+        let expired = check::expiry(self.metadata().expires_at_ms, super::now_ms()).is_err();
+        match &self.lane {
+            Lane::Cma(h) => h.page.state().load(SeqCst) != LIVE || expired,
+            Lane::Tcp(t) => t.is_revoked() || expired,
+        }
     }
 
-    /// Block `index`'s generation now (read from the owner's control page).
+    /// Block `index`'s generation now (cma: read from the owner's control
+    /// page; TCP: the last one this holder learned, from the owner's
+    /// refusals of a stale one, 0 at first).
     pub fn generation(&self, index: u32) -> Result<u32> {
-        let page = &self.inner.page;
+        let h = match &self.lane {
+            Lane::Cma(h) => h,
+            Lane::Tcp(t) => return t.generation(index),
+        };
+        let page = &h.page;
         match page.generation(index) {
             Some(g) => Ok(g.load(SeqCst)),
             None => Err(GrantError::OutOfRange {
@@ -202,8 +263,11 @@ impl RemoteGrant {
         local_blocks: &[u32],
     ) -> Result<()> {
         self.precheck(Rights::READ, remote, local, local_blocks)?;
+        let inner = match &self.lane {
+            Lane::Cma(h) => h.clone(),
+            Lane::Tcp(t) => return t.read_blocks(remote, local, local_blocks).await,
+        };
         let desc = local.blocks(local_blocks)?;
-        let inner = self.inner.clone();
         let remote = remote.to_vec();
         let op = move || -> Result<()> {
             let mut segs = Vec::with_capacity(desc.block_count());
@@ -227,7 +291,7 @@ impl RemoteGrant {
             drop(desc);
             Ok(())
         };
-        self.run(remote_len(&self.inner.meta, local_blocks.len()), op)
+        self.run(remote_len(self.metadata(), local_blocks.len()), op)
             .await
     }
 
@@ -248,8 +312,11 @@ impl RemoteGrant {
             check::payload(p.len())?;
         }
         self.precheck(Rights::WRITE, remote, local, local_blocks)?;
+        let inner = match &self.lane {
+            Lane::Cma(h) => h.clone(),
+            Lane::Tcp(t) => return t.write_blocks(local, local_blocks, remote, notify).await,
+        };
         let desc = local.shared_blocks(local_blocks)?;
-        let inner = self.inner.clone();
         let remote = remote.to_vec();
         let payload = notify.map(<[u8]>::to_vec);
         let op = move || -> Result<()> {
@@ -277,7 +344,7 @@ impl RemoteGrant {
             }
             Ok(())
         };
-        self.run(remote_len(&self.inner.meta, local_blocks.len()), op)
+        self.run(remote_len(self.metadata(), local_blocks.len()), op)
             .await
     }
 
@@ -289,9 +356,17 @@ impl RemoteGrant {
         local: &Pool,
         local_blocks: &[u32],
     ) -> Result<()> {
-        let m = &self.inner.meta;
+        let m = self.metadata();
         check::rights(m.rights, needed)?;
-        check::expiry(m.expires_at_ms, super::now_ms()).inspect_err(|_| self.inner.unmap())?;
+        let held = match &self.lane {
+            Lane::Cma(h) => Some(h),
+            Lane::Tcp(_) => None,
+        };
+        check::expiry(m.expires_at_ms, super::now_ms()).inspect_err(|_| {
+            if let Some(h) = held {
+                h.unmap();
+            }
+        })?;
         check::blocks(remote, m.block_count)?;
         check::shape(
             local_blocks.len(),
@@ -299,7 +374,7 @@ impl RemoteGrant {
             remote.len(),
             m.block_size,
         )?;
-        match &self.inner.ipc {
+        match held.and_then(|h| h.ipc.as_ref()) {
             Some(m) => m.check_local(local.device())?,
             None if !local.device().is_cpu() => {
                 return Err(GrantError::NoLane(format!(
@@ -399,7 +474,8 @@ impl Held {
 impl std::fmt::Debug for RemoteGrant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RemoteGrant")
-            .field("metadata", &self.inner.meta)
+            .field("lane", &self.lane())
+            .field("metadata", self.metadata())
             .field("revoked", &self.is_revoked())
             .finish()
     }

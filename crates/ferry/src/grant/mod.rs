@@ -15,7 +15,8 @@
 use std::time::Duration;
 
 pub use ferry_proto::grant::{
-    BlockRef, CmaGrant, CudaIpcGrant, GrantError, GrantId, GrantMetadata, Rights, MAX_NOTIFICATION,
+    BlockRef, CmaGrant, CudaIpcGrant, GrantError, GrantId, GrantMetadata, Rights, TcpGrant,
+    MAX_NOTIFICATION, MAX_TCP_CHUNK,
 };
 
 mod control;
@@ -24,13 +25,32 @@ mod fence;
 mod holder;
 mod ipc;
 mod owner;
+mod remote_tcp;
 mod ring;
+mod served;
 mod sys;
 
 pub(crate) use holder::open as open_grant;
 pub use holder::{RemoteGrant, INLINE_MAX};
-pub(crate) use owner::create as create_grant;
 pub use owner::Grant;
+pub(crate) use served::create as create_grant;
+pub(crate) use served::GrantTable;
+
+/// Which lane a holder opens a grant by
+/// ([`Connector::open_grant_via`](crate::Connector::open_grant_via)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum GrantLane {
+    /// Cross-memory attach where it reaches the owner (same host, the
+    /// control page opens), else TCP.
+    #[default]
+    Any,
+    /// Cross-memory attach only.
+    Cma,
+    /// TCP only: each operation is one request served in the owner's
+    /// runtime (tests, benches, or a holder that must not attach).
+    Tcp,
+}
 
 /// How a grant is made: what it allows, to whom, for how long, and how its
 /// owner learns of notifications.
@@ -52,6 +72,7 @@ pub struct GrantOptions {
     pub(crate) expires_after: Option<Duration>,
     pub(crate) spin: Option<Duration>,
     pub(crate) revoke_deadline: Duration,
+    pub(crate) tcp: bool,
 }
 
 impl GrantOptions {
@@ -65,6 +86,7 @@ impl GrantOptions {
             expires_after: None,
             spin: None,
             revoke_deadline: crate::DEFAULT_LIVENESS,
+            tcp: true,
         }
     }
 
@@ -121,6 +143,16 @@ impl GrantOptions {
     /// [`DEFAULT_LIVENESS`](crate::DEFAULT_LIVENESS) (1.5 s).
     pub fn revoke_deadline(mut self, d: Duration) -> GrantOptions {
         self.revoke_deadline = d;
+        self
+    }
+
+    /// Whether the grant offers its TCP lane (default: yes): a holder on
+    /// another host, or one that cannot attach to this process, sends
+    /// each operation to this connector, which checks and serves it in
+    /// its runtime. Without it, only same-host holders that may attach
+    /// reach the grant.
+    pub fn tcp(mut self, offered: bool) -> GrantOptions {
+        self.tcp = offered;
         self
     }
 

@@ -1,10 +1,11 @@
 //! The owner's side of a grant.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use ferry_proto::grant::{BlockRef, CmaGrant, GrantError, GrantId, GrantMetadata};
+use ferry_proto::grant::{BlockRef, CmaGrant, GrantError, GrantId, GrantMetadata, TcpGrant};
 use ferry_proto::Token;
 use tokio::sync::mpsc;
 
@@ -39,10 +40,13 @@ pub struct Grant {
     inner: Arc<Owned>,
 }
 
-struct Owned {
-    meta: GrantMetadata,
-    page: Arc<ControlPage>,
-    pool: Pool,
+pub(super) struct Owned {
+    pub(super) meta: GrantMetadata,
+    pub(super) page: Arc<ControlPage>,
+    pub(super) pool: Pool,
+    /// The last sequence number of a notification pushed for a TCP
+    /// request, and the lock that makes this process one producer.
+    pub(super) tcp_seq: Mutex<u64>,
     /// Serialises drains (a revoke and a retire, or two retires).
     drains: Mutex<()>,
     deadline: Duration,
@@ -51,7 +55,17 @@ struct Owned {
 }
 
 /// Makes a grant over `pool` (see [`Connector::grant`](crate::Connector::grant)).
-pub(crate) fn create(owner: &str, host_id: &str, pool: &Pool, opts: GrantOptions) -> Result<Grant> {
+///
+/// `tcp`: the addresses its TCP lane is served at (`None`: not offered);
+/// the caller enters the grant in its connector's table
+/// (`served::create`).
+pub(crate) fn create(
+    owner: &str,
+    host_id: &str,
+    pool: &Pool,
+    opts: GrantOptions,
+    tcp: Option<Vec<SocketAddr>>,
+) -> Result<Grant> {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     if opts.holder.is_none() && !opts.bearer {
         return Err(GrantError::Unbound.into());
@@ -91,7 +105,10 @@ pub(crate) fn create(owner: &str, host_id: &str, pool: &Pool, opts: GrantOptions
         expires_at_ms: expires_at_ms.unwrap_or(0),
         rights: opts.rights,
     })?;
-    let meta = GrantMetadata {
+    // The TCP lane serves host memory only: the owner's runtime copies
+    // with the CPU, which never touches device memory.
+    let tcp = tcp.filter(|_| opts.tcp && cuda_ipc.is_none());
+    let mut meta = GrantMetadata {
         owner: owner.to_string(),
         host_id: host_id.to_string(),
         grant,
@@ -109,7 +126,28 @@ pub(crate) fn create(owner: &str, host_id: &str, pool: &Pool, opts: GrantOptions
             base,
         }),
         cuda_ipc,
+        tcp: tcp
+            .as_ref()
+            .map(|addrs| TcpGrant {
+                addresses: addrs
+                    .iter()
+                    .take(ferry_proto::grant::MAX_TCP_ADDRESSES)
+                    .copied()
+                    .collect(),
+            })
+            .filter(|t| !t.addresses.is_empty()),
     };
+    // The TCP lane's addresses make the metadata longer: past 1 KiB
+    // (long worker ids, many addresses), fewer of them, then none.
+    while matches!(meta.to_json(), Err(GrantError::TooLarge { .. })) {
+        match &mut meta.tcp {
+            Some(t) if t.addresses.len() > 1 => {
+                t.addresses.pop();
+            }
+            Some(_) => meta.tcp = None,
+            None => break,
+        }
+    }
     // Refuses metadata over 1 KiB (worker ids JSON escapes) now, not later.
     meta.to_json()?;
     let page = Arc::new(page);
@@ -126,6 +164,7 @@ pub(crate) fn create(owner: &str, host_id: &str, pool: &Pool, opts: GrantOptions
         meta,
         page,
         pool: pool.clone(),
+        tcp_seq: Mutex::new(0),
         drains: Mutex::new(()),
         deadline: opts.revoke_deadline,
         notes: tokio::sync::Mutex::new(rx),
@@ -205,6 +244,10 @@ impl Owned {
 }
 
 impl Grant {
+    pub(super) fn owned(&self) -> &Arc<Owned> {
+        &self.inner
+    }
+
     /// The grant's name.
     pub fn id(&self) -> GrantId {
         self.inner.meta.grant
@@ -375,7 +418,7 @@ mod tests {
             Pool::from_raw_parts(ptr, 4 * 4096, 4096, ferry_proto::Device::CPU, true, watched)
         }
         .unwrap();
-        let g = create("o", "h", &pool, GrantOptions::write().bearer()).unwrap();
+        let g = create("o", "h", &pool, GrantOptions::write().bearer(), None).unwrap();
         let page = g.inner.page.clone();
         // A holder (this process) with a copy in flight.
         let me = std::process::id();

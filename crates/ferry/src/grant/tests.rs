@@ -3,10 +3,17 @@
 
 use std::time::Duration;
 
-use super::holder::open;
-use super::owner::create;
 use super::*;
 use crate::{Error, Pool};
+
+/// A grant with no TCP lane (the cma lane's tests).
+fn create(o: &str, h: &str, pool: &Pool, opts: GrantOptions) -> crate::Result<Grant> {
+    super::owner::create(o, h, pool, opts, None)
+}
+
+async fn open(w: &str, h: &str, meta: &GrantMetadata) -> crate::Result<RemoteGrant> {
+    super::holder::open(w, h, meta, GrantLane::Any, None).await
+}
 
 fn pattern(pool: &Pool, id: u32, byte: u8) {
     pool.with_block_mut(id, |b| b.fill(byte)).unwrap();
@@ -132,4 +139,33 @@ async fn options_are_checked() {
         open("x", "h", short.metadata()).await,
         Err(Error::Grant(GrantError::Expired { .. }))
     ));
+}
+
+#[tokio::test]
+async fn a_tcp_lane_that_does_not_fit_1_kib_is_shortened() {
+    let pool = Pool::allocate(4 * 4096, 4096).unwrap();
+    let addrs: Vec<std::net::SocketAddr> = (0..8)
+        .map(|i| {
+            format!("[fd00:1234:5678:9abc:def0:1234:5678:{i}]:65000")
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    let long = "w".repeat(256);
+    let g = super::owner::create(
+        &long,
+        "0b1e5a9c-6a57-4e9b-9c3e-2f1f1a0c7e11",
+        &pool,
+        GrantOptions::read().holder("h".repeat(200)),
+        Some(addrs.clone()),
+    )
+    .unwrap();
+    let json = g.metadata().to_json().unwrap();
+    assert!(json.len() <= 1024);
+    let n = g.metadata().tcp.as_ref().map_or(0, |t| t.addresses.len());
+    assert!(n < addrs.len(), "{n} addresses in {} bytes", json.len());
+    // Short names keep every address.
+    let g =
+        super::owner::create("o", "h", &pool, GrantOptions::read().bearer(), Some(addrs)).unwrap();
+    assert_eq!(g.metadata().tcp.as_ref().unwrap().addresses.len(), 8);
 }

@@ -100,6 +100,8 @@ pub(crate) struct Host {
     /// The end-to-end integrity check is on (`ConnectorBuilder::digest`).
     pub(crate) digest: bool,
     pub(crate) exposures: Arc<Exposures>,
+    /// This connector's grants, for holders over TCP.
+    pub(crate) grants: Arc<crate::grant::GrantTable>,
     pub(crate) shutdown: watch::Receiver<bool>,
     pub(crate) handle: Handle,
 }

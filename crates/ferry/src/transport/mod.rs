@@ -86,6 +86,11 @@ impl Transports {
         self.tcp.pending()
     }
 
+    /// The TCP transport (grants held over TCP call through it).
+    pub(crate) fn tcp(&self) -> &Arc<tcp::TcpTransport> {
+        &self.tcp
+    }
+
     /// Closes every connection to and from remote workers.
     pub(crate) fn close_all(&self, cause: &str) {
         self.tcp.close_all(cause);

@@ -347,6 +347,56 @@ fn unexpected_digest() -> Violation {
     v
 }
 
+fn grant_frame(request: bool) -> Message {
+    use crate::grant::BlockRef;
+    use crate::wire::{GrantAnswer, GrantReply, GrantRequest};
+    if request {
+        Message::GrantRequest(GrantRequest {
+            req: 1,
+            grant: 1,
+            token: Token::from_bytes([3; 16]),
+            kind: OperationKind::Read,
+            last: true,
+            offset: 0,
+            len: 8,
+            blocks: vec![BlockRef::new(0, 0)],
+            notify: None,
+            bytes: Vec::new(),
+        })
+    } else {
+        Message::GrantReply(GrantReply {
+            req: 1,
+            answer: GrantAnswer::Done,
+        })
+    }
+}
+
+fn grant_request_to_active_side() -> Violation {
+    let mut s = active(NO_CAPS);
+    let v = s.handle_frame(grant_frame(true)).unwrap_err();
+    assert_eq!(v, Violation::GrantRequestToActiveSide);
+    assert!(acts(&mut s).is_empty());
+    // The passive side serves it (and is told nothing of replies).
+    let mut p = passive(NO_CAPS);
+    assert!(matches!(
+        p.handle_frame(grant_frame(true)),
+        Ok(Step::ServeGrant(_))
+    ));
+    let mut a = active(NO_CAPS);
+    assert!(matches!(
+        a.handle_frame(grant_frame(false)),
+        Ok(Step::GrantReply(_))
+    ));
+    v
+}
+
+fn grant_reply_to_passive_side() -> Violation {
+    let mut s = passive(NO_CAPS);
+    let v = s.handle_frame(grant_frame(false)).unwrap_err();
+    assert_eq!(v, Violation::GrantReplyToPassiveSide);
+    v
+}
+
 /// The variant's position, by an exhaustive match (no wildcard): a new
 /// variant does not compile until it is counted here and provoked below.
 fn variant(v: &Violation) -> usize {
@@ -371,9 +421,11 @@ fn variant(v: &Violation) -> usize {
         Violation::DataForDeviceMemory { .. } => 17,
         Violation::MissingDigest { .. } => 18,
         Violation::UnexpectedDigest { .. } => 19,
+        Violation::GrantRequestToActiveSide => 20,
+        Violation::GrantReplyToPassiveSide => 21,
     }
 }
-const VARIANTS: usize = 20;
+const VARIANTS: usize = 22;
 
 type Provoker = fn() -> Violation;
 
@@ -398,6 +450,8 @@ const PROVOKERS: [(&str, Provoker); VARIANTS] = [
     ("data_for_device_memory", data_for_device_memory),
     ("missing_digest", missing_digest),
     ("unexpected_digest", unexpected_digest),
+    ("grant_request_to_active_side", grant_request_to_active_side),
+    ("grant_reply_to_passive_side", grant_reply_to_passive_side),
 ];
 
 /// The documented mapping: only the authentication violations are told
@@ -449,6 +503,8 @@ violation_tests!(
     data_for_device_memory,
     missing_digest,
     unexpected_digest,
+    grant_request_to_active_side,
+    grant_reply_to_passive_side,
 );
 
 #[test]

@@ -426,6 +426,10 @@ impl Driver {
             // lane is known: the session refuses an offer of one itself.
             Step::Verify { .. } => return Err(channel_error("a digest nobody asked for")),
             Step::LaneOffer { .. } => {}
+            // No grant is served over this channel, nor asked for.
+            Step::ServeGrant(_) | Step::GrantReply(_) => {
+                return Err(channel_error("a grant request on a channel that serves none"))
+            }
         }
         Ok(())
     }

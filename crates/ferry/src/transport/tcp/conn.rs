@@ -113,6 +113,8 @@ pub(crate) struct Conn {
     /// The end-to-end integrity check is on here (its session's setting):
     /// streams digest what they send.
     pub(super) digest: bool,
+    /// This side's grant requests waiting for the peer's replies.
+    pub(super) grants: super::GrantCalls,
 }
 
 pub(super) type CloseHook = Box<dyn FnOnce() + Send>;
@@ -151,6 +153,7 @@ impl Conn {
             staging: Mutex::new(Vec::new()),
             began: tokio::sync::Notify::new(),
             digest,
+            grants: super::GrantCalls::default(),
         })
     }
 

@@ -36,6 +36,7 @@ use crate::{Error, Result};
 mod conn;
 mod conn_io;
 mod error;
+mod grant;
 mod handshake;
 mod land;
 mod lending;
@@ -49,6 +50,7 @@ mod stream;
 mod util;
 
 use conn::*;
+pub(crate) use grant::GrantCalls;
 use listen::*;
 use request::*;
 use util::*;

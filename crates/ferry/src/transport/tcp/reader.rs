@@ -170,6 +170,7 @@ fn unresponsive(conn: &Arc<Conn>, after: Duration) -> ConnError {
 /// Ends every operation on the connection with `err` and gives back what
 /// was lent.
 fn end_all(conn: &Arc<Conn>, err: &Error) {
+    conn.grants.fail_all();
     let (reqs, lent) = lock(&conn.session).drain();
     for t in reqs {
         t.end(OperationStatus::Errored, Some(err.clone()));
@@ -249,6 +250,16 @@ pub(super) async fn step(
             }
             None => Ok(()),
         },
+        Step::ServeGrant(r) => {
+            if let Some(inner) = inner {
+                super::grant::serve(conn, &inner.host.grants, r);
+            }
+            Ok(())
+        }
+        Step::GrantReply(r) => {
+            conn.grants.deliver(r);
+            Ok(())
+        }
         Step::LaneOffer { lane, round, bytes } => match inner {
             Some(inner) => answer_offer(conn, inner, lane, round, &bytes).await,
             // An active side's lanes were set up in its handshake.
