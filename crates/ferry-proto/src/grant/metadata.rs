@@ -146,6 +146,7 @@ struct RawGrant {
     cma: Option<RawCma>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     cuda_ipc: Option<RawCudaIpc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     tcp: Option<Vec<SocketAddr>>,
 }
 
