@@ -4,6 +4,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use super::ucx::{RawUcx, UcxGrant};
 use super::{GrantError, GrantId, Rights};
 use crate::{Device, Token};
 
@@ -86,6 +87,8 @@ pub struct GrantMetadata {
     pub device: Device,
     /// The cross-memory attach lane, where the owner offers it.
     pub cma: Option<CmaGrant>,
+    /// The UCX lane, where the owner offers it.
+    pub ucx: Option<UcxGrant>,
 }
 
 impl fmt::Debug for GrantMetadata {
@@ -100,6 +103,7 @@ impl fmt::Debug for GrantMetadata {
             .field("block_count", &self.block_count)
             .field("device", &self.device)
             .field("cma", &self.cma)
+            .field("ucx", &self.ucx)
             .finish_non_exhaustive()
     }
 }
@@ -122,6 +126,8 @@ struct RawGrant {
     device: Device,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     cma: Option<RawCma>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ucx: Option<RawUcx>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -179,6 +185,9 @@ impl GrantMetadata {
                 ));
             }
         }
+        if let Some(u) = &self.ucx {
+            u.validate(total)?;
+        }
         Ok(())
     }
 
@@ -210,6 +219,7 @@ impl GrantMetadata {
                 cookie: Token::from_bytes(c.cookie).to_hex(),
                 base: c.base,
             }),
+            ucx: self.ucx.as_ref().map(UcxGrant::to_raw),
         };
         let s = serde_json::to_string(&raw).map_err(|e| GrantError::Malformed(e.to_string()))?;
         if s.len() > MAX_GRANT_JSON {
@@ -272,6 +282,7 @@ impl GrantMetadata {
             block_count: raw.block_count,
             device: raw.device,
             cma,
+            ucx: raw.ucx.map(UcxGrant::from_raw).transpose()?,
         };
         m.validate()?;
         Ok(m)

@@ -25,9 +25,11 @@ use serde::{Deserialize, Serialize};
 pub mod check;
 mod error;
 mod metadata;
+mod ucx;
 
 pub use error::GrantError;
 pub use metadata::{CmaGrant, GrantMetadata, GRANT_VERSION, MAX_GRANT_JSON};
+pub use ucx::{UcxGrant, MAX_UCX_ADDRESS, MAX_UCX_RKEY};
 
 /// The largest notification payload a one-sided write may carry to the
 /// owner (NIXL's `notif_msg`), in bytes.

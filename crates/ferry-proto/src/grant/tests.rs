@@ -21,7 +21,13 @@ fn sample() -> GrantMetadata {
             cookie: [0x5c; 16],
             base: 0x7f00_0000_0000,
         }),
+        ucx: None,
     }
+}
+
+/// [`sample`] for the UCX lane's tests.
+pub(super) fn sample_metadata() -> GrantMetadata {
+    sample()
 }
 
 #[test]

@@ -109,6 +109,7 @@ pub(crate) fn create(owner: &str, host_id: &str, pool: &Pool, opts: GrantOptions
             cookie,
             base,
         }),
+        ucx: None,
     };
     // Refuses metadata over 1 KiB (worker ids JSON escapes) now, not later.
     meta.to_json()?;
