@@ -32,7 +32,14 @@ const RING_PATIENCE: Duration = Duration::from_secs(1);
 /// ([`PoolError::Busy`](crate::PoolError::Busy) if another holds them).
 #[derive(Clone)]
 pub struct RemoteGrant {
-    inner: Arc<Held>,
+    lane: Lane,
+}
+
+/// A grant opened over one lane.
+#[derive(Clone)]
+enum Lane {
+    Cma(Arc<Held>),
+    Ucx(Arc<super::ucx::holder::UcxHeld>),
 }
 
 struct Held {
@@ -73,18 +80,35 @@ pub(crate) async fn open(
         ))
         .into());
     }
-    let Some(lane) = meta.cma else {
-        return Err(
-            GrantError::NoLane("the grant offers no cross-memory attach lane".into()).into(),
-        );
+    // Cross-memory attach where it reaches the owner, else UCX.
+    let ucx = || async { super::ucx::holder::open(meta).await };
+    let Some(lane) = meta.cma.filter(|_| meta.host_id == host_id) else {
+        if meta.ucx.is_some() {
+            return Ok(RemoteGrant::over(Lane::Ucx(Arc::new(ucx().await?))));
+        }
+        return Err(GrantError::NoLane(if meta.cma.is_some() {
+            "the owner is on another host, and the grant offers no UCX lane".into()
+        } else {
+            "the grant offers no lane".into()
+        })
+        .into());
     };
-    if meta.host_id != host_id {
-        return Err(GrantError::NoLane("the owner is on another host".into()).into());
-    }
-    let meta = meta.clone();
-    tokio::task::spawn_blocking(move || attach(meta, lane.pid, lane.control_fd, lane.base))
+    let m = meta.clone();
+    let cma = tokio::task::spawn_blocking(move || attach(m, lane.pid, lane.control_fd, lane.base))
         .await
-        .map_err(|e| Error::Config(format!("opening a grant failed: {e}")))?
+        .map_err(|e| Error::Config(format!("opening a grant failed: {e}")))?;
+    match cma {
+        Err(Error::Grant(GrantError::NoLane(_))) if meta.ucx.is_some() => {
+            Ok(RemoteGrant::over(Lane::Ucx(Arc::new(ucx().await?))))
+        }
+        r => r,
+    }
+}
+
+impl RemoteGrant {
+    fn over(lane: Lane) -> RemoteGrant {
+        RemoteGrant { lane }
+    }
 }
 
 /// Takes hold of the owner process, maps its control page and claims the
@@ -132,37 +156,57 @@ fn attach(meta: GrantMetadata, pid: u32, fd: i32, base: u64) -> Result<RemoteGra
     page.holder_start()
         .store(sys::process_start(me).unwrap_or(0), SeqCst);
     Ok(RemoteGrant {
-        inner: Arc::new(Held {
+        lane: Lane::Cma(Arc::new(Held {
             meta,
             page: Arc::new(page),
             owner,
             base,
             me,
             producer: Mutex::new(0),
-        }),
+        })),
     })
 }
 
 impl RemoteGrant {
     /// The grant's metadata.
     pub fn metadata(&self) -> &GrantMetadata {
-        &self.inner.meta
+        match &self.lane {
+            Lane::Cma(c) => &c.meta,
+            Lane::Ucx(u) => u.metadata(),
+        }
+    }
+
+    /// The lane the grant was opened over: `"cma"` or `"ucx"`.
+    pub fn lane(&self) -> &'static str {
+        match &self.lane {
+            Lane::Cma(_) => "cma",
+            Lane::Ucx(_) => "ucx",
+        }
     }
 
     /// What the grant allows.
     pub fn rights(&self) -> Rights {
-        self.inner.meta.rights
+        self.metadata().rights
     }
 
-    /// Whether the owner revoked the grant (or it expired).
+    /// Whether the owner revoked the grant (or it expired). Over UCX: as
+    /// the last operation found it.
     pub fn is_revoked(&self) -> bool {
-        self.inner.page.state().load(SeqCst) != LIVE
-            || check::expiry(self.inner.meta.expires_at_ms, super::now_ms()).is_err()
+        let live = match &self.lane {
+            Lane::Cma(c) => c.page.state().load(SeqCst) == LIVE,
+            Lane::Ucx(u) => !u.seen_revoked(),
+        };
+        !live || check::expiry(self.metadata().expires_at_ms, super::now_ms()).is_err()
     }
 
-    /// Block `index`'s generation now (read from the owner's control page).
+    /// Block `index`'s generation now (read from the owner's control page;
+    /// over UCX, one get of it).
     pub fn generation(&self, index: u32) -> Result<u32> {
-        let page = &self.inner.page;
+        let inner = match &self.lane {
+            Lane::Cma(c) => c,
+            Lane::Ucx(u) => return u.generation(index),
+        };
+        let page = &inner.page;
         match page.generation(index) {
             Some(g) => Ok(g.load(SeqCst)),
             None => Err(GrantError::OutOfRange {
@@ -193,8 +237,17 @@ impl RemoteGrant {
         local_blocks: &[u32],
     ) -> Result<()> {
         self.precheck(Rights::READ, remote, local, local_blocks)?;
+        let inner = match &self.lane {
+            Lane::Cma(c) => c.clone(),
+            Lane::Ucx(u) => {
+                let bytes = remote_len(self.metadata(), local_blocks.len());
+                let (u, remote, local) = (u.clone(), remote.to_vec(), local.clone());
+                let local_blocks = local_blocks.to_vec();
+                let op = move || u.read(&remote, &local, &local_blocks);
+                return self.run(bytes, op).await;
+            }
+        };
         let desc = local.blocks(local_blocks)?;
-        let inner = self.inner.clone();
         let remote = remote.to_vec();
         let op = move || -> Result<()> {
             let mut segs = Vec::with_capacity(desc.block_count());
@@ -209,7 +262,7 @@ impl RemoteGrant {
             drop(desc);
             Ok(())
         };
-        self.run(remote_len(&self.inner.meta, local_blocks.len()), op)
+        self.run(remote_len(self.metadata(), local_blocks.len()), op)
             .await
     }
 
@@ -230,10 +283,19 @@ impl RemoteGrant {
             check::payload(p.len())?;
         }
         self.precheck(Rights::WRITE, remote, local, local_blocks)?;
-        let desc = local.shared_blocks(local_blocks)?;
-        let inner = self.inner.clone();
-        let remote = remote.to_vec();
         let payload = notify.map(<[u8]>::to_vec);
+        let inner = match &self.lane {
+            Lane::Cma(c) => c.clone(),
+            Lane::Ucx(u) => {
+                let bytes = remote_len(self.metadata(), local_blocks.len());
+                let (u, remote, local) = (u.clone(), remote.to_vec(), local.clone());
+                let local_blocks = local_blocks.to_vec();
+                let op = move || u.write(&local, &local_blocks, &remote, payload);
+                return self.run(bytes, op).await;
+            }
+        };
+        let desc = local.shared_blocks(local_blocks)?;
+        let remote = remote.to_vec();
         let op = move || -> Result<()> {
             let mut segs = Vec::with_capacity(desc.block_count());
             desc.raw_segments(&mut segs);
@@ -251,7 +313,7 @@ impl RemoteGrant {
             }
             Ok(())
         };
-        self.run(remote_len(&self.inner.meta, local_blocks.len()), op)
+        self.run(remote_len(self.metadata(), local_blocks.len()), op)
             .await
     }
 
@@ -263,7 +325,7 @@ impl RemoteGrant {
         local: &Pool,
         local_blocks: &[u32],
     ) -> Result<()> {
-        let m = &self.inner.meta;
+        let m = self.metadata();
         check::rights(m.rights, needed)?;
         check::expiry(m.expires_at_ms, super::now_ms())?;
         check::blocks(remote, m.block_count)?;
@@ -353,7 +415,8 @@ impl Held {
 impl std::fmt::Debug for RemoteGrant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RemoteGrant")
-            .field("metadata", &self.inner.meta)
+            .field("metadata", self.metadata())
+            .field("lane", &self.lane())
             .field("revoked", &self.is_revoked())
             .finish()
     }

@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 pub use ferry_proto::grant::{
-    BlockRef, CmaGrant, GrantError, GrantId, GrantMetadata, Rights, MAX_NOTIFICATION,
+    BlockRef, CmaGrant, GrantError, GrantId, GrantMetadata, Rights, UcxGrant, MAX_NOTIFICATION,
 };
 
 mod control;
@@ -23,6 +23,7 @@ mod holder;
 mod owner;
 mod ring;
 mod sys;
+mod ucx;
 
 pub(crate) use holder::open as open_grant;
 pub use holder::{RemoteGrant, INLINE_MAX};
@@ -49,6 +50,8 @@ pub struct GrantOptions {
     pub(crate) expires_after: Option<Duration>,
     pub(crate) spin: Option<Duration>,
     pub(crate) revoke_deadline: Duration,
+    pub(crate) ucx: Option<bool>,
+    pub(crate) cma: bool,
 }
 
 impl GrantOptions {
@@ -62,6 +65,8 @@ impl GrantOptions {
             expires_after: None,
             spin: None,
             revoke_deadline: crate::DEFAULT_LIVENESS,
+            ucx: None,
+            cma: true,
         }
     }
 
@@ -118,6 +123,23 @@ impl GrantOptions {
     /// [`DEFAULT_LIVENESS`](crate::DEFAULT_LIVENESS) (1.5 s).
     pub fn revoke_deadline(mut self, d: Duration) -> GrantOptions {
         self.revoke_deadline = d;
+        self
+    }
+
+    /// Offers the UCX lane too (`true`), on a UCX worker and registrations
+    /// of the grant's own (`docs/grants.md`, "UCX"), also where UCX has no
+    /// RDMA transport and emulates gets and puts by messages this process
+    /// answers (UCX over TCP); the grant is refused if UCX cannot start.
+    /// Default: no UCX lane.
+    pub fn ucx(mut self, on: bool) -> GrantOptions {
+        self.ucx = Some(on);
+        self
+    }
+
+    /// Offers the cross-memory attach lane (default `true`); `false` with
+    /// [`ucx`](Self::ucx)`(true)` makes a same-host holder use UCX.
+    pub fn cma(mut self, on: bool) -> GrantOptions {
+        self.cma = on;
         self
     }
 

@@ -48,6 +48,8 @@ struct Owned {
     deadline: Duration,
     notes: tokio::sync::Mutex<mpsc::Receiver<Notification>>,
     stop: Arc<AtomicBool>,
+    /// The UCX lane, where offered.
+    ucx: Option<super::ucx::UcxOwner>,
 }
 
 /// Makes a grant over `pool` (see [`Connector::grant`](crate::Connector::grant)).
@@ -92,6 +94,10 @@ pub(crate) fn create(owner: &str, host_id: &str, pool: &Pool, opts: GrantOptions
         expires_at_ms: expires_at_ms.unwrap_or(0),
         rights: opts.rights,
     })?;
+    let page = Arc::new(page);
+    let len = pool.block_size() as u64 * u64::from(block_count);
+    let lane = super::ucx::offer(opts.ucx, grant, &token, base, len, &page)?;
+    let (ucx, ucx_meta) = lane.map_or((None, None), |(o, m)| (Some(o), Some(m)));
     let meta = GrantMetadata {
         owner: owner.to_string(),
         host_id: host_id.to_string(),
@@ -103,17 +109,16 @@ pub(crate) fn create(owner: &str, host_id: &str, pool: &Pool, opts: GrantOptions
         block_size: pool.block_size() as u64,
         block_count,
         device: pool.device(),
-        cma: Some(CmaGrant {
+        cma: opts.cma.then(|| CmaGrant {
             pid: std::process::id(),
             control_fd: page.raw_fd(),
             cookie,
             base,
         }),
-        ucx: None,
+        ucx: ucx_meta,
     };
     // Refuses metadata over 1 KiB (worker ids JSON escapes) now, not later.
     meta.to_json()?;
-    let page = Arc::new(page);
     let stop = Arc::new(AtomicBool::new(false));
     let (tx, rx) = mpsc::channel(QUEUE);
     let spin = opts.spin.unwrap_or(Duration::ZERO);
@@ -131,6 +136,7 @@ pub(crate) fn create(owner: &str, host_id: &str, pool: &Pool, opts: GrantOptions
         deadline: opts.revoke_deadline,
         notes: tokio::sync::Mutex::new(rx),
         stop,
+        ucx,
     });
     if let Some(after) = opts.expires_after {
         let weak = Arc::downgrade(&inner);
@@ -201,6 +207,17 @@ impl Owned {
 
     async fn revoke(this: Arc<Owned>) -> Result<()> {
         this.set_revoked();
+        if this.ucx.is_some() {
+            let t = this.clone();
+            tokio::task::spawn_blocking(move || t.ucx.as_ref().map(|u| u.shut(true)))
+                .await
+                .map_err(|e| Error::Config(format!("a grant's revoke failed: {e}")))?
+                .filter(|&gone| gone)
+                .ok_or(GrantError::Stalled {
+                    pending: 1,
+                    waited_ms: 2000,
+                })?;
+        }
         Owned::drain(this).await
     }
 }
@@ -308,6 +325,9 @@ impl Drop for Grant {
         inner.set_revoked();
         inner.stop.store(true, SeqCst);
         sys::futex_wake(inner.page.ring_tail());
+        if let Some(u) = &inner.ucx {
+            u.shut(false);
+        }
         if inner.idle() {
             return;
         }
