@@ -100,7 +100,7 @@ impl UcxOwner {
         let data = MemReg::register(ucx, base, len)?;
         let (cbase, clen) = page.control_words();
         let control = MemReg::register(ucx, cbase, clen)?;
-        lock(&pages()).insert(grant.0, Arc::downgrade(page));
+        lock(pages()).insert(grant.0, Arc::downgrade(page));
         let params = ffi::AmHandlerParam {
             field_mask: ffi::UCP_AM_HANDLER_PARAM_FIELD_ID
                 | ffi::UCP_AM_HANDLER_PARAM_FIELD_CB
@@ -140,7 +140,7 @@ impl UcxOwner {
         let start = Instant::now();
         loop {
             if self.gone.strong_count() == 0 {
-                lock(&pages()).remove(&self.grant.0);
+                lock(pages()).remove(&self.grant.0);
                 return true;
             }
             if !wait || start.elapsed() > SHUTDOWN {
@@ -173,7 +173,7 @@ pub(super) fn offer(
 impl Drop for UcxOwner {
     fn drop(&mut self) {
         self.shut(false);
-        lock(&pages()).remove(&self.grant.0);
+        lock(pages()).remove(&self.grant.0);
     }
 }
 
@@ -247,7 +247,7 @@ unsafe extern "C" fn on_notification(
 }
 
 fn queue(grant: u64, n: Notification) {
-    let Some(page) = lock(&pages()).get(&grant).and_then(Weak::upgrade) else {
+    let Some(page) = lock(pages()).get(&grant).and_then(Weak::upgrade) else {
         return;
     };
     // The ring has one producer: this process's handler, unless a
