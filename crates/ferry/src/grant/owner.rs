@@ -361,3 +361,59 @@ impl std::fmt::Debug for Grant {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+    use std::time::Instant;
+
+    use super::*;
+
+    /// Memory that says when it is freed.
+    struct Watched {
+        _mem: Vec<u8>,
+        freed: Arc<AtomicBool>,
+    }
+
+    impl Drop for Watched {
+        fn drop(&mut self) {
+            self.freed.store(true, SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_dropped_grant_keeps_the_memory_until_the_copy_in_flight_ends() {
+        let freed = Arc::new(AtomicBool::new(false));
+        let mut mem = vec![0u8; 4 * 4096];
+        let ptr = mem.as_mut_ptr();
+        let watched = Watched {
+            _mem: mem,
+            freed: freed.clone(),
+        };
+        // SAFETY: the vector's buffer lives as long as `watched`, which the
+        // pool owns; nothing else touches it.
+        let pool = unsafe {
+            Pool::from_raw_parts(ptr, 4 * 4096, 4096, ferry_proto::Device::CPU, true, watched)
+        }
+        .unwrap();
+        let g = create("o", "h", &pool, GrantOptions::write().bearer()).unwrap();
+        let page = g.inner.page.clone();
+        // A holder (this process) with a copy in flight.
+        let me = std::process::id();
+        page.holder_pid().store(me, SeqCst);
+        page.holder_start()
+            .store(sys::process_start(me).unwrap(), SeqCst);
+        let copy = fence::enter(&page).unwrap();
+        drop(pool);
+        drop(g);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!freed.load(SeqCst), "the memory was freed under a copy");
+        assert!(page.state().load(SeqCst) == REVOKED);
+        drop(copy);
+        let t = Instant::now();
+        while !freed.load(SeqCst) {
+            assert!(t.elapsed() < Duration::from_secs(5), "never freed");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
