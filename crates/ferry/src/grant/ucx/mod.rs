@@ -273,3 +273,44 @@ pub(super) fn failed(what: &str, why: String) -> GrantError {
          down) or exited"
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notification_headers_decode_as_encoded_and_refuse_other_shapes() {
+        let h = encode_header(GrantId(7), 42, 3, 2);
+        assert_eq!(header(&h), Some((7, 42, 3, 2)));
+        assert_eq!(header(&h[..23]), None);
+        assert_eq!(header(&[0; 25]), None);
+    }
+
+    #[test]
+    fn the_seal_covers_every_field_and_the_token() {
+        let lane = UcxGrant {
+            address: vec![1; 100],
+            rkey: vec![2; 30],
+            base: 4096,
+            control_rkey: vec![3; 30],
+            control_base: 8192,
+            seal: [0; 16],
+        };
+        let t = Token::from_bytes([9; 16]);
+        let s = seal(&t, GrantId(1), &lane);
+        assert_ne!(s, seal(&Token::from_bytes([8; 16]), GrantId(1), &lane));
+        assert_ne!(s, seal(&t, GrantId(2), &lane));
+        let edits: [fn(&mut UcxGrant); 5] = [
+            |l| l.address[0] ^= 1,
+            |l| l.rkey.push(0),
+            |l| l.base += 1,
+            |l| l.control_rkey[5] = 0,
+            |l| l.control_base -= 1,
+        ];
+        for edit in edits {
+            let mut l = lane.clone();
+            edit(&mut l);
+            assert_ne!(s, seal(&t, GrantId(1), &l));
+        }
+    }
+}
