@@ -204,7 +204,7 @@ impl RemoteGrant {
     pub fn generation(&self, index: u32) -> Result<u32> {
         let inner = match &self.lane {
             Lane::Cma(c) => c,
-            Lane::Ucx(u) => return u.generation(index),
+            Lane::Ucx(u) => return Ok(u.generations(&[index])?[0]),
         };
         let page = &inner.page;
         match page.generation(index) {
@@ -217,8 +217,17 @@ impl RemoteGrant {
         }
     }
 
-    /// The current references of blocks `indices`.
+    /// The current references of blocks `indices` (over UCX, read in one
+    /// batch of gets).
     pub fn block_refs(&self, indices: &[u32]) -> Result<Vec<BlockRef>> {
+        if let Lane::Ucx(u) = &self.lane {
+            let g = u.generations(indices)?;
+            return Ok(indices
+                .iter()
+                .zip(g)
+                .map(|(&i, g)| BlockRef::new(i, g))
+                .collect());
+        }
         indices
             .iter()
             .map(|&i| Ok(BlockRef::new(i, self.generation(i)?)))

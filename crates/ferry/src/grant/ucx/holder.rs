@@ -29,13 +29,22 @@ pub(in crate::grant) struct UcxHeld {
     lane: UcxGrant,
     block_size: u64,
     /// The holder's worker runs until this drops.
-    _stop: watch::Sender<bool>,
+    stop: watch::Sender<bool>,
     /// The notification sequence (and the lock that orders them).
     producer: Mutex<u64>,
     grant: ferry_proto::grant::GrantId,
     meta: GrantMetadata,
     /// An operation found the grant revoked (or its owner gone).
     revoked: AtomicBool,
+}
+
+impl Drop for UcxHeld {
+    fn drop(&mut self) {
+        // Ends the holder worker's progress task (a dropped sender alone
+        // would not); the keys, then the endpoint, drop after this, and
+        // the worker with the endpoint's reference.
+        let _ = self.stop.send(true);
+    }
 }
 
 /// The remote keys of the granted memory and of the control words,
@@ -111,7 +120,7 @@ pub(in crate::grant) async fn open(meta: &GrantMetadata) -> Result<UcxHeld> {
         ep,
         lane,
         block_size: meta.block_size,
-        _stop: stop,
+        stop,
         producer: Mutex::new(0),
         grant: meta.grant,
         meta: meta.clone(),
@@ -133,14 +142,14 @@ impl UcxHeld {
         self.revoked.load(SeqCst)
     }
 
-    /// Block `index`'s generation, read one-sidedly.
-    pub(in crate::grant) fn generation(&self, index: u32) -> Result<u32> {
-        check::blocks(&[BlockRef::new(index, 0)], self.meta.block_count)?;
-        match self.control(&[BlockRef::new(index, u32::MAX)]) {
-            Err(crate::Error::Grant(GrantError::StaleGeneration { current, .. })) => Ok(current),
-            Ok(()) => Ok(u32::MAX),
-            Err(e) => Err(e),
-        }
+    /// The generations of blocks `indices`, read one-sidedly in one
+    /// batch (with the state: `Revoked` if the grant is).
+    pub(in crate::grant) fn generations(&self, indices: &[u32]) -> Result<Vec<u32>> {
+        let refs: Vec<BlockRef> = indices.iter().map(|&i| BlockRef::new(i, 0)).collect();
+        check::blocks(&refs, self.meta.block_count)?;
+        let mut words = self.words(&refs)?;
+        words.remove(0);
+        Ok(words)
     }
 
     /// Waits for `batch`, at most [`STEP`]; a failure is UCX's words.
@@ -161,6 +170,19 @@ impl UcxHeld {
     /// Reads the state and the generations of `remote` one-sidedly and
     /// checks them: `Revoked`, `StaleGeneration`, or the words read.
     fn control(&self, remote: &[BlockRef]) -> Result<()> {
+        let words = self.words(remote)?;
+        check::generations(remote, |i| {
+            remote
+                .iter()
+                .position(|r| r.index == i)
+                .map_or(u32::MAX, |p| words[p + 1])
+        })?;
+        Ok(())
+    }
+
+    /// The state (checked: `Revoked`), then the generations of `remote`,
+    /// read one-sidedly in one batch.
+    fn words(&self, remote: &[BlockRef]) -> Result<Vec<u32>> {
         let mut words = vec![0u32; 1 + remote.len()];
         let batch = Batch::new();
         let api = &self.ep.worker.ucx.api;
@@ -203,13 +225,7 @@ impl UcxHeld {
             self.revoked.store(true, SeqCst);
             return Err(GrantError::Revoked.into());
         }
-        check::generations(remote, |i| {
-            remote
-                .iter()
-                .position(|r| r.index == i)
-                .map_or(u32::MAX, |p| words[p + 1])
-        })?;
-        Ok(())
+        Ok(words)
     }
 
     /// The owner's address of block `index`.
