@@ -133,6 +133,7 @@ mod tests {
             // A device grant has no TCP lane (the owner's runtime copies
             // with the CPU).
             tcp: None,
+            ucx: None,
         }
     }
 

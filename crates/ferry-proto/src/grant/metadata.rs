@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 
 use super::cuda_ipc::RawCudaIpc;
+use super::ucx::{RawUcx, UcxGrant};
 use super::{CudaIpcGrant, GrantError, GrantId, Rights};
 use crate::{Device, Token};
 
@@ -106,6 +107,8 @@ pub struct GrantMetadata {
     pub cuda_ipc: Option<CudaIpcGrant>,
     /// The TCP lane, where the owner offers it.
     pub tcp: Option<TcpGrant>,
+    /// The UCX lane, where the owner offers it.
+    pub ucx: Option<UcxGrant>,
 }
 
 impl fmt::Debug for GrantMetadata {
@@ -122,6 +125,7 @@ impl fmt::Debug for GrantMetadata {
             .field("cma", &self.cma)
             .field("cuda_ipc", &self.cuda_ipc)
             .field("tcp", &self.tcp)
+            .field("ucx", &self.ucx)
             .finish_non_exhaustive()
     }
 }
@@ -148,6 +152,8 @@ struct RawGrant {
     cuda_ipc: Option<RawCudaIpc>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     tcp: Option<Vec<SocketAddr>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ucx: Option<RawUcx>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -215,6 +221,9 @@ impl GrantMetadata {
                 )));
             }
         }
+        if let Some(u) = &self.ucx {
+            u.validate(total)?;
+        }
         Ok(())
     }
 
@@ -248,6 +257,7 @@ impl GrantMetadata {
             }),
             cuda_ipc: self.cuda_ipc.as_ref().map(RawCudaIpc::from),
             tcp: self.tcp.as_ref().map(|t| t.addresses.clone()),
+            ucx: self.ucx.as_ref().map(UcxGrant::to_raw),
         };
         let s = serde_json::to_string(&raw).map_err(|e| GrantError::Malformed(e.to_string()))?;
         if s.len() > MAX_GRANT_JSON {
@@ -312,6 +322,7 @@ impl GrantMetadata {
             cma,
             cuda_ipc: raw.cuda_ipc.map(CudaIpcGrant::try_from).transpose()?,
             tcp: raw.tcp.map(|addresses| TcpGrant { addresses }),
+            ucx: raw.ucx.map(UcxGrant::from_raw).transpose()?,
         };
         m.validate()?;
         Ok(m)

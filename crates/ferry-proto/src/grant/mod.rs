@@ -27,12 +27,14 @@ mod cuda_ipc;
 mod error;
 mod metadata;
 pub mod serve;
+mod ucx;
 
 pub use cuda_ipc::{CudaIpcGrant, IPC_HANDLE_LEN};
 pub use error::GrantError;
 pub use metadata::{
     CmaGrant, GrantMetadata, TcpGrant, GRANT_VERSION, MAX_GRANT_JSON, MAX_TCP_ADDRESSES,
 };
+pub use ucx::{UcxGrant, MAX_UCX_ADDRESS, MAX_UCX_RKEY};
 
 /// The largest notification payload a one-sided write may carry to the
 /// owner (NIXL's `notif_msg`), in bytes.

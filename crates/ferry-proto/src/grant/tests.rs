@@ -25,7 +25,13 @@ fn sample() -> GrantMetadata {
         tcp: Some(TcpGrant {
             addresses: vec!["10.0.0.7:7100".parse().unwrap()],
         }),
+        ucx: None,
     }
+}
+
+/// [`sample`] for the UCX lane's tests.
+pub(super) fn sample_metadata() -> GrantMetadata {
+    sample()
 }
 
 #[test]

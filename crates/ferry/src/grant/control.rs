@@ -36,7 +36,9 @@ use super::sys::{self, Shared};
 const MAGIC: u64 = u64::from_le_bytes(*b"FERRYGNT");
 const LAYOUT: u32 = 1;
 /// Where the generation table starts.
-const GENERATIONS: usize = 192;
+pub(super) const GENERATIONS: usize = 192;
+/// Where the state word is.
+pub(super) const STATE_AT: usize = 104;
 /// The size of one ring entry: 36 words of 8 bytes (sequence, what and
 /// length, first block and count, 256 bytes of payload, one spare).
 pub(super) const ENTRY: usize = 288;
@@ -149,6 +151,15 @@ impl ControlPage {
             return Err(forged("shape, rights or expiry"));
         }
         Ok(page)
+    }
+
+    /// The address and length of the page's header and generation table
+    /// (what the UCX lane lets its holder read: `grant/ucx.rs`).
+    pub(super) fn control_words(&self) -> (u64, u64) {
+        (
+            self.map.ptr().as_ptr() as usize as u64,
+            (GENERATIONS + 4 * self.block_count as usize) as u64,
+        )
     }
 
     /// The page's descriptor number in this process.

@@ -43,6 +43,8 @@ enum Lane {
     Cma(Arc<Held>),
     /// TCP: the owner's runtime serves each request.
     Tcp(Arc<TcpHeld>),
+    /// UCX: gets and puts with the grant's remote keys.
+    Ucx(Arc<super::ucx::holder::UcxHeld>),
 }
 
 struct Held {
@@ -92,18 +94,26 @@ pub(crate) async fn open(
     let by_tcp = || -> Result<RemoteGrant> {
         let tcp = tcp.ok_or_else(|| GrantError::NoLane("no TCP transport here".into()))?;
         let held = TcpHeld::new(meta, tcp.clone())?;
-        Ok(RemoteGrant {
-            lane: Lane::Tcp(Arc::new(held)),
-        })
+        Ok(RemoteGrant::over(Lane::Tcp(Arc::new(held))))
+    };
+    let by_ucx = || async {
+        let held = super::ucx::holder::open(meta).await?;
+        Ok::<_, Error>(RemoteGrant::over(Lane::Ucx(Arc::new(held))))
     };
     match via {
         GrantLane::Tcp => return by_tcp(),
         GrantLane::Cma => return open_cma(host_id, meta).await,
+        GrantLane::Ucx => return by_ucx().await,
         _ => {}
     }
     match open_cma(host_id, meta).await {
         // The grant's own answers (forged, revoked, claimed) stand; only
-        // a lane that does not reach the owner falls back.
+        // a lane that does not reach the owner falls back: to UCX where
+        // the grant offers it, else to TCP.
+        Err(Error::Grant(GrantError::NoLane(why))) if meta.ucx.is_some() => {
+            tracing::debug!("grant {}: by UCX ({why})", meta.grant.0);
+            by_ucx().await
+        }
         Err(Error::Grant(GrantError::NoLane(why))) if meta.tcp.is_some() && tcp.is_some() => {
             tracing::debug!("grant {}: by TCP ({why})", meta.grant.0);
             by_tcp()
@@ -126,6 +136,12 @@ async fn open_cma(host_id: &str, meta: &GrantMetadata) -> Result<RemoteGrant> {
     tokio::task::spawn_blocking(move || attach(meta, lane.pid, lane.control_fd, lane.base))
         .await
         .map_err(|e| Error::Config(format!("opening a grant failed: {e}")))?
+}
+
+impl RemoteGrant {
+    fn over(lane: Lane) -> RemoteGrant {
+        RemoteGrant { lane }
+    }
 }
 
 /// Takes hold of the owner process, maps its control page and claims the
@@ -197,6 +213,7 @@ impl RemoteGrant {
         match &self.lane {
             Lane::Cma(h) => &h.meta,
             Lane::Tcp(t) => t.metadata(),
+            Lane::Ucx(u) => u.metadata(),
         }
     }
 
@@ -205,32 +222,35 @@ impl RemoteGrant {
         self.metadata().rights
     }
 
-    /// The lane the grant was opened by: [`GrantLane::Cma`] or
-    /// [`GrantLane::Tcp`].
+    /// The lane the grant was opened by: [`GrantLane::Cma`],
+    /// [`GrantLane::Tcp`] or [`GrantLane::Ucx`].
     pub fn lane(&self) -> GrantLane {
         match &self.lane {
             Lane::Cma(_) => GrantLane::Cma,
             Lane::Tcp(_) => GrantLane::Tcp,
+            Lane::Ucx(_) => GrantLane::Ucx,
         }
     }
 
-    /// Whether the owner revoked the grant (or it expired). Over TCP: as
-    /// far as this holder learned (at its last request).
+    /// Whether the owner revoked the grant (or it expired). Over TCP and
+    /// UCX: as far as this holder learned (at its last operation).
     pub fn is_revoked(&self) -> bool {
         let expired = check::expiry(self.metadata().expires_at_ms, super::now_ms()).is_err();
         match &self.lane {
             Lane::Cma(h) => h.page.state().load(SeqCst) != LIVE || expired,
             Lane::Tcp(t) => t.is_revoked() || expired,
+            Lane::Ucx(u) => u.seen_revoked() || expired,
         }
     }
 
     /// Block `index`'s generation now (cma: read from the owner's control
-    /// page; TCP: the last one this holder learned, from the owner's
-    /// refusals of a stale one, 0 at first).
+    /// page; UCX: one get of it; TCP: the last one this holder learned,
+    /// from the owner's refusals of a stale one, 0 at first).
     pub fn generation(&self, index: u32) -> Result<u32> {
         let h = match &self.lane {
             Lane::Cma(h) => h,
             Lane::Tcp(t) => return t.generation(index),
+            Lane::Ucx(u) => return Ok(u.generations(&[index])?[0]),
         };
         let page = &h.page;
         match page.generation(index) {
@@ -243,8 +263,17 @@ impl RemoteGrant {
         }
     }
 
-    /// The current references of blocks `indices`.
+    /// The current references of blocks `indices` (over UCX, read in one
+    /// batch of gets).
     pub fn block_refs(&self, indices: &[u32]) -> Result<Vec<BlockRef>> {
+        if let Lane::Ucx(u) = &self.lane {
+            let g = u.generations(indices)?;
+            return Ok(indices
+                .iter()
+                .zip(g)
+                .map(|(&i, g)| BlockRef::new(i, g))
+                .collect());
+        }
         indices
             .iter()
             .map(|&i| Ok(BlockRef::new(i, self.generation(i)?)))
@@ -266,6 +295,13 @@ impl RemoteGrant {
         let inner = match &self.lane {
             Lane::Cma(h) => h.clone(),
             Lane::Tcp(t) => return t.read_blocks(remote, local, local_blocks).await,
+            Lane::Ucx(u) => {
+                let bytes = remote_len(self.metadata(), local_blocks.len());
+                let (u, remote, local) = (u.clone(), remote.to_vec(), local.clone());
+                let local_blocks = local_blocks.to_vec();
+                let op = move || u.read(&remote, &local, &local_blocks);
+                return self.run(bytes, op).await;
+            }
         };
         let desc = local.blocks(local_blocks)?;
         let remote = remote.to_vec();
@@ -312,13 +348,20 @@ impl RemoteGrant {
             check::payload(p.len())?;
         }
         self.precheck(Rights::WRITE, remote, local, local_blocks)?;
+        let payload = notify.map(<[u8]>::to_vec);
         let inner = match &self.lane {
-            Lane::Cma(h) => h.clone(),
+            Lane::Cma(c) => c.clone(),
             Lane::Tcp(t) => return t.write_blocks(local, local_blocks, remote, notify).await,
+            Lane::Ucx(u) => {
+                let bytes = remote_len(self.metadata(), local_blocks.len());
+                let (u, remote, local) = (u.clone(), remote.to_vec(), local.clone());
+                let local_blocks = local_blocks.to_vec();
+                let op = move || u.write(&local, &local_blocks, &remote, payload);
+                return self.run(bytes, op).await;
+            }
         };
         let desc = local.shared_blocks(local_blocks)?;
         let remote = remote.to_vec();
-        let payload = notify.map(<[u8]>::to_vec);
         let op = move || -> Result<()> {
             let mut segs = Vec::with_capacity(desc.block_count());
             desc.raw_segments(&mut segs);
@@ -360,7 +403,7 @@ impl RemoteGrant {
         check::rights(m.rights, needed)?;
         let held = match &self.lane {
             Lane::Cma(h) => Some(h),
-            Lane::Tcp(_) => None,
+            Lane::Tcp(_) | Lane::Ucx(_) => None,
         };
         check::expiry(m.expires_at_ms, super::now_ms()).inspect_err(|_| {
             if let Some(h) = held {

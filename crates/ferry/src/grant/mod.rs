@@ -16,7 +16,7 @@ use std::time::Duration;
 
 pub use ferry_proto::grant::{
     BlockRef, CmaGrant, CudaIpcGrant, GrantError, GrantId, GrantMetadata, Rights, TcpGrant,
-    MAX_NOTIFICATION, MAX_TCP_CHUNK,
+    UcxGrant, MAX_NOTIFICATION, MAX_TCP_CHUNK,
 };
 
 mod control;
@@ -29,6 +29,7 @@ mod remote_tcp;
 mod ring;
 mod served;
 mod sys;
+mod ucx;
 
 pub(crate) use holder::open as open_grant;
 pub use holder::{RemoteGrant, INLINE_MAX};
@@ -42,7 +43,7 @@ pub(crate) use served::GrantTable;
 #[non_exhaustive]
 pub enum GrantLane {
     /// Cross-memory attach where it reaches the owner (same host, the
-    /// control page opens), else TCP.
+    /// control page opens), else UCX where the grant offers it, else TCP.
     #[default]
     Any,
     /// Cross-memory attach only.
@@ -50,6 +51,9 @@ pub enum GrantLane {
     /// TCP only: each operation is one request served in the owner's
     /// runtime (tests, benches, or a holder that must not attach).
     Tcp,
+    /// UCX only: gets and puts with the grant's remote keys (the grant
+    /// must offer it, `GrantOptions::ucx`).
+    Ucx,
 }
 
 /// How a grant is made: what it allows, to whom, for how long, and how its
@@ -73,6 +77,8 @@ pub struct GrantOptions {
     pub(crate) spin: Option<Duration>,
     pub(crate) revoke_deadline: Duration,
     pub(crate) tcp: bool,
+    pub(crate) ucx: Option<bool>,
+    pub(crate) cma: bool,
 }
 
 impl GrantOptions {
@@ -87,6 +93,8 @@ impl GrantOptions {
             spin: None,
             revoke_deadline: crate::DEFAULT_LIVENESS,
             tcp: true,
+            ucx: None,
+            cma: true,
         }
     }
 
@@ -153,6 +161,23 @@ impl GrantOptions {
     /// reach the grant.
     pub fn tcp(mut self, offered: bool) -> GrantOptions {
         self.tcp = offered;
+        self
+    }
+
+    /// Offers the UCX lane too (`true`), on a UCX worker and registrations
+    /// of the grant's own (`docs/grants.md`, "UCX"), also where UCX has no
+    /// RDMA transport and emulates gets and puts by messages this process
+    /// answers (UCX over TCP); the grant is refused if UCX cannot start.
+    /// Default: no UCX lane.
+    pub fn ucx(mut self, on: bool) -> GrantOptions {
+        self.ucx = Some(on);
+        self
+    }
+
+    /// Offers the cross-memory attach lane (default `true`); `false` with
+    /// [`ucx`](Self::ucx)`(true)` makes a same-host holder use UCX.
+    pub fn cma(mut self, on: bool) -> GrantOptions {
+        self.cma = on;
         self
     }
 

@@ -52,6 +52,8 @@ pub(super) struct Owned {
     deadline: Duration,
     notes: tokio::sync::Mutex<mpsc::Receiver<Notification>>,
     stop: Arc<AtomicBool>,
+    /// The UCX lane, where offered.
+    ucx: Option<super::ucx::UcxOwner>,
 }
 
 /// Makes a grant over `pool` (see [`Connector::grant`](crate::Connector::grant)).
@@ -108,6 +110,20 @@ pub(crate) fn create(
     // The TCP lane serves host memory only: the owner's runtime copies
     // with the CPU, which never touches device memory.
     let tcp = tcp.filter(|_| opts.tcp && cuda_ipc.is_none());
+    let page = Arc::new(page);
+    let len = pool.block_size() as u64 * u64::from(block_count);
+    // The UCX lane registers host memory only here (its registration of
+    // device memory is not built for grants): a device pool says so.
+    if cuda_ipc.is_some() && opts.ucx == Some(true) {
+        return Err(GrantError::NoLane(
+            "a grant of device memory offers CUDA IPC only: UCX grants of GPU memory are not \
+             built; use a per-operation transfer for another host"
+                .into(),
+        )
+        .into());
+    }
+    let lane = super::ucx::offer(opts.ucx, grant, &token, base, len, &page)?;
+    let (ucx, ucx_meta) = lane.map_or((None, None), |(o, m)| (Some(o), Some(m)));
     let mut meta = GrantMetadata {
         owner: owner.to_string(),
         host_id: host_id.to_string(),
@@ -119,7 +135,7 @@ pub(crate) fn create(
         block_size: pool.block_size() as u64,
         block_count,
         device: pool.device(),
-        cma: Some(CmaGrant {
+        cma: opts.cma.then(|| CmaGrant {
             pid: std::process::id(),
             control_fd: page.raw_fd(),
             cookie,
@@ -136,6 +152,7 @@ pub(crate) fn create(
                     .collect(),
             })
             .filter(|t| !t.addresses.is_empty()),
+        ucx: ucx_meta,
     };
     // The TCP lane's addresses make the metadata longer: past 1 KiB
     // (long worker ids, many addresses), fewer of them, then none.
@@ -150,7 +167,6 @@ pub(crate) fn create(
     }
     // Refuses metadata over 1 KiB (worker ids JSON escapes) now, not later.
     meta.to_json()?;
-    let page = Arc::new(page);
     let stop = Arc::new(AtomicBool::new(false));
     let (tx, rx) = mpsc::channel(QUEUE);
     let spin = opts.spin.unwrap_or(Duration::ZERO);
@@ -169,6 +185,7 @@ pub(crate) fn create(
         deadline: opts.revoke_deadline,
         notes: tokio::sync::Mutex::new(rx),
         stop,
+        ucx,
     });
     if let Some(after) = opts.expires_after {
         let weak = Arc::downgrade(&inner);
@@ -239,6 +256,17 @@ impl Owned {
 
     async fn revoke(this: Arc<Owned>) -> Result<()> {
         this.set_revoked();
+        if this.ucx.is_some() {
+            let t = this.clone();
+            tokio::task::spawn_blocking(move || t.ucx.as_ref().map(|u| u.shut(true)))
+                .await
+                .map_err(|e| Error::Config(format!("a grant's revoke failed: {e}")))?
+                .filter(|&gone| gone)
+                .ok_or(GrantError::Stalled {
+                    pending: 1,
+                    waited_ms: 2000,
+                })?;
+        }
         Owned::drain(this).await
     }
 }
@@ -350,6 +378,9 @@ impl Drop for Grant {
         inner.set_revoked();
         inner.stop.store(true, SeqCst);
         sys::futex_wake(inner.page.ring_tail());
+        if let Some(u) = &inner.ucx {
+            u.shut(false);
+        }
         if inner.idle() {
             return;
         }

@@ -428,7 +428,9 @@ impl Driver {
             Step::LaneOffer { .. } => {}
             // No grant is served over this channel, nor asked for.
             Step::ServeGrant(_) | Step::GrantReply(_) => {
-                return Err(channel_error("a grant request on a channel that serves none"))
+                return Err(channel_error(
+                    "a grant request on a channel that serves none",
+                ))
             }
         }
         Ok(())

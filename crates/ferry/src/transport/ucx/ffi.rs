@@ -36,6 +36,12 @@ pub(crate) const UCP_PARAM_FIELD_MT_WORKERS_SHARED: u64 = 1 << 5;
 pub(crate) const UCP_PARAM_FIELD_NAME: u64 = 1 << 8;
 pub(crate) const UCP_FEATURE_RMA: u64 = 1 << 1;
 pub(crate) const UCP_FEATURE_WAKEUP: u64 = 1 << 4;
+pub(crate) const UCP_FEATURE_AM: u64 = 1 << 6;
+pub(crate) const UCP_AM_HANDLER_PARAM_FIELD_ID: u64 = 1 << 0;
+pub(crate) const UCP_AM_HANDLER_PARAM_FIELD_CB: u64 = 1 << 2;
+pub(crate) const UCP_AM_HANDLER_PARAM_FIELD_ARG: u64 = 1 << 3;
+pub(crate) const UCP_AM_RECV_ATTR_FLAG_RNDV: u64 = 1 << 17;
+pub(crate) const UCP_AM_SEND_FLAG_EAGER: u32 = 1 << 1;
 
 pub(crate) const UCP_WORKER_PARAM_FIELD_THREAD_MODE: u64 = 1 << 0;
 pub(crate) const UCS_THREAD_MODE_MULTI: c_uint = 2;
@@ -172,6 +178,38 @@ const _: () = {
     assert!(offset_of!(RequestParam, user_data) == 32 && offset_of!(RequestParam, cb) == 16);
 };
 
+/// `ucp_am_recv_callback_t`.
+pub(crate) type AmRecvCallback = unsafe extern "C" fn(
+    *mut c_void,
+    *const c_void,
+    usize,
+    *mut c_void,
+    usize,
+    *const AmRecvParam,
+) -> Status;
+
+/// `ucp_am_handler_param_t` (UCX 1.10 and newer).
+#[repr(C)]
+pub(crate) struct AmHandlerParam {
+    pub(crate) field_mask: u64,
+    pub(crate) id: c_uint,
+    pub(crate) flags: u32,
+    pub(crate) cb: Option<AmRecvCallback>,
+    pub(crate) arg: *mut c_void,
+}
+
+/// `ucp_am_recv_param_t`: its head (`recv_attr`), the only field read.
+#[repr(C)]
+pub(crate) struct AmRecvParam {
+    pub(crate) recv_attr: u64,
+    pub(crate) reply_ep: Ep,
+}
+
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<AmHandlerParam>() == 32 && offset_of!(AmHandlerParam, arg) == 24);
+};
+
 /// The functions Ferry calls, resolved from one loaded `libucp`.
 pub(crate) struct Api {
     pub(crate) get_version: unsafe extern "C" fn(*mut c_uint, *mut c_uint, *mut c_uint),
@@ -205,6 +243,20 @@ pub(crate) struct Api {
     pub(crate) rkey_destroy: unsafe extern "C" fn(RKey),
     pub(crate) get_nbx:
         unsafe extern "C" fn(Ep, *mut c_void, usize, u64, RKey, *const RequestParam) -> StatusPtr,
+    pub(crate) put_nbx:
+        unsafe extern "C" fn(Ep, *const c_void, usize, u64, RKey, *const RequestParam) -> StatusPtr,
+    pub(crate) ep_flush_nbx: unsafe extern "C" fn(Ep, *const RequestParam) -> StatusPtr,
+    pub(crate) am_send_nbx: unsafe extern "C" fn(
+        Ep,
+        c_uint,
+        *const c_void,
+        usize,
+        *const c_void,
+        usize,
+        *const RequestParam,
+    ) -> StatusPtr,
+    pub(crate) worker_set_am_recv_handler:
+        unsafe extern "C" fn(Worker, *const AmHandlerParam) -> Status,
     pub(crate) request_check_status: unsafe extern "C" fn(*mut c_void) -> Status,
     pub(crate) request_free: unsafe extern "C" fn(*mut c_void),
     pub(crate) status_string: unsafe extern "C" fn(Status) -> *const c_char,
@@ -282,6 +334,10 @@ impl Api {
             ep_rkey_unpack: sym!(lib, "ucp_ep_rkey_unpack"),
             rkey_destroy: sym!(lib, "ucp_rkey_destroy"),
             get_nbx: sym!(lib, "ucp_get_nbx"),
+            put_nbx: sym!(lib, "ucp_put_nbx"),
+            ep_flush_nbx: sym!(lib, "ucp_ep_flush_nbx"),
+            am_send_nbx: sym!(lib, "ucp_am_send_nbx"),
+            worker_set_am_recv_handler: sym!(lib, "ucp_worker_set_am_recv_handler"),
             request_check_status: sym!(lib, "ucp_request_check_status"),
             request_free: sym!(lib, "ucp_request_free"),
             status_string: sym!(ucs, "ucs_status_string"),

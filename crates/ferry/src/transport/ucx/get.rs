@@ -205,6 +205,45 @@ pub(crate) unsafe fn post_get(
     }
 }
 
+/// Posts one request of another kind (a put, a flush, an active message)
+/// with `post`, which gets the raw endpoint and parameters that name
+/// [`on_get_done`] as the callback, counted in `batch` until it ends;
+/// `Err` if UCX refused it at once. `flags`: the request's
+/// `UCP_OP_ATTR_FIELD_FLAGS` flags, if any.
+///
+/// # Safety
+///
+/// What `post` hands to UCX (buffers, keys) must stay valid until `batch`
+/// has no request in flight, as for [`post_get`].
+pub(crate) unsafe fn post_with(
+    ep: &Endpoint,
+    batch: &Arc<Batch>,
+    flags: Option<u32>,
+    post: impl FnOnce(ffi::Ep, &ffi::RequestParam) -> ffi::StatusPtr,
+) -> Result<(), Status> {
+    let mut param = ffi::RequestParam::empty();
+    param.op_attr_mask = ffi::UCP_OP_ATTR_FIELD_CALLBACK | ffi::UCP_OP_ATTR_FIELD_USER_DATA;
+    if let Some(f) = flags {
+        param.op_attr_mask |= ffi::UCP_OP_ATTR_FIELD_FLAGS;
+        param.flags = f;
+    }
+    param.cb = Some(on_get_done);
+    let user = Arc::into_raw(batch.clone());
+    param.user_data = user as *mut c_void;
+    batch.add();
+    let r = ep.with_raw(|raw| post(raw, &param));
+    match r.map_or(Err(ffi::UCS_ERR_CANCELED), ffi::ptr_status) {
+        Ok(Some(_)) => Ok(()),
+        done => {
+            // SAFETY: the `Arc::into_raw` above, not given away (no
+            // callback for a request that ended at once).
+            drop(unsafe { Arc::from_raw(user) });
+            batch.end(done.err().unwrap_or(UCS_OK));
+            done.map(drop)
+        }
+    }
+}
+
 /// The completion callback of one get: `user` is a `Batch` counted for it.
 pub(crate) unsafe extern "C" fn on_get_done(req: *mut c_void, status: Status, user: *mut c_void) {
     // SAFETY: `user` is a reference count of a `Batch` that `post_get`

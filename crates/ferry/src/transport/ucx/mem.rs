@@ -104,6 +104,13 @@ impl MemReg {
     }
 }
 
+impl MemReg {
+    /// The packed remote key.
+    pub(crate) fn rkey(&self) -> &[u8] {
+        &self.rkey
+    }
+}
+
 impl Drop for MemReg {
     fn drop(&mut self) {
         // SAFETY: a handle `mem_map` returned, unmapped once.

@@ -27,7 +27,7 @@ mod get;
 pub(crate) mod mem;
 pub(crate) mod raw;
 
-pub(crate) use get::{post_get, Batch};
+pub(crate) use get::{post_get, post_with, Batch};
 pub(crate) use mem::{decode_keys, encode_keys, MemReg, RemoteKeys};
 
 pub(crate) use crate::sync::lock;
@@ -193,7 +193,8 @@ impl Ucx {
             field_mask: ffi::UCP_PARAM_FIELD_FEATURES
                 | ffi::UCP_PARAM_FIELD_MT_WORKERS_SHARED
                 | ffi::UCP_PARAM_FIELD_NAME,
-            features: ffi::UCP_FEATURE_RMA | ffi::UCP_FEATURE_WAKEUP,
+            // AM: the notifications of grants' UCX lane (`grant/ucx.rs`).
+            features: ffi::UCP_FEATURE_RMA | ffi::UCP_FEATURE_WAKEUP | ffi::UCP_FEATURE_AM,
             request_size: 0,
             request_init: None,
             request_cleanup: None,
@@ -450,6 +451,12 @@ impl Worker {
         })?;
         handle.spawn(progress(fd, shutdown));
         Ok(w)
+    }
+
+    /// The raw worker, for calls this module does not wrap (a grant's
+    /// active-message handler); live while `self` is.
+    pub(crate) fn raw(&self) -> ffi::Worker {
+        self.raw
     }
 
     /// What a peer needs to reach this worker.
