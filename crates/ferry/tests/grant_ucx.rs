@@ -192,7 +192,7 @@ fn read_write_retire_revoke_over_ucx_across_processes() {
             ROLE,
             &format!("rw {json}"),
         );
-        assert_eq!(h.after("OPEN "), "ucx");
+        assert_eq!(h.after("OPEN "), "Ucx");
         h.after("READ ok");
         h.after("WROTE");
         let n1 = next(&g).await;
