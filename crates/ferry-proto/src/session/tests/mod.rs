@@ -17,6 +17,7 @@ mod device;
 mod digest;
 mod lanes;
 mod rdma;
+mod rules;
 mod settled;
 mod violations;
 
