@@ -22,6 +22,7 @@
 //! | 112 | in flight, per phase: two `u32` |
 //! | 120 | drain waiters `u32`, 124: holder pid `u32`, 128: holder start time `u64` |
 //! | 136 | ring head `u32` (owner), 140: ring tail `u32` (holder), 144: owner parked `u32` |
+//! | 148 | the owner's notification thread's id `u32` (0 unknown) |
 //! | 192 | `generation[block count]`: `u32` each |
 //! | then, 64-aligned | ring: capacity × [`ENTRY`] bytes |
 
@@ -233,6 +234,11 @@ impl ControlPage {
     }
     pub(super) fn owner_parked(&self) -> &AtomicU32 {
         self.u32(144)
+    }
+    /// The thread id of the owner's notification thread, which lives as
+    /// long as the grant in the owner process (see `holder::Liveness`).
+    pub(super) fn owner_tid(&self) -> &AtomicU32 {
+        self.u32(148)
     }
 
     pub(super) fn block_count(&self) -> u32 {

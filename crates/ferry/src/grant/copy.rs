@@ -82,26 +82,25 @@ unsafe fn push_many(_pid: u32, _l: &[(*const u8, usize)], _r: &[(u64, u64)]) -> 
     ))
 }
 
-/// Writes the ranges `local` into the ranges `remote` of `peer`, pairwise
-/// (equal lengths), after `Peer::check` (one 16-byte read) showed it still
-/// runs the probed image: a write cannot read the image's bytes in the same
-/// system call, so a process that replaced its program between the check
-/// and the write (microseconds) would take it. Blocking.
+/// Writes the ranges `local` into the ranges `remote` of process `pid`,
+/// pairwise (equal lengths). The caller has just made sure that `pid` names
+/// the owner (the holder's `Liveness`): a write cannot read the image's
+/// bytes in the same system call, so a process that replaced its program
+/// between that check and the write (microseconds) would take it. Blocking.
 ///
 /// # Safety
 ///
 /// Every `local[i]` must be valid for reads of its length during the call;
 /// `local[i]` and `remote[i]` have equal lengths.
 pub(super) unsafe fn write(
-    peer: &Peer,
+    pid: u32,
     local: &[(*const u8, usize)],
     remote: &[(u64, u64)],
 ) -> io::Result<()> {
-    peer.check()?;
     for (l, r) in local.chunks(IOV_MAX).zip(remote.chunks(IOV_MAX)) {
         // SAFETY: the caller's ranges, under this function's contract: at
         // most IOV_MAX per call, equal lengths pairwise.
-        unsafe { push_many(peer.pid(), l, r) }?;
+        unsafe { push_many(pid, l, r) }?;
     }
     Ok(())
 }
@@ -122,6 +121,125 @@ pub(super) unsafe fn read(
 ) -> io::Result<()> {
     // SAFETY: the caller's contract is `Peer::pull_many`'s.
     unsafe { peer.pull_many(local, remote) }
+}
+
+/// The copies of one operation: `local[u]` into (or from) `remote[u]` for
+/// each unit `u`, one system call each.
+pub(super) struct Plan<L> {
+    pub(super) local: Vec<(L, usize)>,
+    pub(super) remote: Vec<(u64, u64)>,
+    pub(super) units: Vec<std::ops::Range<usize>>,
+    /// Whether the units are worth sharing among threads.
+    pub(super) parallel: bool,
+}
+
+// SAFETY: a plan holds the addresses of ranges and nothing else (`Offset`
+// is implemented for raw byte pointers only); threads sharing it only read
+// them and hand them to the kernel, under `run`'s caller's contract that
+// the memory is valid for the copy meanwhile.
+unsafe impl<L: Offset> Sync for Plan<L> {}
+
+/// An operation of at least this many bytes is copied by more than one
+/// thread, as a per-operation pull is (`transport::pull::cma`'s
+/// `PARALLEL_FROM`, the same figure).
+const PARALLEL_FROM: u64 = 8 << 20;
+
+/// Plans the copy of the pairs `local`, `remote` (from [`pair`]) as a
+/// per-operation pull plans a lease (`transport::pull::cma::plan`): the
+/// pairs in the order of their remote address (the kernel pins a remote
+/// page per range, and ranges in address order meet the page tables they
+/// need still in cache), cut into units of at most one chunk
+/// ([`CHUNK`](crate::transport::cma::CHUNK), 2 MiB) and `IOV_MAX - 1`
+/// ranges (a checked read adds one), which [`run`] shares among threads
+/// for operations of 8 MiB or more. Pairs stay equal pairwise.
+pub(super) fn plan<L: Copy + Offset>(local: &[(L, usize)], remote: &[(u64, u64)]) -> Plan<L> {
+    use crate::transport::cma::CHUNK;
+    let mut order: Vec<usize> = (0..local.len().min(remote.len())).collect();
+    if remote.windows(2).any(|w| w[0].0 > w[1].0) {
+        order.sort_unstable_by_key(|&i| remote[i].0);
+    }
+    let mut p = Plan {
+        local: Vec::with_capacity(order.len()),
+        remote: Vec::with_capacity(order.len()),
+        units: Vec::new(),
+        parallel: false,
+    };
+    let (mut start, mut bytes, mut total) = (0usize, 0usize, 0u64);
+    for i in order {
+        let (mut l, mut n) = local[i];
+        let mut r = remote[i].0;
+        total = total.saturating_add(n as u64);
+        while n > 0 {
+            let take = n.min(CHUNK - bytes);
+            p.local.push((l, take));
+            p.remote.push((r, take as u64));
+            (l, r, n, bytes) = (
+                l.offset(take),
+                r.wrapping_add(take as u64),
+                n - take,
+                bytes + take,
+            );
+            if bytes == CHUNK || p.local.len() - start == IOV_MAX - 1 {
+                p.units.push(start..p.local.len());
+                (start, bytes) = (p.local.len(), 0);
+            }
+        }
+    }
+    if start < p.local.len() {
+        p.units.push(start..p.local.len());
+    }
+    p.parallel = total >= PARALLEL_FROM && p.units.len() > 1;
+    p
+}
+
+/// A local address `n` bytes on.
+pub(super) trait Offset {
+    fn offset(self, n: usize) -> Self;
+}
+
+impl Offset for *mut u8 {
+    fn offset(self, n: usize) -> Self {
+        self.wrapping_add(n)
+    }
+}
+
+impl Offset for *const u8 {
+    fn offset(self, n: usize) -> Self {
+        self.wrapping_add(n)
+    }
+}
+
+/// Runs `copy` on every unit of `plan`: in order on this thread, or, for a
+/// parallel plan, shared with the per-operation pulls' helper threads
+/// (`transport::pull::share`, within the same process-wide budget). Stops
+/// at the first failure and returns it, once every thread has stopped.
+pub(super) fn run<L: Offset>(
+    plan: &Plan<L>,
+    copy: impl Fn(&[(L, usize)], &[(u64, u64)]) -> io::Result<()> + Sync,
+) -> io::Result<()> {
+    let one = |u: &std::ops::Range<usize>| copy(&plan.local[u.clone()], &plan.remote[u.clone()]);
+    if !plan.parallel {
+        return plan.units.iter().try_for_each(one);
+    }
+    use crate::transport::pull::{share, PullEnd};
+    let failed = std::sync::Mutex::new(None);
+    let end = share::run(&plan.units, share::max_threads() - 1, |u| {
+        one(u).map_err(|e| {
+            failed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(e);
+            // Only stops the other threads; the cause is `failed`.
+            PullEnd::Closed
+        })
+    });
+    match end {
+        None => Ok(()),
+        Some(_) => Err(failed
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or_else(|| io::Error::other("a copy stopped"))),
+    }
 }
 
 /// A local range: where, how many bytes.
@@ -165,5 +283,26 @@ mod tests {
         let (l, r) = super::pair(&local, &remote);
         assert_eq!(l, vec![(at(0), 16), (at(2), 8), (at(5), 8)]);
         assert_eq!(r, vec![(100, 16), (200, 8), (208, 8)]);
+    }
+
+    #[test]
+    fn a_plan_goes_by_remote_address_in_chunks() {
+        use crate::transport::cma::CHUNK;
+        let base = std::ptr::null_mut::<u8>().wrapping_add(1 << 40);
+        let local = [(base, 8), (base.wrapping_add(8), CHUNK + 8)];
+        let remote = [(500, 8), (100, (CHUNK + 8) as u64)];
+        let p = super::plan(&local, &remote);
+        assert_eq!(
+            p.remote,
+            vec![(100, CHUNK as u64), (100 + CHUNK as u64, 8), (500, 8)]
+        );
+        assert_eq!(p.local[1], (base.wrapping_add(8 + CHUNK), 8));
+        assert_eq!(p.units, vec![0..1, 1..3]);
+        assert!(!p.parallel);
+        // Many small ranges: at most IOV_MAX - 1 per unit.
+        let local: Vec<_> = (0..3000).map(|i| (base.wrapping_add(i * 16), 8)).collect();
+        let remote: Vec<_> = (0..3000).map(|i| (i as u64 * 16, 8)).collect();
+        let p = super::plan(&local, &remote);
+        assert_eq!(p.units, vec![0..1023, 1023..2046, 2046..3000]);
     }
 }

@@ -14,9 +14,10 @@ use crate::transport::cma::{self, Peer};
 use crate::{Error, Pool, Result};
 
 /// Transfers of at least this many bytes are copied on a blocking thread;
-/// smaller ones in place (a copy of a few pages takes microseconds, less
-/// than a hand-over to another thread).
-pub const INLINE_MAX: usize = 1 << 20;
+/// smaller ones in place (a copy of up to 1 MiB takes tens of
+/// microseconds, about what a hand-over to a blocking thread adds to it
+/// on a busy host).
+pub const INLINE_MAX: usize = 2 << 20;
 
 /// How long a write waits for room in the owner's notification ring.
 const RING_PATIENCE: Duration = Duration::from_secs(1);
@@ -51,6 +52,7 @@ struct Held {
     meta: GrantMetadata,
     page: Arc<ControlPage>,
     owner: Peer,
+    alive: Liveness,
     base: u64,
     me: u32,
     /// The process's producer lock on the notification ring, and the last
@@ -194,11 +196,13 @@ fn attach(meta: GrantMetadata, pid: u32, fd: i32, base: u64) -> Result<RemoteGra
     }
     page.holder_start()
         .store(sys::process_start(me).unwrap_or(0), SeqCst);
+    let alive = Liveness::take(&owner, page.owner_tid().load(SeqCst));
     Ok(RemoteGrant {
         lane: Lane::Cma(Arc::new(Held {
             meta,
             page: Arc::new(page),
             owner,
+            alive,
             base,
             me,
             producer: Mutex::new(0),
@@ -319,11 +323,16 @@ impl RemoteGrant {
                 return Ok(());
             }
             let (l, r) = copy::pair(&segs, &inner.ranges(&remote));
-            // SAFETY: `desc` holds the local blocks exclusively (taken
-            // writable from their pool) until it drops after the copy, so
-            // each range is valid for writes and touched by nothing else;
-            // `pair` keeps lengths equal pairwise.
-            unsafe { copy::read(&inner.owner, &l, &r) }.map_err(|e| inner.copy_failed(e))?;
+            let plan = copy::plan(&l, &r);
+            copy::run(&plan, |l, r| {
+                // SAFETY: `desc` holds the local blocks exclusively (taken
+                // writable from their pool) until it drops after the copy,
+                // so each range is valid for writes and touched by nothing
+                // else; the plan's units are disjoint parts of them (no
+                // two threads write one byte), equal pairwise.
+                unsafe { copy::read(&inner.owner, l, r) }
+            })
+            .map_err(|e| inner.copy_failed(e))?;
             drop(desc);
             Ok(())
         };
@@ -376,10 +385,17 @@ impl RemoteGrant {
                 let (l, r) = copy::pair(&segs, &inner.ranges(&remote));
                 let l: Vec<(*const u8, usize)> =
                     l.into_iter().map(|(p, n)| (p.cast_const(), n)).collect();
-                // SAFETY: `desc` holds the local blocks shared (no writer)
-                // until it drops after the copy, so each range is valid for
-                // reads; `pair` keeps lengths equal pairwise.
-                unsafe { copy::write(&inner.owner, &l, &r) }.map_err(|e| inner.copy_failed(e))?;
+                let plan = copy::plan(&l, &r);
+                // Never into a process that is not the owner (see `Liveness`).
+                inner.owner_alive()?;
+                let pid = inner.owner.pid();
+                copy::run(&plan, |l, r| {
+                    // SAFETY: `desc` holds the local blocks shared (no writer)
+                    // until it drops after the copy, so each range is valid
+                    // for reads; the plan keeps lengths equal pairwise.
+                    unsafe { copy::write(pid, l, r) }
+                })
+                .map_err(|e| inner.copy_failed(e))?;
             }
             drop(desc);
             if let Some(payload) = payload {
@@ -451,6 +467,60 @@ fn remote_len(meta: &GrantMetadata, blocks: usize) -> u64 {
     meta.block_size.saturating_mul(blocks as u64)
 }
 
+/// How a write makes sure that the owner's pid still names the owner,
+/// running the image that passed the attach probe, before it writes by pid
+/// (`process_vm_writev` takes a pid, and cannot read the image's random
+/// bytes in the same call as a read does).
+///
+/// The owner's notification thread lives, in the owner process, exactly as
+/// long as the grant does there, and publishes its thread id on the control
+/// page. At attach the holder takes a descriptor of that very thread
+/// (`pidfd_open(tid, PIDFD_THREAD)`), then checks that the thread id is one
+/// of the owner's (`task/<tid>` in the owner's `/proc` handle, which never
+/// names a later process) and that the owner still shows the probed
+/// image's random bytes ([`Peer::check`]). From then on the descriptor
+/// names that thread and nothing else, whatever reuses its id, and polls
+/// readable once it has exited, which it does when:
+///
+/// - the owner process exits (then its pid may come to name another
+///   process: the descriptor does not follow the pid);
+/// - the owner replaces its program (`exec` kills every other thread, and
+///   waits until they have exited, before it maps the new image);
+/// - the owner drops the grant.
+///
+/// So a thread that is still alive at the poll means the pid names the
+/// owner, running the probed image, at that moment; a write checks that
+/// before it copies, as [`Peer::check`] did, at the cost of a poll that
+/// does not wait instead of a cross-process read (which takes the owner's
+/// memory-map lock and pins a page). Both leave the same microseconds
+/// between the check and the copy. Without a thread id (an older owner) or
+/// without `PIDFD_THREAD` (Linux before 6.9), every write reads the random
+/// bytes, as before.
+enum Liveness {
+    Thread(std::os::fd::OwnedFd),
+    Probe,
+}
+
+impl Liveness {
+    fn take(owner: &Peer, tid: u32) -> Liveness {
+        let Ok(fd) = sys::thread_pidfd(tid) else {
+            return Liveness::Probe;
+        };
+        let mine = std::ffi::CString::new(format!("task/{tid}"))
+            .ok()
+            .and_then(|n| cma::open_in(owner.dir(), &n, libc::O_DIRECTORY).ok())
+            .is_some();
+        // The descriptor was taken first: if the id was another process's
+        // then and is the owner's now, that thread has exited, and the
+        // descriptor says so (every write refused, never a wrong one).
+        if mine && owner.check().is_ok() {
+            Liveness::Thread(fd)
+        } else {
+            Liveness::Probe
+        }
+    }
+}
+
 impl Held {
     /// Unmaps the owner's device memory (the grant ended: revoked or
     /// expired); nothing for host memory.
@@ -458,6 +528,22 @@ impl Held {
         if let Some(m) = &self.ipc {
             m.close();
         }
+    }
+
+    /// Whether the owner process, running the probed image, still holds
+    /// the grant (see [`Liveness`]): before every write.
+    fn owner_alive(&self) -> Result<()> {
+        let gone = match &self.alive {
+            Liveness::Thread(fd) => !sys::thread_alive(fd).unwrap_or(false),
+            Liveness::Probe => self.owner.check().is_err(),
+        };
+        if !gone {
+            return Ok(());
+        }
+        if self.page.state().load(SeqCst) != LIVE {
+            return Err(GrantError::Revoked.into());
+        }
+        Err(GrantError::OwnerGone("the owner process exited or replaced its program".into()).into())
     }
 
     /// Enters the fence and checks the named generations inside it.

@@ -136,10 +136,12 @@ impl GrantOptions {
         self
     }
 
-    /// Low-latency notifications: the owner's notification thread spins
-    /// for `d` before it parks (it burns a core for up to `d` after each
-    /// notification, to hand the next one over microseconds sooner).
-    /// Default: parks at once (no CPU while idle).
+    /// Low-latency notifications: a caller of
+    /// [`Grant::next_notification`] that finds none queued spins on the
+    /// notification ring for `d` before it parks (it burns a core for up to
+    /// `d` per wait, and takes a notification that comes meanwhile with no
+    /// thread between it and the holder). Default: parks at once (no CPU
+    /// while idle).
     pub fn spin(mut self, d: Duration) -> GrantOptions {
         self.spin = Some(d);
         self

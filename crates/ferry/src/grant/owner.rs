@@ -1,22 +1,17 @@
 //! The owner's side of a grant.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferry_proto::grant::{BlockRef, CmaGrant, GrantError, GrantId, GrantMetadata, TcpGrant};
 use ferry_proto::Token;
-use tokio::sync::mpsc;
 
 use super::control::{ControlPage, Header, REVOKED};
 use super::{fence, ring, sys, GrantOptions, Notification};
 use crate::{host, Error, Pool, Result};
-
-/// Notifications handed over by the owner's thread and not yet taken by
-/// [`Grant::next_notification`] (past it, the thread stops taking them
-/// from the ring, and the holder's writes wait for room).
-const QUEUE: usize = 1024;
 
 /// How long the notification thread parks before it looks at its stop
 /// flag again (a drop wakes it at once; this only bounds a lost wake-up).
@@ -50,10 +45,34 @@ pub(super) struct Owned {
     /// Serialises drains (a revoke and a retire, or two retires).
     drains: Mutex<()>,
     deadline: Duration,
-    notes: tokio::sync::Mutex<mpsc::Receiver<Notification>>,
-    stop: Arc<AtomicBool>,
+    notes: Arc<Notes>,
     /// The UCX lane, where offered.
     ucx: Option<super::ucx::UcxOwner>,
+}
+
+/// The owner's end of the notification ring.
+///
+/// [`Grant::next_notification`] takes from the ring itself, a batch at a
+/// time (whatever is queued), and hands them out from `taken`: no thread
+/// between the ring and the caller while notifications keep coming. Only
+/// when the ring is empty does a caller wait: with [`GrantOptions::spin`]
+/// it first spins on the ring for that long; then it asks the
+/// notification thread (`want`), which parks on a futex on the ring's tail
+/// (no CPU while idle), and, woken by the holder's push, wakes the caller
+/// and goes back to sleep until the next caller waits.
+struct Notes {
+    page: Arc<ControlPage>,
+    /// Taken from the ring, not yet handed out, in order. Whoever holds
+    /// this lock is the ring's one consumer.
+    taken: Mutex<VecDeque<Notification>>,
+    /// Wakes the caller waiting in [`Grant::next_notification`].
+    wake: tokio::sync::Notify,
+    /// 1 while a caller waits for the ring (the thread watches it then).
+    want: AtomicU32,
+    /// 1 while the thread sleeps on `want`.
+    sleeping: AtomicU32,
+    stop: AtomicBool,
+    spin: Duration,
 }
 
 /// Makes a grant over `pool` (see [`Connector::grant`](crate::Connector::grant)).
@@ -167,14 +186,30 @@ pub(crate) fn create(
     }
     // Refuses metadata over 1 KiB (worker ids JSON escapes) now, not later.
     meta.to_json()?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let (tx, rx) = mpsc::channel(QUEUE);
-    let spin = opts.spin.unwrap_or(Duration::ZERO);
+    let notes = Arc::new(Notes {
+        page: page.clone(),
+        taken: Mutex::new(VecDeque::new()),
+        wake: tokio::sync::Notify::new(),
+        want: AtomicU32::new(0),
+        sleeping: AtomicU32::new(0),
+        stop: AtomicBool::new(false),
+        spin: opts.spin.unwrap_or(Duration::ZERO),
+    });
     {
-        let (page, stop) = (page.clone(), stop.clone());
+        let notes = notes.clone();
+        let (started, up) = std::sync::mpsc::sync_channel(1);
         std::thread::Builder::new()
             .name(format!("ferry-grant-{}", grant.0))
-            .spawn(move || notifications(&page, &stop, &tx, spin))?;
+            .spawn(move || {
+                // Its id, for the holder's liveness check (`holder::Liveness`),
+                // before the metadata leaves this function.
+                notes.page.owner_tid().store(sys::gettid(), SeqCst);
+                let _ = started.send(());
+                notes.watch();
+            })?;
+        // Microseconds; without it the holder falls back to reading the
+        // owner's memory before each write.
+        let _ = up.recv_timeout(Duration::from_secs(1));
     }
     let inner = Arc::new(Owned {
         meta,
@@ -183,8 +218,7 @@ pub(crate) fn create(
         tcp_seq: Mutex::new(0),
         drains: Mutex::new(()),
         deadline: opts.revoke_deadline,
-        notes: tokio::sync::Mutex::new(rx),
-        stop,
+        notes,
         ucx,
     });
     if let Some(after) = opts.expires_after {
@@ -194,28 +228,97 @@ pub(crate) fn create(
     Ok(Grant { inner })
 }
 
-/// The owner's notification thread: takes the ring's entries in order and
-/// hands them to [`Grant::next_notification`]; parked on the ring's tail
-/// while there are none.
-fn notifications(
-    page: &ControlPage,
-    stop: &AtomicBool,
-    tx: &mpsc::Sender<Notification>,
-    spin: Duration,
-) {
-    while !stop.load(SeqCst) {
-        match ring::take(page) {
-            ring::Taken::One(n) => {
-                if tx.blocking_send(n).is_err() {
-                    return;
+impl Notes {
+    /// The notification thread: while a caller waits, parks on the ring's
+    /// tail until an entry comes, then wakes the caller; else sleeps on
+    /// `want`. Takes nothing from the ring itself.
+    fn watch(&self) {
+        let page = &self.page;
+        while !self.stop.load(SeqCst) {
+            if self.want.load(SeqCst) == 0 {
+                self.sleeping.store(1, SeqCst);
+                if self.want.load(SeqCst) == 0 && !self.stop.load(SeqCst) {
+                    sys::futex_wait(&self.want, 0, Some(PARK));
+                }
+                self.sleeping.store(0, SeqCst);
+                continue;
+            }
+            if page.ring_tail().load(SeqCst) == page.ring_head().load(SeqCst) {
+                ring::wait(page, Duration::ZERO, PARK);
+                continue;
+            }
+            self.want.store(0, SeqCst);
+            self.wake.notify_one();
+        }
+    }
+
+    /// Whether the ring holds an entry not yet taken.
+    fn queued(&self) -> bool {
+        self.page.ring_tail().load(SeqCst) != self.page.ring_head().load(SeqCst)
+    }
+
+    /// The next notification, from what was taken or else from the ring
+    /// (all it holds, at once: the holder gets its room back in batches).
+    fn take(&self) -> Option<Notification> {
+        let mut q = self.taken.lock().unwrap_or_else(|e| e.into_inner());
+        if q.is_empty() {
+            for _ in 0..self.page.ring_cap() {
+                match ring::take(&self.page) {
+                    ring::Taken::One(n) => q.push_back(n),
+                    ring::Taken::Garbage => tracing::warn!(
+                        "a grant's holder queued a notification that does not decode: dropped"
+                    ),
+                    ring::Taken::Empty => break,
                 }
             }
-            ring::Taken::Garbage => {
-                tracing::warn!(
-                    "a grant's holder queued a notification that does not decode: dropped"
-                );
+        }
+        let n = q.pop_front();
+        if n.is_some() && !q.is_empty() {
+            // Another caller may be waiting: it takes the next.
+            self.wake.notify_one();
+        }
+        n
+    }
+
+    /// Spins on the ring for the low-latency mode's time: whether an entry
+    /// came.
+    fn spin(&self) -> bool {
+        if self.spin.is_zero() {
+            return false;
+        }
+        let until = Instant::now() + self.spin;
+        loop {
+            for _ in 0..64 {
+                if self.queued() {
+                    return true;
+                }
+                std::hint::spin_loop();
             }
-            ring::Taken::Empty => ring::wait(page, spin, PARK),
+            if Instant::now() >= until {
+                return false;
+            }
+        }
+    }
+
+    async fn next(&self) -> Notification {
+        loop {
+            if let Some(n) = self.take() {
+                return n;
+            }
+            if self.spin() {
+                continue;
+            }
+            let woken = self.wake.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            self.want.store(1, SeqCst);
+            if self.sleeping.load(SeqCst) != 0 {
+                sys::futex_wake(&self.want);
+            }
+            if self.queued() {
+                continue;
+            }
+            woken.await;
         }
     }
 }
@@ -359,16 +462,17 @@ impl Grant {
     }
 
     /// The next notification of the holder's operations, in order; `None`
-    /// once the grant can have no more (never, while it lives). Event
-    /// driven: the owner's notification thread is parked while none comes
-    /// (or spins first, with [`GrantOptions::spin`]).
+    /// once the grant can have no more (never, while it lives). Takes them
+    /// from the grant's ring directly while there are some; event driven
+    /// while there are none (parked, no CPU; or a spin first, with
+    /// [`GrantOptions::spin`]).
     pub async fn next_notification(&self) -> Option<Notification> {
-        self.inner.notes.lock().await.recv().await
+        Some(self.inner.notes.next().await)
     }
 
-    /// A notification already handed over, if any, without waiting.
+    /// A notification already queued, if any, without waiting.
     pub fn try_next_notification(&self) -> Option<Notification> {
-        self.inner.notes.try_lock().ok()?.try_recv().ok()
+        self.inner.notes.take()
     }
 }
 
@@ -376,7 +480,8 @@ impl Drop for Grant {
     fn drop(&mut self) {
         let inner = &self.inner;
         inner.set_revoked();
-        inner.stop.store(true, SeqCst);
+        inner.notes.stop.store(true, SeqCst);
+        sys::futex_wake(&inner.notes.want);
         sys::futex_wake(inner.page.ring_tail());
         if let Some(u) = &inner.ucx {
             u.shut(false);

@@ -1,11 +1,12 @@
 //! The notification ring on a grant's control page: the holder pushes one
 //! entry after each write that asked for a notification, inside the fence;
-//! the owner's notification thread takes them, in order, parked on a futex
-//! on the ring's tail while there are none (no CPU while idle), optionally
-//! after a bounded spin.
+//! the owner takes them, in order, in batches, from the task that waits
+//! for them (`owner::Notes`); while there are none, the owner's
+//! notification thread parks on a futex on the ring's tail (no CPU while
+//! idle) and wakes that task at the next push.
 //!
 //! One producer (the holder's process, which serialises its own pushes)
-//! and one consumer (the owner's thread). An entry is 36 words: sequence;
+//! and one consumer (the owner, under its lock). An entry is 36 words: sequence;
 //! what (1 read, 2 write) and payload length; first block and block count;
 //! 32 words of payload.
 

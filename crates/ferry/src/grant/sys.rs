@@ -213,3 +213,67 @@ pub(super) fn process_start(pid: u32) -> Option<u64> {
     // Field 3 was `state`; field 22 is the start time.
     f.nth(18)?.parse().ok()
 }
+
+/// This thread's id.
+#[cfg(target_os = "linux")]
+pub(super) fn gettid() -> u32 {
+    // SAFETY: no arguments, no memory touched.
+    unsafe { libc::gettid() as u32 }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(super) fn gettid() -> u32 {
+    0
+}
+
+/// A descriptor of thread `tid` itself (`pidfd_open` with `PIDFD_THREAD`,
+/// Linux 6.9): it never names another thread, whatever reuses the id, and
+/// it polls readable once that thread has exited.
+#[cfg(target_os = "linux")]
+pub(super) fn thread_pidfd(tid: u32) -> io::Result<OwnedFd> {
+    /// `PIDFD_THREAD` (`O_EXCL`): a descriptor of the thread, not of its
+    /// thread group.
+    const PIDFD_THREAD: libc::c_uint = libc::O_EXCL as libc::c_uint;
+    let tid = libc::pid_t::try_from(tid).map_err(|_| io::Error::other("tid out of range"))?;
+    if tid <= 0 {
+        return Err(io::Error::other("no thread"));
+    }
+    // SAFETY: integer arguments; the result is checked, then owned.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, tid, PIDFD_THREAD) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = libc::c_int::try_from(fd).map_err(|_| io::Error::other("descriptor out of range"))?;
+    // SAFETY: `fd` was just opened here and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(super) fn thread_pidfd(_tid: u32) -> io::Result<OwnedFd> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "pidfds need Linux",
+    ))
+}
+
+/// Whether the thread of `pidfd` (from [`thread_pidfd`]) still runs: a
+/// poll that does not wait (a system call, well under a microsecond).
+pub(super) fn thread_alive(pidfd: &OwnedFd) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one pollfd in this frame, valid for the call; no wait.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        return Ok(n == 0);
+    }
+}

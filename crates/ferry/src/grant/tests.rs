@@ -169,3 +169,32 @@ async fn a_tcp_lane_that_does_not_fit_1_kib_is_shortened() {
         super::owner::create("o", "h", &pool, GrantOptions::read().bearer(), Some(addrs)).unwrap();
     assert_eq!(g.metadata().tcp.as_ref().unwrap().addresses.len(), 8);
 }
+
+/// What a write's liveness check rests on (`holder::Liveness`): a thread's
+/// pidfd says alive while it runs, and exited once it has.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_thread_pidfd_sees_its_thread_exit() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let t = std::thread::spawn(move || {
+        tx.send(sys::gettid()).unwrap();
+        let _ = stopped.recv();
+    });
+    let tid = rx.recv().unwrap();
+    let Ok(fd) = sys::thread_pidfd(tid) else {
+        // No PIDFD_THREAD (Linux before 6.9): writes read the image instead.
+        return;
+    };
+    assert!(sys::thread_alive(&fd).unwrap());
+    drop(stop);
+    t.join().unwrap();
+    // A join returns when the thread let go of its memory, a moment before
+    // the kernel marks it exited.
+    let start = std::time::Instant::now();
+    while sys::thread_alive(&fd).unwrap() {
+        assert!(start.elapsed() < Duration::from_secs(5), "never seen gone");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(sys::thread_pidfd(0).is_err());
+}
