@@ -20,9 +20,9 @@
 //!   creation, as the sweep's end-to-end latency);
 //! - `grant`: `read_blocks` / `write_blocks` on the grant, event-driven;
 //!   `grant-spin`: the same grant in low-latency mode (the owner spins
-//!   [`measure::SPIN`] before parking; 4 KiB only).
+//!   1 ms, `measure::SPIN`, before parking; 4 KiB only).
 //!
-//! At 4 KiB, WRITEs one at a time ([`measure::GAP`] apart) also time the
+//! At 4 KiB, WRITEs one at a time (200 µs apart, `measure::GAP`) also time the
 //! notification alone: in a closed loop the holder posts faster than the
 //! owner takes notifications, and their latency includes the queue.
 //!
