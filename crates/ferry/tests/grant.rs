@@ -7,8 +7,6 @@
 //! holder (`FERRY_GRANT_TEST_ROLE` names the role and carries the grant's
 //! metadata); the holder prints tagged lines and reads its cues on stdin.
 
-use std::io::BufRead;
-use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use ferry::{
@@ -19,11 +17,15 @@ use ferry::{
 #[allow(dead_code)]
 #[path = "support/spawned.rs"]
 mod spawned;
+#[allow(dead_code)]
+#[path = "support/grant.rs"]
+mod support;
+
+use support::{all_are, block_bytes, cue, fill, holds, name, spec, tell, BLOCK};
 
 use spawned::{runtime, Server};
 
 const ROLE: &str = "FERRY_GRANT_TEST_ROLE";
-const BLOCK: usize = 4096;
 
 async fn connector(worker: &str) -> Connector {
     Connector::builder()
@@ -32,56 +34,6 @@ async fn connector(worker: &str) -> Connector {
         .build()
         .await
         .unwrap()
-}
-
-/// The bytes of block `i` of a test: distinct per block and per seed.
-fn block_bytes(seed: u8, i: u32) -> Vec<u8> {
-    spawned::pattern(u64::from(seed), i as usize, BLOCK)
-}
-
-fn fill(pool: &Pool, id: u32, bytes: &[u8]) {
-    pool.with_block_mut(id, |b| b.copy_from_slice(bytes))
-        .unwrap();
-}
-
-fn holds(pool: &Pool, id: u32, bytes: &[u8]) -> bool {
-    pool.with_block(id, |b| b == bytes).unwrap()
-}
-
-fn all_are(pool: &Pool, id: u32, byte: u8) -> bool {
-    pool.with_block(id, |b| b.iter().all(|&x| x == byte))
-        .unwrap()
-}
-
-/// `<role> <metadata json>`, as the holder gets it.
-fn spec(role: &str, g: &Grant) -> String {
-    format!("{role} {}", g.metadata().to_json().unwrap())
-}
-
-/// Waits for the parent's next cue (a line on stdin).
-fn cue() -> String {
-    let mut line = String::new();
-    let _ = std::io::stdin().lock().read_line(&mut line);
-    line.trim().to_string()
-}
-
-fn tell(server: &mut Server, line: &str) {
-    let stdin = server.child.stdin.as_mut().unwrap();
-    writeln!(stdin, "{line}").unwrap();
-    stdin.flush().unwrap();
-}
-
-/// The name of a grant error, for the holder's report lines.
-fn name(r: &ferry::Result<()>) -> String {
-    match r {
-        Ok(()) => "ok".into(),
-        Err(Error::Grant(e)) => format!("{e:?}")
-            .split([' ', '(', '{'])
-            .next()
-            .unwrap_or("?")
-            .to_string(),
-        Err(e) => format!("other:{e}"),
-    }
 }
 
 /// The holder's side of every cross-process test (or, for `owner`, the

@@ -8,7 +8,6 @@
 //! with no byte outside the range moved; transfers larger than one
 //! request; the fallback from cross-memory attach.
 
-use std::io::BufRead;
 use std::io::Write as _;
 use std::time::{Duration, Instant};
 
@@ -20,11 +19,15 @@ use ferry::{
 #[allow(dead_code)]
 #[path = "support/spawned.rs"]
 mod spawned;
+#[allow(dead_code)]
+#[path = "support/grant.rs"]
+mod support;
+
+use support::{all_are, block_bytes, cue, fill, holds, name, spec, tell, BLOCK};
 
 use spawned::{runtime, Server};
 
 const ROLE: &str = "FERRY_GRANT_TCP_TEST_ROLE";
-const BLOCK: usize = 4096;
 const SECRET: &str = "grant-tcp-test-secret";
 
 async fn connector(worker: &str) -> Connector {
@@ -35,52 +38,6 @@ async fn connector(worker: &str) -> Connector {
         .build()
         .await
         .unwrap()
-}
-
-fn block_bytes(seed: u8, i: u32) -> Vec<u8> {
-    spawned::pattern(u64::from(seed), i as usize, BLOCK)
-}
-
-fn fill(pool: &Pool, id: u32, bytes: &[u8]) {
-    pool.with_block_mut(id, |b| b.copy_from_slice(bytes))
-        .unwrap();
-}
-
-fn holds(pool: &Pool, id: u32, bytes: &[u8]) -> bool {
-    pool.with_block(id, |b| b == bytes).unwrap()
-}
-
-fn all_are(pool: &Pool, id: u32, byte: u8) -> bool {
-    pool.with_block(id, |b| b.iter().all(|&x| x == byte))
-        .unwrap()
-}
-
-fn spec(role: &str, g: &Grant) -> String {
-    format!("{role} {}", g.metadata().to_json().unwrap())
-}
-
-fn cue() -> String {
-    let mut line = String::new();
-    let _ = std::io::stdin().lock().read_line(&mut line);
-    line.trim().to_string()
-}
-
-fn tell(server: &mut Server, line: &str) {
-    let stdin = server.child.stdin.as_mut().unwrap();
-    writeln!(stdin, "{line}").unwrap();
-    stdin.flush().unwrap();
-}
-
-fn name(r: &ferry::Result<()>) -> String {
-    match r {
-        Ok(()) => "ok".into(),
-        Err(Error::Grant(e)) => format!("{e:?}")
-            .split([' ', '(', '{'])
-            .next()
-            .unwrap_or("?")
-            .to_string(),
-        Err(e) => format!("other:{e}"),
-    }
 }
 
 fn holder(spec: &str) {

@@ -9,8 +9,6 @@
 //! A test that crosses a process boundary runs this binary again as the
 //! holder (`FERRY_GRANT_UCX_ROLE` carries the grant's metadata).
 
-use std::io::BufRead;
-use std::io::Write as _;
 use std::sync::Once;
 use std::time::{Duration, Instant};
 
@@ -19,11 +17,15 @@ use ferry::{BlockRef, Connector, Error, Grant, GrantError, GrantMetadata, GrantO
 #[allow(dead_code)]
 #[path = "support/spawned.rs"]
 mod spawned;
+#[allow(dead_code)]
+#[path = "support/grant.rs"]
+mod support;
+
+use support::{block_bytes, cue, fill, holds, name, tell, BLOCK};
 
 use spawned::{runtime, Server};
 
 const ROLE: &str = "FERRY_GRANT_UCX_ROLE";
-const BLOCK: usize = 4096;
 
 /// UCX over TCP only, in this process and the holders it starts; `false`
 /// (and a line saying why) where UCX does not load.
@@ -53,44 +55,6 @@ async fn connector(worker: &str) -> Connector {
         .build()
         .await
         .unwrap()
-}
-
-fn block_bytes(seed: u8, i: u32) -> Vec<u8> {
-    spawned::pattern(u64::from(seed), i as usize, BLOCK)
-}
-
-fn fill(pool: &Pool, id: u32, bytes: &[u8]) {
-    pool.with_block_mut(id, |b| b.copy_from_slice(bytes))
-        .unwrap();
-}
-
-fn holds(pool: &Pool, id: u32, bytes: &[u8]) -> bool {
-    pool.with_block(id, |b| b == bytes).unwrap()
-}
-
-fn cue() -> String {
-    let mut line = String::new();
-    let _ = std::io::stdin().lock().read_line(&mut line);
-    line.trim().to_string()
-}
-
-fn tell(server: &mut Server, line: &str) {
-    let stdin = server.child.stdin.as_mut().unwrap();
-    writeln!(stdin, "{line}").unwrap();
-    stdin.flush().unwrap();
-}
-
-/// The name of a grant error.
-fn name<T>(r: &ferry::Result<T>) -> String {
-    match r {
-        Ok(_) => "ok".into(),
-        Err(Error::Grant(e)) => format!("{e:?}")
-            .split([' ', '(', '{'])
-            .next()
-            .unwrap_or("?")
-            .to_string(),
-        Err(e) => format!("other:{e}"),
-    }
 }
 
 fn ucx_grant() -> GrantOptions {
