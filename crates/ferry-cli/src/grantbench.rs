@@ -288,7 +288,8 @@ fn shape_case(s: &crate::kv::Shape, k: usize) -> Case {
 }
 
 /// Measures `case` (named `workload`): its kinds take turns slice by
-/// slice, the grant's first slice checked byte for byte. Its rows, the
+/// slice, the first slice of the grant (over cma, and over TCP where it
+/// runs) checked byte for byte on memory the rows before did not fill. Its rows, the
 /// raw one first.
 async fn measure_case(
     side: &Side,
@@ -303,6 +304,9 @@ async fn measure_case(
     for round in 0..rounds {
         raw.add(side.raw_slice(case, budget)?);
         per_op.add(side.per_op_slice(case, budget).await?);
+        if round == 0 {
+            side.forget(case).await?;
+        }
         grant.add(side.grant_slice(&held, case, budget).await?);
         if round == 0 {
             side.verify(case).await?;
@@ -311,7 +315,13 @@ async fn measure_case(
             spin.add(side.grant_slice(s, case, budget).await?);
         }
         if let Some(t) = &side.tcp {
+            if round == 0 {
+                side.forget(case).await?;
+            }
             tcp.add(side.grant_slice(t, case, budget).await?);
+            if round == 0 {
+                side.verify(case).await?;
+            }
         }
     }
     let row = |kind: &'static str, s: &Samples| -> GrantRow {

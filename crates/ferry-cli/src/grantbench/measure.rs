@@ -292,6 +292,26 @@ impl Side {
         Ok(got)
     }
 
+    /// Undoes what the rows before moved for `case` (zeroes the owner's
+    /// blocks of a WRITE, fills this side's blocks of a READ again), so
+    /// that [`Side::verify`] after the grant's slice checks the grant's
+    /// bytes.
+    pub(super) async fn forget(&self, case: &Case) -> anyhow::Result<()> {
+        for (w, l) in case.local.iter().enumerate() {
+            if case.write {
+                let mut q = Req::new(Cmd::Wipe);
+                q.ids = Some(case.remote[w].clone());
+                self.owner.call(q).await?;
+            } else {
+                for &id in l {
+                    self.local
+                        .with_block_mut(id, |b| fill_block(b, id + LOCAL_IDS))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Checks every byte that the grant moved for `case`: READ here, WRITE
     /// at the owner.
     pub(super) async fn verify(&self, case: &Case) -> anyhow::Result<()> {

@@ -46,6 +46,10 @@ pub(super) enum Cmd {
     /// Checks that blocks `ids` hold what `fill_block` puts in blocks
     /// `expect` (a WRITE's result); answers `error` if not.
     Check,
+    /// Zeroes blocks `ids` (what no block is filled with), so that a
+    /// [`Cmd::Check`] after the next WRITEs sees their bytes, not what
+    /// earlier rows left.
+    Wipe,
 }
 
 /// Block ids: listed, or a slice of a seeded permutation

@@ -65,27 +65,29 @@ pub(super) type Timed = (Duration, Option<Duration>);
 
 /// Runs `k` workers at once, each awaiting `f(worker, seq)` (one
 /// operation, what it measured) one after the other, until `budget` is
-/// spent.
+/// spent. Worker `w`'s first operation is number `w` and always posted,
+/// however late a busy machine starts it: every worker moves its blocks
+/// at least once (the check after a slice reads them all).
 pub(super) async fn inflight<F, Fut>(k: usize, budget: Budget, f: F) -> anyhow::Result<Samples>
 where
     F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = anyhow::Result<Timed>> + Send + 'static,
 {
     let f = Arc::new(f);
-    let next = Arc::new(AtomicU64::new(0));
+    let k = k.max(1);
+    let next = Arc::new(AtomicU64::new(k as u64));
     let start = Instant::now();
-    let workers: Vec<_> = (0..k.max(1))
+    let workers: Vec<_> = (0..k)
         .map(|w| {
             let (f, next) = (f.clone(), next.clone());
             tokio::spawn(async move {
                 let mut got = Vec::new();
-                loop {
-                    let seq = next.fetch_add(1, Ordering::Relaxed);
-                    if !budget.posts(seq, start) {
-                        return anyhow::Ok(got);
-                    }
+                let mut seq = w as u64;
+                while got.is_empty() || budget.posts(seq, start) {
                     got.push(f(w, seq).await?);
+                    seq = next.fetch_add(1, Ordering::Relaxed);
                 }
+                anyhow::Ok(got)
             })
         })
         .collect();
@@ -107,22 +109,22 @@ pub(super) fn inflight_blocking<S: Send>(
     budget: Budget,
     f: impl Fn(&mut S, u64) -> anyhow::Result<Duration> + Sync,
 ) -> anyhow::Result<Samples> {
-    let next = AtomicU64::new(0);
+    let next = AtomicU64::new(states.len() as u64);
     let start = Instant::now();
     let lats = std::thread::scope(|scope| {
         let workers: Vec<_> = states
             .iter_mut()
-            .map(|s| {
+            .enumerate()
+            .map(|(w, s)| {
                 let (f, next) = (&f, &next);
                 scope.spawn(move || {
                     let mut lat = Vec::new();
-                    loop {
-                        let seq = next.fetch_add(1, Ordering::Relaxed);
-                        if !budget.posts(seq, start) {
-                            return anyhow::Ok(lat);
-                        }
+                    let mut seq = w as u64;
+                    while lat.is_empty() || budget.posts(seq, start) {
                         lat.push(f(s, seq)?);
+                        seq = next.fetch_add(1, Ordering::Relaxed);
                     }
+                    anyhow::Ok(lat)
                 })
             })
             .collect();
@@ -177,5 +179,34 @@ mod tests {
         })
         .unwrap();
         assert_eq!(b.ops(), 64);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_worker_posts_once_even_past_the_budget() {
+        // A budget already spent when the workers start: each still moves
+        // its blocks once, and only once.
+        let spent = Budget {
+            n: 8,
+            min: 0,
+            time: Duration::ZERO,
+        };
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let s2 = seen.clone();
+        let s = inflight(8, spent, move |w, seq| {
+            s2.lock().unwrap().push((w, seq));
+            async { Ok((Duration::from_micros(1), None)) }
+        })
+        .await
+        .unwrap();
+        assert_eq!(s.ops(), 8);
+        let mut seen = seen.lock().unwrap().clone();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..8).map(|w| (w, w as u64)).collect::<Vec<_>>());
+        let b = inflight_blocking(vec![0u32; 4], spent, |n, _| {
+            *n += 1;
+            Ok(Duration::from_micros(1))
+        })
+        .unwrap();
+        assert_eq!(b.ops(), 4);
     }
 }

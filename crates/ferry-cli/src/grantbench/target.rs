@@ -129,6 +129,17 @@ impl State {
                 a.cpu_ns = Some(super::raw::process_cpu_ns().saturating_sub(before));
                 a.grant_cpu_us = Some(grant_threads_us().saturating_sub(threads));
             }
+            Cmd::Wipe => {
+                let pool = self.pool()?;
+                let ids = r
+                    .ids
+                    .as_ref()
+                    .map(|i| i.resolve(&self.perms))
+                    .unwrap_or_default();
+                for id in ids {
+                    pool.with_block_mut(id, |b| b.fill(0))?;
+                }
+            }
             Cmd::Check => {
                 let pool = self.pool()?;
                 let ids = r
