@@ -1,0 +1,254 @@
+"""The engine over Ferry: one :class:`ferry.Connector` per agent (its worker
+id the agent's name), an offer per registered region, a claimed grant per
+remote region, byte-range reads and writes for transfers.
+
+Each region is a :class:`ferry.Pool` of one block (the region), so that a
+descriptor anywhere in it is one byte range ``(0, offset, len)``. The owner's
+pool is the one its offer is over (a grant takes none of the owner's
+blocks); on the initiator's side each operation takes a pool of its own over
+the local region from a small free list, so that transfers in flight into
+one region never refuse each other (``BlockBusyError``); keeping them apart
+is the application's part, as with NIXL.
+
+A transfer of one sub-operation of at most :data:`INLINE_MAX` bytes runs in
+the posting call (its ``_blocking`` form, without the GIL: the copy of a
+cross-memory attach grant takes microseconds, and NIXL's ``transfer``
+returns ``"DONE"`` for what completed in the call too); others run on a
+background event loop, all sub-operations at once, then the notification.
+A transfer released in flight is waited for, not cut short: a copy in
+progress finishes before its memory can be handed back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from typing import Any, Coroutine, List, Optional, Sequence, Tuple
+
+from .._pool import Pool
+from ._engine import Done, GrantLike, LocalRegion, OfferLike, PendingLike, SubOp, pieces
+
+__all__ = ["FerryEngine", "INLINE_MAX"]
+
+INLINE_MAX = 256 << 10
+"""The largest transfer (of one sub-operation) run in the posting call."""
+
+
+class _Loop:
+    """The process's background event loop (a daemon thread), started at
+    first use."""
+
+    _lock = threading.Lock()
+    _loop: Optional[asyncio.AbstractEventLoop] = None
+
+    @classmethod
+    def get(cls) -> asyncio.AbstractEventLoop:
+        with cls._lock:
+            if cls._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="ferry-nixl-loop", daemon=True).start()
+                cls._loop = loop
+            return cls._loop
+
+    @classmethod
+    def submit(cls, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
+        return asyncio.run_coroutine_threadsafe(coro, cls.get())
+
+
+class _FuturePending:
+    """A transfer running on the background loop."""
+
+    __slots__ = ("_fut", "_end")
+
+    def __init__(self) -> None:
+        self._fut: Optional[concurrent.futures.Future[Any]] = None
+        self._end: Optional[int] = None
+
+    def done(self) -> bool:
+        return self._fut is not None and self._fut.done()
+
+    def error(self) -> Optional[BaseException]:
+        if self._fut is None or not self._fut.done():
+            return None
+        if self._fut.cancelled():
+            return RuntimeError("cancelled")
+        return self._fut.exception()
+
+    def finished_ns(self) -> Optional[int]:
+        return self._end
+
+    def cancel(self) -> None:
+        # Never cut short: a copy in progress finishes (see the module).
+        pass
+
+    def wait(self, timeout: float) -> bool:
+        if self._fut is None:
+            return True
+        concurrent.futures.wait([self._fut], timeout=timeout)
+        return self._fut.done()
+
+
+class _Offer:
+    """A region's offer, and the pool it is over."""
+
+    def __init__(self, offer: Any, pool: Pool) -> None:
+        self._offer = offer
+        self._pool = pool
+        self._json: str = offer.metadata().to_json()
+
+    def metadata(self) -> str:
+        return self._json
+
+    def poll(self) -> Optional[Tuple[Optional[str], bytes]]:
+        n = self._offer.poll_notification()
+        if n is None:
+            return None
+        return (n.holder, bytes(n.payload))
+
+    def revoke(self) -> None:
+        blocking = getattr(self._offer, "revoke_blocking", None)
+        if blocking is not None:
+            blocking()
+            return
+        r = self._offer.revoke()
+        if asyncio.iscoroutine(r) or isinstance(r, asyncio.Future) or hasattr(r, "__await__"):
+            _Loop.submit(_awaited(r)).result()
+
+
+async def _awaited(x: Any) -> Any:
+    return await x
+
+
+class _Grant:
+    """A claimed offer of a peer."""
+
+    def __init__(self, grant: Any) -> None:
+        self.grant = grant
+        self.closed = False
+        self.lock: Optional[asyncio.Lock] = None
+
+    def close(self) -> None:
+        self.closed = True
+        self.grant = None
+
+
+def _pool(region: LocalRegion) -> Pool:
+    pools: List[Pool] = region.pools
+    try:
+        return pools.pop()
+    except IndexError:
+        return Pool((region.addr, region.length, region.device, None), region.length)
+
+
+def _give_back(region: LocalRegion, pool: Pool) -> None:
+    if region.live and len(region.pools) < 64:
+        region.pools.append(pool)
+
+
+def _grant(sub: SubOp) -> Any:
+    g = sub.remote.grant
+    if not isinstance(g, _Grant) or g.closed or g.grant is None:
+        raise RuntimeError(f"the grant of agent {sub.remote.agent!r} was closed (the agent was removed)")
+    return g.grant
+
+
+class FerryEngine:
+    """See the module."""
+
+    def __init__(self, worker_id: str) -> None:
+        import ferry
+
+        self._id = worker_id
+        # Any: the offer names come with Ferry's offers (coord: fix-offer).
+        self.connector: Any = ferry.Connector(worker_id)
+        self._ferry: Any = ferry
+
+    @property
+    def worker_id(self) -> str:
+        return self._id
+
+    def offer(self, region: LocalRegion) -> OfferLike:
+        pool = Pool((region.addr, region.length, region.device, None), region.length)
+        return _Offer(self.connector.offer(pool, "read_write"), pool)
+
+    def claim(self, offer_json: str) -> GrantLike:
+        meta = self._ferry.OfferMetadata.from_json(offer_json)
+        return _Grant(self.connector.claim_blocking(meta))
+
+    def post(
+        self, write: bool, subops: Sequence[SubOp], notify: Sequence[bytes], mailbox: Optional[GrantLike]
+    ) -> PendingLike:
+        with_op = len(subops) == 1 and len(notify) == 1
+        trailing = [] if with_op else list(notify)
+        if len(subops) == 1 and subops[0].nbytes <= INLINE_MAX and not trailing:
+            try:
+                self._run_blocking(write, subops[0], notify[0] if with_op else None)
+            except Exception as e:
+                return Done(e)
+            return Done()
+        pending = _FuturePending()
+        pending._fut = _Loop.submit(self._run(pending, write, subops, notify[0] if with_op else None, trailing, mailbox))
+        return pending
+
+    def _run_blocking(self, write: bool, sub: SubOp, notify: Optional[bytes]) -> None:
+        g = _grant(sub)
+        remote, local = pieces(sub)
+        pool = _pool(sub.local)
+        try:
+            if write:
+                g.write_ranges_blocking(pool, local, remote, notify=notify)
+            else:
+                g.read_ranges_blocking(remote, pool, local, notify=notify)
+        finally:
+            _give_back(sub.local, pool)
+
+    async def _one(self, write: bool, sub: SubOp, notify: Optional[bytes]) -> None:
+        g = _grant(sub)
+        remote, local = pieces(sub)
+        pool = _pool(sub.local)
+        try:
+            if write:
+                await g.write_ranges(pool, local, remote, notify=notify)
+            else:
+                await g.read_ranges(remote, pool, local, notify=notify)
+        finally:
+            _give_back(sub.local, pool)
+
+    async def _run(
+        self,
+        pending: _FuturePending,
+        write: bool,
+        subops: Sequence[SubOp],
+        notify: Optional[bytes],
+        trailing: List[bytes],
+        mailbox: Optional[GrantLike],
+    ) -> None:
+        try:
+            results = await asyncio.gather(*(self._one(write, s, notify) for s in subops), return_exceptions=True)
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+            if trailing:
+                if mailbox is None:
+                    raise RuntimeError("no mailbox to send the notification through")
+                await self._send(mailbox, trailing)
+        finally:
+            pending._end = time.monotonic_ns()
+
+    async def _send(self, mailbox: GrantLike, payloads: Sequence[bytes]) -> None:
+        assert isinstance(mailbox, _Grant)
+        if mailbox.lock is None:
+            mailbox.lock = asyncio.Lock()
+        async with mailbox.lock:
+            for p in payloads:
+                if mailbox.closed or mailbox.grant is None:
+                    raise RuntimeError("the remote agent was removed")
+                await mailbox.grant.notify(p)
+
+    def send(self, mailbox: GrantLike, notify: Sequence[bytes]) -> None:
+        _Loop.submit(self._send(mailbox, notify)).result(timeout=30)
+
+    def close(self) -> None:
+        self.connector = None
