@@ -16,6 +16,7 @@ standing grants; the tests also run the agent over an in-process one.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Protocol, Sequence, Tuple
@@ -220,8 +221,8 @@ def pieces(sub: SubOp) -> Tuple[List[Tuple[int, int, int]], List[Tuple[int, int]
     """A sub-operation as Ferry's range operations take it, over pools of
     one block each (the region): remote ``(block, offset, len)`` and local
     ``(block, offset)``."""
-    remote = [(0, int(o), int(n)) for o, n in zip(sub.remote_off.tolist(), sub.lens.tolist())]
-    local = [(0, int(o)) for o in sub.local_off.tolist()]
+    remote = list(zip(itertools.repeat(0), sub.remote_off.tolist(), sub.lens.tolist()))
+    local = list(zip(itertools.repeat(0), sub.local_off.tolist()))
     return remote, local
 
 
