@@ -66,6 +66,9 @@ class AgentCore:
         self.engine = engine
         self.telemetry = telemetry
         self.lock = threading.RLock()
+        # Draining is one thread at a time: the parts of a long message
+        # must reach the inbox in the order they were taken.
+        self._drain_lock = threading.Lock()
         self.local: List[LocalRegion] = []
         self.remotes: Dict[str, RemoteAgent] = {}
         self.dlists: Dict[int, PreppedList] = {}
@@ -403,11 +406,12 @@ class AgentCore:
     # ---- notifications ----
 
     def _drain(self, offer: OfferLike) -> None:
-        while True:
-            n = offer.poll()
-            if n is None:
-                return
-            self.inbox.put(n[0], id(offer), n[1])
+        with self._drain_lock:
+            while True:
+                n = offer.poll()
+                if n is None:
+                    return
+                self.inbox.put(n[0], id(offer), n[1])
 
     def notifs(self) -> Dict[str, List[bytes]]:
         with self.lock:
