@@ -454,3 +454,46 @@ def test_metadata_listener_exchange() -> None:
         b.send_local_metadata()
     a.close()
     b.close()
+
+
+def test_metadata_parsing_is_total() -> None:
+    from ferry.nixl import _meta
+
+    good = agent("x").get_agent_metadata()
+    assert _meta.decode(good).name == "x"
+    bad = [
+        b"",
+        b"FERRYNIXL1\n",
+        b"FERRYNIXL1\n[]",
+        b"FERRYNIXL1\n{\"name\": 5, \"regions\": []}",
+        b"FERRYNIXL1\n{\"name\": \"a\", \"regions\": [{\"addr\": -1, \"len\": 1, \"dev\": 0, \"mem\": 0, \"offer\": \"o\"}]}",
+        b"FERRYNIXL1\n{\"name\": \"a\", \"regions\": [{\"addr\": 1, \"len\": 0, \"dev\": 0, \"mem\": 0, \"offer\": \"o\"}]}",
+        b"FERRYNIXL1\n{\"name\": \"a\", \"regions\": [{\"addr\": 1, \"len\": 1, \"dev\": 0, \"mem\": 4, \"offer\": \"o\"}]}",
+        b"FERRYNIXL1\n{\"name\": \"a\", \"regions\": [{\"addr\": 1, \"len\": 1, \"dev\": 0, \"mem\": 0, \"offer\": 3}]}",
+        b"FERRYNIXL1\n{\"name\": \"a\", \"mailbox\": [], \"regions\": []}",
+        b"FERRYNIXL1\n\xff\xfe",
+        b"nixlSerDes|Agent...",
+    ]
+    rng = np.random.default_rng(3)
+    bad += [good[: int(n)] for n in rng.integers(0, len(good), 20)]
+    for b in bad:
+        with pytest.raises(nixl.nixlMismatchError):
+            _meta.decode(b)
+
+
+def test_inbox_joins_parts_per_sender() -> None:
+    from ferry.nixl._notify import Inbox, frame
+
+    box = Inbox()
+    long_a, long_b = b"a" * 600, b"b" * 300
+    fa, fb = frame(long_a), frame(long_b)
+    assert len(fa) == 3 and all(len(p) <= 256 for p in fa)
+    # Two senders' parts interleaved; a whole message between them.
+    for pa, pb in zip(fa, fb + [None]):  # type: ignore[operator]
+        box.put("A", 1, pa)
+        if pb is not None:
+            box.put("B", 1, pb)
+    box.put("A", 2, frame(b"short")[0])
+    box.put(None, 1, b"\x07raw")  # not framed: handed on as it came
+    assert box.take() == {"A": [long_a, b"short"], "B": [long_b], "": [b"\x07raw"]}
+    assert box.take() == {}
