@@ -12,7 +12,9 @@ answers the agent's metadata (hex) and the regions' base addresses;
 ``add`` (``metadata``, hex): adds the decode agent; ``notifs`` (``count``,
 ``timeout``): waits for that many notification messages, answers them by
 sender (hex); ``block`` (``layer``, ``block``): answers the block's bytes
-(hex); ``send`` (``agent``, ``msg``, hex): sends a notification;
+(hex); ``send`` (``agent``, ``msg``, hex): sends a notification; ``send_rows``
+(``agent``): waits for its metadata (from the listener, ``init`` with
+``listen``), then sends it the serialized list of layer 0's blocks;
 ``deregister``: deregisters the cache; ``exit``.
 """
 
@@ -43,7 +45,8 @@ def serve(req: Dict[str, Any]) -> Dict[str, Any]:
     global agent, reg
     cmd = req["cmd"]
     if cmd == "init":
-        agent = nixl_agent(req["name"], nixl_agent_config(backends=["UCX"]))
+        listen = bool(req.get("listen"))
+        agent = nixl_agent(req["name"], nixl_agent_config(True, listen, 0, backends=["UCX"]))
         n, bl = req["blocks"], req["block_len"]
         for layer in range(req["layers"]):
             t = np.empty((n, bl), dtype=np.uint8)
@@ -53,7 +56,12 @@ def serve(req: Dict[str, Any]) -> Dict[str, Any]:
         caches = [(t.ctypes.data, t.nbytes, 0, "") for t in layers]
         reg = agent.get_reg_descs(caches, "DRAM")
         agent.register_memory(reg, backends=["UCX"])
-        return {"ok": True, "metadata": agent.get_agent_metadata().hex(), "bases": [t.ctypes.data for t in layers]}
+        return {
+            "ok": True,
+            "metadata": agent.get_agent_metadata().hex(),
+            "bases": [t.ctypes.data for t in layers],
+            "port": agent.listen_port,
+        }
     assert agent is not None
     if cmd == "add":
         return {"ok": True, "name": agent.add_remote_agent(bytes.fromhex(req["metadata"])).decode()}
@@ -69,6 +77,17 @@ def serve(req: Dict[str, Any]) -> Dict[str, Any]:
         return {"ok": True, "bytes": layers[req["layer"]][req["block"]].tobytes().hex()}
     if cmd == "send":
         agent.send_notif(req["agent"], bytes.fromhex(req["msg"]))
+        return {"ok": True}
+    if cmd == "send_rows":
+        # As NIXL's basic example: once the agent's metadata has come, send
+        # it the serialized transfer list of the first layer's blocks.
+        deadline = time.monotonic() + req.get("timeout", 10)
+        while not agent.check_remote_metadata(req["agent"]):
+            if time.monotonic() > deadline:
+                raise TimeoutError("no metadata of " + req["agent"])
+            time.sleep(0.001)
+        rows = [(layers[0].ctypes.data + b * layers[0].shape[1], layers[0].shape[1], 0) for b in range(layers[0].shape[0])]
+        agent.send_notif(req["agent"], agent.get_serialized_descs(agent.get_xfer_descs(rows, "DRAM")))
         return {"ok": True}
     if cmd == "deregister":
         agent.deregister_memory(reg)

@@ -213,3 +213,36 @@ def test_killed_peer_gives_err_not_a_hang(peer: Peer) -> None:
     assert state == "ERR"
     assert time.monotonic() - t0 < 2.0
     a.close()
+
+
+def test_metadata_by_address_and_serialized_descs(peer: Peer) -> None:
+    """NIXL's basic two-peer example's sequence: metadata through the
+    listeners, the target's descriptors as a notification, one READ."""
+    init = peer.call(cmd="init", name="target", layers=1, blocks=BLOCKS, block_len=BLOCK_LEN, listen=True)
+    a = nixl_agent("initiator-" + uuid.uuid4().hex[:6], nixl_agent_config(True, True, 0))
+    mine = np.zeros((BLOCKS, BLOCK_LEN), dtype=np.uint8)
+    reg = a.register_memory([(mine.ctypes.data, mine.nbytes, 0, "")], "DRAM")
+    a.fetch_remote_metadata("target", "127.0.0.1", init["port"])
+    a.send_local_metadata("127.0.0.1", init["port"])
+    peer.call(cmd="send_rows", agent=a.name)
+    deadline = time.monotonic() + 10
+    notifs: Dict[str, List[bytes]] = {}
+    while "target" not in notifs:
+        assert time.monotonic() < deadline
+        notifs = a.get_new_notifs()
+    target_descs = a.deserialize_descs(notifs["target"][0])
+    assert target_descs.descCount() == BLOCKS
+    while not a.check_remote_metadata("target"):
+        assert time.monotonic() < deadline
+    mine_descs = a.get_xfer_descs([(mine.ctypes.data + b * BLOCK_LEN, BLOCK_LEN, 0) for b in range(BLOCKS)], "DRAM")
+    h = a.initialize_xfer("READ", mine_descs, target_descs, "target", "Done_reading")
+    assert a.transfer(h) != "ERR"
+    assert wait_state(a, h) == "DONE"
+    for b in range(BLOCKS):
+        assert (mine[b] == pattern(0, b, BLOCK_LEN)).all()
+    assert [bytes.fromhex(m) for m in peer.call(cmd="notifs", count=1)["notifs"][a.name]] == [b"Done_reading"]
+    a.remove_remote_agent("target")
+    a.release_xfer_handle(h)
+    a.invalidate_local_metadata("127.0.0.1", init["port"])
+    a.deregister_memory(reg)
+    a.close()
