@@ -133,3 +133,108 @@ class FakeEngine:
 def engine(delay: int = 0) -> Any:
     """The factory nixl_agent(..., engine=) takes."""
     return lambda name, conf: FakeEngine(name, delay)
+
+
+# ---- a stand-in for the ``ferry`` package's offers and byte ranges ----
+# (what tests/test_nixl_api.py runs FerryEngine over, in one process: the
+# names of coord's offers and ranges, moving bytes with ctypes.memmove)
+
+
+class SimNotification:
+    def __init__(self, holder: str, payload: bytes) -> None:
+        self.holder = holder
+        self.payload = payload
+
+
+class SimOfferMetadata:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    @classmethod
+    def from_json(cls, text: str) -> "SimOfferMetadata":
+        return cls(text)
+
+    def to_json(self) -> str:
+        return self.text
+
+
+SIM_OFFERS: Dict[int, "SimOffer"] = {}
+
+
+class SimOffer:
+    def __init__(self, owner: str, pool: Any) -> None:
+        self.id = next(_IDS)
+        self.owner = owner
+        self.addr, self.size = pool.memory[0], pool.size
+        self.revoked = False
+        self.queue: Deque[SimNotification] = deque()
+        SIM_OFFERS[self.id] = self
+
+    def metadata(self) -> SimOfferMetadata:
+        return SimOfferMetadata(json.dumps({"sim_offer": self.id}))
+
+    def poll_notification(self) -> Optional[SimNotification]:
+        return self.queue.popleft() if self.queue else None
+
+    def revoke_blocking(self) -> None:
+        self.revoked = True
+
+
+class SimRemoteGrant:
+    def __init__(self, offer: SimOffer, holder: str) -> None:
+        self.offer, self.holder = offer, holder
+
+    def _move(self, write: bool, pool: Any, local: List[Any], remote: List[Any], notify: Optional[bytes]) -> None:
+        if self.offer.revoked:
+            raise RuntimeError("GrantRevokedError: revoked")
+        base = pool.memory[0]
+        for (lb, lo), (rb, ro, n) in zip(local, remote):
+            assert lb == 0 and rb == 0 and lo + n <= pool.size and ro + n <= self.offer.size
+            src, dst = (base + lo, self.offer.addr + ro) if write else (self.offer.addr + ro, base + lo)
+            ctypes.memmove(dst, src, n)
+        if notify is not None:
+            self.offer.queue.append(SimNotification(self.holder, notify))
+
+    def read_ranges_blocking(self, remote: List[Any], pool: Any, local: List[Any], *, notify: Optional[bytes] = None) -> None:
+        self._move(False, pool, local, remote, notify)
+
+    def write_ranges_blocking(self, pool: Any, local: List[Any], remote: List[Any], *, notify: Optional[bytes] = None) -> None:
+        self._move(True, pool, local, remote, notify)
+
+    async def read_ranges(self, remote: List[Any], pool: Any, local: List[Any], *, notify: Optional[bytes] = None) -> None:
+        self._move(False, pool, local, remote, notify)
+
+    async def write_ranges(self, pool: Any, local: List[Any], remote: List[Any], *, notify: Optional[bytes] = None) -> None:
+        self._move(True, pool, local, remote, notify)
+
+    async def notify(self, payload: bytes) -> None:
+        if self.offer.revoked:
+            raise RuntimeError("GrantRevokedError: revoked")
+        self.offer.queue.append(SimNotification(self.holder, payload))
+
+
+class SimConnector:
+    def __init__(self, worker_id: str) -> None:
+        self.worker_id = worker_id
+
+    def offer(self, pool: Any, rights: str) -> SimOffer:
+        assert rights == "read_write"
+        return SimOffer(self.worker_id, pool)
+
+    def claim_blocking(self, meta: SimOfferMetadata) -> SimRemoteGrant:
+        offer = SIM_OFFERS[json.loads(meta.text)["sim_offer"]]
+        if offer.revoked:
+            raise RuntimeError("revoked")
+        return SimRemoteGrant(offer, self.worker_id)
+
+
+class SimFerry:
+    Connector = SimConnector
+    OfferMetadata = SimOfferMetadata
+
+
+def sim_ferry_engine() -> Any:
+    """The factory for nixl_agent(engine=): FerryEngine over SimFerry."""
+    from ferry.nixl._ferry_engine import FerryEngine
+
+    return lambda name, conf: FerryEngine(name, SimFerry)

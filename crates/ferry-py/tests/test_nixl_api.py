@@ -497,3 +497,52 @@ def test_inbox_joins_parts_per_sender() -> None:
     box.put(None, 1, b"\x07raw")  # not framed: handed on as it came
     assert box.take() == {"A": [long_a, b"short"], "B": [long_b], "": [b"\x07raw"]}
     assert box.take() == {}
+
+
+def test_ferry_engine_over_a_stand_in() -> None:
+    """FerryEngine's own logic (inline and background transfers, several
+    regions, long notifications through the mailbox, revocation) over
+    tests/nixl_fake.py's stand-in for Ferry's offers and ranges."""
+    from ferry.nixl import _ferry_engine
+
+    a = nixl_agent("target", engine=nixl_fake.sim_ferry_engine())
+    b = nixl_agent("initiator", engine=nixl_fake.sim_ferry_engine())
+    big_src = np.arange(1 << 20, dtype=np.uint32).view(np.uint8)[: 1 << 20].copy()
+    small = [np.full(4096, i + 1, dtype=np.uint8) for i in range(2)]
+    dst = np.zeros(1 << 20, dtype=np.uint8)
+    ra = a.register_memory([(big_src.ctypes.data, big_src.nbytes, 0, "")] + [(s.ctypes.data, 4096, 0, "") for s in small], "DRAM")
+    b.register_memory([(dst.ctypes.data, dst.nbytes, 0, "")], "DRAM")
+    b.add_remote_agent(a.get_agent_metadata())
+    # Inline: one region pair, under INLINE_MAX.
+    h = b.initialize_xfer("READ", b.get_xfer_descs([(dst.ctypes.data, 4096, 0)], "DRAM"),
+                          b.get_xfer_descs([(big_src.ctypes.data + 4096, 4096, 0)], "DRAM"), "target", b"small")
+    assert b.transfer(h) == "DONE"
+    assert (dst[:4096] == big_src[4096:8192]).all()
+    # Background: the whole 1 MiB (over INLINE_MAX), then three regions at once with a long notification.
+    h2 = b.initialize_xfer("READ", b.get_xfer_descs([(dst.ctypes.data, 1 << 20, 0)], "DRAM"),
+                           b.get_xfer_descs([(big_src.ctypes.data, 1 << 20, 0)], "DRAM"), "target")
+    assert _ferry_engine.INLINE_MAX < (1 << 20)
+    assert b.transfer(h2) in ("PROC", "DONE")
+    assert wait(b, h2) == "DONE" and (dst == big_src).all()
+    rows_l = [(dst.ctypes.data, 4096, 0), (dst.ctypes.data + 4096, 4096, 0), (dst.ctypes.data + 8192, 100, 0)]
+    rows_r = [(small[0].ctypes.data, 4096, 0), (small[1].ctypes.data, 4096, 0), (big_src.ctypes.data, 100, 0)]
+    h3 = b.initialize_xfer("READ", b.get_xfer_descs(rows_l, "DRAM"), b.get_xfer_descs(rows_r, "DRAM"), "target", b"L" * 700)
+    b.transfer(h3)
+    assert wait(b, h3) == "DONE"
+    assert (dst[:4096] == 1).all() and (dst[4096:8192] == 2).all() and (dst[8192:8292] == big_src[:100]).all()
+    b.send_notif("target", b"bare")
+    assert a.get_new_notifs() == {"initiator": [b"small", b"L" * 700, b"bare"]}
+    a.deregister_memory(ra)
+    assert b.transfer(h) == "ERR" and "revoked" in str(b.get_xfer_error(h))
+    b.transfer(h2)
+    assert wait(b, h2) == "ERR"
+    a.close()
+    b.close()
+
+
+def wait(a: nixl_agent, h: Any) -> str:
+    deadline = time.monotonic() + 10
+    while (s := a.check_xfer_state(h)) == "PROC":
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    return s

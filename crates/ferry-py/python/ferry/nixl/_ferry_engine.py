@@ -157,13 +157,15 @@ def _grant(sub: SubOp) -> Any:
 class FerryEngine:
     """See the module."""
 
-    def __init__(self, worker_id: str) -> None:
-        import ferry
+    def __init__(self, worker_id: str, module: Any = None) -> None:
+        """`module` stands for the ``ferry`` package (tests)."""
+        if module is None:
+            import ferry as module
 
         self._id = worker_id
         # Any: the offer names come with Ferry's offers (coord: fix-offer).
-        self.connector: Any = ferry.Connector(worker_id)
-        self._ferry: Any = ferry
+        self.connector: Any = module.Connector(worker_id)
+        self._ferry: Any = module
 
     @property
     def worker_id(self) -> str:
