@@ -507,9 +507,9 @@ def test_ferry_engine_over_a_stand_in() -> None:
 
     a = nixl_agent("target", engine=nixl_fake.sim_ferry_engine())
     b = nixl_agent("initiator", engine=nixl_fake.sim_ferry_engine())
-    big_src = np.arange(1 << 20, dtype=np.uint32).view(np.uint8)[: 1 << 20].copy()
+    big_src = np.arange(4 << 20, dtype=np.uint32).view(np.uint8)[: 4 << 20].copy()
     small = [np.full(4096, i + 1, dtype=np.uint8) for i in range(2)]
-    dst = np.zeros(1 << 20, dtype=np.uint8)
+    dst = np.zeros(4 << 20, dtype=np.uint8)
     ra = a.register_memory([(big_src.ctypes.data, big_src.nbytes, 0, "")] + [(s.ctypes.data, 4096, 0, "") for s in small], "DRAM")
     b.register_memory([(dst.ctypes.data, dst.nbytes, 0, "")], "DRAM")
     b.add_remote_agent(a.get_agent_metadata())
@@ -518,10 +518,10 @@ def test_ferry_engine_over_a_stand_in() -> None:
                           b.get_xfer_descs([(big_src.ctypes.data + 4096, 4096, 0)], "DRAM"), "target", b"small")
     assert b.transfer(h) == "DONE"
     assert (dst[:4096] == big_src[4096:8192]).all()
-    # Background: the whole 1 MiB (over INLINE_MAX), then three regions at once with a long notification.
-    h2 = b.initialize_xfer("READ", b.get_xfer_descs([(dst.ctypes.data, 1 << 20, 0)], "DRAM"),
-                           b.get_xfer_descs([(big_src.ctypes.data, 1 << 20, 0)], "DRAM"), "target")
-    assert _ferry_engine.INLINE_MAX < (1 << 20)
+    # Background: the whole 4 MiB (over INLINE_MAX), then three regions at once with a long notification.
+    h2 = b.initialize_xfer("READ", b.get_xfer_descs([(dst.ctypes.data, 4 << 20, 0)], "DRAM"),
+                           b.get_xfer_descs([(big_src.ctypes.data, 4 << 20, 0)], "DRAM"), "target")
+    assert _ferry_engine.INLINE_MAX < (4 << 20)
     assert b.transfer(h2) in ("PROC", "DONE")
     assert wait(b, h2) == "DONE" and (dst == big_src).all()
     rows_l = [(dst.ctypes.data, 4096, 0), (dst.ctypes.data + 4096, 4096, 0), (dst.ctypes.data + 8192, 100, 0)]

@@ -151,6 +151,8 @@ class SubOp:
     local_off: Array
     remote_off: Array
     lens: Array
+    ranges: Optional[Tuple[List[Tuple[int, int, int]], List[Tuple[int, int]]]] = None
+    """:func:`pieces`' answer, kept for the transfer's next posts."""
 
     @property
     def nbytes(self) -> int:
@@ -220,10 +222,13 @@ class Done:
 def pieces(sub: SubOp) -> Tuple[List[Tuple[int, int, int]], List[Tuple[int, int]]]:
     """A sub-operation as Ferry's range operations take it, over pools of
     one block each (the region): remote ``(block, offset, len)`` and local
-    ``(block, offset)``."""
-    remote = list(zip(itertools.repeat(0), sub.remote_off.tolist(), sub.lens.tolist()))
-    local = list(zip(itertools.repeat(0), sub.local_off.tolist()))
-    return remote, local
+    ``(block, offset)``; made once per sub-operation (a prepared transfer
+    is posted again and again)."""
+    if sub.ranges is None:
+        remote = list(zip(itertools.repeat(0), sub.remote_off.tolist(), sub.lens.tolist()))
+        local = list(zip(itertools.repeat(0), sub.local_off.tolist()))
+        sub.ranges = (remote, local)
+    return sub.ranges
 
 
 def describe(sub: SubOp) -> Any:

@@ -11,9 +11,10 @@ one region never refuse each other (``BlockBusyError``); keeping them apart
 is the application's part, as with NIXL.
 
 A transfer of one sub-operation of at most :data:`INLINE_MAX` bytes runs in
-the posting call (its ``_blocking`` form, without the GIL: the copy of a
-cross-memory attach grant takes microseconds, and NIXL's ``transfer``
-returns ``"DONE"`` for what completed in the call too); others run on a
+the posting call (its ``_blocking`` form, without the GIL: a cross-memory
+attach grant copies that much in place, in microseconds to a few hundred,
+and NIXL's ``transfer`` returns ``"DONE"`` for what completed in the call
+too); others run on a
 background event loop, all sub-operations at once, then the notification.
 A transfer released in flight is waited for, not cut short: a copy in
 progress finishes before its memory can be handed back.
@@ -32,7 +33,7 @@ from ._engine import Done, GrantLike, LocalRegion, OfferLike, PendingLike, SubOp
 
 __all__ = ["FerryEngine", "INLINE_MAX"]
 
-INLINE_MAX = 256 << 10
+INLINE_MAX = 2 << 20
 """The largest transfer (of one sub-operation) run in the posting call."""
 
 
