@@ -163,6 +163,28 @@ def plan(write: bool, local: PreppedList, lidx: I64, remote: PreppedList, ridx: 
     return subops, pieces
 
 
+class _Posting:
+    """The pending of a transfer being posted."""
+
+    def done(self) -> bool:
+        return False
+
+    def error(self) -> Optional[BaseException]:
+        return None
+
+    def finished_ns(self) -> Optional[int]:
+        return None
+
+    def cancel(self) -> None:
+        pass
+
+    def wait(self, timeout: float) -> bool:
+        return False
+
+
+_POSTING = _Posting()
+
+
 class XferReq:
     """One transfer request (``initialize_xfer`` / ``make_prepped_xfer``):
     what it moves, its notification, and its state across posts."""
@@ -200,7 +222,9 @@ class XferReq:
             raise nixlRepostActiveError("the transfer is still in progress: wait for DONE or ERR before posting it again")
 
     def begin(self) -> None:
-        self.pending = None
+        # In progress from here (a post from another thread meanwhile is a
+        # repost of an active transfer), until posted() says how it went.
+        self.pending = _POSTING
         self.failed = None
         self.end_ns = None
         self.start_us = time.time_ns() // 1000
