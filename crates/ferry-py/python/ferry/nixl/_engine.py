@@ -154,9 +154,11 @@ class SubOp:
     ranges: Optional[Tuple[List[Tuple[int, int, int]], List[Tuple[int, int]]]] = None
     """:func:`pieces`' answer, kept for the transfer's next posts."""
 
-    @property
-    def nbytes(self) -> int:
-        return int(self.lens.sum())
+    nbytes: int = 0
+    """The bytes it moves (set when it is made)."""
+
+    def __post_init__(self) -> None:
+        self.nbytes = int(self.lens.sum())
 
 
 class Engine(Protocol):
