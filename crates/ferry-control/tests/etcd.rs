@@ -33,6 +33,11 @@ impl Etcd {
     /// Starts one and waits until it is healthy, or returns `None` (having
     /// said why) when `etcd` is not installed and not required.
     fn start() -> Option<Etcd> {
+        Self::start_on("127.0.0.1")
+    }
+
+    /// Starts one that listens for clients on `host`.
+    fn start_on(host: &str) -> Option<Etcd> {
         if Command::new("etcd").arg("--version").output().is_err() {
             assert!(
                 std::env::var("FERRY_REQUIRE_ETCD").as_deref() != Ok("1"),
@@ -53,7 +58,7 @@ impl Etcd {
         let child = Command::new("etcd")
             .args(["--name", "ferry-test", "--data-dir"])
             .arg(&dir)
-            .args(["--listen-client-urls", &client])
+            .args(["--listen-client-urls", &format!("http://{host}:{port}")])
             .args(["--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer])
             .args(["--initial-advertise-peer-urls", &peer])
@@ -394,6 +399,51 @@ async fn etcd_users_are_required_when_etcd_has_authentication() {
         .unwrap_err();
     assert!(matches!(e, Error::Unauthorized { .. }), "{e}");
     assert!(!format!("{e}{e:?}{s:?}").contains("r00t-pw"));
+}
+
+/// This host's address on the interface that routes outwards, if any
+/// (nothing is sent).
+fn outward_ip() -> Option<std::net::IpAddr> {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    s.connect("192.0.2.254:9").ok()?;
+    let ip = s.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_secret_publish_needs_etcd_on_loopback() {
+    let Some(ip) = outward_ip() else {
+        eprintln!("SKIPPED: no address but loopback");
+        return;
+    };
+    let Some(etcd) = Etcd::start_on("0.0.0.0") else {
+        return;
+    };
+    let url = format!("http://{ip}:{}", etcd.port);
+    let prefill = connector().await;
+    let op = readable(&prefill, 9, 64).await;
+    let none = Config::new().without_secret().trusted_network(false);
+    let s = EtcdStore::connect_with(&url, 10 * SECOND, &none)
+        .await
+        .unwrap();
+    let e = s.publish("k", op.metadata()).await.unwrap_err();
+    assert!(matches!(e, Error::UntrustedNetwork { .. }), "{e}");
+    assert!(
+        e.to_string().contains("FERRY_CONTROL_TRUSTED_NETWORK=1"),
+        "{e}"
+    );
+    assert!(etcd.get("/ferry/metadata/k").is_none());
+    // With the secret, or the network declared trusted, it publishes.
+    for (config, key) in [
+        (Config::new().secret(SECRET), "sealed"),
+        (none.trusted_network(true), "trusted"),
+    ] {
+        let s = EtcdStore::connect_with(&url, 10 * SECOND, &config)
+            .await
+            .unwrap();
+        let _p = s.publish(key, op.metadata()).await.unwrap();
+        s.fetch(key, SECOND).await.unwrap();
+    }
 }
 
 /// A server that answers every request with `reply` (then closes).
