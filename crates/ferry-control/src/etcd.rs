@@ -32,7 +32,8 @@ const ATTEMPT: Duration = Duration::from_secs(1);
 /// How long `publish` and `withdraw` keep trying.
 const PUBLISH_DEADLINE: Duration = Duration::from_secs(5);
 
-/// Live publications of a store: key → (publication number, lease).
+/// Live publications of a store and its clones: etcd key → (publication
+/// number, lease).
 type Live = Arc<Mutex<HashMap<String, (u64, i64)>>>;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -203,11 +204,11 @@ impl EtcdStore {
             });
         };
         let number = self.next.fetch_add(1, Ordering::Relaxed);
-        lock(&self.live).insert(key.to_owned(), (number, id));
+        lock(&self.live).insert(at.clone(), (number, id));
         let keeper = tokio::spawn(keep_alive(
             self.gateway.clone(),
             self.live.clone(),
-            key.to_owned(),
+            at.clone(),
             number,
             record,
             ttl,
@@ -215,7 +216,7 @@ impl EtcdStore {
         .abort_handle();
         let live = self.live.clone();
         let gateway = self.gateway.clone();
-        let owned = key.to_owned();
+        let owned = at;
         // Revoked on the runtime, wherever the guard is dropped.
         let runtime = tokio::runtime::Handle::current();
         Ok(Publication::new(key, move || {
@@ -246,7 +247,7 @@ impl EtcdStore {
     /// [`Error::NotFound`]. If etcd cannot be reached within 5 seconds, the
     /// error says so and the metadata goes when its lease runs out.
     pub async fn withdraw(&self, publication: Publication) -> Result<()> {
-        let taken = lock(&self.live).remove(publication.key());
+        let taken = lock(&self.live).remove(&self.etcd_key(publication.key()));
         drop(publication);
         let Some((_, id)) = taken else {
             return Ok(());
