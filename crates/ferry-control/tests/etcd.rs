@@ -318,6 +318,33 @@ async fn leases_outlive_their_ttl_while_kept_and_expire_with_the_publisher() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publication_whose_lease_etcd_lost_is_stored_again() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let prefill = connector().await;
+    let s = store(&etcd).await.with_lease_ttl(SECOND);
+    let op = readable(&prefill, 10, 64).await;
+    let _p = s.publish("k", op.metadata()).await.unwrap();
+    // The lease revoked behind the publisher's back: the key goes with it.
+    let reply = etcd.call(
+        "/v3/kv/range",
+        json!({"key": BASE64.encode("/ferry/metadata/k")}),
+    );
+    let lease = reply.pointer("/kvs/0/lease").expect("on a lease").clone();
+    let revoked = etcd.call("/v3/lease/revoke", json!({"ID": lease}));
+    assert!(revoked.get("error").is_none(), "{revoked}");
+    assert!(etcd.get("/ferry/metadata/k").is_none());
+    // The next keep-alive finds it lost and stores it again, on a new lease.
+    s.fetch("k", 3 * SECOND).await.unwrap();
+    let reply = etcd.call(
+        "/v3/kv/range",
+        json!({"key": BASE64.encode("/ferry/metadata/k")}),
+    );
+    assert_ne!(reply.pointer("/kvs/0/lease"), Some(&lease));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sealed_values_are_not_readable_in_clear() {
     let Some(etcd) = Etcd::start() else {
         return;
