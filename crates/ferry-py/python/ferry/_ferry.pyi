@@ -230,6 +230,25 @@ class NatsChannel:
     def publish(self, key: str, metadata: Metadata) -> Publication: ...
     def fetch(self, key: str, timeout: float) -> Metadata: ...
 
+DEFAULT_ETCD_PREFIX: str
+
+class EtcdStore:
+    @staticmethod
+    def connect(
+        endpoints: str,
+        timeout: float,
+        prefix: str,
+        secret: Optional[bytes] = None,
+        trusted_network: Optional[bool] = None,
+        user: Optional[str] = None,
+        password: Optional[str] = None,
+        lease_ttl: Optional[float] = None,
+    ) -> EtcdStore: ...
+    def publish(self, key: str, metadata: Metadata) -> Publication: ...
+    def withdraw(self, publication: Publication) -> None: ...
+    def fetch(self, key: str, timeout: float) -> Metadata: ...
+    def etcd_key(self, key: str) -> str: ...
+
 def http_fetch(
     endpoint: str,
     key: str,
