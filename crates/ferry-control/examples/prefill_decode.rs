@@ -1,18 +1,20 @@
 //! A prefill worker and a decode worker, two processes, handing the KV
-//! cache's metadata over NATS or HTTP:
+//! cache's metadata over NATS, HTTP or etcd:
 //!
 //! ```text
 //! cargo run --release -p ferry-control --example prefill_decode -- --via http
 //! cargo run --release -p ferry-control --example prefill_decode -- --via nats [--nats-url nats://127.0.0.1:4222]
+//! cargo run --release -p ferry-control --example prefill_decode -- --via etcd [--etcd-url http://127.0.0.1:2379]
 //! ```
 //!
 //! The process started by hand is the decode worker. It spawns the prefill
 //! worker (this program again, with `--role prefill`), which exposes a
 //! buffer as a readable and publishes its metadata under the request id.
 //! The decode worker fetches the metadata, reads the buffer, checks every
-//! byte, and both learn that the transfer is done. Without `--nats-url` it
-//! starts a `nats-server` of its own on a free port (and says so, and
-//! exits 0, if none is installed). Both workers run on loopback, so no
+//! byte, and both learn that the transfer is done. Without `--nats-url`
+//! (`--etcd-url`) it starts a `nats-server` (an `etcd`, with a temporary
+//! data directory) of its own on a free port (and says so, and exits 0, if
+//! none is installed). Both workers run on loopback, so no
 //! secret is needed; with `FERRY_SECRET` in the environment (both inherit
 //! it) the hand-over is authenticated and sealed, and the transfer runs
 //! over the secure channel.
@@ -22,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use ferry::{Connector, Descriptor};
-use ferry_control::{HttpClient, HttpServer, NatsChannel};
+use ferry_control::{EtcdStore, HttpClient, HttpServer, NatsChannel};
 
 const KEY: &str = "request-0001";
 const DEADLINE: Duration = Duration::from_secs(10);
@@ -31,6 +33,7 @@ struct Args {
     role: String,
     via: String,
     nats_url: Option<String>,
+    etcd_url: Option<String>,
     size: usize,
 }
 
@@ -39,6 +42,7 @@ fn args() -> anyhow::Result<Args> {
         role: "decode".into(),
         via: "http".into(),
         nats_url: None,
+        etcd_url: None,
         size: 64 << 20,
     };
     let mut it = std::env::args().skip(1);
@@ -48,14 +52,16 @@ fn args() -> anyhow::Result<Args> {
             "--role" => a.role = value()?,
             "--via" => a.via = value()?,
             "--nats-url" => a.nats_url = Some(value()?),
+            "--etcd-url" => a.etcd_url = Some(value()?),
             "--size" => a.size = value()?.parse().context("--size takes bytes")?,
             other => bail!(
-                "unknown argument {other}; use --via nats|http [--nats-url URL] [--size BYTES]"
+                "unknown argument {other}; use --via nats|http|etcd [--nats-url URL] \
+                 [--etcd-url URL] [--size BYTES]"
             ),
         }
     }
-    if a.via != "nats" && a.via != "http" {
-        bail!("--via takes nats or http, not {}", a.via);
+    if !["nats", "http", "etcd"].contains(&a.via.as_str()) {
+        bail!("--via takes nats, http or etcd, not {}", a.via);
     }
     Ok(a)
 }
@@ -92,6 +98,13 @@ async fn prefill(a: Args) -> anyhow::Result<()> {
         let p = server.publish(KEY, kv.metadata())?;
         let addr = server.local_addr().to_string();
         (p, Some(server), None, addr)
+    } else if a.via == "etcd" {
+        let url = a
+            .etcd_url
+            .context("prefill through etcd needs --etcd-url")?;
+        let etcd = EtcdStore::connect(&url, DEADLINE).await?;
+        let p = etcd.publish(KEY, kv.metadata()).await?;
+        (p, None, None, url)
     } else {
         let url = a.nats_url.context("prefill over NATS needs --nats-url")?;
         let nats = NatsChannel::connect(&url, DEADLINE).await?;
@@ -138,6 +151,61 @@ fn start_nats() -> anyhow::Result<Option<(Reap, String)>> {
     Ok(Some((Reap(child), format!("nats://127.0.0.1:{port}"))))
 }
 
+/// An etcd on free loopback ports with a temporary data directory
+/// (removed when dropped), or `None` if etcd is not installed.
+struct EtcdServer {
+    process: Reap,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        let _ = self.process.0.kill();
+        let _ = self.process.0.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn start_etcd() -> anyhow::Result<Option<(EtcdServer, String)>> {
+    if Command::new("etcd").arg("--version").output().is_err() {
+        return Ok(None);
+    }
+    let port = || -> anyhow::Result<u16> {
+        Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port())
+    };
+    let (client, peer) = (format!("http://127.0.0.1:{}", port()?), port()?);
+    let peer = format!("http://127.0.0.1:{peer}");
+    let dir = std::env::temp_dir().join(format!("ferry-example-etcd-{}", std::process::id()));
+    let child = Command::new("etcd")
+        .args(["--name", "example", "--data-dir"])
+        .arg(&dir)
+        .args([
+            "--listen-client-urls",
+            &client,
+            "--advertise-client-urls",
+            &client,
+        ])
+        .args([
+            "--listen-peer-urls",
+            &peer,
+            "--initial-advertise-peer-urls",
+            &peer,
+        ])
+        .args(["--initial-cluster", &format!("example={peer}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting etcd")?;
+    // EtcdStore::connect waits (until its deadline) for it to answer.
+    let server = EtcdServer {
+        process: Reap(child),
+        dir,
+    };
+    Ok(Some((server, client)))
+}
+
 /// The reading side: start prefill, fetch, read, check.
 async fn decode(a: Args) -> anyhow::Result<()> {
     let mut _nats_server = None;
@@ -161,6 +229,25 @@ async fn decode(a: Args) -> anyhow::Result<()> {
         Some(url) => Some(NatsChannel::connect(url, DEADLINE).await?),
         None => None,
     };
+    let mut _etcd_server = None;
+    let etcd_url = match (&a.via[..], a.etcd_url.clone()) {
+        ("etcd", Some(url)) => Some(url),
+        ("etcd", None) => match start_etcd()? {
+            Some((server, url)) => {
+                _etcd_server = Some(server);
+                Some(url)
+            }
+            None => {
+                println!("SKIPPED: etcd is not installed (Debian: apt-get install etcd-server)");
+                return Ok(());
+            }
+        },
+        _ => None,
+    };
+    let etcd = match &etcd_url {
+        Some(url) => Some(EtcdStore::connect(url, DEADLINE).await?),
+        None => None,
+    };
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.args([
         "--role",
@@ -172,6 +259,9 @@ async fn decode(a: Args) -> anyhow::Result<()> {
     ]);
     if let Some(url) = &nats_url {
         cmd.args(["--nats-url", url]);
+    }
+    if let Some(url) = &etcd_url {
+        cmd.args(["--etcd-url", url]);
     }
     let mut prefill = Reap(cmd.stdout(Stdio::piped()).spawn()?);
     let out = prefill.0.stdout.take().context("prefill's stdout")?;
@@ -190,9 +280,10 @@ async fn decode(a: Args) -> anyhow::Result<()> {
 
     let connector = listening_connector().await?;
     let t = Instant::now();
-    let remote = match &nats {
-        Some(n) => n.fetch(KEY, DEADLINE).await?,
-        None => HttpClient::new(where_.clone()).fetch(KEY, DEADLINE).await?,
+    let remote = match (&nats, &etcd) {
+        (Some(n), _) => n.fetch(KEY, DEADLINE).await?,
+        (_, Some(e)) => e.fetch(KEY, DEADLINE).await?,
+        _ => HttpClient::new(where_.clone()).fetch(KEY, DEADLINE).await?,
     };
     let handover = t.elapsed();
     let t = Instant::now();

@@ -1,6 +1,6 @@
 //! [`Config`]: who may fetch and who may answer — the deployment's secret,
-//! HTTP bearer tokens, NATS credentials — and the environment variables
-//! that set them.
+//! HTTP bearer tokens, NATS credentials, etcd users — and the environment
+//! variables that set them.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -25,6 +25,10 @@ pub const NATS_TOKEN_ENV: &str = "FERRY_NATS_TOKEN";
 pub const NATS_NKEY_ENV: &str = "FERRY_NATS_NKEY";
 /// The path of a NATS credentials file (user JWT and NKey seed).
 pub const NATS_CREDS_ENV: &str = "FERRY_NATS_CREDS";
+/// The etcd user name (with [`ETCD_PASSWORD_ENV`]).
+pub const ETCD_USER_ENV: &str = "FERRY_ETCD_USER";
+/// The etcd user's password (with [`ETCD_USER_ENV`]).
+pub const ETCD_PASSWORD_ENV: &str = "FERRY_ETCD_PASSWORD";
 /// The shortest secret accepted, in bytes (as for the connector).
 pub const MIN_SECRET: usize = 16;
 
@@ -41,6 +45,7 @@ pub const MIN_SECRET: usize = 16;
 /// | [`nats_token`](Self::nats_token) | `FERRY_NATS_TOKEN` |
 /// | [`nats_nkey`](Self::nats_nkey) | `FERRY_NATS_NKEY` |
 /// | [`nats_credentials_file`](Self::nats_credentials_file) | `FERRY_NATS_CREDS` |
+/// | [`etcd_user_and_password`](Self::etcd_user_and_password) | `FERRY_ETCD_USER`, `FERRY_ETCD_PASSWORD` |
 ///
 /// See `docs/security.md`, "The control plane".
 #[derive(Clone, Default)]
@@ -49,6 +54,20 @@ pub struct Config {
     trusted_network: Option<bool>,
     token: Option<Option<String>>,
     nats: Option<NatsAuth>,
+    etcd: Option<Option<EtcdUser>>,
+}
+
+/// An etcd user name and password.
+#[derive(Clone)]
+pub(crate) struct EtcdUser {
+    pub name: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for EtcdUser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EtcdUser(<redacted>)")
+    }
 }
 
 /// How a NATS connection authenticates to its server.
@@ -69,6 +88,7 @@ impl std::fmt::Debug for Config {
             .field("secret", &self.secret.as_ref().map(|s| s.is_some()))
             .field("trusted_network", &self.trusted_network)
             .field("bearer_token", &self.token.as_ref().map(|t| t.is_some()))
+            .field("etcd_user", &self.etcd.as_ref().map(|u| u.is_some()))
             .finish_non_exhaustive()
     }
 }
@@ -147,6 +167,23 @@ impl Config {
         self
     }
 
+    /// The etcd user and password (default: `FERRY_ETCD_USER` and
+    /// `FERRY_ETCD_PASSWORD`), for an etcd with authentication enabled:
+    /// an [`EtcdStore`](crate::EtcdStore) authenticates as this user and
+    /// sends the token etcd gives it with every request. Like the bearer
+    /// token, it travels in clear over `http://`.
+    pub fn etcd_user_and_password(
+        mut self,
+        user: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Config {
+        self.etcd = Some(Some(EtcdUser {
+            name: user.into(),
+            password: password.into(),
+        }));
+        self
+    }
+
     /// The settings, the environment's where unset.
     pub(crate) fn resolve(&self) -> Result<Auth> {
         let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
@@ -198,11 +235,19 @@ impl Config {
                 }
             },
         };
+        let etcd = match &self.etcd {
+            Some(u) => u.clone(),
+            None => env(ETCD_USER_ENV).map(|name| EtcdUser {
+                name,
+                password: env(ETCD_PASSWORD_ENV).unwrap_or_default(),
+            }),
+        };
         Ok(Auth {
             keys: secret.map(|s| Keys::derive(&s)),
             trusted_network,
             token,
             nats,
+            etcd,
         })
     }
 }
@@ -214,6 +259,7 @@ pub(crate) struct Auth {
     pub trusted_network: bool,
     pub token: Option<String>,
     pub nats: NatsAuth,
+    pub etcd: Option<EtcdUser>,
 }
 
 impl std::fmt::Debug for Auth {
@@ -224,6 +270,7 @@ impl std::fmt::Debug for Auth {
             .field("trusted_network", &self.trusted_network)
             .field("bearer_token", &self.token.is_some())
             .field("nats", &self.nats)
+            .field("etcd", &self.etcd)
             .finish()
     }
 }
@@ -274,11 +321,12 @@ mod tests {
         let c = Config::new()
             .secret("s3cr3t-0123456789abcdef")
             .bearer_token("t0k3n")
-            .nats_user_and_password("us3r", "pa55");
+            .nats_user_and_password("us3r", "pa55")
+            .etcd_user_and_password("r00t", "etcdpa55");
         let auth = c.resolve().unwrap();
         let client = crate::HttpClient::with_config("127.0.0.1:1", &c).unwrap();
         for printed in [format!("{c:?}"), format!("{auth:?}"), format!("{client:?}")] {
-            for secret in ["s3cr3t", "t0k3n", "us3r", "pa55"] {
+            for secret in ["s3cr3t", "t0k3n", "us3r", "pa55", "r00t", "etcdpa55"] {
                 assert!(!printed.contains(secret), "{printed}");
             }
         }

@@ -162,6 +162,15 @@ pub enum Error {
     /// credentials, an unreadable credentials file, ...).
     #[error("invalid control-plane configuration: {0}")]
     Config(String),
+    /// The etcd key prefix is not `/` followed by `/`-separated segments
+    /// of `A-Z a-z 0-9 _ -` (`/ferry/metadata`, say).
+    #[error(
+        "invalid etcd key prefix {prefix:?}: use / then segments of A-Z a-z 0-9 _ - separated by /"
+    )]
+    InvalidEtcdPrefix {
+        /// The prefix, cut to 64 characters.
+        prefix: String,
+    },
 }
 
 impl Error {

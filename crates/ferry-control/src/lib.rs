@@ -1,5 +1,5 @@
 //! Ferry's control plane: hands [`RdmaMetadata`] from the worker that
-//! exposes memory to the worker that moves it, over NATS or HTTP.
+//! exposes memory to the worker that moves it, over NATS, HTTP or etcd.
 //!
 //! The reference (Dynamo's NIXL Connect) leaves this "secondary channel" to
 //! the application, "most likely HTTP or TCP+NATS". The shape here is the
@@ -18,6 +18,13 @@
 //!   when the server restarts, and publications are re-subscribed.
 //! - HTTP ([`HttpServer`], [`HttpClient`]): `GET /ferry/v1/metadata/{key}`
 //!   answers `200` with the metadata, or `404`. HTTP/1.1, no TLS.
+//! - etcd ([`EtcdStore`], the store NIXL and Dynamo use): the metadata is
+//!   stored under `{prefix}/{key}` (default prefix [`DEFAULT_ETCD_PREFIX`])
+//!   through etcd's v3 JSON gateway (`http://host:2379`, etcd 3.4 or
+//!   later), on a lease the publisher keeps alive: withdrawn, it is
+//!   deleted; if the publisher dies, etcd deletes it when the lease runs
+//!   out ([`DEFAULT_LEASE_TTL`]). A key already in etcd is never
+//!   overwritten.
 //!
 //! The metadata is a capability: whoever gets it can read or write the
 //! exposed memory, and whoever makes a fetcher accept its own metadata
@@ -28,11 +35,16 @@
 //! derived from the secret), and a fetch refuses every other answer
 //! ([`Error::Forged`]) and goes on waiting for the real one. Without a
 //! secret, an [`HttpServer`] binds only loopback addresses and a
-//! [`NatsChannel`] publishes only to a server it reaches over loopback,
-//! unless the network is declared trusted ([`Config::trusted_network`],
+//! [`NatsChannel`] or an [`EtcdStore`] publishes only to a server it
+//! reaches over loopback, unless the network is declared trusted ([`Config::trusted_network`],
 //! `FERRY_CONTROL_TRUSTED_NETWORK=1`): [`Error::UntrustedNetwork`]. HTTP
-//! bearer tokens (`FERRY_CONTROL_TOKEN`) and NATS credentials
-//! (`FERRY_NATS_*`) keep out those without them. See [`Config`] and
+//! bearer tokens (`FERRY_CONTROL_TOKEN`), NATS credentials
+//! (`FERRY_NATS_*`) and etcd users (`FERRY_ETCD_USER`,
+//! `FERRY_ETCD_PASSWORD`) keep out those without them. etcd is a store,
+//! not a publisher that answers each fetch, so there the secret seals the
+//! value once, bound to its etcd key: whoever reads etcd without the
+//! secret learns nothing usable, and a fetch accepts only a value sealed
+//! with the secret for that key. See [`Config`] and
 //! `docs/security.md`, "The control plane".
 //!
 //! A fetch waits until the deadline for the key to appear and for the server
@@ -75,13 +87,17 @@
 //! Over NATS the two sides share a server instead:
 //! `NatsChannel::connect("nats://host:4222", deadline)`, then
 //! `channel.publish(key, metadata).await?` on one side and
-//! `channel.fetch(key, deadline).await?` on the other.
+//! `channel.fetch(key, deadline).await?` on the other; through etcd,
+//! `EtcdStore::connect("http://host:2379", deadline)`, then
+//! `store.publish(key, metadata).await?` and `store.fetch(key, deadline).await?`.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod catalog;
 mod config;
 mod error;
+mod etcd;
+mod etcd_gateway;
 mod http;
 mod http_client;
 mod nats;
@@ -90,10 +106,11 @@ mod seal;
 
 pub use catalog::Publication;
 pub use config::{
-    Config, MIN_SECRET, NATS_CREDS_ENV, NATS_NKEY_ENV, NATS_PASSWORD_ENV, NATS_TOKEN_ENV,
-    NATS_USER_ENV, SECRET_ENV, TOKEN_ENV, TRUSTED_NETWORK_ENV,
+    Config, ETCD_PASSWORD_ENV, ETCD_USER_ENV, MIN_SECRET, NATS_CREDS_ENV, NATS_NKEY_ENV,
+    NATS_PASSWORD_ENV, NATS_TOKEN_ENV, NATS_USER_ENV, SECRET_ENV, TOKEN_ENV, TRUSTED_NETWORK_ENV,
 };
 pub use error::{Error, Result};
+pub use etcd::{EtcdStore, DEFAULT_ETCD_PREFIX, DEFAULT_LEASE_TTL};
 pub use ferry_proto::RdmaMetadata;
 pub use http::{
     HttpServer, CONNECTION_LIFETIME, FIRST_BYTE_TIMEOUT, HEADER_TIMEOUT, HTTP_PATH, MAX_CONNECTIONS,

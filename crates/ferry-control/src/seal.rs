@@ -23,6 +23,15 @@
 //!   name (the key over HTTP, the whole subject over NATS), each preceded by
 //!   its length in two bytes.
 //!
+//! - **Stored value** (etcd, where no request reaches the publisher):
+//!   `FCE1 ‖ nonce ‖ XChaCha20-Poly1305(store key, nonce, metadata JSON,
+//!   associated data = context(stored, etcd, the whole etcd key))`, under a
+//!   third key (info `stored seal`), a fresh random nonce per publication.
+//!   It opens only with the secret and only under the key it was stored
+//!   at; there is no challenge, so freshness is the store's: whoever may
+//!   write to the store can put back a value sealed earlier for the same
+//!   key (keys name one request, so that is the same request's metadata).
+//!
 //! So an answer opens only with the secret, only for the channel, name and
 //! challenge it was sealed for: another key's answer, an answer recorded
 //! earlier (even for the same key: its challenge was another), or bytes of
@@ -38,6 +47,8 @@ use sha2::Sha256;
 pub(crate) const REQUEST_MAGIC: &[u8; 4] = b"FCQ1";
 /// The first bytes of a sealed answer.
 pub(crate) const ANSWER_MAGIC: &[u8; 4] = b"FCS1";
+/// The first bytes of a value sealed for a store (etcd).
+pub(crate) const STORED_MAGIC: &[u8; 4] = b"FCE1";
 /// The challenge and nonce length (XChaCha20-Poly1305's nonce).
 pub(crate) const NONCE: usize = 24;
 const TAG: usize = 16;
@@ -49,9 +60,9 @@ pub(crate) const SEAL_OVERHEAD: usize = 4 + NONCE + TAG;
 /// Where a request or an answer travels: the channel and the name in it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Scope<'a> {
-    /// `http` or `nats`.
+    /// `http`, `nats` or `etcd`.
     pub channel: &'static str,
-    /// The key (HTTP) or the subject (NATS).
+    /// The key (HTTP), the subject (NATS) or the whole key (etcd).
     pub name: &'a str,
 }
 
@@ -87,6 +98,7 @@ impl Refusal {
 pub(crate) struct Keys {
     request: XChaCha20Poly1305,
     answer: XChaCha20Poly1305,
+    stored: XChaCha20Poly1305,
 }
 
 impl std::fmt::Debug for Keys {
@@ -131,6 +143,7 @@ impl Keys {
         Keys {
             request: key(b"request proof"),
             answer: key(b"answer seal"),
+            stored: key(b"stored seal"),
         }
     }
 
@@ -217,6 +230,51 @@ impl Keys {
             )
             .map_err(|_| Refusal::Forged)
     }
+
+    /// `json` sealed to be stored under the name in `scope`, for any
+    /// holder of the secret to open there.
+    pub(crate) fn seal_stored(&self, scope: Scope<'_>, json: &[u8]) -> Vec<u8> {
+        let nonce: [u8; NONCE] = random();
+        let aad = context(b's', scope, &[]);
+        let sealed = self
+            .stored
+            .encrypt(
+                XNonce::from_slice(&nonce),
+                Payload {
+                    msg: json,
+                    aad: &aad,
+                },
+            )
+            .unwrap_or_else(|_| unreachable!("metadata is far below XChaCha20's limit"));
+        let mut out = Vec::with_capacity(SEAL_OVERHEAD + json.len());
+        out.extend_from_slice(STORED_MAGIC);
+        out.extend_from_slice(&nonce);
+        out.extend_from_slice(&sealed);
+        out
+    }
+
+    /// The metadata JSON of a value sealed to be stored under `scope`.
+    pub(crate) fn open_stored(&self, scope: Scope<'_>, value: &[u8]) -> Result<Vec<u8>, Refusal> {
+        if value.len() < SEAL_OVERHEAD || &value[..4] != STORED_MAGIC {
+            return Err(Refusal::Malformed);
+        }
+        let aad = context(b's', scope, &[]);
+        self.stored
+            .decrypt(
+                XNonce::from_slice(&value[4..4 + NONCE]),
+                Payload {
+                    msg: &value[4 + NONCE..],
+                    aad: &aad,
+                },
+            )
+            .map_err(|_| Refusal::Forged)
+    }
+}
+
+/// Whether a stored value looks sealed (to tell a fetcher without the
+/// secret why it cannot read it).
+pub(crate) fn looks_sealed_stored(value: &[u8]) -> bool {
+    value.starts_with(STORED_MAGIC)
 }
 
 /// Whether `answer` looks sealed (to tell a fetcher without the secret why
@@ -283,6 +341,36 @@ mod tests {
             keys.open(HTTP_K, &challenge, b"FCS1"),
             Err(Refusal::Malformed)
         );
+    }
+
+    #[test]
+    fn a_stored_value_opens_only_under_its_key_and_secret() {
+        let keys = Keys::derive(b"0123456789abcdef0123");
+        let at = Scope {
+            channel: "etcd",
+            name: "/ferry/metadata/k",
+        };
+        let value = keys.seal_stored(at, b"{\"json\":1}");
+        assert!(looks_sealed_stored(&value));
+        assert!(!value.windows(6).any(|w| w == b"\"json\""), "in clear");
+        assert_eq!(keys.open_stored(at, &value).unwrap(), b"{\"json\":1}");
+        let elsewhere = Scope {
+            channel: "etcd",
+            name: "/ferry/metadata/k2",
+        };
+        let other = Keys::derive(b"0123456789abcdef0124");
+        assert_eq!(keys.open_stored(elsewhere, &value), Err(Refusal::Forged));
+        assert_eq!(other.open_stored(at, &value), Err(Refusal::Forged));
+        for i in 4..value.len() {
+            let mut bad = value.clone();
+            bad[i] ^= 1;
+            assert_eq!(keys.open_stored(at, &bad), Err(Refusal::Forged), "{i}");
+        }
+        // Neither an answer sealed for a request nor clear JSON opens here.
+        let (challenge, _) = keys.prove(at);
+        let answer = keys.seal(at, &challenge, b"{}");
+        assert_eq!(keys.open_stored(at, &answer), Err(Refusal::Malformed));
+        assert_eq!(keys.open_stored(at, b"{\"v\":1}"), Err(Refusal::Malformed));
     }
 
     #[test]

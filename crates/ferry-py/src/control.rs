@@ -1,4 +1,5 @@
-//! The control plane (`ferry.control`): hands metadata over NATS or HTTP.
+//! The control plane (`ferry.control`): hands metadata over NATS, HTTP or
+//! etcd.
 //!
 //! Every call here blocks without the GIL; `ferry/control.py` runs them in
 //! the event loop's executor and offers them as coroutines.
@@ -24,9 +25,11 @@ use crate::metadata::Metadata;
 fn to_py(py: Python<'_>, e: E) -> PyErr {
     let message = e.to_string();
     let class = match e {
-        E::InvalidKey { .. } | E::InvalidPrefix { .. } | E::InvalidMetadata(_) | E::Config(_) => {
-            return PyValueError::new_err(message)
-        }
+        E::InvalidKey { .. }
+        | E::InvalidPrefix { .. }
+        | E::InvalidEtcdPrefix { .. }
+        | E::InvalidMetadata(_)
+        | E::Config(_) => return PyValueError::new_err(message),
         E::Timeout { .. } => return PyTimeoutError::new_err(message),
         E::Bind { .. } => return PyOSError::new_err(message),
         E::UntrustedNetwork { .. } => return PyPermissionError::new_err(message),
@@ -125,6 +128,13 @@ impl Publication {
     fn withdraw(&self) {
         let p = lock(&self.inner).take();
         drop(p);
+    }
+}
+
+impl Publication {
+    /// The publication itself, if still published (for a store's withdraw).
+    fn take(&self) -> Option<ferry_control::Publication> {
+        lock(&self.inner).take()
     }
 }
 
@@ -253,12 +263,86 @@ impl NatsChannel {
     }
 }
 
+/// One worker's client of an etcd cluster.
+#[pyclass(frozen, module = "ferry._ferry")]
+pub(crate) struct EtcdStore {
+    inner: ferry_control::EtcdStore,
+}
+
+#[pymethods]
+impl EtcdStore {
+    /// Connects to `endpoints`, waiting up to `timeout` seconds for etcd.
+    #[staticmethod]
+    #[pyo3(signature = (
+        endpoints, timeout, prefix, secret=None, trusted_network=None, user=None, password=None,
+        lease_ttl=None
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn connect(
+        py: Python<'_>,
+        endpoints: &str,
+        timeout: f64,
+        prefix: &str,
+        secret: Option<&[u8]>,
+        trusted_network: Option<bool>,
+        user: Option<String>,
+        password: Option<String>,
+        lease_ttl: Option<f64>,
+    ) -> PyResult<EtcdStore> {
+        let deadline = seconds(timeout)?;
+        let ttl = lease_ttl.map(seconds).transpose()?;
+        let mut c = config(secret, None, trusted_network, None, None, None, None, None);
+        if let Some(u) = user {
+            c = c.etcd_user_and_password(u, password.unwrap_or_default());
+        }
+        let inner = block_on(
+            py,
+            ferry_control::EtcdStore::connect_with(endpoints, deadline, &c),
+        )?
+        .and_then(|s| s.with_prefix(prefix))
+        .map(|s| match ttl {
+            Some(t) => s.with_lease_ttl(t),
+            None => s,
+        })
+        .map_err(|e| to_py(py, e))?;
+        Ok(EtcdStore { inner })
+    }
+
+    fn publish(&self, py: Python<'_>, key: &str, metadata: &Metadata) -> PyResult<Publication> {
+        block_on(py, self.inner.publish(key, &metadata.0))?
+            .map(Publication::new)
+            .map_err(|e| to_py(py, e))
+    }
+
+    /// Withdraws `publication` and waits until etcd has deleted it.
+    fn withdraw(&self, py: Python<'_>, publication: &Publication) -> PyResult<()> {
+        let Some(p) = publication.take() else {
+            return Ok(());
+        };
+        block_on(py, self.inner.withdraw(p))?.map_err(|e| to_py(py, e))
+    }
+
+    fn fetch(&self, py: Python<'_>, key: &str, timeout: f64) -> PyResult<Metadata> {
+        let deadline = seconds(timeout)?;
+        block_on(py, self.inner.fetch(key, deadline))?
+            .map(Metadata)
+            .map_err(|e| to_py(py, e))
+    }
+
+    /// The etcd key that metadata for `key` is stored at.
+    fn etcd_key(&self, key: &str) -> String {
+        self.inner.etcd_key(key)
+    }
+}
+
 /// Adds the control plane's classes and functions to `_ferry`.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Publication>()?;
     m.add_class::<HttpServer>()?;
     m.add_class::<NatsChannel>()?;
+    m.add_class::<EtcdStore>()?;
     m.add_function(wrap_pyfunction!(http_fetch, m)?)?;
     m.add("DEFAULT_PREFIX", ferry_control::DEFAULT_PREFIX)?;
+    m.add("DEFAULT_ETCD_PREFIX", ferry_control::DEFAULT_ETCD_PREFIX)?;
     Ok(())
 }

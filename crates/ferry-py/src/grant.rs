@@ -22,6 +22,8 @@ use crate::claims::Claim;
 use crate::errors::{error_to_py, named_error};
 use crate::pool::{read_ids, Pool};
 
+mod ranges;
+
 /// What a grant's owner hands to its holder (a capability: treat its JSON
 /// like a password).
 #[pyclass(frozen, module = "ferry._ferry")]
@@ -185,7 +187,7 @@ impl ToPython for Refs {
 }
 
 /// A notification as `(seq, kind, first_block, block_count, payload)`,
-/// kind 1 READ or 2 WRITE; `None` when no more can come.
+/// kind 1 READ, 2 WRITE or 3 a bare message; `None` when no more can come.
 struct Note(Option<ferry::Notification>);
 
 impl ToPython for Note {
@@ -201,6 +203,7 @@ fn note_to_py(py: Python<'_>, n: Option<ferry::Notification>) -> PyResult<Py<PyA
     let kind: u8 = match n.kind {
         ferry::NotificationKind::Read => 1,
         ferry::NotificationKind::Write => 2,
+        ferry::NotificationKind::Message => 3,
     };
     let t = PyTuple::new(
         py,
@@ -433,6 +436,79 @@ impl RemoteGrant {
     ) -> PyResult<()> {
         let t = self.transfer(py, remote, pool, local_blocks, false)?;
         block_on_detached(py, write(self.inner.clone(), t, notify))?.map_err(|e| error_to_py(py, e))
+    }
+
+    /// Reads the owner's byte ranges `remote` (`(block, offset, len)`)
+    /// into `pool` at `local` (`(block, offset)`), then notifies with
+    /// `notify`; an asyncio future.
+    #[pyo3(signature = (remote, pool, local, notify=None))]
+    fn read_ranges<'py>(
+        &self,
+        py: Python<'py>,
+        remote: &Bound<'py, PyAny>,
+        pool: &Bound<'py, Pool>,
+        local: Vec<(i64, i64)>,
+        notify: Option<Vec<u8>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let t = self.ranges(py, remote, pool, local, true)?;
+        run_future_detached(py, ranges::read(self.inner.clone(), t, notify))
+    }
+
+    /// `read_ranges`, blocking without the GIL.
+    #[pyo3(signature = (remote, pool, local, notify=None))]
+    fn read_ranges_blocking(
+        &self,
+        py: Python<'_>,
+        remote: &Bound<'_, PyAny>,
+        pool: &Bound<'_, Pool>,
+        local: Vec<(i64, i64)>,
+        notify: Option<Vec<u8>>,
+    ) -> PyResult<()> {
+        let t = self.ranges(py, remote, pool, local, true)?;
+        block_on_detached(py, ranges::read(self.inner.clone(), t, notify))?
+            .map_err(|e| error_to_py(py, e))
+    }
+
+    /// Writes `pool` at `local` into the owner's byte ranges `remote`,
+    /// then notifies with `notify`; an asyncio future.
+    #[pyo3(signature = (pool, local, remote, notify=None))]
+    fn write_ranges<'py>(
+        &self,
+        py: Python<'py>,
+        pool: &Bound<'py, Pool>,
+        local: Vec<(i64, i64)>,
+        remote: &Bound<'py, PyAny>,
+        notify: Option<Vec<u8>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let t = self.ranges(py, remote, pool, local, false)?;
+        run_future_detached(py, ranges::write(self.inner.clone(), t, notify))
+    }
+
+    /// `write_ranges`, blocking without the GIL.
+    #[pyo3(signature = (pool, local, remote, notify=None))]
+    fn write_ranges_blocking(
+        &self,
+        py: Python<'_>,
+        pool: &Bound<'_, Pool>,
+        local: Vec<(i64, i64)>,
+        remote: &Bound<'_, PyAny>,
+        notify: Option<Vec<u8>>,
+    ) -> PyResult<()> {
+        let t = self.ranges(py, remote, pool, local, false)?;
+        block_on_detached(py, ranges::write(self.inner.clone(), t, notify))?
+            .map_err(|e| error_to_py(py, e))
+    }
+
+    /// Sends the owner a notification that moves no byte; an asyncio
+    /// future.
+    fn notify<'py>(&self, py: Python<'py>, payload: Vec<u8>) -> PyResult<Bound<'py, PyAny>> {
+        run_future_detached(py, ranges::notify(self.inner.clone(), payload))
+    }
+
+    /// `notify`, blocking without the GIL.
+    fn notify_blocking(&self, py: Python<'_>, payload: Vec<u8>) -> PyResult<()> {
+        block_on_detached(py, ranges::notify(self.inner.clone(), payload))?
+            .map_err(|e| error_to_py(py, e))
     }
 }
 

@@ -81,7 +81,7 @@ pub use ferry_proto::{
     RdmaMetadata,
 };
 pub use grant::{
-    BlockRef, Grant, GrantError, GrantLane, GrantMetadata, GrantOptions, Notification,
+    BlockRange, BlockRef, Grant, GrantError, GrantLane, GrantMetadata, GrantOptions, Notification,
     NotificationKind, RemoteGrant, Rights,
 };
 pub use kind::TransportKind;

@@ -22,7 +22,8 @@ use std::time::Duration;
 
 use ferry::cuda::CudaBuffer;
 use ferry::{
-    BlockRef, Connector, Device, Error, GrantError, GrantMetadata, GrantOptions, Pool, RemoteGrant,
+    BlockRange, BlockRef, Connector, Device, Error, GrantError, GrantMetadata, GrantOptions, Pool,
+    RemoteGrant,
 };
 
 // Its metadata and check helpers are the per-operation tests'.
@@ -312,6 +313,58 @@ fn blocks_move_by_index_between_two_gpu_pools() {
     });
     // Owner block 12 holds what local block 3 held: pattern(5, 3).
     assert_eq!(ask(&mut s, "CHECK 12 5 3", "CHECK "), "ok");
+}
+
+#[test]
+fn byte_ranges_move_between_two_gpu_pools() {
+    if owned() || !gpu_here() {
+        return;
+    }
+    let (mut s, meta) = owner("byte_ranges_move_between_two_gpu_pools");
+    let rt = runtime();
+    rt.block_on(async {
+        let c = connector(HOLDER).await;
+        let (mine, buf) = local(5);
+        let remote = open(&c, &meta).await;
+        // READ: odd ranges of owner blocks 3 and 9 into local blocks 0, 2.
+        let r = |i: u32, o: u64, n: u64| BlockRange::new(BlockRef::new(i, 0), o, n);
+        let ranges = [r(3, 1, 100), r(9, BS as u64 - 7, 7)];
+        remote
+            .read_ranges(&ranges, &mine, &[(0, 5), (2, 0)], Some(b"read"))
+            .await
+            .unwrap();
+        let mut want0 = pattern(5, 0, BS);
+        want0[5..105].copy_from_slice(&pattern(SEED, 3, BS)[1..101]);
+        let mut want2 = pattern(5, 2, BS);
+        want2[..7].copy_from_slice(&pattern(SEED, 9, BS)[BS - 7..]);
+        assert!(block(&buf, 0, 0) == want0, "local block 0");
+        assert!(block(&buf, 0, 2) == want2, "local block 2");
+        assert!(block(&buf, 0, 1) == pattern(5, 1, BS), "untouched");
+        assert_eq!(ask(&mut s, "NOTE", "NOTE "), "3 2 read");
+        // WRITE: 100 bytes of local block 3 into owner block 12 at 7.
+        remote
+            .write_ranges(&mine, &[(3, 10)], &[r(12, 7, 100)], Some(b"wrote"))
+            .await
+            .unwrap();
+        assert_eq!(ask(&mut s, "NOTE", "NOTE "), "12 1 wrote");
+        remote.notify(b"bare").await.unwrap();
+        assert_eq!(ask(&mut s, "NOTE", "NOTE "), "0 0 bare");
+        remote
+            .read_blocks(&[BlockRef::new(12, 0)], &mine, &[1])
+            .await
+            .unwrap();
+        let mut want = pattern(SEED, 12, BS);
+        want[7..107].copy_from_slice(&pattern(5, 3, BS)[10..110]);
+        assert!(block(&buf, 0, 1) == want, "owner block 12");
+        // Past the block's end: typed, nothing copied.
+        let e = grant_err(
+            remote
+                .write_ranges(&mine, &[(3, 0)], &[r(13, 1, BS as u64)], None)
+                .await,
+        );
+        assert!(matches!(e, GrantError::LengthMismatch { .. }), "{e}");
+    });
+    assert_eq!(ask(&mut s, &format!("CHECK 13 {SEED}"), "CHECK "), "ok");
 }
 
 #[test]

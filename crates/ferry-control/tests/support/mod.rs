@@ -165,6 +165,8 @@ pub const CONTROL_ENV: &[&str] = &[
     "FERRY_NATS_TOKEN",
     "FERRY_NATS_NKEY",
     "FERRY_NATS_CREDS",
+    "FERRY_ETCD_USER",
+    "FERRY_ETCD_PASSWORD",
 ];
 
 /// A child process of this test binary running one test (a role), with its

@@ -26,6 +26,7 @@ pub mod check;
 mod cuda_ipc;
 mod error;
 mod metadata;
+pub mod ranges;
 pub mod serve;
 mod ucx;
 
@@ -34,6 +35,7 @@ pub use error::GrantError;
 pub use metadata::{
     CmaGrant, GrantMetadata, TcpGrant, GRANT_VERSION, MAX_GRANT_JSON, MAX_TCP_ADDRESSES,
 };
+pub use ranges::BlockRange;
 pub use ucx::{UcxGrant, MAX_UCX_ADDRESS, MAX_UCX_RKEY};
 
 /// The largest notification payload a one-sided write may carry to the

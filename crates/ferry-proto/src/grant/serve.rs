@@ -42,6 +42,12 @@ pub type Spans = Vec<(u64, u64)>;
 /// the named blocks or a WRITE whose bytes are not `len`
 /// ([`GrantError::LengthMismatch`]), a notification too large. Revocation
 /// and generations are checked inside the fence, by the caller.
+///
+/// A request of no bytes, no blocks, offset 0 and a notification is a
+/// bare notification ([`ranges::is_bare`](super::ranges::is_bare)): it
+/// needs no right, and moves nothing (no spans). A READ may carry a
+/// notification too (the owner queues it once the last request's bytes
+/// were read).
 pub fn check(
     g: &Served<'_>,
     peer: &str,
@@ -53,6 +59,15 @@ pub fn check(
     }
     checks::holder(g.holder, peer)?;
     checks::expiry(g.expires_at_ms, now_ms)?;
+    if let Some(n) = req
+        .notify
+        .as_deref()
+        .filter(|_| super::ranges::is_bare(req.len, req.offset, &req.blocks, req.notify.as_deref()))
+    {
+        // A bare notification: no byte moves, any right sends it.
+        checks::payload(n.len())?;
+        return Ok(Spans::new());
+    }
     let needed = match req.kind {
         OperationKind::Read => Rights::READ,
         OperationKind::Write => Rights::WRITE,
@@ -253,6 +268,32 @@ mod tests {
         assert!(check(&rw, "decode-0", &w, 10).is_ok());
         let bearer = Served { holder: None, ..g };
         assert!(check(&bearer, "anyone", &ok, 10).is_ok());
+    }
+
+    #[test]
+    fn a_bare_notification_moves_nothing_and_a_read_may_notify() {
+        let t = Token::from_bytes([7; 16]);
+        let g = grant(&t);
+        let mut bare = read(t, &[], 0, 0);
+        bare.kind = OperationKind::Write;
+        bare.notify = Some(b"done".to_vec());
+        // Any right sends one (this grant is READ only).
+        assert_eq!(check(&g, "decode-0", &bare, 10), Ok(Vec::new()));
+        assert!(matches!(
+            check(&g, "decode-1", &bare, 10),
+            Err(GrantError::NotYours { .. })
+        ));
+        bare.notify = Some(vec![0; crate::grant::MAX_NOTIFICATION + 1]);
+        assert!(matches!(
+            check(&g, "decode-0", &bare, 10),
+            Err(GrantError::NotificationTooLarge { .. })
+        ));
+        // Without a notification, no bytes is no request.
+        bare.notify = None;
+        assert!(check(&g, "decode-0", &bare, 10).is_err());
+        let mut r = read(t, &[2], 7, 9);
+        r.notify = Some(b"read".to_vec());
+        assert_eq!(check(&g, "decode-0", &r, 10), Ok(vec![(207, 9)]));
     }
 
     #[test]

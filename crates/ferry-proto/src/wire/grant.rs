@@ -52,12 +52,14 @@ pub struct GrantRequest {
     /// Where the range starts in the first named block's bytes, and
     /// following blocks' (less than the named blocks' total).
     pub offset: u64,
-    /// How many bytes: 1 to [`MAX_TCP_CHUNK`].
+    /// How many bytes: 1 to [`MAX_TCP_CHUNK`] (0 for a bare notification).
     pub len: u32,
-    /// The blocks, 1 to [`MAX_TCP_BLOCKS`].
+    /// The blocks, 1 to [`MAX_TCP_BLOCKS`] (none for a bare
+    /// notification: `len` 0, `offset` 0, a notification, `last`).
     pub blocks: Vec<BlockRef>,
-    /// A WRITE's notification payload (at most [`MAX_NOTIFICATION`]
-    /// bytes), on its last request only.
+    /// The operation's notification payload (at most
+    /// [`MAX_NOTIFICATION`] bytes), on its last request only: a WRITE's
+    /// is queued after its bytes landed, a READ's after they were read.
     pub notify: Option<Vec<u8>>,
     /// A WRITE's bytes (exactly `len`); empty for a READ.
     pub bytes: Vec<u8>,
@@ -256,11 +258,14 @@ pub(super) fn decode_request(r: &mut Reader<'_>) -> Result<GrantRequest, WireErr
     }
     let offset = r.u64()?;
     let len = r.u32()?;
-    if len == 0 || len as usize > MAX_TCP_CHUNK {
+    // A bare notification (no bytes, no blocks, offset 0) is the one
+    // request of length 0.
+    let bare = len == 0 && offset == 0 && flags == LAST | NOTIFY;
+    if (len == 0 && !bare) || len as usize > MAX_TCP_CHUNK {
         return Err(WireError::InvalidField("grant length"));
     }
     let n = r.u32()? as usize;
-    if n == 0 || n > MAX_TCP_BLOCKS {
+    if (n == 0) != bare || n > MAX_TCP_BLOCKS {
         return Err(WireError::InvalidField("grant block count"));
     }
     let raw = r.take(n * 8)?;
@@ -277,7 +282,7 @@ pub(super) fn decode_request(r: &mut Reader<'_>) -> Result<GrantRequest, WireErr
     }
     let payload = r.take(m)?;
     let notify = if flags & NOTIFY != 0 {
-        if kind != OperationKind::Write || flags & LAST == 0 {
+        if flags & LAST == 0 {
             return Err(WireError::InvalidField("grant notification"));
         }
         Some(payload.to_vec())
@@ -480,13 +485,43 @@ mod tests {
             fixed(46, &many),
             Err(WireError::InvalidField("grant block count"))
         );
-        // A notification on a READ, or one too long.
+        // A notification on a READ's last request is one (the owner
+        // queues it after the read); on a request before the last, or
+        // one too long, not.
         let mut r = write_req();
         r.kind = OperationKind::Read;
         r.bytes.clear();
+        round_trip(&Message::GrantRequest(r.clone()));
+        r.last = false;
         assert_eq!(
             decode(T_GRANT_REQUEST, &body_of(&r)),
             Err(WireError::InvalidField("grant notification"))
+        );
+        // A bare notification: no bytes, no blocks; and only so.
+        let bare = GrantRequest {
+            offset: 0,
+            len: 0,
+            blocks: Vec::new(),
+            bytes: Vec::new(),
+            ..write_req()
+        };
+        round_trip(&Message::GrantRequest(bare.clone()));
+        let not_bare = |f: fn(&mut GrantRequest)| {
+            let mut b = bare.clone();
+            f(&mut b);
+            decode(T_GRANT_REQUEST, &body_of(&b))
+        };
+        assert_eq!(
+            not_bare(|b| b.notify = None),
+            Err(WireError::InvalidField("grant length"))
+        );
+        assert_eq!(
+            not_bare(|b| b.offset = 1),
+            Err(WireError::InvalidField("grant length"))
+        );
+        assert_eq!(
+            not_bare(|b| b.blocks = vec![BlockRef::new(0, 0)]),
+            Err(WireError::InvalidField("grant block count"))
         );
         let mut big = write_req();
         big.notify = None;

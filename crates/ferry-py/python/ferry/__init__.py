@@ -34,6 +34,7 @@ from ._operations import (
 )
 from ._remote import Remote
 from ._grant import BlockRef, Grant, GrantMetadata, GrantNotification, RemoteGrant
+from ._ranges import BlockRange, NotificationKind
 from ._errors import (
     BlockBusyError,
     BlockIdTypeError,
@@ -135,6 +136,8 @@ __all__ = [
     "GrantMetadata",
     "GrantNotification",
     "RemoteGrant",
+    "BlockRange",
+    "NotificationKind",
     "GrantError",
     "GrantRevokedError",
     "GrantExpiredError",

@@ -101,7 +101,7 @@ class GrantMetadata:
     @property
     def device(self) -> str: ...
 
-# (seq, kind: 1 READ / 2 WRITE, first_block, block_count, payload)
+# (seq, kind: 1 READ / 2 WRITE / 3 MESSAGE, first_block, block_count, payload)
 _Notification = Tuple[int, int, int, int, bytes]
 _RemoteBlock = Union[int, Tuple[int, int]]
 
@@ -143,6 +143,36 @@ class RemoteGrant:
         remote: Sequence[_RemoteBlock],
         notify: Optional[bytes] = None,
     ) -> None: ...
+    def read_ranges(
+        self,
+        remote: Sequence[Tuple[_RemoteBlock, int, int]],
+        pool: Pool,
+        local: Sequence[Tuple[int, int]],
+        notify: Optional[bytes] = None,
+    ) -> asyncio.Future[None]: ...
+    def read_ranges_blocking(
+        self,
+        remote: Sequence[Tuple[_RemoteBlock, int, int]],
+        pool: Pool,
+        local: Sequence[Tuple[int, int]],
+        notify: Optional[bytes] = None,
+    ) -> None: ...
+    def write_ranges(
+        self,
+        pool: Pool,
+        local: Sequence[Tuple[int, int]],
+        remote: Sequence[Tuple[_RemoteBlock, int, int]],
+        notify: Optional[bytes] = None,
+    ) -> asyncio.Future[None]: ...
+    def write_ranges_blocking(
+        self,
+        pool: Pool,
+        local: Sequence[Tuple[int, int]],
+        remote: Sequence[Tuple[_RemoteBlock, int, int]],
+        notify: Optional[bytes] = None,
+    ) -> None: ...
+    def notify(self, payload: bytes) -> asyncio.Future[None]: ...
+    def notify_blocking(self, payload: bytes) -> None: ...
 
 class Bridge:
     """Where results of the runtime wait for one event loop: the loop calls
@@ -229,6 +259,25 @@ class NatsChannel:
     ) -> NatsChannel: ...
     def publish(self, key: str, metadata: Metadata) -> Publication: ...
     def fetch(self, key: str, timeout: float) -> Metadata: ...
+
+DEFAULT_ETCD_PREFIX: str
+
+class EtcdStore:
+    @staticmethod
+    def connect(
+        endpoints: str,
+        timeout: float,
+        prefix: str,
+        secret: Optional[bytes] = None,
+        trusted_network: Optional[bool] = None,
+        user: Optional[str] = None,
+        password: Optional[str] = None,
+        lease_ttl: Optional[float] = None,
+    ) -> EtcdStore: ...
+    def publish(self, key: str, metadata: Metadata) -> Publication: ...
+    def withdraw(self, publication: Publication) -> None: ...
+    def fetch(self, key: str, timeout: float) -> Metadata: ...
+    def etcd_key(self, key: str) -> str: ...
 
 def http_fetch(
     endpoint: str,

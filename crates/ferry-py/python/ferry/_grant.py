@@ -19,6 +19,7 @@ from typing import Any, AsyncIterator, Dict, Iterable, List, NamedTuple, Optiona
 from . import _ferry
 from ._pool import BlockIds, Pool, _ids_arg
 from ._pydantic import core_schema_for, json_schema_for
+from ._ranges import LocalPlaces, NotificationKind, RemoteRanges, _local_places_arg, _remote_ranges_arg
 from ._types import OperationKind
 
 __all__ = [
@@ -60,8 +61,11 @@ class GrantNotification(NamedTuple):
 
     seq: int
     """The holder's number for it: 1, 2, 3..."""
-    kind: OperationKind
-    """What the holder did (:attr:`OperationKind.WRITE`)."""
+    kind: NotificationKind
+    """What the holder did: :attr:`NotificationKind.WRITE`, ``READ`` (a
+    read that asked for a notification) or ``MESSAGE`` (a bare
+    notification, no block: `first_block` and `block_count` are 0). READ
+    and WRITE equal :class:`OperationKind`'s members."""
     first_block: int
     """The first of the owner's blocks the write named."""
     block_count: int
@@ -74,7 +78,7 @@ def _notification(raw: Optional[Tuple[int, int, int, int, bytes]]) -> Optional[G
     if raw is None:
         return None
     seq, kind, first, count, payload = raw
-    return GrantNotification(seq, OperationKind(kind), first, count, payload)
+    return GrantNotification(seq, NotificationKind(kind), first, count, payload)
 
 
 def _rights_arg(rights: Rights) -> int:
@@ -482,6 +486,80 @@ class RemoteGrant:
             _notify_arg(notify),
         )
 
+    async def read_ranges(
+        self,
+        remote: RemoteRanges,
+        local_pool: Pool,
+        local: LocalPlaces,
+        *,
+        notify: Optional[bytes] = None,
+    ) -> None:
+        """Reads the owner's byte ranges `remote` (:class:`BlockRange` objects
+        or ``(block, offset, len)`` tuples) into `local_pool` at `local`
+        (``(block, offset)`` pairs, one per range, none overlapping); with
+        `notify` (at most 256 bytes), the owner then receives a
+        :class:`GrantNotification` of kind ``READ``, after every byte was
+        read. Refused as :meth:`read_blocks` is, and if a range is empty or
+        passes its block's end, or a local place passes its block's end or
+        overlaps another (:class:`ValueError`, as other misuse)."""
+        await self._core.read_ranges(
+            _remote_ranges_arg(remote), _pool_arg(local_pool), _local_places_arg(local), _notify_arg(notify)
+        )
+
+    def read_ranges_blocking(
+        self,
+        remote: RemoteRanges,
+        local_pool: Pool,
+        local: LocalPlaces,
+        *,
+        notify: Optional[bytes] = None,
+    ) -> None:
+        """:meth:`read_ranges`, blocking (without the GIL)."""
+        self._core.read_ranges_blocking(
+            _remote_ranges_arg(remote), _pool_arg(local_pool), _local_places_arg(local), _notify_arg(notify)
+        )
+
+    async def write_ranges(
+        self,
+        local_pool: Pool,
+        local: LocalPlaces,
+        remote: RemoteRanges,
+        *,
+        notify: Optional[bytes] = None,
+    ) -> None:
+        """Writes `local_pool` at `local` (``(block, offset)`` pairs, one
+        per range) into the owner's byte ranges `remote`; with `notify`,
+        the owner then receives a :class:`GrantNotification` of kind
+        ``WRITE``, after the bytes landed."""
+        await self._core.write_ranges(
+            _pool_arg(local_pool), _local_places_arg(local), _remote_ranges_arg(remote), _notify_arg(notify)
+        )
+
+    def write_ranges_blocking(
+        self,
+        local_pool: Pool,
+        local: LocalPlaces,
+        remote: RemoteRanges,
+        *,
+        notify: Optional[bytes] = None,
+    ) -> None:
+        """:meth:`write_ranges`, blocking (without the GIL)."""
+        self._core.write_ranges_blocking(
+            _pool_arg(local_pool), _local_places_arg(local), _remote_ranges_arg(remote), _notify_arg(notify)
+        )
+
+    async def notify(self, payload: bytes) -> None:
+        """Sends the owner a notification that moves no byte (NIXL's
+        ``send_notif``): a :class:`GrantNotification` of kind ``MESSAGE``
+        with `payload` (at most 256 bytes), in order with this holder's
+        other notifications. Any right sends one; refused if the grant was
+        revoked or expired."""
+        await self._core.notify(_payload_arg(payload))
+
+    def notify_blocking(self, payload: bytes) -> None:
+        """:meth:`notify`, blocking (without the GIL)."""
+        self._core.notify_blocking(_payload_arg(payload))
+
     def __repr__(self) -> str:
         m = self.metadata()
         return (
@@ -518,6 +596,13 @@ def _notify_arg(notify: Optional[bytes]) -> Optional[bytes]:
     if isinstance(notify, (bytes, bytearray, memoryview)):
         return bytes(notify)
     raise TypeError(f"notify must be bytes, not {type(notify).__name__}")
+
+
+def _payload_arg(payload: bytes) -> bytes:
+    p = _notify_arg(payload)
+    if p is None:
+        raise TypeError("notify's payload must be bytes, not None")
+    return p
 
 
 def _make_grant(

@@ -1,5 +1,5 @@
 """The control plane: hand :class:`~ferry.RdmaMetadata` from the worker that
-exposes memory to the worker that moves it, over NATS or HTTP.
+exposes memory to the worker that moves it, over NATS, HTTP or etcd.
 
 The reference leaves this "secondary channel" to the application. Here the
 exposing worker **publishes** its operation's metadata under a key both
@@ -33,7 +33,12 @@ control plane".
 
 Over NATS, both sides use a :class:`NatsChannel` (request/reply on
 ``ferry.metadata.<key>``); the client reconnects by itself when the server
-restarts. A fetch asks again until its deadline while the key is not
+restarts. Through etcd (v3, its JSON gateway at ``http://host:2379``), both
+sides use an :class:`EtcdStore`: the metadata is stored at
+``/ferry/metadata/<key>`` on a lease the publisher keeps alive, deleted when
+the publication is withdrawn and a lease TTL after a publisher dies; with a
+secret the value stored is sealed, so etcd never holds it in clear. etcd
+users: ``user``/``password``, or ``FERRY_ETCD_USER``/``FERRY_ETCD_PASSWORD``. A fetch asks again until its deadline while the key is not
 published or the server is away, then raises the last cause:
 :class:`MetadataNotFoundError`, :class:`NoServerError`,
 :class:`ServerGoneError`, or :class:`TimeoutError`. Each call runs in the
@@ -49,7 +54,9 @@ from typing import Callable, Optional, Type, TypeVar, Union
 
 # The compiled core's control plane, which the classes below wrap.
 from ._ferry import (
+    DEFAULT_ETCD_PREFIX as _CORE_ETCD_PREFIX,
     DEFAULT_PREFIX as _CORE_PREFIX,
+    EtcdStore as _CoreEtcdStore,
     HttpServer as _CoreHttpServer,
     Metadata as _CoreMetadata,
     NatsChannel as _CoreNatsChannel,
@@ -72,6 +79,8 @@ __all__ = [
     "Publication",
     "HttpServer",
     "NatsChannel",
+    "DEFAULT_ETCD_PREFIX",
+    "EtcdStore",
     "fetch_http",
     "ControlError",
     "MetadataNotFoundError",
@@ -85,6 +94,10 @@ __all__ = [
 DEFAULT_PREFIX: str = _CORE_PREFIX
 """The NATS subject prefix unless told otherwise: key ``k`` is requested on
 ``ferry.metadata.k``."""
+
+DEFAULT_ETCD_PREFIX: str = _CORE_ETCD_PREFIX
+"""The etcd key prefix unless told otherwise: key ``k`` is stored at
+``/ferry/metadata/k``."""
 
 _T = TypeVar("_T")
 
@@ -279,5 +292,72 @@ class NatsChannel:
     async def fetch(self, key: str, timeout: float = 10.0) -> RdmaMetadata:
         """The metadata published under ``key``, waiting up to ``timeout``
         seconds for a publisher (and for the server, if it is away)."""
+        core = await _off_loop(self._core.fetch, key, float(timeout))
+        return RdmaMetadata._wrap(core)
+
+
+class EtcdStore:
+    """One worker's client of an etcd cluster (v3, through its JSON
+    gateway), to publish metadata, fetch it, or both. A key already in etcd
+    is never overwritten (:class:`AlreadyPublishedError`)."""
+
+    __slots__ = ("_core",)
+
+    def __init__(self, core: _CoreEtcdStore) -> None:
+        self._core = core
+
+    @classmethod
+    async def connect(
+        cls,
+        endpoints: str,
+        timeout: float = 10.0,
+        prefix: str = DEFAULT_ETCD_PREFIX,
+        *,
+        secret: Union[str, bytes, None] = None,
+        trusted_network: Optional[bool] = None,
+        user: Optional[str] = None,
+        password: Optional[str] = None,
+        lease_ttl: Optional[float] = None,
+    ) -> EtcdStore:
+        """Connects to ``endpoints`` (``http://host:2379``, or a
+        comma-separated list), waiting up to ``timeout`` seconds for etcd.
+        Both sides must use the same ``prefix`` (``/ferry/<namespace>``)
+        and the same secret. ``user`` and ``password`` default to
+        ``FERRY_ETCD_USER`` and ``FERRY_ETCD_PASSWORD``; ``lease_ttl``
+        (seconds, default 10) is how long metadata outlives a publisher
+        that died. Without a secret, publishing needs an etcd reached over
+        loopback or a network declared trusted (:class:`PermissionError`)."""
+        return cls(
+            await _off_loop(
+                _CoreEtcdStore.connect,
+                endpoints,
+                float(timeout),
+                prefix,
+                _secret(secret),
+                trusted_network,
+                user,
+                password,
+                None if lease_ttl is None else float(lease_ttl),
+            )
+        )
+
+    def etcd_key(self, key: str) -> str:
+        """The etcd key that metadata for ``key`` is stored at."""
+        return self._core.etcd_key(key)
+
+    async def publish(self, key: str, metadata: RdmaMetadata) -> Publication:
+        """Stores ``metadata`` under ``key`` until the publication is
+        withdrawn (its :meth:`Publication.withdraw` deletes it in the
+        background; :meth:`withdraw` waits until etcd has)."""
+        return Publication(await _off_loop(self._core.publish, key, _core(metadata)))
+
+    async def withdraw(self, publication: Publication) -> None:
+        """Withdraws ``publication`` and waits until etcd has deleted it:
+        later fetches raise :class:`MetadataNotFoundError`."""
+        await _off_loop(self._core.withdraw, publication._core)
+
+    async def fetch(self, key: str, timeout: float = 10.0) -> RdmaMetadata:
+        """The metadata stored under ``key``, waiting up to ``timeout``
+        seconds for it (and for etcd, if it is away)."""
         core = await _off_loop(self._core.fetch, key, float(timeout))
         return RdmaMetadata._wrap(core)

@@ -271,6 +271,30 @@ pub(super) fn pair(
     (l, r)
 }
 
+/// The local pieces of a range transfer: for each `(block, offset)` of
+/// `at` (checked: `ferry_proto::grant::ranges::local`), the address of
+/// that offset in the block, taking `remote[i].len` bytes. `blocks` are
+/// the segments of a descriptor over blocks `ids` (ascending, each once:
+/// `ranges::local_blocks`), a block each.
+pub(super) fn pieces(
+    blocks: &[(*mut u8, usize)],
+    ids: &[u32],
+    at: &[(u32, u64)],
+    remote: &[ferry_proto::grant::BlockRange],
+) -> Vec<Local> {
+    at.iter()
+        .zip(remote)
+        .map(|(&(block, offset), r)| {
+            let seg = ids
+                .binary_search(&block)
+                .ok()
+                .and_then(|i| blocks.get(i))
+                .map_or(std::ptr::null_mut(), |s| s.0);
+            (seg.wrapping_add(offset as usize), r.len as usize)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

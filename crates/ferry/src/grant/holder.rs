@@ -13,6 +13,8 @@ use super::{copy, fence, ipc, ring, sys, GrantLane, Notification, NotificationKi
 use crate::transport::cma::{self, Peer};
 use crate::{Error, Pool, Result};
 
+mod ranges;
+
 /// Transfers of at least this many bytes are copied on a blocking thread;
 /// smaller ones in place (a copy of up to 1 MiB takes tens of
 /// microseconds, about what a hand-over to a blocking thread adds to it

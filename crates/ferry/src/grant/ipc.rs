@@ -249,7 +249,75 @@ impl Mapped {
                 remote: bs,
             }));
         }
-        let (l, r) = copy::pair(local, &ranges);
+        // SAFETY: the caller's contract; `ranges` checked above.
+        unsafe { self.queue_all(&opened, dir, local, &ranges) }
+    }
+
+    /// Copies between the local ranges `local` and the byte ranges
+    /// `remote` of granted blocks, pairwise, as [`copy`](Self::copy) does
+    /// blocks.
+    ///
+    /// # Safety
+    ///
+    /// As [`copy`](Self::copy)'s, for each local range.
+    pub(super) unsafe fn copy_ranges(
+        &self,
+        dir: Dir,
+        local: &[(*mut u8, usize)],
+        remote: &[ferry_proto::grant::BlockRange],
+    ) -> Result<(), CopyError> {
+        let Some(opened) = self
+            .opened
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        else {
+            return Err(CopyError::Grant(GrantError::Revoked));
+        };
+        let bs = self.block_size;
+        // Each range inside its block and the granted bytes, each local
+        // range as long: checked here again, as the copy's bounds rest on
+        // it.
+        let mut ranges = Vec::with_capacity(remote.len());
+        for (r, l) in remote.iter().zip(local) {
+            let at = u64::from(r.block.index).saturating_mul(bs);
+            let end = r.offset.saturating_add(r.len);
+            if end > bs || at.saturating_add(bs) > self.size || l.1 as u64 != r.len {
+                return Err(CopyError::Grant(GrantError::LengthMismatch {
+                    what: "bytes",
+                    local: l.1 as u64,
+                    remote: r.len,
+                }));
+            }
+            ranges.push((opened.base() + self.offset + at + r.offset, r.len));
+        }
+        if local.len() != remote.len() {
+            return Err(CopyError::Grant(GrantError::LengthMismatch {
+                what: "block counts",
+                local: local.len() as u64,
+                remote: remote.len() as u64,
+            }));
+        }
+        // SAFETY: the caller's contract; `ranges` checked above.
+        unsafe { self.queue_all(&opened, dir, local, &ranges) }
+    }
+
+    /// Queues the copies of `local` and the device ranges `ranges` of
+    /// `opened` (which the caller keeps mapped; checked by the caller:
+    /// inside the granted bytes, equal lengths pairwise) on one stream,
+    /// then waits for them.
+    ///
+    /// # Safety
+    ///
+    /// As [`copy`](Self::copy)'s.
+    unsafe fn queue_all(
+        &self,
+        _opened: &Opened,
+        dir: Dir,
+        local: &[(*mut u8, usize)],
+        ranges: &[(u64, u64)],
+    ) -> Result<(), CopyError> {
+        let (l, r) = copy::pair(local, ranges);
         let (stream, _ctx) = CopyStream::take(self.ordinal)?;
         let _cur = stream.enter()?;
         let mut queued = Ok(());
@@ -262,7 +330,7 @@ impl Mapped {
             // SAFETY: the stream's context is current (`enter`). The
             // granted range lies inside the allocation opened in this
             // context (checked at `open`: offset + granted bytes within the
-            // mapping; each block checked above), and `opened` keeps it
+            // mapping; each range checked by the caller), and `opened` keeps it
             // mapped past the sync below. The local range is device memory
             // of this device, valid and untouched by others until we
             // return (this function's contract). Lengths are equal pairwise

@@ -15,8 +15,8 @@
 use std::time::Duration;
 
 pub use ferry_proto::grant::{
-    BlockRef, CmaGrant, CudaIpcGrant, GrantError, GrantId, GrantMetadata, Rights, TcpGrant,
-    UcxGrant, MAX_NOTIFICATION, MAX_TCP_CHUNK,
+    BlockRange, BlockRef, CmaGrant, CudaIpcGrant, GrantError, GrantId, GrantMetadata, Rights,
+    TcpGrant, UcxGrant, MAX_NOTIFICATION, MAX_TCP_CHUNK,
 };
 
 mod control;
@@ -196,6 +196,10 @@ pub enum NotificationKind {
     Read,
     /// The holder wrote blocks (they hold its bytes now).
     Write,
+    /// A notification with no bytes moved
+    /// ([`RemoteGrant::notify`]: NIXL's `send_notif`); its first block
+    /// and block count are 0.
+    Message,
 }
 
 /// What a grant's owner learns of a holder's operation that asked for a

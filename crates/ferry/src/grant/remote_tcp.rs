@@ -15,6 +15,8 @@ use ferry_proto::{DescriptorInfo, Device, OperationKind, RdmaMetadata};
 use crate::transport::tcp::TcpTransport;
 use crate::{Error, Pool, Result};
 
+mod ranges;
+
 /// A grant held over TCP.
 pub(super) struct TcpHeld {
     meta: GrantMetadata,

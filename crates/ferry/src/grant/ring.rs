@@ -7,7 +7,7 @@
 //!
 //! One producer (the holder's process, which serialises its own pushes)
 //! and one consumer (the owner, under its lock). An entry is 36 words: sequence;
-//! what (1 read, 2 write) and payload length; first block and block count;
+//! what (1 read, 2 write, 3 a bare message) and payload length; first block and block count;
 //! 32 words of payload.
 
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
@@ -53,6 +53,7 @@ pub(super) fn push(
     let kind = match n.kind {
         NotificationKind::Read => 1u64,
         NotificationKind::Write => 2u64,
+        NotificationKind::Message => 3u64,
     };
     let len = n.payload.len().min(MAX_NOTIFICATION);
     page.entry_word(tail, 0).store(n.seq, Relaxed);
@@ -106,6 +107,7 @@ pub(super) fn take(page: &ControlPage) -> Taken {
     let kind = match w1 as u32 {
         1 => Some(NotificationKind::Read),
         2 => Some(NotificationKind::Write),
+        3 => Some(NotificationKind::Message),
         _ => None,
     };
     let mut payload = Vec::with_capacity(len.min(MAX_NOTIFICATION));

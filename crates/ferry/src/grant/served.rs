@@ -122,15 +122,27 @@ impl Owned {
         let spans = serve::check(&g, peer, &req, super::now_ms())?;
         self.claim_for_tcp()?;
         let _in = fence::enter(&self.page)?;
+        if spans.is_empty() {
+            // A bare notification (the only request that moves nothing).
+            let payload = req.notify.unwrap_or_default();
+            self.notify(NotificationKind::Message, &[], payload)?;
+            return Ok(GrantAnswer::Done);
+        }
         check::generations(&req.blocks, |i| {
             self.page.generation(i).map_or(u32::MAX, |g| g.load(SeqCst))
         })?;
         match req.kind {
-            OperationKind::Read => Ok(GrantAnswer::Bytes(self.copy_out(&spans, req.len))),
+            OperationKind::Read => {
+                let bytes = self.copy_out(&spans, req.len);
+                if let (true, Some(payload)) = (req.last, req.notify) {
+                    self.notify(NotificationKind::Read, &req.blocks, payload)?;
+                }
+                Ok(GrantAnswer::Bytes(bytes))
+            }
             OperationKind::Write => {
                 self.copy_in(&spans, &req.bytes);
                 if let (true, Some(payload)) = (req.last, req.notify) {
-                    self.notify(&req.blocks, payload)?;
+                    self.notify(NotificationKind::Write, &req.blocks, payload)?;
                 }
                 Ok(GrantAnswer::Done)
             }
@@ -204,6 +216,7 @@ impl Owned {
 
     fn notify(
         &self,
+        kind: NotificationKind,
         blocks: &[ferry_proto::grant::BlockRef],
         payload: Vec<u8>,
     ) -> Result<(), GrantError> {
@@ -211,7 +224,7 @@ impl Owned {
         *seq += 1;
         let n = Notification {
             seq: *seq,
-            kind: NotificationKind::Write,
+            kind,
             first_block: blocks.first().map_or(0, |r| r.index),
             block_count: blocks.len() as u32,
             payload,

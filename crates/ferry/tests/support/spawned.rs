@@ -22,7 +22,14 @@ impl Server {
     /// Runs test `name` of this binary again with `role` set to `spec`.
     pub fn start(name: &str, role: &str, spec: &str) -> Server {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", name, "--nocapture", "--test-threads=1"])
+            // (`--include-ignored`: a `stress_` test's server role runs too.)
+            .args([
+                "--exact",
+                name,
+                "--include-ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(role, spec)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -14,8 +14,11 @@ use tokio::sync::watch;
 
 use super::super::control::{GENERATIONS, LIVE, STATE_AT};
 use super::{encode_header, failed, seal, AM_ID};
+use crate::grant::NotificationKind;
 use crate::transport::ucx::{self as tu, ffi, post_get, post_with, Batch, Endpoint};
 use crate::{Pool, Result};
+
+mod ranges;
 
 /// How long one step of an operation (the control read, the transfer, the
 /// notification) may take before the holder gives up on it.
@@ -314,7 +317,10 @@ impl UcxHeld {
         }
         self.finish(batch, "a put", desc)?;
         match notify {
-            Some(payload) => self.notify(remote, payload),
+            Some(payload) => {
+                let first = remote.first().map_or(0, |r| r.index);
+                self.notify(NotificationKind::Write, first, remote.len(), payload)
+            }
             None => Ok(()),
         }
     }
@@ -332,15 +338,23 @@ impl UcxHeld {
         }
     }
 
-    /// Sends the notification of a write (an active message to the grant's
-    /// worker, which queues it into the grant's ring).
-    fn notify(&self, remote: &[BlockRef], payload: Vec<u8>) -> Result<()> {
+    /// Sends the notification of an operation (`first` block, `count`
+    /// blocks or ranges): an active message to the grant's worker, which
+    /// queues it into the grant's ring.
+    fn notify(
+        &self,
+        kind: NotificationKind,
+        first: u32,
+        count: usize,
+        payload: Vec<u8>,
+    ) -> Result<()> {
         let mut seq = tu::lock(&self.producer);
         let h = Box::new(encode_header(
             self.grant,
             *seq + 1,
-            remote.first().map_or(0, |r| r.index),
-            remote.len() as u32,
+            first,
+            count as u32,
+            kind,
         ));
         let api = &self.ep.worker.ucx.api;
         let batch = Batch::new();

@@ -29,7 +29,7 @@ pub(super) mod holder;
 /// The active-message id of grant notifications.
 const AM_ID: u32 = 0x4647;
 /// A notification's header: grant id, sequence, first block, block count.
-const HEADER: usize = 24;
+const HEADER: usize = 28;
 /// How long a revoke waits for the grant's worker to be destroyed.
 const SHUTDOWN: Duration = Duration::from_secs(2);
 
@@ -178,22 +178,42 @@ impl Drop for UcxOwner {
 }
 
 /// Decodes a notification's header.
-fn header(h: &[u8]) -> Option<(u64, u64, u32, u32)> {
+fn header(h: &[u8]) -> Option<(u64, u64, u32, u32, NotificationKind)> {
     if h.len() != HEADER {
         return None;
     }
     let u64_ = |i: usize| u64::from_le_bytes(h[i..i + 8].try_into().unwrap_or_default());
     let u32_ = |i: usize| u32::from_le_bytes(h[i..i + 4].try_into().unwrap_or_default());
-    Some((u64_(0), u64_(8), u32_(16), u32_(20)))
+    let kind = match u32_(24) {
+        1 => NotificationKind::Read,
+        2 => NotificationKind::Write,
+        3 => NotificationKind::Message,
+        _ => return None,
+    };
+    Some((u64_(0), u64_(8), u32_(16), u32_(20), kind))
 }
 
-/// A notification's header, as the holder sends it.
-pub(super) fn encode_header(grant: GrantId, seq: u64, first: u32, count: u32) -> [u8; HEADER] {
+/// A notification's header, as the holder sends it: the grant, the
+/// sequence number, the first block and block count, what (1 read, 2
+/// write, 3 a bare message).
+pub(super) fn encode_header(
+    grant: GrantId,
+    seq: u64,
+    first: u32,
+    count: u32,
+    kind: NotificationKind,
+) -> [u8; HEADER] {
+    let kind: u32 = match kind {
+        NotificationKind::Read => 1,
+        NotificationKind::Write => 2,
+        NotificationKind::Message => 3,
+    };
     let mut h = [0u8; HEADER];
     h[..8].copy_from_slice(&grant.0.to_le_bytes());
     h[8..16].copy_from_slice(&seq.to_le_bytes());
     h[16..20].copy_from_slice(&first.to_le_bytes());
-    h[20..].copy_from_slice(&count.to_le_bytes());
+    h[20..24].copy_from_slice(&count.to_le_bytes());
+    h[24..].copy_from_slice(&kind.to_le_bytes());
     h
 }
 
@@ -227,12 +247,12 @@ unsafe extern "C" fn on_notification(
         }
     });
     match (h.and_then(header), payload) {
-        (Some((g, seq, first, count)), Some(payload)) if g == grant => {
+        (Some((g, seq, first, count, kind)), Some(payload)) if g == grant => {
             queue(
                 grant,
                 Notification {
                     seq,
-                    kind: NotificationKind::Write,
+                    kind,
                     first_block: first,
                     block_count: count,
                     payload,
@@ -280,10 +300,15 @@ mod tests {
 
     #[test]
     fn notification_headers_decode_as_encoded_and_refuse_other_shapes() {
-        let h = encode_header(GrantId(7), 42, 3, 2);
-        assert_eq!(header(&h), Some((7, 42, 3, 2)));
-        assert_eq!(header(&h[..23]), None);
-        assert_eq!(header(&[0; 25]), None);
+        let h = encode_header(GrantId(7), 42, 3, 2, NotificationKind::Write);
+        assert_eq!(header(&h), Some((7, 42, 3, 2, NotificationKind::Write)));
+        let h = encode_header(GrantId(7), 43, 0, 0, NotificationKind::Message);
+        assert_eq!(header(&h), Some((7, 43, 0, 0, NotificationKind::Message)));
+        assert_eq!(header(&h[..27]), None);
+        assert_eq!(header(&[0; 29]), None);
+        let mut odd = h;
+        odd[24] = 9;
+        assert_eq!(header(&odd), None);
     }
 
     #[test]
