@@ -260,6 +260,8 @@ pub(super) async fn step(
             conn.grants.deliver(r);
             Ok(())
         }
+        // Offers are served from the next commit on.
+        Step::ServeClaim(_) | Step::OfferReply(_) => Ok(()),
         Step::LaneOffer { lane, round, bytes } => match inner {
             Some(inner) => answer_offer(conn, inner, lane, round, &bytes).await,
             // An active side's lanes were set up in its handshake.
