@@ -124,6 +124,7 @@ pub(super) fn take(page: &ControlPage) -> Taken {
             first_block: w2 as u32,
             block_count: (w2 >> 32) as u32,
             payload,
+            holder: None,
         }),
         _ => Taken::Garbage,
     }
@@ -177,6 +178,7 @@ mod tests {
             first_block: seq as u32,
             block_count: 1,
             payload: payload.to_vec(),
+            holder: None,
         }
     }
 

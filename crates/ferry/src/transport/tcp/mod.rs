@@ -41,6 +41,7 @@ mod handshake;
 mod land;
 mod lending;
 mod listen;
+mod offer;
 mod pull;
 mod reader;
 mod request;
@@ -51,6 +52,7 @@ mod util;
 
 use conn::*;
 pub(crate) use grant::GrantCalls;
+pub(crate) use offer::ClaimCalls;
 use listen::*;
 use request::*;
 use util::*;

@@ -171,6 +171,7 @@ fn unresponsive(conn: &Arc<Conn>, after: Duration) -> ConnError {
 /// was lent.
 fn end_all(conn: &Arc<Conn>, err: &Error) {
     conn.grants.fail_all();
+    conn.claims.fail_all();
     let (reqs, lent) = lock(&conn.session).drain();
     for t in reqs {
         t.end(OperationStatus::Errored, Some(err.clone()));
@@ -260,8 +261,16 @@ pub(super) async fn step(
             conn.grants.deliver(r);
             Ok(())
         }
-        // Offers are served from the next commit on.
-        Step::ServeClaim(_) | Step::OfferReply(_) => Ok(()),
+        Step::ServeClaim(c) => {
+            if let Some(inner) = inner {
+                super::offer::serve(conn, &inner.host.offers, c);
+            }
+            Ok(())
+        }
+        Step::OfferReply(r) => {
+            conn.claims.deliver(r);
+            Ok(())
+        }
         Step::LaneOffer { lane, round, bytes } => match inner {
             Some(inner) => answer_offer(conn, inner, lane, round, &bytes).await,
             // An active side's lanes were set up in its handshake.
