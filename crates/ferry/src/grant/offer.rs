@@ -350,9 +350,12 @@ impl Offer {
         self.inner.revoked.load(SeqCst)
     }
 
-    /// The workers that hold a grant of the offer now, sorted.
+    /// The workers that hold a live grant of the offer now (not revoked,
+    /// not expired), sorted.
     pub fn holders(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.inner.lock().holders.keys().cloned().collect();
+        let st = self.inner.lock();
+        let live = st.holders.iter().filter(|(_, g)| !g.is_revoked());
+        let mut v: Vec<String> = live.map(|(h, _)| h.clone()).collect();
         v.sort();
         v
     }

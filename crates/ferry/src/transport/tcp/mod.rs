@@ -52,8 +52,8 @@ mod util;
 
 use conn::*;
 pub(crate) use grant::GrantCalls;
-pub(crate) use offer::ClaimCalls;
 use listen::*;
+pub(crate) use offer::ClaimCalls;
 use request::*;
 use util::*;
 
