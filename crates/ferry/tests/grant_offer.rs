@@ -264,7 +264,9 @@ async fn hostile_claims_are_refused_typed() {
         .await
         .unwrap();
     assert!(bg.metadata().expires_at_ms <= brief.metadata().expires_at_ms);
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let waiting = tokio::time::timeout(Duration::from_secs(5), brief.next_notification());
+    assert!(waiting.await.expect("ends at the offer's expiry").is_none());
+    tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(matches!(
         refused(me.claim(brief.metadata()).await),
         GrantError::Expired { .. }

@@ -222,7 +222,8 @@ class Offer:
 
     async def next_notification(self) -> Optional[GrantNotification]:
         """The next notification of any holder, waiting for it (without the
-        GIL); ``None`` once the offer is revoked and holds no grant."""
+        GIL); ``None`` once the offer is revoked and holds no grant, or
+        expired."""
         return _notification(await self._core.next_notification())
 
     def poll_notification(self) -> Optional[GrantNotification]:
@@ -231,7 +232,8 @@ class Offer:
 
     async def notifications(self) -> AsyncIterator[GrantNotification]:
         """Every holder's notifications as they come (``async for n in
-        offer.notifications()``); ends once the offer is revoked."""
+        offer.notifications()``); ends once the offer is revoked or
+        expired."""
         while True:
             n = await self.next_notification()
             if n is None:

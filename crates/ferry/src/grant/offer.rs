@@ -434,8 +434,21 @@ impl Offer {
 
     /// The next notification of any holder's operations (each holder's in
     /// its order), naming its [`holder`](Notification::holder); `None`
-    /// once the offer is revoked and holds no grant.
+    /// once the offer is revoked and holds no grant, or expired (and none
+    /// is queued).
     pub async fn next_notification(&self) -> Option<Notification> {
+        let expiry = self.inner.meta.expires_at_ms;
+        let expired = move || expiry.is_some_and(|at| super::now_ms() >= at);
+        let until_expiry = async move {
+            match expiry {
+                Some(at) => {
+                    let ms = at.saturating_sub(super::now_ms());
+                    tokio::time::sleep(Duration::from_millis(ms)).await
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(until_expiry);
         loop {
             let changed = self.inner.changed.notified();
             tokio::pin!(changed);
@@ -444,7 +457,7 @@ impl Offer {
             if let Some(n) = grants.iter().find_map(|g| g.try_next_notification()) {
                 return Some(n);
             }
-            if grants.is_empty() && self.is_revoked() {
+            if (grants.is_empty() && self.is_revoked()) || expired() {
                 return None;
             }
             let mut waits: Vec<Waiting<'_>> = grants
@@ -457,10 +470,11 @@ impl Offer {
                         return Poll::Ready(n);
                     }
                 }
-                match changed.as_mut().poll(cx) {
-                    Poll::Ready(()) => Poll::Ready(None),
-                    Poll::Pending => Poll::Pending,
+                let changed = changed.as_mut().poll(cx).is_ready();
+                if changed || until_expiry.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(None);
                 }
+                Poll::Pending
             })
             .await;
             if got.is_some() {
