@@ -12,6 +12,7 @@ use crate::errors::error_to_py;
 use crate::grant::{grant_options, seconds_arg, Grant, GrantMetadata};
 use crate::memory::{descriptors, KeepAlive, RawItem};
 use crate::metadata::Metadata;
+use crate::offer::{offer_options, Offer, OfferMetadata};
 use crate::ops::{boxed, Operation};
 use crate::pool::Pool;
 
@@ -157,6 +158,43 @@ impl Connector {
         let inner = self.inner.clone();
         let meta = metadata.0.clone();
         let g = block_on(py, async move { inner.open_grant(&meta).await })?
+            .map_err(|e| error_to_py(py, e))?;
+        g.to_python(py)
+    }
+
+    /// Offers the blocks of `pool` to any worker that claims a grant of
+    /// its own (see `offer::offer_options` for the rest).
+    #[pyo3(signature = (pool, rights, expires_after=None, spin_us=None, revoke_deadline=None))]
+    fn offer(
+        &self,
+        py: Python<'_>,
+        pool: &Bound<'_, Pool>,
+        rights: u8,
+        expires_after: Option<f64>,
+        spin_us: Option<f64>,
+        revoke_deadline: Option<f64>,
+    ) -> PyResult<Offer> {
+        let opts = offer_options(rights, expires_after, spin_us, revoke_deadline)?;
+        let o = self
+            .inner
+            .offer(pool.get().rust(), opts)
+            .map_err(|e| error_to_py(py, e))?;
+        Ok(Offer::new(o))
+    }
+
+    /// Claims a grant of the offer `metadata` for this worker and opens
+    /// it; an asyncio future of the `RemoteGrant`.
+    fn claim<'py>(&self, py: Python<'py>, metadata: &OfferMetadata) -> PyResult<Bound<'py, PyAny>> {
+        let inner = self.inner.clone();
+        let meta = metadata.0.clone();
+        run_future(py, async move { inner.claim(&meta).await })
+    }
+
+    /// `claim`, blocking without the GIL.
+    fn claim_blocking(&self, py: Python<'_>, metadata: &OfferMetadata) -> PyResult<Py<PyAny>> {
+        let inner = self.inner.clone();
+        let meta = metadata.0.clone();
+        let g = block_on(py, async move { inner.claim(&meta).await })?
             .map_err(|e| error_to_py(py, e))?;
         g.to_python(py)
     }

@@ -115,7 +115,7 @@ impl GrantMetadata {
 }
 
 /// `rights` as Ferry's (1 READ, 2 WRITE, 3 both).
-fn rights_arg(bits: u8) -> PyResult<Rights> {
+pub(crate) fn rights_arg(bits: u8) -> PyResult<Rights> {
     match Rights::from_bits(bits) {
         Some(r) if !r.is_empty() => Ok(r),
         _ => Err(PyValueError::new_err(format!(
@@ -186,9 +186,10 @@ impl ToPython for Refs {
     }
 }
 
-/// A notification as `(seq, kind, first_block, block_count, payload)`,
-/// kind 1 READ, 2 WRITE or 3 a bare message; `None` when no more can come.
-struct Note(Option<ferry::Notification>);
+/// A notification as `(seq, kind, first_block, block_count, payload,
+/// holder)`, kind 1 READ, 2 WRITE or 3 a bare message; `None` when no more
+/// can come.
+pub(crate) struct Note(pub(crate) Option<ferry::Notification>);
 
 impl ToPython for Note {
     fn to_python(self, py: Python<'_>) -> PyResult<Py<PyAny>> {
@@ -196,7 +197,7 @@ impl ToPython for Note {
     }
 }
 
-fn note_to_py(py: Python<'_>, n: Option<ferry::Notification>) -> PyResult<Py<PyAny>> {
+pub(crate) fn note_to_py(py: Python<'_>, n: Option<ferry::Notification>) -> PyResult<Py<PyAny>> {
     let Some(n) = n else {
         return Ok(py.None());
     };
@@ -213,6 +214,7 @@ fn note_to_py(py: Python<'_>, n: Option<ferry::Notification>) -> PyResult<Py<PyA
             n.first_block.into_pyobject(py)?.into_any(),
             n.block_count.into_pyobject(py)?.into_any(),
             PyBytes::new(py, &n.payload).into_any(),
+            n.holder.into_pyobject(py)?.into_any(),
         ],
     )?;
     Ok(t.into_any().unbind())

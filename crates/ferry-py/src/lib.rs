@@ -19,6 +19,8 @@
 //! - `GrantMetadata`, `Grant` and `RemoteGrant` (`grant.rs`): standing
 //!   grants, the owner's and the holder's sides, with one-sided transfers
 //!   by block index.
+//! - `OfferMetadata` and `Offer` (`offer.rs`): a pool offered to any
+//!   number of workers, each claiming a grant of its own.
 //! - `HttpServer`, `NatsChannel`, `Publication` and `http_fetch`
 //!   (`control.rs`): the control plane of `ferry-control`, blocking without
 //!   the GIL; `ferry.control` wraps them in coroutines.
@@ -41,6 +43,7 @@ mod errors;
 mod grant;
 mod memory;
 mod metadata;
+mod offer;
 mod ops;
 mod pool;
 
@@ -126,6 +129,8 @@ fn _ferry(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<grant::GrantMetadata>()?;
     m.add_class::<grant::Grant>()?;
     m.add_class::<grant::RemoteGrant>()?;
+    m.add_class::<offer::OfferMetadata>()?;
+    m.add_class::<offer::Offer>()?;
     m.add_function(wrap_pyfunction!(parse_device, m)?)?;
     m.add_function(wrap_pyfunction!(bytes_address, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_device_of, m)?)?;

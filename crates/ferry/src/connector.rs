@@ -93,6 +93,7 @@ impl ConnectorBuilder {
             digest: settings.digest.value,
             exposures: Arc::new(Exposures::default()),
             grants: Arc::default(),
+            offers: Arc::default(),
             shutdown: shutdown_rx,
             handle,
         });
@@ -117,6 +118,10 @@ impl ConnectorBuilder {
 }
 
 use crate::transport::ucx::start_for as start_ucx;
+
+/// Offers and claims (`Connector::offer`, `Connector::claim`).
+#[path = "connector_offer.rs"]
+mod offer;
 
 /// Starts (or joins) the scrape endpoint at the configured address (the
 /// builder's or `FERRY_METRICS_ADDR`'s); `None` without one. An address

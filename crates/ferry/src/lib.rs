@@ -82,7 +82,7 @@ pub use ferry_proto::{
 };
 pub use grant::{
     BlockRange, BlockRef, Grant, GrantError, GrantLane, GrantMetadata, GrantOptions, Notification,
-    NotificationKind, RemoteGrant, Rights,
+    NotificationKind, Offer, OfferMetadata, OfferOptions, RemoteGrant, Rights,
 };
 pub use kind::TransportKind;
 pub use op::{ReadOperation, ReadableOperation, WritableOperation, WriteOperation};

@@ -79,6 +79,12 @@ pub enum Step<T> {
     /// The owner's reply to one of this side's grant requests (active side
     /// only): the driver hands it to whoever waits for it.
     GrantReply(crate::wire::GrantReply),
+    /// A worker's claim on an offer this side owns (passive side only):
+    /// the driver checks it ([`grant::claim`](crate::grant::claim)),
+    /// makes the grant bound to the connection's peer, and replies.
+    ServeClaim(crate::wire::OfferClaim),
+    /// The owner's reply to one of this side's claims (active side only).
+    OfferReply(crate::wire::OfferReply),
 }
 
 /// Work for the driver, in order.

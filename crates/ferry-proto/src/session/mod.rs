@@ -273,6 +273,14 @@ impl<T: Fence> Session<T> {
                 Role::Active => Ok(Step::GrantReply(r)),
                 Role::Passive => Err(Violation::GrantReplyToPassiveSide),
             },
+            Message::OfferClaim(c) => match self.role {
+                Role::Passive => Ok(Step::ServeClaim(c)),
+                Role::Active => Err(Violation::OfferClaimToActiveSide),
+            },
+            Message::OfferReply(r) => match self.role {
+                Role::Active => Ok(Step::OfferReply(r)),
+                Role::Passive => Err(Violation::OfferReplyToPassiveSide),
+            },
         }
     }
 

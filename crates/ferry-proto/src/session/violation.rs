@@ -42,6 +42,13 @@ pub enum Violation {
     /// A `GrantReply` sent to the side that accepted the connection.
     #[error("grant reply sent to the passive side")]
     GrantReplyToPassiveSide,
+    /// An `OfferClaim` sent to the side that opened the connection
+    /// (offers are served by the side that accepted it).
+    #[error("offer claim sent to the active side")]
+    OfferClaimToActiveSide,
+    /// An `OfferReply` sent to the side that accepted the connection.
+    #[error("offer reply sent to the passive side")]
+    OfferReplyToPassiveSide,
     /// An `Open` sent to the side that opened the connection.
     #[error("open sent to the active side")]
     OpenToActiveSide,
@@ -146,6 +153,8 @@ impl Violation {
             | Violation::OpenToActiveSide
             | Violation::GrantRequestToActiveSide
             | Violation::GrantReplyToPassiveSide
+            | Violation::OfferClaimToActiveSide
+            | Violation::OfferReplyToPassiveSide
             | Violation::RequestNumberInUse(_)
             | Violation::UnexpectedData { .. }
             | Violation::DataForDeviceMemory { .. }

@@ -257,6 +257,8 @@ pub fn decode_body(h: Header, body: &[u8]) -> Result<Message, WireError> {
         }
         grant::T_GRANT_REQUEST => Message::GrantRequest(grant::decode_request(&mut r)?),
         grant::T_GRANT_REPLY => Message::GrantReply(grant::decode_reply(&mut r)?),
+        offer::T_OFFER_CLAIM => Message::OfferClaim(offer::decode_claim(&mut r)?),
+        offer::T_OFFER_REPLY => Message::OfferReply(offer::decode_reply(&mut r)?),
         other => return Err(WireError::UnknownType(other)),
     };
     r.end()?;

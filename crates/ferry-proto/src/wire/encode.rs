@@ -142,6 +142,14 @@ impl Message {
                 super::grant::encode_reply(r, out);
                 super::grant::T_GRANT_REPLY
             }
+            Message::OfferClaim(c) => {
+                super::offer::encode_claim(c, out);
+                super::offer::T_OFFER_CLAIM
+            }
+            Message::OfferReply(r) => {
+                super::offer::encode_reply(r, out);
+                super::offer::T_OFFER_REPLY
+            }
         };
         let body_len = out.len() - start - HEADER_LEN;
         out[start] = ty;

@@ -36,11 +36,15 @@ pub enum FrameType {
     GrantRequest,
     /// [`GrantReply`].
     GrantReply,
+    /// [`OfferClaim`].
+    OfferClaim,
+    /// [`OfferReply`].
+    OfferReply,
 }
 
 impl FrameType {
     /// Every frame type.
-    pub const ALL: [FrameType; 14] = [
+    pub const ALL: [FrameType; 16] = [
         FrameType::Hello,
         FrameType::Open,
         FrameType::Data,
@@ -55,6 +59,8 @@ impl FrameType {
         FrameType::LaneOffer,
         FrameType::GrantRequest,
         FrameType::GrantReply,
+        FrameType::OfferClaim,
+        FrameType::OfferReply,
     ];
 
     /// The type with wire number `ty` (checked by [`decode_header`]).
@@ -74,6 +80,8 @@ impl FrameType {
             T_LANE_OFFER => FrameType::LaneOffer,
             super::grant::T_GRANT_REQUEST => FrameType::GrantRequest,
             super::grant::T_GRANT_REPLY => FrameType::GrantReply,
+            super::offer::T_OFFER_CLAIM => FrameType::OfferClaim,
+            super::offer::T_OFFER_REPLY => FrameType::OfferReply,
             _ => return None,
         })
     }
@@ -95,6 +103,8 @@ impl FrameType {
             FrameType::LaneOffer => T_LANE_OFFER,
             FrameType::GrantRequest => super::grant::T_GRANT_REQUEST,
             FrameType::GrantReply => super::grant::T_GRANT_REPLY,
+            FrameType::OfferClaim => super::offer::T_OFFER_CLAIM,
+            FrameType::OfferReply => super::offer::T_OFFER_REPLY,
         }
     }
 
@@ -113,6 +123,8 @@ impl FrameType {
                 | FrameType::Digest
                 | FrameType::GrantRequest
                 | FrameType::GrantReply
+                | FrameType::OfferClaim
+                | FrameType::OfferReply
         )
     }
 }
@@ -134,6 +146,8 @@ impl fmt::Display for FrameType {
             FrameType::LaneOffer => "lane offer",
             FrameType::GrantRequest => "grant request",
             FrameType::GrantReply => "grant reply",
+            FrameType::OfferClaim => "offer claim",
+            FrameType::OfferReply => "offer reply",
         };
         f.write_str(name)
     }
@@ -222,6 +236,6 @@ mod tests {
         assert_eq!(FrameType::of(0), None);
         assert_eq!(FrameType::of(8), None);
         assert_eq!(FrameType::of(10), None);
-        assert_eq!(FrameType::of(17), None);
+        assert_eq!(FrameType::of(19), None);
     }
 }

@@ -101,7 +101,7 @@ pub struct GrantReply {
     pub answer: GrantAnswer,
 }
 
-fn put_str(out: &mut Vec<u8>, s: &str) {
+pub(super) fn put_str(out: &mut Vec<u8>, s: &str) {
     let mut end = s.len().min(MAX_DETAIL);
     while !s.is_char_boundary(end) {
         end -= 1;
@@ -118,7 +118,7 @@ fn what_code(what: &str) -> u64 {
 }
 
 /// A refusal as a code, three numbers and two texts.
-fn refusal_parts(e: &GrantError) -> (u8, [u64; 3], [&str; 2]) {
+pub(super) fn refusal_parts(e: &GrantError) -> (u8, [u64; 3], [&str; 2]) {
     use GrantError as G;
     match e {
         G::Malformed(s) => (1, [0; 3], [s, ""]),
@@ -159,7 +159,7 @@ fn refusal_parts(e: &GrantError) -> (u8, [u64; 3], [&str; 2]) {
     }
 }
 
-fn refusal(code: u8, n: [u64; 3], s: [String; 2]) -> Result<GrantError, WireError> {
+pub(super) fn refusal(code: u8, n: [u64; 3], s: [String; 2]) -> Result<GrantError, WireError> {
     use GrantError as G;
     let u32_of = |v: u64| u32::try_from(v).map_err(|_| WireError::InvalidField("refusal"));
     let rights = |v: u64| {

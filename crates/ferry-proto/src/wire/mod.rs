@@ -16,6 +16,9 @@
 //! (the grant's holder) sends a [`GrantRequest`], the passive side (the
 //! grant's owner) checks and serves it and answers with one
 //! [`GrantReply`] (protocol 15; see [`grant::serve`](crate::grant::serve)).
+//! A worker that has an offer's metadata claims a grant of its own with an
+//! [`OfferClaim`], answered by one [`OfferReply`] (protocol 16; see
+//! [`grant::claim`](crate::grant::claim)).
 //!
 //! With a shared secret, the two `Hello`s are followed by two [`Auth`]
 //! frames carrying a Noise handshake (active side first). From then on every
@@ -41,11 +44,13 @@ mod decode;
 mod encode;
 mod expect;
 mod grant;
+mod offer;
 mod segments;
 
 pub use decode::{decode_body, decode_frame, decode_header, Header};
 pub use expect::{Expect, FrameType};
 pub use grant::{GrantAnswer, GrantReply, GrantRequest};
+pub use offer::{OfferAnswer, OfferClaim, OfferReply};
 pub use segments::Segments;
 
 /// The protocol version carried in `Hello`. 7: a [`Data`] frame may run
@@ -63,7 +68,9 @@ pub use segments::Segments;
 /// replacing `Attach` (8) and `Rdma` (10).
 /// 15: standing grants served over TCP: [`GrantRequest`] (type 15) and
 /// [`GrantReply`] (type 16).
-pub const PROTOCOL_VERSION: u16 = 15;
+/// 16: offers: a worker claims a grant of its own with [`OfferClaim`]
+/// (type 17), answered by [`OfferReply`] (type 18).
+pub const PROTOCOL_VERSION: u16 = 16;
 /// The bytes that open every `Hello` body.
 pub const MAGIC: [u8; 6] = *b"FERRY\0";
 /// The length of a frame header.
@@ -104,6 +111,8 @@ fn max_body(ty: u8) -> u32 {
         T_LANE_OFFER => (1 + 1 + 4 + MAX_LANE_OFFER) as u32,
         grant::T_GRANT_REQUEST => grant::MAX_REQUEST_BODY,
         grant::T_GRANT_REPLY => grant::MAX_REPLY_BODY,
+        offer::T_OFFER_CLAIM => offer::CLAIM_BODY,
+        offer::T_OFFER_REPLY => offer::MAX_OFFER_REPLY_BODY,
         _ => 0,
     }
 }
@@ -460,6 +469,10 @@ pub enum Message {
     GrantRequest(GrantRequest),
     /// See [`GrantReply`] (protocol 15).
     GrantReply(GrantReply),
+    /// See [`OfferClaim`] (protocol 16).
+    OfferClaim(OfferClaim),
+    /// See [`OfferReply`] (protocol 16).
+    OfferReply(OfferReply),
 }
 
 const T_HELLO: u8 = 1;

@@ -144,7 +144,7 @@ fn a_lane_offer_is_bounded_and_the_old_set_up_frames_are_gone() {
     v[4..8].copy_from_slice(&(max_body(T_LANE_OFFER) + 1).to_le_bytes());
     assert!(matches!(decode_frame(&v), Err(WireError::BodyTooLarge(_))));
     // Protocol 11's `Attach` (8) and `Rdma` (10) are unknown types now.
-    for ty in [8, 10, 17] {
+    for ty in [8, 10, 19] {
         let mut h = [0u8; HEADER_LEN];
         h[0] = ty;
         assert_eq!(decode_header(&h), Err(WireError::UnknownType(ty)));

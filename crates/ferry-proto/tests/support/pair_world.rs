@@ -468,6 +468,9 @@ impl World {
             // Nor grant frames.
             Ok(Step::ServeGrant(r)) => panic!("a grant request {}", r.req),
             Ok(Step::GrantReply(r)) => panic!("a grant reply {}", r.req),
+            // Nor offer frames.
+            Ok(Step::ServeClaim(c)) => panic!("an offer claim {}", c.req),
+            Ok(Step::OfferReply(r)) => panic!("an offer reply {}", r.req),
             Ok(Step::LaneOffer { lane, .. }) => {
                 // No lane here: each offer is declined and settles at once.
                 let answer = LaneAnswer {

@@ -152,6 +152,9 @@ impl Harness<'_> {
             // Grant frames are handed on, by role, and change nothing.
             Ok(Step::ServeGrant(_)) => assert_eq!(i, PASSIVE, "a grant request served actively"),
             Ok(Step::GrantReply(_)) => assert_ne!(i, PASSIVE, "a grant reply to the passive side"),
+            // So are offer claims and their replies.
+            Ok(Step::ServeClaim(_)) => assert_eq!(i, PASSIVE, "an offer claim served actively"),
+            Ok(Step::OfferReply(_)) => assert_ne!(i, PASSIVE, "an offer reply to the passive side"),
             Ok(Step::LaneOffer { lane, round, bytes }) => {
                 // Only the passive side answers offers it did not ask for
                 // (the active side here opens none).

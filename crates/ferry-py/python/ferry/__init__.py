@@ -18,6 +18,9 @@ holder=...)``) lets one remote worker read and write blocks of a
 :class:`Pool` by index, one-sidedly, with no round trip per transfer, until
 it is revoked: the holder opens its :class:`GrantMetadata` with
 ``await connector.open_grant(meta)`` and gets a :class:`RemoteGrant`.
+An :class:`Offer` (``connector.offer(pool, "read_write")``) lets any
+number of workers each claim a grant of their own from its
+:class:`OfferMetadata` (``await connector.claim(meta)``).
 """
 
 from ._connection import Connection
@@ -35,6 +38,7 @@ from ._operations import (
 from ._remote import Remote
 from ._grant import BlockRef, Grant, GrantMetadata, GrantNotification, RemoteGrant
 from ._ranges import BlockRange, NotificationKind
+from ._offer import Offer, OfferMetadata
 from ._errors import (
     BlockBusyError,
     BlockIdTypeError,
@@ -138,6 +142,8 @@ __all__ = [
     "RemoteGrant",
     "BlockRange",
     "NotificationKind",
+    "Offer",
+    "OfferMetadata",
     "GrantError",
     "GrantRevokedError",
     "GrantExpiredError",

@@ -9,6 +9,7 @@ from . import _ferry
 from ._connection import _ConnectorBase
 from ._grant import Grant, GrantMetadata, RemoteGrant, Rights, _make_grant, _metadata_arg
 from ._metadata import RdmaMetadata
+from ._offer import Offer, OfferMetadata, _make_offer, _offer_metadata_arg
 from ._operations import (
     Descriptors,
     PendingOperation,
@@ -107,6 +108,36 @@ class Connector(_ConnectorBase):
     def open_grant_blocking(self, metadata: Union[GrantMetadata, str, bytes]) -> RemoteGrant:
         """:meth:`open_grant`, blocking (without the GIL)."""
         return RemoteGrant._new(self._core.open_grant_blocking(_metadata_arg(metadata)))
+
+    def offer(
+        self,
+        pool: Pool,
+        rights: Rights,
+        *,
+        expires_after: Optional[float] = None,
+        spin_us: Optional[float] = None,
+        revoke_deadline: Optional[float] = None,
+    ) -> Offer:
+        """Offers the blocks of `pool` to any worker that has the offer's
+        metadata: each claims a grant of its own (:meth:`claim`) with
+        `rights` (``"read"``, ``"write"`` or ``"read_write"``), which this
+        connector's runtime makes, bound to the claiming worker (see
+        :class:`Offer` and ``docs/grants.md``, "Offers"). `expires_after`
+        (seconds) ends the offer and its grants by themselves; `spin_us` and
+        `revoke_deadline` as for :meth:`grant`."""
+        return _make_offer(self._core, pool, rights, expires_after, spin_us, revoke_deadline)
+
+    async def claim(self, metadata: Union[OfferMetadata, str, bytes]) -> RemoteGrant:
+        """Claims a grant of the offer `metadata` (or its JSON) for this
+        worker from the offer's owner, and opens it (as :meth:`open_grant`).
+        Claiming again gets a fresh grant, which replaces the previous one.
+        Refused with :class:`GrantForgedError` (not the offer's token),
+        :class:`GrantRevokedError` or :class:`GrantExpiredError`."""
+        return RemoteGrant._new(await self._core.claim(_offer_metadata_arg(metadata)))
+
+    def claim_blocking(self, metadata: Union[OfferMetadata, str, bytes]) -> RemoteGrant:
+        """:meth:`claim`, blocking (without the GIL)."""
+        return RemoteGrant._new(self._core.claim_blocking(_offer_metadata_arg(metadata)))
 
     def begin_read(
         self, remote_metadata: RdmaMetadata, local_descriptors: Descriptors

@@ -72,13 +72,19 @@ class GrantNotification(NamedTuple):
     """How many blocks it named."""
     payload: bytes
     """The holder's payload (at most 256 bytes)."""
+    holder: Optional[str] = None
+    """The worker whose write it is: the grant's bound holder (for a grant
+    of an :class:`Offer`, the worker that claimed it); ``None`` for a
+    bearer grant."""
 
 
-def _notification(raw: Optional[Tuple[int, int, int, int, bytes]]) -> Optional[GrantNotification]:
+def _notification(
+    raw: Optional[Tuple[int, int, int, int, bytes, Optional[str]]],
+) -> Optional[GrantNotification]:
     if raw is None:
         return None
-    seq, kind, first, count, payload = raw
-    return GrantNotification(seq, NotificationKind(kind), first, count, payload)
+    seq, kind, first, count, payload, holder = raw
+    return GrantNotification(seq, NotificationKind(kind), first, count, payload, holder)
 
 
 def _rights_arg(rights: Rights) -> int:

@@ -596,6 +596,7 @@ impl Held {
             first_block: remote.first().map_or(0, |r| r.index),
             block_count: remote.len() as u32,
             payload,
+            holder: None,
         };
         ring::push(&self.page, &n, RING_PATIENCE).inspect_err(|_| *seq -= 1)?;
         Ok(())

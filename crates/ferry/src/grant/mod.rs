@@ -18,12 +18,14 @@ pub use ferry_proto::grant::{
     BlockRange, BlockRef, CmaGrant, CudaIpcGrant, GrantError, GrantId, GrantMetadata, Rights,
     TcpGrant, UcxGrant, MAX_NOTIFICATION, MAX_TCP_CHUNK,
 };
+pub use ferry_proto::grant::{OfferId, OfferMetadata};
 
 mod control;
 mod copy;
 mod fence;
 mod holder;
 mod ipc;
+mod offer;
 mod owner;
 mod remote_tcp;
 mod ring;
@@ -33,6 +35,8 @@ mod ucx;
 
 pub(crate) use holder::open as open_grant;
 pub use holder::{RemoteGrant, INLINE_MAX};
+pub(crate) use offer::{create as create_offer, OfferTable};
+pub use offer::{Offer, OfferOptions};
 pub use owner::Grant;
 pub(crate) use served::create as create_grant;
 pub(crate) use served::GrantTable;
@@ -217,6 +221,10 @@ pub struct Notification {
     pub block_count: u32,
     /// The holder's payload (at most [`MAX_NOTIFICATION`] bytes).
     pub payload: Vec<u8>,
+    /// The worker whose operation it is: the grant's bound holder (for a
+    /// grant made from an [`Offer`], the worker that claimed it); `None`
+    /// for a bearer grant.
+    pub holder: Option<String>,
 }
 
 /// Unix time in milliseconds.

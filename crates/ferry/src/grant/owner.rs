@@ -467,12 +467,18 @@ impl Grant {
     /// while there are none (parked, no CPU; or a spin first, with
     /// [`GrantOptions::spin`]).
     pub async fn next_notification(&self) -> Option<Notification> {
-        Some(self.inner.notes.next().await)
+        Some(self.held_by(self.inner.notes.next().await))
     }
 
     /// A notification already queued, if any, without waiting.
     pub fn try_next_notification(&self) -> Option<Notification> {
-        self.inner.notes.take()
+        self.inner.notes.take().map(|n| self.held_by(n))
+    }
+
+    /// `n`, naming the grant's holder.
+    fn held_by(&self, mut n: Notification) -> Notification {
+        n.holder.clone_from(&self.inner.meta.holder);
+        n
     }
 }
 

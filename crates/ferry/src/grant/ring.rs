@@ -126,6 +126,7 @@ pub(super) fn take(page: &ControlPage) -> Taken {
             first_block: w2 as u32,
             block_count: (w2 >> 32) as u32,
             payload,
+            holder: None,
         }),
         _ => Taken::Garbage,
     }
@@ -179,6 +180,7 @@ mod tests {
             first_block: seq as u32,
             block_count: 1,
             payload: payload.to_vec(),
+            holder: None,
         }
     }
 

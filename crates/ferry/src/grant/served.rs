@@ -228,6 +228,7 @@ impl Owned {
             first_block: blocks.first().map_or(0, |r| r.index),
             block_count: blocks.len() as u32,
             payload,
+            holder: None,
         };
         ring::push(&self.page, &n, RING_PATIENCE).inspect_err(|_| *seq -= 1)
     }

@@ -76,6 +76,7 @@ async fn read_write_retire_revoke_in_one_process() {
             first_block: 6,
             block_count: 2,
             payload: b"kv ready".to_vec(),
+            holder: Some("holder".into()),
         }
     );
     // A retired generation is refused, and nothing lands.

@@ -102,6 +102,8 @@ pub(crate) struct Host {
     pub(crate) exposures: Arc<Exposures>,
     /// This connector's grants, for holders over TCP.
     pub(crate) grants: Arc<crate::grant::GrantTable>,
+    /// This connector's offers, for claims over TCP.
+    pub(crate) offers: Arc<crate::grant::OfferTable>,
     pub(crate) shutdown: watch::Receiver<bool>,
     pub(crate) handle: Handle,
 }

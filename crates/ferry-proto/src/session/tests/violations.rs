@@ -397,6 +397,48 @@ fn grant_reply_to_passive_side() -> Violation {
     v
 }
 
+fn offer_frame(claim: bool) -> Message {
+    use crate::grant::GrantError;
+    use crate::wire::{OfferAnswer, OfferClaim, OfferReply};
+    if claim {
+        Message::OfferClaim(OfferClaim {
+            req: 1,
+            offer: 1,
+            token: Token::from_bytes([3; 16]),
+        })
+    } else {
+        Message::OfferReply(OfferReply {
+            req: 1,
+            answer: OfferAnswer::Refused(GrantError::Revoked),
+        })
+    }
+}
+
+fn offer_claim_to_active_side() -> Violation {
+    let mut s = active(NO_CAPS);
+    let v = s.handle_frame(offer_frame(true)).unwrap_err();
+    assert_eq!(v, Violation::OfferClaimToActiveSide);
+    assert!(acts(&mut s).is_empty());
+    let mut p = passive(NO_CAPS);
+    assert!(matches!(
+        p.handle_frame(offer_frame(true)),
+        Ok(Step::ServeClaim(_))
+    ));
+    let mut a = active(NO_CAPS);
+    assert!(matches!(
+        a.handle_frame(offer_frame(false)),
+        Ok(Step::OfferReply(_))
+    ));
+    v
+}
+
+fn offer_reply_to_passive_side() -> Violation {
+    let mut s = passive(NO_CAPS);
+    let v = s.handle_frame(offer_frame(false)).unwrap_err();
+    assert_eq!(v, Violation::OfferReplyToPassiveSide);
+    v
+}
+
 /// The variant's position, by an exhaustive match (no wildcard): a new
 /// variant does not compile until it is counted here and provoked below.
 fn variant(v: &Violation) -> usize {
@@ -423,9 +465,11 @@ fn variant(v: &Violation) -> usize {
         Violation::UnexpectedDigest { .. } => 19,
         Violation::GrantRequestToActiveSide => 20,
         Violation::GrantReplyToPassiveSide => 21,
+        Violation::OfferClaimToActiveSide => 22,
+        Violation::OfferReplyToPassiveSide => 23,
     }
 }
-const VARIANTS: usize = 22;
+const VARIANTS: usize = 24;
 
 type Provoker = fn() -> Violation;
 
@@ -452,6 +496,8 @@ const PROVOKERS: [(&str, Provoker); VARIANTS] = [
     ("unexpected_digest", unexpected_digest),
     ("grant_request_to_active_side", grant_request_to_active_side),
     ("grant_reply_to_passive_side", grant_reply_to_passive_side),
+    ("offer_claim_to_active_side", offer_claim_to_active_side),
+    ("offer_reply_to_passive_side", offer_reply_to_passive_side),
 ];
 
 /// The documented mapping: only the authentication violations are told
@@ -505,6 +551,8 @@ violation_tests!(
     unexpected_digest,
     grant_request_to_active_side,
     grant_reply_to_passive_side,
+    offer_claim_to_active_side,
+    offer_reply_to_passive_side,
 );
 
 #[test]

@@ -256,6 +256,7 @@ unsafe extern "C" fn on_notification(
                     first_block: first,
                     block_count: count,
                     payload,
+                    holder: None,
                 },
             );
         }

@@ -427,7 +427,10 @@ impl Driver {
             Step::Verify { .. } => return Err(channel_error("a digest nobody asked for")),
             Step::LaneOffer { .. } => {}
             // No grant is served over this channel, nor asked for.
-            Step::ServeGrant(_) | Step::GrantReply(_) => {
+            Step::ServeGrant(_)
+            | Step::GrantReply(_)
+            | Step::ServeClaim(_)
+            | Step::OfferReply(_) => {
                 return Err(channel_error(
                     "a grant request on a channel that serves none",
                 ))

@@ -115,6 +115,8 @@ pub(crate) struct Conn {
     pub(super) digest: bool,
     /// This side's grant requests waiting for the peer's replies.
     pub(super) grants: super::GrantCalls,
+    /// This side's claims on offers waiting for the peer's replies.
+    pub(super) claims: super::ClaimCalls,
 }
 
 pub(super) type CloseHook = Box<dyn FnOnce() + Send>;
@@ -154,6 +156,7 @@ impl Conn {
             began: tokio::sync::Notify::new(),
             digest,
             grants: super::GrantCalls::default(),
+            claims: super::ClaimCalls::default(),
         })
     }
 

@@ -41,6 +41,7 @@ mod handshake;
 mod land;
 mod lending;
 mod listen;
+mod offer;
 mod pull;
 mod reader;
 mod request;
@@ -52,6 +53,7 @@ mod util;
 use conn::*;
 pub(crate) use grant::GrantCalls;
 use listen::*;
+pub(crate) use offer::ClaimCalls;
 use request::*;
 use util::*;
 

@@ -171,6 +171,7 @@ fn unresponsive(conn: &Arc<Conn>, after: Duration) -> ConnError {
 /// was lent.
 fn end_all(conn: &Arc<Conn>, err: &Error) {
     conn.grants.fail_all();
+    conn.claims.fail_all();
     let (reqs, lent) = lock(&conn.session).drain();
     for t in reqs {
         t.end(OperationStatus::Errored, Some(err.clone()));
@@ -258,6 +259,16 @@ pub(super) async fn step(
         }
         Step::GrantReply(r) => {
             conn.grants.deliver(r);
+            Ok(())
+        }
+        Step::ServeClaim(c) => {
+            if let Some(inner) = inner {
+                super::offer::serve(conn, &inner.host.offers, c);
+            }
+            Ok(())
+        }
+        Step::OfferReply(r) => {
+            conn.claims.deliver(r);
             Ok(())
         }
         Step::LaneOffer { lane, round, bytes } => match inner {
