@@ -187,10 +187,11 @@ class SimRemoteGrant:
     def _move(self, write: bool, pool: Any, local: List[Any], remote: List[Any], notify: Optional[bytes]) -> None:
         if self.offer.revoked:
             raise RuntimeError("GrantRevokedError: revoked")
-        base = pool.memory[0]
+        base, bs = pool.memory[0], pool.block_size
         for (lb, lo), (rb, ro, n) in zip(local, remote):
-            assert lb == 0 and rb == 0 and lo + n <= pool.size and ro + n <= self.offer.size
-            src, dst = (base + lo, self.offer.addr + ro) if write else (self.offer.addr + ro, base + lo)
+            assert rb == 0 and lo + n <= bs and ro + n <= self.offer.size
+            la = base + lb * bs + lo
+            src, dst = (la, self.offer.addr + ro) if write else (self.offer.addr + ro, la)
             ctypes.memmove(dst, src, n)
         if notify is not None:
             self.offer.queue.append(SimNotification(self.holder, notify))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -108,7 +108,7 @@ class LocalRegion:
     refs: int = 1
     live: bool = True
     users: List[PendingLike] = field(default_factory=list)
-    pools: List[Any] = field(default_factory=list)
+    pools: Dict[int, Any] = field(default_factory=dict)
 
     @property
     def end(self) -> int:
@@ -151,7 +151,7 @@ class SubOp:
     local_off: Array
     remote_off: Array
     lens: Array
-    ranges: Optional[Tuple[List[Tuple[int, int, int]], List[Tuple[int, int]]]] = None
+    ranges: Optional[Tuple[int, List[Tuple[int, int, int]], List[Tuple[int, int]]]] = None
     """:func:`pieces`' answer, kept for the transfer's next posts."""
 
     nbytes: int = 0
@@ -221,15 +221,46 @@ class Done:
         return True
 
 
-def pieces(sub: SubOp) -> Tuple[List[Tuple[int, int, int]], List[Tuple[int, int]]]:
-    """A sub-operation as Ferry's range operations take it, over pools of
-    one block each (the region): remote ``(block, offset, len)`` and local
-    ``(block, offset)``; made once per sub-operation (a prepared transfer
-    is posted again and again)."""
+MAX_LOCAL_BLOCKS = 1 << 20
+"""The most blocks a local region's pool is cut into (see :func:`pieces`)."""
+
+
+def local_block(sub: SubOp) -> int:
+    """The block size of the local pool a sub-operation uses: the largest
+    that divides the region's length and every piece's offset and length,
+    so that each piece is whole blocks (transfers into different blocks of
+    one region then never refuse each other), or the region's length if
+    that would cut the region into more than :data:`MAX_LOCAL_BLOCKS`."""
+    g = int(np.gcd.reduce(np.concatenate((sub.local_off, sub.lens, np.array([sub.local.length], dtype=np.uint64)))))
+    if g == 0 or sub.local.length // g > MAX_LOCAL_BLOCKS:
+        return sub.local.length
+    return g
+
+
+def pieces(sub: SubOp) -> Tuple[int, List[Tuple[int, int, int]], List[Tuple[int, int]]]:
+    """A sub-operation as Ferry's range operations take it: the local
+    pool's block size (:func:`local_block`), remote ``(block, offset,
+    len)`` ranges in the remote region's pool (one block: the region), and
+    local ``(block, offset)`` places, each piece cut at the local blocks'
+    boundaries. Made once per sub-operation (a prepared transfer is posted
+    again and again)."""
     if sub.ranges is None:
-        remote = list(zip(itertools.repeat(0), sub.remote_off.tolist(), sub.lens.tolist()))
-        local = list(zip(itertools.repeat(0), sub.local_off.tolist()))
-        sub.ranges = (remote, local)
+        b = local_block(sub)
+        lo, ro, ln = sub.local_off, sub.remote_off, sub.lens
+        if b == sub.local.length:
+            remote = list(zip(itertools.repeat(0), ro.tolist(), ln.tolist()))
+            local = list(zip(itertools.repeat(0), lo.tolist()))
+        else:
+            bb = np.uint64(b)
+            counts = (ln // bb).astype(np.int64)
+            which = np.repeat(np.arange(ln.shape[0]), counts)
+            first = np.repeat(np.cumsum(counts) - counts, counts)
+            k = (np.arange(which.shape[0]) - first).astype(np.uint64)
+            lblocks = lo[which] // bb + k
+            roffs = ro[which] + k * bb
+            remote = list(zip(itertools.repeat(0), roffs.tolist(), itertools.repeat(b)))
+            local = list(zip(lblocks.tolist(), itertools.repeat(0)))
+        sub.ranges = (b, remote, local)
     return sub.ranges
 
 

@@ -2,13 +2,14 @@
 id the agent's name), an offer per registered region, a claimed grant per
 remote region, byte-range reads and writes for transfers.
 
-Each region is a :class:`ferry.Pool` of one block (the region), so that a
-descriptor anywhere in it is one byte range ``(0, offset, len)``. The owner's
-pool is the one its offer is over (a grant takes none of the owner's
-blocks); on the initiator's side each operation takes a pool of its own over
-the local region from a small free list, so that transfers in flight into
-one region never refuse each other (``BlockBusyError``); keeping them apart
-is the application's part, as with NIXL.
+The owner's pool, the one its offer is over, is of one block (the region),
+so that a descriptor anywhere in it is one byte range ``(0, offset, len)``
+(a grant takes none of the owner's blocks). On the initiator's side the
+region's pool is cut into blocks that each piece of the transfer covers
+whole (``_engine.local_block``: vLLM's KV blocks), so that transfers in
+flight into different blocks of one region never refuse each other; two
+that write into one block at once are refused (``"ERR"``): NIXL lets them
+race.
 
 A transfer of one sub-operation of at most :data:`INLINE_MAX` bytes runs in
 the posting call (its ``_blocking`` form, without the GIL: a cross-memory
@@ -135,17 +136,13 @@ class _Grant:
         self.grant = None
 
 
-def _pool(region: LocalRegion) -> Pool:
-    pools: List[Pool] = region.pools
-    try:
-        return pools.pop()
-    except IndexError:
-        return Pool((region.addr, region.length, region.device, None), region.length)
-
-
-def _give_back(region: LocalRegion, pool: Pool) -> None:
-    if region.live and len(region.pools) < 64:
-        region.pools.append(pool)
+def _pool(region: LocalRegion, block: int) -> Pool:
+    """The region's pool of `block`-byte blocks (one per block size: every
+    operation of that size takes its blocks from the one table)."""
+    pool: Optional[Pool] = region.pools.get(block)
+    if pool is None:
+        pool = region.pools.setdefault(block, Pool((region.addr, region.length, region.device, None), block))
+    return pool
 
 
 def _grant(sub: SubOp) -> Any:
@@ -197,27 +194,21 @@ class FerryEngine:
 
     def _run_blocking(self, write: bool, sub: SubOp, notify: Optional[bytes]) -> None:
         g = _grant(sub)
-        remote, local = pieces(sub)
-        pool = _pool(sub.local)
-        try:
-            if write:
-                g.write_ranges_blocking(pool, local, remote, notify=notify)
-            else:
-                g.read_ranges_blocking(remote, pool, local, notify=notify)
-        finally:
-            _give_back(sub.local, pool)
+        block, remote, local = pieces(sub)
+        pool = _pool(sub.local, block)
+        if write:
+            g.write_ranges_blocking(pool, local, remote, notify=notify)
+        else:
+            g.read_ranges_blocking(remote, pool, local, notify=notify)
 
     async def _one(self, write: bool, sub: SubOp, notify: Optional[bytes]) -> None:
         g = _grant(sub)
-        remote, local = pieces(sub)
-        pool = _pool(sub.local)
-        try:
-            if write:
-                await g.write_ranges(pool, local, remote, notify=notify)
-            else:
-                await g.read_ranges(remote, pool, local, notify=notify)
-        finally:
-            _give_back(sub.local, pool)
+        block, remote, local = pieces(sub)
+        pool = _pool(sub.local, block)
+        if write:
+            await g.write_ranges(pool, local, remote, notify=notify)
+        else:
+            await g.read_ranges(remote, pool, local, notify=notify)
 
     async def _run(
         self,
