@@ -546,3 +546,17 @@ def wait(a: nixl_agent, h: Any) -> str:
         assert time.monotonic() < deadline
         time.sleep(0.001)
     return s
+
+
+def test_local_pieces_cut_at_blocks() -> None:
+    from ferry.nixl._engine import LocalRegion, RemoteRegion, SubOp, pieces
+
+    u = lambda *x: np.array(x, dtype=np.uint64)  # noqa: E731
+    region = LocalRegion(1 << 20, 1 << 20, 0, nixl.DRAM_SEG)
+    remote = RemoteRegion("r", 1 << 30, 1 << 20, 0, nixl.DRAM_SEG, "", None)
+    # vLLM's KV blocks (32 KiB), one merged piece of two: blocks of 32 KiB.
+    sub = SubOp(region, remote, u(0, 98304), u(32768, 0), u(65536, 32768))
+    assert pieces(sub) == (32768, [(0, 32768, 32768), (0, 65536, 32768), (0, 0, 32768)], [(0, 0), (1, 0), (3, 0)])
+    # Not multiples of one block: the region as one block, no cut.
+    sub = SubOp(region, remote, u(100, 8192), u(0, 4096), u(4096, 4096))
+    assert pieces(sub) == (1 << 20, [(0, 0, 4096), (0, 4096, 4096)], [(0, 100), (0, 8192)])

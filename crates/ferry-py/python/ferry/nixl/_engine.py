@@ -229,10 +229,14 @@ def local_block(sub: SubOp) -> int:
     """The block size of the local pool a sub-operation uses: the largest
     that divides the region's length and every piece's offset and length,
     so that each piece is whole blocks (transfers into different blocks of
-    one region then never refuse each other), or the region's length if
-    that would cut the region into more than :data:`MAX_LOCAL_BLOCKS`."""
+    one region then never refuse each other), or the region's length (one
+    block) if that would cut the region into more than
+    :data:`MAX_LOCAL_BLOCKS`, or the pieces into more than 8 times as many
+    ranges (descriptors that are not multiples of one block size)."""
     g = int(np.gcd.reduce(np.concatenate((sub.local_off, sub.lens, np.array([sub.local.length], dtype=np.uint64)))))
     if g == 0 or sub.local.length // g > MAX_LOCAL_BLOCKS:
+        return sub.local.length
+    if int((sub.lens // np.uint64(g)).sum()) > 8 * sub.lens.shape[0]:
         return sub.local.length
     return g
 
