@@ -374,8 +374,7 @@ class nixl_agent:
         ``"PROC"`` while in progress, ``"ERR"`` if it failed. Posting again
         while in progress raises ``nixlRepostActiveError``; a handle whose
         remote agent was removed, ``nixlNotFoundError`` (as NIXL)."""
-        msg = message_arg(notif_msg)
-        return self._core.post(handle._handle, msg or None)
+        return self._core.post(handle._handle, message_arg(notif_msg) if notif_msg else None)
 
     def check_xfer_state(self, handle: nixl_xfer_handle) -> str:
         return self._core.req(handle._handle).state()
