@@ -246,3 +246,28 @@ def test_metadata_by_address_and_serialized_descs(peer: Peer) -> None:
     a.invalidate_local_metadata("127.0.0.1", init["port"])
     a.deregister_memory(reg)
     a.close()
+
+
+def test_peer_killed_mid_transfer_ends_without_a_hang(peer: Peer) -> None:
+    """A READ of 64 MiB posted and the owner killed at once: the transfer
+    ends, DONE (it won the race) or ERR, within a second of the kill."""
+    init = peer.call(cmd="init", name="prefill-big", layers=1, blocks=64, block_len=1 << 20)
+    a = nixl_agent("decode-" + uuid.uuid4().hex[:6])
+    mine = np.zeros(64 << 20, dtype=np.uint8)
+    a.register_memory([(mine.ctypes.data, mine.nbytes, 0, "")], "DRAM")
+    name = a.add_remote_agent(bytes.fromhex(init["metadata"]))
+    h = a.initialize_xfer(
+        "READ",
+        a.get_xfer_descs([(mine.ctypes.data, 64 << 20, 0)], "DRAM"),
+        a.get_xfer_descs([(init["bases"][0], 64 << 20, 0)], "DRAM"),
+        name,
+    )
+    state = a.transfer(h)
+    peer.proc.kill()
+    t0 = time.monotonic()
+    peer.proc.wait()
+    if state == "PROC":
+        state = wait_state(a, h, timeout=1.0)
+    assert state in ("DONE", "ERR") and time.monotonic() - t0 < 1.0
+    a.release_xfer_handle(h)
+    a.close()
