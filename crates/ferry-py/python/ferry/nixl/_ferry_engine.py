@@ -161,7 +161,7 @@ class FerryEngine:
             import ferry as module
 
         self._id = worker_id
-        # Any: the offer names come with Ferry's offers (coord: fix-offer).
+        # Any: the package, or the tests' stand-in for it.
         self.connector: Any = module.Connector(worker_id)
         self._ferry: Any = module
 
