@@ -1,0 +1,2 @@
+//! No code: see this crate's `Cargo.toml`.
+#![forbid(unsafe_code)]
