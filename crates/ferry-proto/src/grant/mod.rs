@@ -27,8 +27,8 @@ pub mod claim;
 mod cuda_ipc;
 mod error;
 mod metadata;
-pub mod ranges;
 mod offer;
+pub mod ranges;
 pub mod serve;
 mod ucx;
 
@@ -37,8 +37,8 @@ pub use error::GrantError;
 pub use metadata::{
     CmaGrant, GrantMetadata, TcpGrant, GRANT_VERSION, MAX_GRANT_JSON, MAX_TCP_ADDRESSES,
 };
-pub use ranges::BlockRange;
 pub use offer::{OfferId, OfferMetadata, MAX_OFFER_JSON, OFFER_VERSION};
+pub use ranges::BlockRange;
 pub use ucx::{UcxGrant, MAX_UCX_ADDRESS, MAX_UCX_RKEY};
 
 /// The largest notification payload a one-sided write may carry to the
