@@ -300,8 +300,14 @@ def alternate(args: argparse.Namespace) -> None:
             print(f"# round {rnd + 1}: {impl} ({py})", file=sys.stderr, flush=True)
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
             if out.returncode != 0:
-                raise SystemExit(f"{impl} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
+                if not out.stdout.strip():
+                    raise SystemExit(f"{impl} failed ({out.returncode}):\n{out.stderr}")
+                # (nixl-cu12 1.5.1 has been seen to crash at exit, after
+                # its rows: they stand, and the exit is reported.)
+                print(f"# {impl} exited {out.returncode} after its rows", file=sys.stderr, flush=True)
             for line in out.stdout.splitlines():
+                if not line.startswith("{"):
+                    continue  # a library's own log line
                 r = json.loads(line)
                 got[impl].setdefault(r["row"], []).append(r)
                 if r["row"] not in order:
