@@ -288,3 +288,13 @@ where
     let core = core()?;
     Ok(py.detach(|| core.rt.block_on(fut)))
 }
+
+/// Runs `fut` on Ferry's runtime, detached: its end is its own business
+/// (it reports through what it captured).
+pub(crate) fn spawn<F>(fut: F) -> PyResult<()>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    drop(core()?.rt.spawn(fut));
+    Ok(())
+}

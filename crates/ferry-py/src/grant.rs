@@ -22,7 +22,10 @@ use crate::claims::Claim;
 use crate::errors::{error_to_py, named_error};
 use crate::pool::{read_ids, Pool};
 
+mod prepared;
 mod ranges;
+
+pub(crate) use prepared::{Gate, Pending, PreparedRanges};
 
 /// What a grant's owner hands to its holder (a capability: treat its JSON
 /// like a password).
@@ -454,6 +457,26 @@ impl RemoteGrant {
     ) -> PyResult<Bound<'py, PyAny>> {
         let t = self.ranges(py, remote, pool, local, true)?;
         run_future_detached(py, ranges::read(self.inner.clone(), t, notify))
+    }
+
+    /// A range transfer checked once, then posted any number of times by
+    /// the `PreparedRanges` returned: `write` moves `pool` at `local`
+    /// (`(block, offset)`) into the owner's byte ranges `remote`
+    /// (`(block, offset, len)`), else the owner's ranges into `pool` at
+    /// `local`.
+    ///
+    /// `PreparedRanges.post` posts nothing once one of `gates` has closed.
+    #[pyo3(signature = (write, remote, pool, local, gates=Vec::new()))]
+    fn prepare_ranges(
+        &self,
+        py: Python<'_>,
+        write: bool,
+        remote: &Bound<'_, PyAny>,
+        pool: &Bound<'_, Pool>,
+        local: Vec<(i64, i64)>,
+        gates: Vec<Py<Gate>>,
+    ) -> PyResult<PreparedRanges> {
+        self.prepared(py, write, remote, pool, local, gates)
     }
 
     /// `read_ranges`, blocking without the GIL.

@@ -129,6 +129,9 @@ fn _ferry(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<grant::GrantMetadata>()?;
     m.add_class::<grant::Grant>()?;
     m.add_class::<grant::RemoteGrant>()?;
+    m.add_class::<grant::PreparedRanges>()?;
+    m.add_class::<grant::Pending>()?;
+    m.add_class::<grant::Gate>()?;
     m.add_class::<offer::OfferMetadata>()?;
     m.add_class::<offer::Offer>()?;
     m.add_function(wrap_pyfunction!(parse_device, m)?)?;

@@ -109,6 +109,17 @@ impl Pool {
     /// operation takes its blocks (`Blocks::take`), until the returned
     /// claim is dropped: the transfer holds it until its copy is over.
     pub(crate) fn hold_blocks(&self, py: Python<'_>, ids: &[u32], writes: bool) -> PyResult<Claim> {
+        self.hold_block_ids(py, &ids.into(), writes)
+    }
+
+    /// [`hold_blocks`](Self::hold_blocks), with the ids already shared
+    /// (a prepared transfer holds the same blocks at every post).
+    pub(crate) fn hold_block_ids(
+        &self,
+        py: Python<'_>,
+        ids: &Arc<[u32]>,
+        writes: bool,
+    ) -> PyResult<Claim> {
         if writes && !self.writable {
             return Err(pool_error_to_py(py, PoolError::ReadOnly));
         }
@@ -126,8 +137,7 @@ impl Pool {
             Vec::new()
         };
         let mut claim = Claim::new(ranges, writes)?;
-        let ids: Arc<[u32]> = ids.into();
-        self.table.take(py, &ids, !writes, claim.owner())?;
+        self.table.take(py, ids, !writes, claim.owner())?;
         claim.hold(self.table.clone());
         Ok(claim)
     }

@@ -6,6 +6,8 @@
 //! transfers, which take their local blocks from the Python pool's table
 //! as block transfers do.
 
+use std::sync::Arc;
+
 use ferry::BlockRange;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -16,10 +18,18 @@ use crate::pool::Pool;
 
 /// What a range transfer needs, made with the GIL.
 pub(super) struct Ranges {
-    remote: Vec<BlockRange>,
-    pool: ferry::Pool,
-    at: Vec<(u32, u64)>,
-    claim: Claim,
+    pub(super) remote: Arc<[BlockRange]>,
+    pub(super) pool: ferry::Pool,
+    pub(super) at: Arc<[(u32, u64)]>,
+    pub(super) claim: Claim,
+}
+
+/// A range transfer's arguments, checked: the owner's ranges, the local
+/// places, and the distinct local blocks they touch (ascending).
+pub(super) struct Parsed {
+    pub(super) remote: Arc<[BlockRange]>,
+    pub(super) at: Arc<[(u32, u64)]>,
+    pub(super) ids: Vec<u32>,
 }
 
 fn non_negative(what: &str, v: i64) -> PyResult<u64> {
@@ -51,6 +61,26 @@ impl RemoteGrant {
         local: Vec<(i64, i64)>,
         writes_local: bool,
     ) -> PyResult<Ranges> {
+        let parsed = self.parse_ranges(py, remote, pool, local)?;
+        let p = pool.get();
+        let claim = p.hold_blocks(py, &parsed.ids, writes_local)?;
+        Ok(Ranges {
+            remote: parsed.remote,
+            pool: p.rust().clone(),
+            at: parsed.at,
+            claim,
+        })
+    }
+
+    /// The arguments of a range transfer, checked (the core checks each
+    /// range against the grant again when the transfer runs).
+    pub(super) fn parse_ranges(
+        &self,
+        py: Python<'_>,
+        remote: &Bound<'_, PyAny>,
+        pool: &Bound<'_, Pool>,
+        local: Vec<(i64, i64)>,
+    ) -> PyResult<Parsed> {
         let remote = self.remote_ranges(py, remote)?;
         let p = pool.get();
         let count = p.rust().block_count();
@@ -69,12 +99,10 @@ impl RemoteGrant {
             at.push((b, non_negative("a local offset", o)?));
         }
         let ids = ferry_ids(&at);
-        let claim = p.hold_blocks(py, &ids, writes_local)?;
-        Ok(Ranges {
-            remote,
-            pool: p.rust().clone(),
-            at,
-            claim,
+        Ok(Parsed {
+            remote: remote.into(),
+            at: at.into(),
+            ids,
         })
     }
 }
@@ -89,12 +117,14 @@ fn ferry_ids(at: &[(u32, u64)]) -> Vec<u32> {
 
 impl Ranges {
     fn is_large(&self) -> bool {
-        self.remote
-            .iter()
-            .map(|r| r.len)
-            .fold(0u64, u64::saturating_add)
-            >= ferry::grant::INLINE_MAX as u64
+        is_large(&self.remote)
     }
+}
+
+/// Whether a transfer of `remote` runs its copy off the runtime's threads
+/// (as the core does from [`ferry::grant::INLINE_MAX`] bytes).
+pub(super) fn is_large(remote: &[BlockRange]) -> bool {
+    remote.iter().map(|r| r.len).fold(0u64, u64::saturating_add) >= ferry::grant::INLINE_MAX as u64
 }
 
 pub(super) async fn read(

@@ -300,7 +300,9 @@ impl RemoteGrant {
         self.precheck(Rights::READ, remote, local, local_blocks)?;
         let inner = match &self.lane {
             Lane::Cma(h) => h.clone(),
-            Lane::Tcp(t) => return t.read_blocks(remote, local, local_blocks).await,
+            // Boxed, as every TCP-lane future here: they are kilobytes, and
+            // unboxed they would make every lane's operation as large.
+            Lane::Tcp(t) => return Box::pin(t.read_blocks(remote, local, local_blocks)).await,
             Lane::Ucx(u) => {
                 let bytes = remote_len(self.metadata(), local_blocks.len());
                 let (u, remote, local) = (u.clone(), remote.to_vec(), local.clone());
@@ -362,7 +364,9 @@ impl RemoteGrant {
         let payload = notify.map(<[u8]>::to_vec);
         let inner = match &self.lane {
             Lane::Cma(c) => c.clone(),
-            Lane::Tcp(t) => return t.write_blocks(local, local_blocks, remote, notify).await,
+            Lane::Tcp(t) => {
+                return Box::pin(t.write_blocks(local, local_blocks, remote, notify)).await
+            }
             Lane::Ucx(u) => {
                 let bytes = remote_len(self.metadata(), local_blocks.len());
                 let (u, remote, local) = (u.clone(), remote.to_vec(), local.clone());

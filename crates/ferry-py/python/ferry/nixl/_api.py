@@ -392,12 +392,11 @@ class nixl_agent:
         if not self._core.telemetry:
             raise nixlNoTelemetryError("cannot return values when telemetry is not enabled")
         req = self._core.req(handle._handle)
-        req.state()
+        start_us, post_ns, xfer_ns = req.times()
         t = nixlXferTelemetry()
-        t.startTime = req.start_us
-        t.postDuration = max(req.post_dur_ns // 1000, 1)
-        end = req.end_ns
-        t.xferDuration = max((end - req.post_ns) // 1000, t.postDuration) if end is not None else 0
+        t.startTime = start_us
+        t.postDuration = max(post_ns // 1000, 1)
+        t.xferDuration = max(xfer_ns // 1000, t.postDuration) if xfer_ns is not None else 0
         t.totalBytes = req.total
         t.descCount = req.pieces
         return t

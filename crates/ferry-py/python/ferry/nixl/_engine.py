@@ -109,6 +109,11 @@ class LocalRegion:
     live: bool = True
     users: List[PendingLike] = field(default_factory=list)
     pools: Dict[int, Any] = field(default_factory=dict)
+    gate: Any = None
+    """The engine's gate (``Engine.gate``), closed when the region goes."""
+    fast: List[PendingLike] = field(default_factory=list)
+    """The prepared transfers (``Engine.fast``) that use it, whose last
+    posts a deregistration waits for."""
 
     @property
     def end(self) -> int:
@@ -133,6 +138,8 @@ class RemoteRegion:
     offer_json: str
     grant: Optional[GrantLike]
     live: bool = True
+    gate: Any = None
+    """The engine's gate (``Engine.gate``), closed when the region goes."""
 
     @property
     def end(self) -> int:
@@ -153,6 +160,9 @@ class SubOp:
     lens: Array
     ranges: Optional[Tuple[int, List[Tuple[int, int, int]], List[Tuple[int, int]]]] = None
     """:func:`pieces`' answer, kept for the transfer's next posts."""
+
+    prepared: Any = None
+    """The engine's own form of it, made at its first post and kept."""
 
     nbytes: int = 0
     """The bytes it moves (set when it is made)."""
@@ -219,6 +229,12 @@ class Done:
 
     def wait(self, timeout: float) -> bool:
         return True
+
+
+DONE = Done()
+"""A post that completed in the call, successfully: an engine may return
+this one object (the agent takes the time the call returned as the time
+the transfer ended, not this object's)."""
 
 
 MAX_LOCAL_BLOCKS = 1 << 20

@@ -22,15 +22,15 @@ import numpy as np
 import numpy.typing as npt
 
 from ._dlist import nixlXferDList
+from ._notify import frame
 from ._engine import LocalRegion, PendingLike, RemoteRegion, SubOp
 from ._status import (
     nixl_mem_t,
     nixlInvalidParamError,
     nixlNotFoundError,
-    nixlRepostActiveError,
 )
 
-__all__ = ["locate", "PreppedList", "XferReq", "indices_arg", "plan"]
+__all__ = ["locate", "PreppedList", "XferReq", "indices_arg", "plan", "POSTING", "REPOST_ACTIVE"]
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -182,7 +182,15 @@ class _Posting:
         return False
 
 
-_POSTING = _Posting()
+POSTING = _Posting()
+"""The pending of every transfer between the start of its post and the
+engine's answer."""
+
+REPOST_ACTIVE = "the transfer is still in progress: wait for DONE or ERR before posting it again"
+
+_WALL_OFFSET_NS = time.time_ns() - time.monotonic_ns()
+"""The wall clock less the monotonic one, taken once: a post's start as
+wall-clock time without a second clock read per post."""
 
 
 class XferReq:
@@ -206,34 +214,42 @@ class XferReq:
         self.pieces = pieces
         self.total = sum(s.nbytes for s in subops)
         self.notif = notif
+        self.framed: List[bytes] = frame(notif) if notif else []
+        """The notifications that carry `notif`."""
         self.lists = lists
         self.pending: Optional[PendingLike] = None
         self.failed: Optional[BaseException] = None
         self.released = False
-        self.start_us = 0
         self.post_ns = 0
         self.post_dur_ns = 0
         self.end_ns: Optional[int] = None
+        self.fast: Any = None
+        """The engine's prepared transfer that posts itself (see
+        ``AgentCore.post``): while it is ``pending``, it tells how the last
+        post went, and its times."""
+        self.fast_tried = False
 
-    def check_repost(self) -> None:
-        """:class:`nixlRepostActiveError` while the last post is in
-        progress."""
-        if self.pending is not None and not self.pending.done():
-            raise nixlRepostActiveError("the transfer is still in progress: wait for DONE or ERR before posting it again")
+    def set_notif(self, notif: bytes) -> None:
+        """The notification of this post and the next ones."""
+        if notif != self.notif:
+            self.notif = notif
+            self.framed = frame(notif)
 
-    def begin(self) -> None:
-        # In progress from here (a post from another thread meanwhile is a
-        # repost of an active transfer), until posted() says how it went.
-        self.pending = _POSTING
-        self.failed = None
-        self.end_ns = None
-        self.start_us = time.time_ns() // 1000
-        self.post_ns = time.monotonic_ns()
+    @property
+    def start_us(self) -> int:
+        """When the last post began, in microseconds since the epoch (as
+        NIXL's telemetry gives it)."""
+        return (self.post_ns + _WALL_OFFSET_NS) // 1000
 
     def posted(self, pending: Optional[PendingLike], failed: Optional[BaseException] = None) -> None:
+        """How the post that began at `post_ns` went (the agent's `post`
+        sets `pending` to :data:`POSTING` and `post_ns` when it begins)."""
         self.pending = pending
         self.failed = failed
-        self.post_dur_ns = max(time.monotonic_ns() - self.post_ns, 1000)
+        now = time.monotonic_ns()
+        self.post_dur_ns = max(now - self.post_ns, 1000)
+        if pending is not None and pending.done():
+            self.end_ns = now
 
     def state(self) -> str:
         """``"DONE"``, ``"PROC"`` or ``"ERR"`` (never posted, or failed)."""
@@ -244,9 +260,22 @@ class XferReq:
             return "ERR"
         if not p.done():
             return "PROC"
-        if self.end_ns is None:
+        if self.end_ns is None and p is not self.fast:
             self.end_ns = p.finished_ns() or time.monotonic_ns()
         return "ERR" if p.error() is not None else "DONE"
+
+    def times(self) -> Tuple[int, int, Optional[int]]:
+        """The last post's ``(start, post, transfer)``: when it began
+        (microseconds since the epoch), how long posting took and, once it
+        has ended, how long it took in all (nanoseconds)."""
+        times = getattr(self.fast, "times", None)
+        if times is not None and self.pending is self.fast:
+            t = times()
+            if t is not None:
+                return (int(t[0]), int(t[1]), None if t[2] is None else int(t[2]))
+        self.state()
+        end = None if self.end_ns is None else self.end_ns - self.post_ns
+        return self.start_us, self.post_dur_ns, end
 
     def error(self) -> Optional[BaseException]:
         """Why the last post failed, if it did."""

@@ -40,7 +40,8 @@ impl RemoteGrant {
         let payload = notify.map(<[u8]>::to_vec);
         let inner = match &self.lane {
             Lane::Cma(h) => h.clone(),
-            Lane::Tcp(t) => return t.read_ranges(remote, local, local_at, notify).await,
+            // Boxed: the TCP lane's future is kilobytes (see `read_blocks`).
+            Lane::Tcp(t) => return Box::pin(t.read_ranges(remote, local, local_at, notify)).await,
             Lane::Ucx(u) => {
                 let (u, remote, local) = (u.clone(), remote.to_vec(), local.clone());
                 let at = local_at.to_vec();
@@ -106,7 +107,7 @@ impl RemoteGrant {
         let payload = notify.map(<[u8]>::to_vec);
         let inner = match &self.lane {
             Lane::Cma(h) => h.clone(),
-            Lane::Tcp(t) => return t.write_ranges(local, local_at, remote, notify).await,
+            Lane::Tcp(t) => return Box::pin(t.write_ranges(local, local_at, remote, notify)).await,
             Lane::Ucx(u) => {
                 let (u, remote, local) = (u.clone(), remote.to_vec(), local.clone());
                 let at = local_at.to_vec();
@@ -169,7 +170,7 @@ impl RemoteGrant {
                 let _in = h.enter(&[])?;
                 h.note(NotificationKind::Message, &[], payload.to_vec())
             }
-            Lane::Tcp(t) => t.notify(payload).await,
+            Lane::Tcp(t) => Box::pin(t.notify(payload)).await,
             Lane::Ucx(u) => {
                 let (u, payload) = (u.clone(), payload.to_vec());
                 self.run(0, move || u.notify_message(payload)).await
