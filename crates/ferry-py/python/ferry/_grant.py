@@ -525,6 +525,31 @@ class RemoteGrant:
             _remote_ranges_arg(remote), _pool_arg(local_pool), _local_places_arg(local), _notify_arg(notify)
         )
 
+    def prepare_ranges(
+        self, write: bool, remote: RemoteRanges, local_pool: Pool, local: LocalPlaces
+    ) -> _ferry.PreparedRanges:
+        """A range transfer checked once and posted any number of times
+        (NIXL's model: what ``ferry.nixl`` re-posts): `write` moves
+        `local_pool` at `local` into the owner's ranges `remote`, else the
+        owner's ranges into `local_pool` at `local`, with the arguments of
+        :meth:`read_ranges` and :meth:`write_ranges`, refused the same way.
+
+        Each post moves the bytes as they are when it runs:
+        ``run_blocking(notify=None)`` in the call (raising the grant's
+        error), ``start(notify=None)`` on Ferry's runtime (a pending with
+        ``done()``, ``error()``, ``wait(timeout)``), ``post(notify=None)``
+        one at a time (0 done, 1 in progress, 2 failed, 3 refused while
+        the last post is in progress; the object then answers ``done()``,
+        ``error()``, ``wait()`` for that post)::
+
+            prep = remote.prepare_ranges(False, [(3, 0, 4096)], pool, [(0, 0)])
+            for _ in range(1000):
+                prep.run_blocking()  # a 4 KiB read, a few microseconds
+        """
+        return self._core.prepare_ranges(
+            write, _remote_ranges_arg(remote), _pool_arg(local_pool), _local_places_arg(local)
+        )
+
     async def write_ranges(
         self,
         local_pool: Pool,
