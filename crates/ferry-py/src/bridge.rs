@@ -25,6 +25,13 @@ pub(crate) struct Core {
     pid: u32,
 }
 
+impl Core {
+    /// The runtime (to block on, off the GIL).
+    pub(crate) fn runtime(&self) -> &tokio::runtime::Runtime {
+        &self.rt
+    }
+}
+
 static CORE: OnceLock<Core> = OnceLock::new();
 
 /// The runtime, started on first use.

@@ -24,6 +24,9 @@ pub(crate) fn boxed<O: ferry::Operation<'static> + 'static>(
     Box::new(op)
 }
 
+/// How long `close` waits for an operation whose cancel came too late.
+const SEALED_WAIT: Duration = Duration::from_secs(2);
+
 /// An operation and the Python objects that own the memory it moves.
 pub(crate) struct Holder {
     // Field order is drop order: the operation first (its drop closes the
@@ -40,13 +43,23 @@ impl Holder {
         }
     }
 
-    /// The outcome of an operation that has ended.
-    fn ended(&self) -> ferry::Result<()> {
-        debug_assert!(self.op.status().is_terminal());
+    /// The status and outcome of an operation that was just cancelled:
+    /// its own once it has ended. A cancel that came too late (the outcome
+    /// was decided, and its confirmation is on its way) leaves it running
+    /// for as long as that takes: this waits for it at most
+    /// [`SEALED_WAIT`], then calls it cancelled (this side gave up on it).
+    fn ended(&self, rt: Option<&tokio::runtime::Runtime>) -> (OperationStatus, ferry::Result<()>) {
+        if let (false, Some(rt)) = (self.op.status().is_terminal(), rt) {
+            let _ = rt.block_on(self.wait(Some(SEALED_WAIT)));
+        }
+        let status = self.op.status();
+        if !status.is_terminal() {
+            return (OperationStatus::Cancelled, Err(ferry::Error::Cancelled));
+        }
         // Waiting on an ended operation is ready at once.
         match pin!(self.wait(None)).poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(r) => r,
-            Poll::Pending => Err(ferry::Error::Cancelled),
+            Poll::Ready(r) => (status, r),
+            Poll::Pending => (status, Err(ferry::Error::Cancelled)),
         }
     }
 }
@@ -171,9 +184,12 @@ impl Operation {
         let Some(h) = self.holder() else {
             return;
         };
+        // (No runtime in a child forked after it started: nothing to wait
+        // with, and nothing of the operation runs there.)
+        let rt = crate::bridge::core().ok().map(|c| c.runtime());
         let (status, outcome) = py.detach(|| {
             h.op.cancel();
-            (h.op.status(), h.ended())
+            h.ended(rt)
         });
         let mut state = self.state();
         if let State::Open(_) = &*state {
