@@ -440,6 +440,9 @@ def test_metadata_listener_exchange() -> None:
     a = agent("target", conf=nixl_agent_config(True, True, 0))
     b = agent("initiator", conf=nixl_agent_config(True, True, 0))
     assert a.listen_port and b.listen_port
+    assert a.get_listen_port() == a.listen_port
+    with pytest.raises(nixl.nixlNotAllowedError):
+        agent("quiet", conf=nixl_agent_config(True, False, 0)).get_listen_port()
     b.fetch_remote_metadata("target", "127.0.0.1", a.listen_port)
     b.send_local_metadata("127.0.0.1", a.listen_port)
     deadline = time.monotonic() + 10

@@ -29,6 +29,7 @@ from ._status import (
     nixl_thread_sync_t,
     nixl_xfer_op_t,
     nixlNoTelemetryError,
+    nixlNotAllowedError,
     nixlNotFoundError,
     nixlNotSupportedError,
 )
@@ -223,6 +224,15 @@ class nixl_agent:
         """Ferry's: the port the metadata listener took (``listen_port=0``
         asks for any), or ``None`` without one."""
         return bound_port(self._listener)
+
+    def get_listen_port(self) -> int:
+        """The port the metadata listener took (``listen_port=0`` in the
+        configuration asks for any free one). :class:`nixlNotAllowedError`
+        without a listener (``enable_listen_thread`` off)."""
+        port = bound_port(self._listener)
+        if port is None:
+            raise nixlNotAllowedError("the agent has no metadata listener: enable_listen_thread is off")
+        return port
 
     def close(self) -> None:
         """Ferry's: revokes every offer of the agent, forgets the remote
