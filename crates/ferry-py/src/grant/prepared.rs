@@ -16,7 +16,7 @@
 //!   what is small enough and starts the rest, and the object itself then
 //!   tells how the last post went (`done`, `error`, `wait`, `times`).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -320,6 +320,9 @@ struct Shared {
     done: AtomicBool,
     result: Mutex<Option<(ferry::Result<()>, Instant)>>,
     ended: Condvar,
+    /// Threads in `wait`: `finish` wakes them only if there are any (a
+    /// wake is a system call, and most posts are polled, not waited for).
+    waiters: AtomicUsize,
     /// The Python exception of a failed post, made once.
     error: OnceLock<Py<PyAny>>,
     start: Instant,
@@ -336,6 +339,7 @@ impl Shared {
             done: AtomicBool::new(false),
             result: Mutex::new(None),
             ended: Condvar::new(),
+            waiters: AtomicUsize::new(0),
             error: OnceLock::new(),
             start: Instant::now(),
             start_wall_us: wall.as_micros() as u64,
@@ -347,7 +351,12 @@ impl Shared {
         let mut slot = lock(&self.result);
         *slot = Some((r, Instant::now()));
         self.done.store(true, Ordering::Release);
-        self.ended.notify_all();
+        drop(slot);
+        // A waiter counted after this load takes the lock after the result
+        // was set, and sees it.
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.ended.notify_all();
+        }
     }
 
     /// Ends it with a refusal raised before the copy began.
@@ -396,20 +405,29 @@ impl Shared {
 
     fn wait(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
         let limit = seconds_arg("timeout", timeout)?;
+        if self.is_done() {
+            return Ok(true);
+        }
         Ok(py.detach(|| {
             let deadline = Instant::now() + limit.min(Duration::from_secs(1 << 30));
+            self.waiters.fetch_add(1, Ordering::SeqCst);
             let mut slot = lock(&self.result);
-            while slot.is_none() {
+            let ended = loop {
+                if slot.is_some() {
+                    break true;
+                }
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
-                    return false;
+                    break false;
                 }
                 slot = match self.ended.wait_timeout(slot, left) {
                     Ok((g, _)) => g,
                     Err(p) => p.into_inner().0,
                 };
-            }
-            true
+            };
+            drop(slot);
+            self.waiters.fetch_sub(1, Ordering::SeqCst);
+            ended
         }))
     }
 
