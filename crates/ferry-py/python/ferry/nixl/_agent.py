@@ -490,6 +490,10 @@ class AgentCore:
         with self.lock:
             self.xfers.pop(i, None)
             req.released = True
+            if req.fast is not None:
+                # (Its last post has ended: nothing left to wait for.)
+                for s in req.subops:
+                    s.local.fast[:] = [f for f in s.local.fast if f is not req.fast]
 
     # ---- notifications ----
 
