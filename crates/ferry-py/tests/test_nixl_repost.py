@@ -57,16 +57,23 @@ def handle(me: nixl_agent, target: nixl_agent, op: str, ours: Any, theirs: Any, 
 
 def test_each_post_moves_the_bytes_as_they_are_then(pair: Any) -> None:
     target, me, theirs, ours, _, _ = pair
-    for n in (4096, 4 << 20):  # in the call, then on the runtime
+    for n in (4096, SIZE):  # in the call, then on the runtime
         h = handle(me, target, "READ", ours, theirs, n)
-        for seed in range(3):
+        refused = 0
+        for seed in range(5):
             theirs[:n] = (np.arange(n) + seed) % 251
             s = me.transfer(h)
             assert s in ("DONE", "PROC")
-            if n > 2 << 20 and s == "PROC":
-                # A repost while in progress is refused (NIXL's rule).
-                with pytest.raises(nixl.nixlRepostActiveError):
-                    me.transfer(h)
+            if n > 2 << 20:
+                # A repost while in progress is refused (NIXL's rule); this
+                # one comes microseconds after the post of 8 MiB, which
+                # takes a millisecond or more, but may come after its end.
+                try:
+                    again = me.transfer(h)
+                except nixl.nixlRepostActiveError:
+                    refused += 1
+                else:
+                    assert again in ("DONE", "PROC")
             wait_done(me, h)
             # The post went the hot path (a prepared transfer posting itself).
             assert me._core.req(h._handle).fast is not None
@@ -75,6 +82,7 @@ def test_each_post_moves_the_bytes_as_they_are_then(pair: Any) -> None:
             assert t.totalBytes == n and t.postDuration >= 1 and t.xferDuration >= t.postDuration
             assert abs(t.startTime - time.time_ns() // 1000) < 60_000_000
         me.release_xfer_handle(h)
+        assert n <= 2 << 20 or refused > 0
     # WRITE, with a notification changed between posts.
     h = handle(me, target, "WRITE", ours, theirs, 4096)
     for seed, note in ((5, b"one"), (6, b"two")):
