@@ -27,6 +27,16 @@ pub enum Error {
         /// The prefix.
         prefix: String,
     },
+    /// A value to store is longer than a store takes.
+    #[error(
+        "a value of {len} bytes is more than the {max} a store takes: store less under one key"
+    )]
+    TooLarge {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
     /// This publisher already publishes metadata under this key: withdraw the
     /// first (drop its [`Publication`](crate::Publication)) or use another key.
     #[error("metadata is already published under key {key:?} here")]

@@ -18,6 +18,10 @@ use crate::retry::until_deadline;
 use crate::seal::{looks_sealed_stored, Scope};
 use crate::{validate_key, Error, Result};
 
+/// The most bytes [`EtcdStore::publish_bytes`] stores under one key (what
+/// a reply carries: as much as the largest metadata).
+pub const MAX_VALUE_BYTES: usize = ferry_proto::MAX_METADATA_JSON;
+
 /// The key prefix used unless [`EtcdStore::with_prefix`] says otherwise:
 /// metadata for key `k` is stored at `/ferry/metadata/k`.
 pub const DEFAULT_ETCD_PREFIX: &str = "/ferry/metadata";
@@ -168,13 +172,25 @@ impl EtcdStore {
     /// Dropping the guard revokes the lease in the background (a fetch
     /// racing it may still find the metadata); `withdraw` waits for it.
     pub async fn publish(&self, key: &str, metadata: &RdmaMetadata) -> Result<Publication> {
+        self.publish_bytes(key, metadata.to_json().as_bytes()).await
+    }
+
+    /// [`publish`](Self::publish) for any value of at most
+    /// [`MAX_VALUE_BYTES`] (another component's metadata: a NIXL agent's,
+    /// say), sealed the same way with a secret.
+    pub async fn publish_bytes(&self, key: &str, value: &[u8]) -> Result<Publication> {
         validate_key(key)?;
         self.check_network()?;
+        if value.len() > MAX_VALUE_BYTES {
+            return Err(Error::TooLarge {
+                len: value.len(),
+                max: MAX_VALUE_BYTES,
+            });
+        }
         let at = self.etcd_key(key);
-        let json = metadata.to_json();
         let value = match &self.auth.keys {
-            Some(keys) => keys.seal_stored(scope(&at), json.as_bytes()),
-            None => json.into_bytes(),
+            Some(keys) => keys.seal_stored(scope(&at), value),
+            None => value.to_vec(),
         };
         let record = Arc::new(Record {
             key: b64(at.as_bytes()),
@@ -266,6 +282,13 @@ impl EtcdStore {
     /// secret, a value not sealed with it for this key is refused (and
     /// reported as [`Error::Forged`] if no real one came by the deadline).
     pub async fn fetch(&self, key: &str, deadline: Duration) -> Result<RdmaMetadata> {
+        let value = self.fetch_bytes(key, deadline).await?;
+        Ok(RdmaMetadata::from_json_bytes(&value)?)
+    }
+
+    /// [`fetch`](Self::fetch) of a value stored by
+    /// [`publish_bytes`](Self::publish_bytes), as it was given.
+    pub async fn fetch_bytes(&self, key: &str, deadline: Duration) -> Result<Vec<u8>> {
         validate_key(key)?;
         let at = self.etcd_key(key);
         until_deadline(
@@ -277,7 +300,7 @@ impl EtcdStore {
         .await
     }
 
-    async fn fetch_once(&self, key: &str, at: &str) -> Result<RdmaMetadata> {
+    async fn fetch_once(&self, key: &str, at: &str) -> Result<Vec<u8>> {
         let reply = self
             .gateway
             .call("/v3/kv/range", &json!({"key": b64(at.as_bytes())}))
@@ -303,20 +326,17 @@ impl EtcdStore {
         let value = unb64(kv.get("value")).ok_or_else(|| bad("a value not in base64".into()))?;
         let endpoint = || format!("{at} in etcd at {}", self.gateway.name());
         match &self.auth.keys {
-            Some(keys) => {
-                let json = keys
-                    .open_stored(scope(at), &value)
-                    .map_err(|r| Error::Forged {
-                        endpoint: endpoint(),
-                        detail: r.describe("the value stored"),
-                    })?;
-                Ok(RdmaMetadata::from_json_bytes(&json)?)
-            }
+            Some(keys) => keys
+                .open_stored(scope(at), &value)
+                .map_err(|r| Error::Forged {
+                    endpoint: endpoint(),
+                    detail: r.describe("the value stored"),
+                }),
             None if looks_sealed_stored(&value) => Err(Error::SecretRequired {
                 endpoint: endpoint(),
                 detail: "the metadata there is sealed with a secret".into(),
             }),
-            None => Ok(RdmaMetadata::from_json_bytes(&value)?),
+            None => Ok(value),
         }
     }
 }

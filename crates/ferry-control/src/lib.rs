@@ -110,7 +110,7 @@ pub use config::{
     NATS_PASSWORD_ENV, NATS_TOKEN_ENV, NATS_USER_ENV, SECRET_ENV, TOKEN_ENV, TRUSTED_NETWORK_ENV,
 };
 pub use error::{Error, Result};
-pub use etcd::{EtcdStore, DEFAULT_ETCD_PREFIX, DEFAULT_LEASE_TTL};
+pub use etcd::{EtcdStore, DEFAULT_ETCD_PREFIX, DEFAULT_LEASE_TTL, MAX_VALUE_BYTES};
 pub use ferry_proto::RdmaMetadata;
 pub use http::{
     HttpServer, CONNECTION_LIFETIME, FIRST_BYTE_TIMEOUT, HEADER_TIMEOUT, HTTP_PATH, MAX_CONNECTIONS,

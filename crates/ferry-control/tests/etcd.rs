@@ -186,6 +186,46 @@ async fn publish_fetch_and_read() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_bytes_round_trip_sealed_or_not() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    // Any bytes, not JSON (a NIXL agent's metadata, say).
+    let value: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
+    let (a, b) = (store(&etcd).await, store(&etcd).await);
+    let p = a.publish_bytes("blob-1", &value).await.unwrap();
+    assert_eq!(etcd.get("/ferry/metadata/blob-1").expect("in etcd"), value);
+    assert_eq!(b.fetch_bytes("blob-1", SECOND).await.unwrap(), value);
+    // Not metadata: fetch as metadata refuses it, typed.
+    let e = b.fetch("blob-1", SECOND).await.unwrap_err();
+    assert!(matches!(e, Error::InvalidMetadata(_)), "{e}");
+    let e = a.publish_bytes("blob-1", b"again").await.unwrap_err();
+    assert!(matches!(e, Error::AlreadyPublished { .. }), "{e}");
+    a.withdraw(p).await.unwrap();
+    let e = b
+        .fetch_bytes("blob-1", Duration::from_millis(200))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::NotFound { .. }), "{e}");
+    // Too large: refused before etcd is asked.
+    let big = vec![0u8; ferry_control::MAX_VALUE_BYTES + 1];
+    let e = a.publish_bytes("blob-2", &big).await.unwrap_err();
+    assert!(matches!(e, Error::TooLarge { .. }), "{e}");
+    // Sealed: not in clear in etcd, and the same bytes back.
+    let sealed = store_with(&etcd, &Config::new().secret(SECRET)).await;
+    let _p = sealed
+        .publish_bytes("blob-3", b"nixl agent metadata")
+        .await
+        .unwrap();
+    let stored = etcd.get("/ferry/metadata/blob-3").expect("in etcd");
+    assert!(!stored.windows(5).any(|w| w == b"agent"), "in clear");
+    assert_eq!(
+        sealed.fetch_bytes("blob-3", SECOND).await.unwrap(),
+        b"nixl agent metadata"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn not_found_duplicates_withdrawal_and_prefixes() {
     let Some(etcd) = Etcd::start() else {
         return;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use ferry_control::Error as E;
 use pyo3::exceptions::{PyOSError, PyPermissionError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyModule, PyType};
+use pyo3::types::{PyBytes, PyModule, PyType};
 
 use crate::bridge::block_on;
 use crate::lock;
@@ -29,6 +29,7 @@ fn to_py(py: Python<'_>, e: E) -> PyErr {
         | E::InvalidPrefix { .. }
         | E::InvalidEtcdPrefix { .. }
         | E::InvalidMetadata(_)
+        | E::TooLarge { .. }
         | E::Config(_) => return PyValueError::new_err(message),
         E::Timeout { .. } => return PyTimeoutError::new_err(message),
         E::Bind { .. } => return PyOSError::new_err(message),
@@ -332,6 +333,26 @@ impl EtcdStore {
     /// The etcd key that metadata for `key` is stored at.
     fn etcd_key(&self, key: &str) -> String {
         self.inner.etcd_key(key)
+    }
+
+    /// `publish` of any bytes (sealed the same way with a secret).
+    fn publish_bytes(&self, py: Python<'_>, key: &str, value: Vec<u8>) -> PyResult<Publication> {
+        block_on(py, self.inner.publish_bytes(key, &value))?
+            .map(Publication::new)
+            .map_err(|e| to_py(py, e))
+    }
+
+    /// `fetch` of what `publish_bytes` stored.
+    fn fetch_bytes<'py>(
+        &self,
+        py: Python<'py>,
+        key: &str,
+        timeout: f64,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let deadline = seconds(timeout)?;
+        let value =
+            block_on(py, self.inner.fetch_bytes(key, deadline))?.map_err(|e| to_py(py, e))?;
+        Ok(PyBytes::new(py, &value))
     }
 }
 

@@ -361,3 +361,13 @@ class EtcdStore:
         seconds for it (and for etcd, if it is away)."""
         core = await _off_loop(self._core.fetch, key, float(timeout))
         return RdmaMetadata._wrap(core)
+
+    async def publish_bytes(self, key: str, value: bytes) -> Publication:
+        """:meth:`publish` for any value of at most 4 MiB (another
+        component's metadata: a NIXL agent's, say), sealed the same way
+        with a secret."""
+        return Publication(await _off_loop(self._core.publish_bytes, key, bytes(value)))
+
+    async def fetch_bytes(self, key: str, timeout: float = 10.0) -> bytes:
+        """:meth:`fetch` of what :meth:`publish_bytes` stored, as given."""
+        return await _off_loop(self._core.fetch_bytes, key, float(timeout))
