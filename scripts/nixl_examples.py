@@ -23,7 +23,9 @@ develop``). It runs:
   WRITEs from lists and arrays of descriptors, READs re-posted with new
   notifications, bytes checked on both sides;
 - ``partial_md_example.py``: two agents in one process, partial metadata
-  sent twice, a transfer refused before the second part arrived.
+  sent twice, a transfer refused before the second part arrived; with
+  ``--etcd URL`` once more with ``--etcd``, its metadata through that etcd
+  (NIXL's central store: ``NIXL_ETCD_ENDPOINTS``).
 
 An example passes when every process exits 0 and prints the lines that
 say its checks passed. The script exits non-zero if any fails. (The other
@@ -133,6 +135,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--examples", required=True, help="examples/python of a NIXL checkout")
     ap.add_argument("--python", default=sys.executable, help="a Python with torch and numpy")
+    ap.add_argument("--etcd", default="", help="an etcd (http://host:2379) for partial_md_example.py --etcd")
     args = ap.parse_args()
     env = dict(os.environ)
     env["PYTHONPATH"] = PACKAGE + os.pathsep + env.get("PYTHONPATH", "")
@@ -156,6 +159,10 @@ def main() -> None:
             if "" in EXPECT[name]:
                 rc, out = run(args.python, runner, dst, [], env, 120)
                 err = check(name, "", rc, out)
+                if not err and args.etcd:
+                    print("   passed; again with --etcd")
+                    rc, out = run(args.python, runner, dst, ["--etcd"], {**env, "NIXL_ETCD_ENDPOINTS": args.etcd}, 120)
+                    err = check(name, "", rc, out)
             else:
                 err = two_peers(args.python, runner, dst, name, env)
             print(f"   {'FAILED' if err else 'passed'}")

@@ -33,6 +33,7 @@ from ._status import (
     nixlNotFoundError,
     nixlNotSupportedError,
 )
+from ._central import DEFAULT_LABEL, Central, from_env
 from .logging import get_logger
 
 __all__ = [
@@ -218,6 +219,9 @@ class nixl_agent:
         self._listener: Optional[Listener] = None
         if conf.enable_listen:
             self._listener = Listener(self._core, int(conf.port))
+        # NIXL's central metadata store (etcd), as NIXL reads it: from the
+        # environment when the agent is made.
+        self._central: Optional[Central] = from_env()
 
     @property
     def listen_port(self) -> Optional[int]:
@@ -240,6 +244,8 @@ class nixl_agent:
         this one's drop)."""
         if self._listener is not None:
             self._listener.close()
+        if self._central is not None:
+            self._central.close()
         self._core.close()
 
     def __del__(self) -> None:
@@ -475,6 +481,12 @@ class nixl_agent:
         return self._core.check_remote(name_arg(agent), descs)
 
     def send_local_metadata(self, ip_addr: str = "", port: int = DEFAULT_COMM_PORT) -> None:
+        """To the agent listening at `ip_addr`:`port`, or with no address,
+        to the central store (``NIXL_ETCD_ENDPOINTS``; see
+        ``ferry.nixl._central``)."""
+        if not ip_addr and self._central is not None:
+            self._central.send(self.name, DEFAULT_LABEL, self._core.metadata())
+            return
         exchange(self._core, "send", ip_addr, port, self._core.metadata())
 
     def send_partial_agent_metadata(
@@ -487,12 +499,26 @@ class nixl_agent:
         label: str = "",
     ) -> None:
         self._backends(backends)
-        exchange(self._core, "send", ip_addr, port, self._core.partial_metadata(descs, inc_conn_info))
+        md = self._core.partial_metadata(descs, inc_conn_info)
+        if not ip_addr and self._central is not None:
+            self._central.send(self.name, label, md)
+            return
+        exchange(self._core, "send", ip_addr, port, md)
 
     def fetch_remote_metadata(self, remote_agent: str, ip_addr: str = "", port: int = DEFAULT_COMM_PORT, label: str = "") -> None:
-        exchange(self._core, "fetch", ip_addr, port, name_arg(remote_agent).encode())
+        """In the background, from the agent listening at `ip_addr`:`port`,
+        or with no address, what `remote_agent` stored under `label` in the
+        central store; ``check_remote_metadata`` says when it arrived."""
+        name = name_arg(remote_agent)
+        if not ip_addr and self._central is not None:
+            self._central.fetch_later(name, label, self._core.load)
+            return
+        exchange(self._core, "fetch", ip_addr, port, name.encode())
 
     def invalidate_local_metadata(self, ip_addr: str = "", port: int = DEFAULT_COMM_PORT) -> None:
+        if not ip_addr and self._central is not None:
+            self._central.invalidate(self.name)
+            return
         exchange(self._core, "invalidate", ip_addr, port, self.name.encode())
 
     # ---- serialized descriptor lists ----

@@ -152,8 +152,8 @@ def exchange(core: AgentCore, what: str, ip: str, port: int, body: bytes) -> Non
     (see the module)."""
     if not ip:
         raise nixlNotSupportedError(
-            "no peer address, and ferry.nixl has no central metadata store (etcd) yet: "
-            "pass ip_addr and port of the peer's listener, or exchange get_agent_metadata() yourself"
+            "no peer address, and no central metadata store: pass ip_addr and port of the peer's listener, "
+            "set NIXL_ETCD_ENDPOINTS (etcd) before making the agent, or exchange get_agent_metadata() yourself"
         )
     op = {"send": b"S", "fetch": b"F", "invalidate": b"I"}[what]
 
