@@ -32,8 +32,8 @@ use crate::errors::error_to_py;
 use crate::lock;
 use crate::pool::Pool;
 
-/// The largest post copied with the GIL held (see
-/// `PreparedRanges.run_blocking`).
+/// The largest post copied with the GIL held, over cross-memory attach
+/// only (see `PreparedRanges.run_blocking`).
 pub(crate) const HOLD_GIL_MAX: u64 = 64 << 10;
 
 /// `PreparedRanges.post`'s answers.
@@ -83,6 +83,8 @@ pub(crate) struct PreparedRanges {
     write: bool,
     large: bool,
     nbytes: u64,
+    /// Whether a post runs with the GIL held (see `run_blocking`).
+    hold_gil: bool,
     gates: Vec<Py<Gate>>,
     /// The last post made by `post`.
     last: Mutex<Option<Arc<Shared>>>,
@@ -125,7 +127,7 @@ impl PreparedRanges {
         // Not boxed: a kilobyte or more, it would take the allocator's slow
         // path at every post; a move of it costs less.
         let work = Self::run(self.grant.clone(), self.write, t, notify);
-        if self.nbytes <= HOLD_GIL_MAX {
+        if self.hold_gil {
             block_on(py, work)
         } else {
             block_on_detached(py, work)
@@ -151,9 +153,11 @@ impl PreparedRanges {
 impl PreparedRanges {
     /// Runs one post in this call: the bytes have moved (and the
     /// notification is queued) when it returns. A post of at most 64 KiB
-    /// runs with the GIL held, as long as it does not wait (a copy in
-    /// place of that much takes microseconds: less than letting the GIL go
-    /// and taking it back); anything else, and any wait, without it.
+    /// over cross-memory attach runs with the GIL held, as long as it does
+    /// not wait (the kernel copies that much in microseconds: less than
+    /// letting the GIL go and taking it back); anything else, and any
+    /// wait, without it (a peer over the network never holds up this
+    /// process's Python threads).
     #[pyo3(signature = (notify=None))]
     fn run_blocking(&self, py: Python<'_>, notify: Option<Vec<u8>>) -> PyResult<()> {
         let t = self.take(py)?;
@@ -309,6 +313,7 @@ impl RemoteGrant {
             ids: parsed.ids.into(),
             write,
             nbytes,
+            hold_gil: nbytes <= HOLD_GIL_MAX && self.inner.lane() == ferry::GrantLane::Cma,
             gates,
             last: Mutex::new(None),
         })
