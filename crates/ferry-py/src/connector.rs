@@ -164,7 +164,10 @@ impl Connector {
 
     /// Offers the blocks of `pool` to any worker that claims a grant of
     /// its own (see `offer::offer_options` for the rest).
-    #[pyo3(signature = (pool, rights, expires_after=None, spin_us=None, revoke_deadline=None))]
+    #[pyo3(signature = (
+        pool, rights, expires_after=None, spin_us=None, revoke_deadline=None, max_holders=None
+    ))]
+    #[allow(clippy::too_many_arguments)]
     fn offer(
         &self,
         py: Python<'_>,
@@ -173,8 +176,9 @@ impl Connector {
         expires_after: Option<f64>,
         spin_us: Option<f64>,
         revoke_deadline: Option<f64>,
+        max_holders: Option<u32>,
     ) -> PyResult<Offer> {
-        let opts = offer_options(rights, expires_after, spin_us, revoke_deadline)?;
+        let opts = offer_options(rights, expires_after, spin_us, revoke_deadline, max_holders)?;
         let o = self
             .inner
             .offer(pool.get().rust(), opts)

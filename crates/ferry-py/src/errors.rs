@@ -112,6 +112,7 @@ fn grant_error_class(e: &ferry::GrantError) -> Option<&'static str> {
         G::NotificationsFull { .. } => "NotificationsFullError",
         G::OwnerGone(_) | G::HolderGone => "GrantPeerGoneError",
         G::Stalled { .. } => "GrantStalledError",
+        G::TooManyHolders { .. } => "OfferFullError",
         _ => "GrantError",
     })
 }

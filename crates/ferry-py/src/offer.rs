@@ -102,8 +102,17 @@ pub(crate) fn offer_options(
     expires_after: Option<f64>,
     spin_us: Option<f64>,
     revoke_deadline: Option<f64>,
+    max_holders: Option<u32>,
 ) -> PyResult<OfferOptions> {
     let mut opts = OfferOptions::new(rights_arg(rights)?);
+    if let Some(n) = max_holders {
+        if n == 0 {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "max_holders must be at least 1",
+            ));
+        }
+        opts = opts.max_holders(n);
+    }
     if let Some(s) = expires_after {
         opts = opts.expires_after(seconds_arg("expires_after", s)?);
     }

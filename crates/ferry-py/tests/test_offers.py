@@ -143,3 +143,30 @@ def test_offer_metadata_travels_as_text_bytes_pickle_and_dict() -> None:
     assert "token" not in repr(meta)
     offer.revoke_blocking()
     assert offer.revoked
+
+
+def test_an_offer_takes_at_most_max_holders() -> None:
+    async def main() -> None:
+        owner = ferry.Connector("prefill-cap", listen="127.0.0.1:0")
+        _, pool = owner_pool()
+        with pytest.raises(ValueError):
+            owner.offer(pool, "read", max_holders=0)
+        offer = owner.offer(pool, "read", max_holders=1)
+        a = ferry.Connector("decode-cap-a", listen="127.0.0.1:0")
+        b = ferry.Connector("decode-cap-b", listen="127.0.0.1:0")
+        published = offer.metadata().to_json()
+        await a.claim(published)
+        with pytest.raises(ferry.OfferFullError) as e:
+            await b.claim(published)
+        assert isinstance(e.value, ferry.GrantError) and "1 holders" in str(e.value)
+        assert offer.holders() == ["decode-cap-a"]
+        # The holder claiming again is never refused; a revoked one leaves
+        # its place.
+        await a.claim(published)
+        await offer.revoke_holder("decode-cap-a")
+        remote = await b.claim(published)
+        local = bytearray(BLOCK)
+        await remote.read_blocks([3], Pool(local, BLOCK), [0])
+        assert bytes(local) == bytes([4]) * BLOCK
+
+    run(main())

@@ -278,6 +278,42 @@ async fn hostile_claims_are_refused_typed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offer_takes_at_most_its_holders() {
+    let owner = connector("cap-owner").await;
+    let pool = Pool::allocate(4 * BLOCK, BLOCK).unwrap();
+    let offer = owner
+        .offer(&pool, OfferOptions::read().max_holders(2))
+        .unwrap();
+    let meta = offer.metadata().clone();
+    let (a, b, c) = (
+        connector("cap-a").await,
+        connector("cap-b").await,
+        connector("cap-c").await,
+    );
+    let ga = a.claim_via(&meta, GrantLane::Tcp).await.unwrap();
+    let _gb = b.claim_via(&meta, GrantLane::Tcp).await.unwrap();
+    // A third worker: refused, typed, with nothing made for it.
+    assert_eq!(
+        refused(c.claim_via(&meta, GrantLane::Tcp).await),
+        GrantError::TooManyHolders { max: 2 }
+    );
+    assert_eq!(offer.holders().len(), 2);
+    // A holder claiming again replaces its grant: never refused for this.
+    let ga2 = a.claim_via(&meta, GrantLane::Tcp).await.unwrap();
+    assert_ne!(ga2.metadata().grant, ga.metadata().grant);
+    // Once a holder is revoked, its place is free.
+    offer.revoke_holder("cap-b").await.unwrap();
+    let gc = c.claim_via(&meta, GrantLane::Tcp).await.unwrap();
+    let local = Pool::allocate(BLOCK, BLOCK).unwrap();
+    gc.read_blocks(&gc.block_refs(&[1]).unwrap(), &local, &[0])
+        .await
+        .unwrap();
+    let mut holders = offer.holders();
+    holders.sort();
+    assert_eq!(holders, ["cap-a", "cap-c"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn offer_metadata_round_trips_and_a_write_offer_needs_a_writable_pool() {
     let owner = connector("owner").await;
     let pool = Pool::allocate(4 * BLOCK, BLOCK).unwrap();

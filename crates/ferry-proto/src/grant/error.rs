@@ -137,4 +137,14 @@ pub enum GrantError {
     /// moved.
     #[error("the copy failed: {0}")]
     Copy(String),
+    /// An offer has as many holders as it takes: a claim of a worker that
+    /// holds none of its grants is refused.
+    #[error(
+        "the offer has its {max} holders already: ask its owner to revoke one \
+         (Offer::revoke_holder) or to offer with a larger OfferOptions::max_holders"
+    )]
+    TooManyHolders {
+        /// The most it takes.
+        max: u32,
+    },
 }

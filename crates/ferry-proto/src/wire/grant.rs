@@ -156,6 +156,7 @@ pub(super) fn refusal_parts(e: &GrantError) -> (u8, [u64; 3], [&str; 2]) {
         G::Stalled { pending, waited_ms } => (17, [u64::from(*pending), *waited_ms, 0], ["", ""]),
         G::Copy(s) => (18, [0; 3], [s, ""]),
         G::TooLarge { len, max } => (19, [*len as u64, *max as u64, 0], ["", ""]),
+        G::TooManyHolders { max } => (20, [u64::from(*max), 0, 0], ["", ""]),
     }
 }
 
@@ -216,6 +217,7 @@ pub(super) fn refusal(code: u8, n: [u64; 3], s: [String; 2]) -> Result<GrantErro
             len: n[0] as usize,
             max: n[1] as usize,
         },
+        20 => G::TooManyHolders { max: u32_of(n[0])? },
         // A refusal this build does not know: still a refusal.
         other => G::Malformed(format!("the owner refused with code {other}: {s0}")),
     })

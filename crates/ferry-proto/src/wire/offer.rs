@@ -188,6 +188,7 @@ mod tests {
             OfferAnswer::Granted(Box::new(grant())),
             OfferAnswer::Refused(GrantError::Revoked),
             OfferAnswer::Refused(GrantError::Forged { what: "token" }),
+            OfferAnswer::Refused(GrantError::TooManyHolders { max: 256 }),
             OfferAnswer::Refused(GrantError::Expired {
                 at_ms: 1,
                 now_ms: 2,

@@ -60,6 +60,7 @@ from ._errors import (
     GrantRevokedError,
     GrantRightsError,
     GrantStalledError,
+    OfferFullError,
     NoGrantLaneError,
     NotificationsFullError,
     RemoteExpiredError,
@@ -157,5 +158,6 @@ __all__ = [
     "NotificationsFullError",
     "GrantPeerGoneError",
     "GrantStalledError",
+    "OfferFullError",
     "__version__",
 ]

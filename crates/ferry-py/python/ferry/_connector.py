@@ -117,6 +117,7 @@ class Connector(_ConnectorBase):
         expires_after: Optional[float] = None,
         spin_us: Optional[float] = None,
         revoke_deadline: Optional[float] = None,
+        max_holders: Optional[int] = None,
     ) -> Offer:
         """Offers the blocks of `pool` to any worker that has the offer's
         metadata: each claims a grant of its own (:meth:`claim`) with
@@ -124,8 +125,11 @@ class Connector(_ConnectorBase):
         connector's runtime makes, bound to the claiming worker (see
         :class:`Offer` and ``docs/grants.md``, "Offers"). `expires_after`
         (seconds) ends the offer and its grants by themselves; `spin_us` and
-        `revoke_deadline` as for :meth:`grant`."""
-        return _make_offer(self._core, pool, rights, expires_after, spin_us, revoke_deadline)
+        `revoke_deadline` as for :meth:`grant`. At most `max_holders`
+        workers (256 unless told) hold grants of it at once: another
+        worker's claim is refused (:class:`OfferFullError`) until a
+        holder's grant ends."""
+        return _make_offer(self._core, pool, rights, expires_after, spin_us, revoke_deadline, max_holders)
 
     async def claim(self, metadata: Union[OfferMetadata, str, bytes]) -> RemoteGrant:
         """Claims a grant of the offer `metadata` (or its JSON) for this

@@ -96,6 +96,7 @@ __all__ = [
     "NotificationsFullError",
     "GrantPeerGoneError",
     "GrantStalledError",
+    "OfferFullError",
 ]
 
 
@@ -338,6 +339,12 @@ class NotificationsFullError(GrantError):
 
 class GrantPeerGoneError(GrantError, ConnectionError):
     """The other side of the grant (its owner, or its holder) is gone."""
+
+
+class OfferFullError(GrantError):
+    """A claim was refused: the offer has as many holders as it takes
+    (``max_holders``). Ask its owner to revoke one, or to offer with a
+    larger ``max_holders``."""
 
 
 class GrantStalledError(GrantError, TimeoutError):

@@ -261,14 +261,20 @@ def _make_offer(
     expires_after: Optional[float],
     spin_us: Optional[float],
     revoke_deadline: Optional[float],
+    max_holders: Optional[int] = None,
 ) -> Offer:
     if not isinstance(pool, Pool):
         raise TypeError(f"an offer is over a ferry.Pool, not {type(pool).__name__}")
+    if max_holders is not None and (isinstance(max_holders, bool) or not isinstance(max_holders, int)):
+        raise TypeError(f"max_holders is an int, not {type(max_holders).__name__}")
+    if max_holders is not None and not 1 <= max_holders < 1 << 32:
+        raise ValueError(f"max_holders must be from 1 to 2**32 - 1, not {max_holders}")
     o = core.offer(
         pool._core,
         _rights_arg(rights),
         _seconds_arg("expires_after", expires_after),
         _seconds_arg("spin_us", spin_us),
         _seconds_arg("revoke_deadline", revoke_deadline),
+        max_holders,
     )
     return Offer._new(o, pool)

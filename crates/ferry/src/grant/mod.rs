@@ -36,7 +36,7 @@ mod ucx;
 pub(crate) use holder::open as open_grant;
 pub use holder::{RemoteGrant, INLINE_MAX};
 pub(crate) use offer::{create as create_offer, OfferTable};
-pub use offer::{Offer, OfferOptions};
+pub use offer::{Offer, OfferOptions, DEFAULT_MAX_HOLDERS};
 pub use owner::Grant;
 pub(crate) use served::create as create_grant;
 pub(crate) use served::GrantTable;

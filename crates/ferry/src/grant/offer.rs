@@ -38,14 +38,31 @@ const PRUNE_AT: usize = 1024;
 #[derive(Debug, Clone)]
 pub struct OfferOptions {
     grant: GrantOptions,
+    max_holders: u32,
 }
+
+/// How many workers may hold grants of one offer at once unless
+/// [`OfferOptions::max_holders`] says otherwise (each costs its owner a
+/// control page and a notification thread).
+pub const DEFAULT_MAX_HOLDERS: u32 = 256;
 
 impl OfferOptions {
     /// An offer of `rights`.
     pub fn new(rights: Rights) -> OfferOptions {
         OfferOptions {
             grant: GrantOptions::new(rights),
+            max_holders: DEFAULT_MAX_HOLDERS,
         }
+    }
+
+    /// At most `n` workers (at least 1) hold grants of the offer at once
+    /// ([`DEFAULT_MAX_HOLDERS`] otherwise): the claim of another worker is
+    /// refused ([`GrantError::TooManyHolders`]) until a holder's grant
+    /// ends (revoked, expired, or [`Offer::revoke_holder`]). A holder
+    /// claiming again replaces its grant, and is never refused for this.
+    pub fn max_holders(mut self, n: u32) -> OfferOptions {
+        self.max_holders = n.max(1);
+        self
     }
 
     /// A READ offer.
@@ -129,6 +146,7 @@ pub(crate) struct Shared {
     meta: OfferMetadata,
     pool: Pool,
     opts: GrantOptions,
+    max_holders: u32,
     grants: Arc<GrantTable>,
     addresses: Vec<SocketAddr>,
     revoked: AtomicBool,
@@ -162,6 +180,7 @@ pub(crate) fn create(
     addresses: Vec<SocketAddr>,
 ) -> Result<Offer> {
     static NEXT: AtomicU64 = AtomicU64::new(1);
+    let max_holders = opts.max_holders;
     let opts = opts.grant;
     if addresses.is_empty() {
         return Err(GrantError::NoLane(
@@ -205,6 +224,7 @@ pub(crate) fn create(
         meta,
         pool: pool.clone(),
         opts,
+        max_holders,
         grants: grants.clone(),
         addresses,
         revoked: AtomicBool::new(false),
@@ -279,6 +299,7 @@ impl Shared {
             if st.banned.contains(peer) {
                 return Err(GrantError::Revoked.into());
             }
+            self.check_room(&mut st, peer)?;
             st.holders.remove(peer)
         };
         if let Some(old) = old {
@@ -304,10 +325,31 @@ impl Shared {
             if self.revoked.load(SeqCst) || st.banned.contains(peer) {
                 return Err(GrantError::Revoked.into());
             }
+            // Another worker's claim may have taken the last place meanwhile.
+            self.check_room(&mut st, peer)?;
             st.holders.insert(peer.to_string(), Arc::new(g));
         }
         self.changed.notify_waiters();
         Ok(meta)
+    }
+
+    /// Refuses a claim of `peer`, which holds none of the offer's grants,
+    /// when as many workers as the offer takes hold one (grants that ended
+    /// leave their place first).
+    fn check_room(&self, st: &mut State, peer: &str) -> Result<()> {
+        if st.holders.contains_key(peer) {
+            return Ok(());
+        }
+        if st.holders.len() >= self.max_holders as usize {
+            st.holders.retain(|_, g| !g.is_revoked());
+        }
+        if st.holders.len() >= self.max_holders as usize {
+            return Err(GrantError::TooManyHolders {
+                max: self.max_holders,
+            }
+            .into());
+        }
+        Ok(())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
