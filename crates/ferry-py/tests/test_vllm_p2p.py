@@ -211,3 +211,35 @@ def test_between_two_processes() -> None:
         a.close()
         peer.kill()
         peer.wait(10)
+
+
+def test_a_peer_that_never_answers_the_claim_is_an_error_not_a_hang() -> None:
+    """The peer process is stopped (SIGSTOP) after it published its
+    metadata: add_remote_peer gives up after ADD_PEER_TIMEOUT with a
+    TransportError, and the transport goes on working."""
+    import signal
+
+    peer = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "p2p_peer.py")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    _, a_view = region(0)
+    a = FerryTransport("p2p-stopped", a_view)
+    a.ADD_PEER_TIMEOUT = 0.5
+    try:
+        assert peer.stdout is not None
+        meta = peer.stdout.readline().strip()
+        assert meta, "the peer said nothing"
+        os.kill(peer.pid, signal.SIGSTOP)
+        t = time.monotonic()
+        with pytest.raises(TransportError, match="did not answer"):
+            a.add_remote_peer("stopped", bytes.fromhex(meta))
+        assert time.monotonic() - t < 5
+        assert a.write_blocks("stopped", [0], [0]) is None  # never added
+    finally:
+        os.kill(peer.pid, signal.SIGCONT)
+        a.close()
+        peer.kill()
+        peer.wait(10)

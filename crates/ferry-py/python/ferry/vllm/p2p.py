@@ -117,10 +117,16 @@ _MAGIC = "ferry-p2p/1"
 class FerryTransport(_Parent):  # type: ignore[misc]
     """vLLM's P2P ``DataTransport`` on Ferry's grants (see the module).
 
+    ``add_remote_peer`` waits at most :attr:`ADD_PEER_TIMEOUT` seconds for
+    the peer's grant (a :class:`TransportError` after that).
+
     `local_id` is this node's Ferry worker id (peers' grants are bound to
     it); `view` the 2-D memoryview (``num_blocks x block_len`` bytes) over
     the local block storage; `connector`, if given, the :class:`Connector`
     to use (else one is made for `local_id`)."""
+
+    ADD_PEER_TIMEOUT = 30.0
+    """Seconds ``add_remote_peer`` waits for the peer's grant."""
 
     def __init__(
         self,
@@ -191,7 +197,14 @@ class FerryTransport(_Parent):  # type: ignore[misc]
             )
         if meta["fingerprint"] != self._config_fingerprint and meta["fingerprint"] and self._config_fingerprint:
             raise TransportError(f"peer {peer_id!r} runs another model configuration (fingerprint differs)")
-        grant = self._run(self._connector.claim(meta["offer"])).result()
+        claim = self._run(self._connector.claim(meta["offer"]))
+        try:
+            grant = claim.result(timeout=self.ADD_PEER_TIMEOUT)
+        except concurrent.futures.TimeoutError:
+            claim.cancel()
+            raise TransportError(
+                f"peer {peer_id!r} did not answer the claim of its grant within {self.ADD_PEER_TIMEOUT} s"
+            ) from None
         with self._lock:
             old = self._peers.get(peer_id)
             self._peers[peer_id] = grant
