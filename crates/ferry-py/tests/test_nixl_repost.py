@@ -121,3 +121,24 @@ def test_a_removed_agent_refuses_the_next_post(pair: Any) -> None:
         me.transfer(h)
     assert me.check_xfer_state(h) == "ERR"
     assert (theirs[:4096] == 3).all()
+
+
+def test_max_holders_bounds_the_agents_that_add_a_region(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FERRY_NIXL_MAX_HOLDERS", "1")
+    conf = nixl_agent_config(True, False, 0)
+    target = nixl_agent("cap-target", conf)
+    mem = np.zeros(N_CAP, dtype=np.uint8)
+    target.register_memory(target.get_reg_descs([(mem.ctypes.data, N_CAP, 0, "")], "DRAM"))
+    first = nixl_agent("cap-first", conf)
+    second = nixl_agent("cap-second", conf)
+    first.add_remote_agent(target.get_agent_metadata())
+    with pytest.raises(nixl.nixlBackendError, match="holders"):
+        second.add_remote_agent(target.get_agent_metadata())
+    monkeypatch.setenv("FERRY_NIXL_MAX_HOLDERS", "none")
+    with pytest.raises(nixl.nixlBackendError, match="FERRY_NIXL_MAX_HOLDERS"):
+        nixl_agent("cap-bad", conf)
+    for a in (first, second, target):
+        a.close()
+
+
+N_CAP = 4096

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 import time
 from typing import Any, Coroutine, List, Optional, Sequence, Tuple
@@ -36,6 +37,22 @@ __all__ = ["FerryEngine", "INLINE_MAX"]
 
 INLINE_MAX = 2 << 20
 """The largest transfer (of one sub-operation) run in the posting call."""
+
+
+def max_holders() -> Optional[int]:
+    """How many agents may add each region's offer at once:
+    ``FERRY_NIXL_MAX_HOLDERS`` if set, else Ferry's default (256). A
+    ``ValueError`` for a value that is not a positive integer."""
+    raw = os.environ.get("FERRY_NIXL_MAX_HOLDERS", "")
+    if not raw:
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"FERRY_NIXL_MAX_HOLDERS must be a positive integer, not {raw!r}")
+    return n
 
 
 class _Loop:
@@ -171,7 +188,7 @@ class FerryEngine:
 
     def offer(self, region: LocalRegion) -> OfferLike:
         pool = Pool((region.addr, region.length, region.device, None), region.length)
-        return _Offer(self.connector.offer(pool, "read_write"), pool)
+        return _Offer(self.connector.offer(pool, "read_write", max_holders=max_holders()), pool)
 
     def claim(self, offer_json: str) -> GrantLike:
         meta = self._ferry.OfferMetadata.from_json(offer_json)
