@@ -188,7 +188,10 @@ class FerryEngine:
 
     def offer(self, region: LocalRegion) -> OfferLike:
         pool = Pool((region.addr, region.length, region.device, None), region.length)
-        return _Offer(self.connector.offer(pool, "read_write", max_holders=max_holders()), pool)
+        n = max_holders()
+        if n is None:
+            return _Offer(self.connector.offer(pool, "read_write"), pool)
+        return _Offer(self.connector.offer(pool, "read_write", max_holders=n), pool)
 
     def claim(self, offer_json: str) -> GrantLike:
         meta = self._ferry.OfferMetadata.from_json(offer_json)
