@@ -22,8 +22,11 @@ use crate::claims::Claim;
 use crate::errors::{error_to_py, named_error};
 use crate::pool::{read_ids, Pool};
 
+mod group;
 mod prepared;
 mod ranges;
+
+pub(crate) use group::PreparedGroup;
 
 pub(crate) use prepared::{Gate, Pending, PreparedRanges};
 

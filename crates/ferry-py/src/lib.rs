@@ -132,6 +132,7 @@ fn _ferry(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<grant::PreparedRanges>()?;
     m.add_class::<grant::Pending>()?;
     m.add_class::<grant::Gate>()?;
+    m.add_class::<grant::PreparedGroup>()?;
     m.add_class::<offer::OfferMetadata>()?;
     m.add_class::<offer::Offer>()?;
     m.add_function(wrap_pyfunction!(parse_device, m)?)?;

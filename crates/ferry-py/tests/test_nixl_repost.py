@@ -142,3 +142,47 @@ def test_max_holders_bounds_the_agents_that_add_a_region(monkeypatch: pytest.Mon
 
 
 N_CAP = 4096
+
+
+def test_a_transfer_over_several_regions_posts_as_one_group() -> None:
+    """vLLM's NixlConnector layout: a region per layer on both sides; one
+    transfer spans them all, with a notification the target sees after
+    every byte."""
+    conf = nixl_agent_config(True, False, 0)
+    target = nixl_agent("group-target", conf)
+    me = nixl_agent("group-init", conf)
+    layers, n = 4, 64 << 10
+    theirs = [((np.arange(n) + 11 * k) % 251).astype(np.uint8) for k in range(layers)]
+    ours = [np.zeros(n, dtype=np.uint8) for _ in range(layers)]
+    regs = []
+    for t, o in zip(theirs, ours):
+        target.register_memory(target.get_reg_descs([(t.ctypes.data, n, 0, "")], "DRAM"))
+        regs.append(me.register_memory(me.get_reg_descs([(o.ctypes.data, n, 0, "")], "DRAM")))
+    me.add_remote_agent(target.get_agent_metadata())
+    target.add_remote_agent(me.get_agent_metadata())
+    bs = 4096
+    local = me.prep_xfer_dlist("NIXL_INIT_AGENT", [(o.ctypes.data + i * bs, bs, 0) for o in ours for i in range(n // bs)], "DRAM")
+    far = me.prep_xfer_dlist(target.name, [(t.ctypes.data + i * bs, bs, 0) for t in theirs for i in range(n // bs)], "DRAM")
+    per = n // bs
+    idx = [k * per + i for k in range(layers) for i in (1, 5, 9)]
+    h = me.make_prepped_xfer("READ", local, idx, far, idx, b"req-1")
+    for round_ in range(2):
+        note = f"req-{round_}".encode()
+        assert me.transfer(h, note) in ("DONE", "PROC")
+        wait_done(me, h)
+        assert type(me._core.req(h._handle).fast).__name__ == "PreparedGroup"
+        for k in range(layers):
+            for i in (1, 5, 9):
+                assert np.array_equal(ours[k][i * bs : (i + 1) * bs], theirs[k][i * bs : (i + 1) * bs])
+        deadline = time.monotonic() + 10
+        while not target.check_remote_xfer_done(me.name, note):
+            assert time.monotonic() < deadline, "no notification"
+        for k in range(layers):
+            ours[k][:] = 0
+    # One layer's region deregistered: the next post is refused, nothing moves.
+    me.deregister_memory(regs[2])
+    with pytest.raises(nixl.nixlNotFoundError, match="deregistered"):
+        me.transfer(h)
+    assert all((o == 0).all() for o in ours)
+    me.close()
+    target.close()

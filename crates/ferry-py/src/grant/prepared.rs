@@ -36,12 +36,12 @@ use crate::pool::Pool;
 /// only (see `PreparedRanges.run_blocking`).
 pub(crate) const HOLD_GIL_MAX: u64 = 64 << 10;
 
-/// `PreparedRanges.post`'s answers.
-const DONE: u8 = 0;
-const IN_PROGRESS: u8 = 1;
-const FAILED: u8 = 2;
-const BUSY: u8 = 3;
-const CLOSED: u8 = 4;
+/// `PreparedRanges.post`'s (and `PreparedGroup.post`'s) answers.
+pub(super) const DONE: u8 = 0;
+pub(super) const IN_PROGRESS: u8 = 1;
+pub(super) const FAILED: u8 = 2;
+pub(super) const BUSY: u8 = 3;
+pub(super) const CLOSED: u8 = 4;
 
 /// A flag that a prepared transfer's posts need open: Python closes it
 /// when what the transfer names goes away (a region deregistered, an
@@ -85,14 +85,59 @@ pub(crate) struct PreparedRanges {
     nbytes: u64,
     /// Whether a post runs with the GIL held (see `run_blocking`).
     hold_gil: bool,
+    /// The last post made by `post`, and the gates it needs open.
+    last: LastPost,
+}
+
+/// The last post of a prepared transfer (or group), and the gates a post
+/// needs open.
+pub(super) struct LastPost {
     gates: Vec<Py<Gate>>,
-    /// The last post made by `post`.
     last: Mutex<Option<Arc<Shared>>>,
+}
+
+impl LastPost {
+    pub(super) fn new(gates: Vec<Py<Gate>>) -> Self {
+        LastPost {
+            gates,
+            last: Mutex::new(None),
+        }
+    }
+
+    /// Makes a new post the last one, or says why not: [`BUSY`] while the
+    /// last is in progress, [`CLOSED`] once a gate has closed (that post
+    /// then ends failed).
+    pub(super) fn begin(&self, py: Python<'_>) -> Result<Arc<Shared>, u8> {
+        let shared = Arc::new(Shared::new());
+        {
+            let mut last = lock(&self.last);
+            if last.as_ref().is_some_and(|s| !s.is_done()) {
+                return Err(BUSY);
+            }
+            *last = Some(shared.clone());
+        }
+        // The gates are read only now, after this post became the last
+        // one: whoever closes a gate and then waits for the last post
+        // (`wait`) either waits for this one or is seen here.
+        if self.gates.iter().any(|g| !g.get().is_open()) {
+            shared.fail(
+                py,
+                PyRuntimeError::new_err("not posted: what the transfer names is gone"),
+            );
+            return Err(CLOSED);
+        }
+        Ok(shared)
+    }
+
+    /// The last post, if any.
+    pub(super) fn get(&self) -> Option<Arc<Shared>> {
+        lock(&self.last).clone()
+    }
 }
 
 impl PreparedRanges {
     /// The transfer's arguments for one post, its local blocks taken.
-    fn take(&self, py: Python<'_>) -> PyResult<Ranges> {
+    pub(super) fn take(&self, py: Python<'_>) -> PyResult<Ranges> {
         let p = self.pool.get();
         // A READ writes into the local blocks; a WRITE only reads them.
         let claim = p.hold_block_ids(py, &self.ids, !self.write)?;
@@ -104,7 +149,17 @@ impl PreparedRanges {
         })
     }
 
-    async fn run(
+    /// The grant it goes through, and whether it writes.
+    pub(super) fn grant(&self) -> (ferry::RemoteGrant, bool) {
+        (self.grant.clone(), self.write)
+    }
+
+    /// Bytes per post.
+    pub(super) fn nbytes_of(&self) -> u64 {
+        self.nbytes
+    }
+
+    pub(super) async fn run(
         grant: ferry::RemoteGrant,
         write: bool,
         t: Ranges,
@@ -118,7 +173,7 @@ impl PreparedRanges {
     }
 
     /// Runs one post in this call (see `run_blocking`).
-    fn run_here(
+    pub(super) fn run_here(
         &self,
         py: Python<'_>,
         t: Ranges,
@@ -145,7 +200,7 @@ impl PreparedRanges {
 
     /// The last post of `post`, if any.
     fn last(&self) -> Option<Arc<Shared>> {
-        lock(&self.last).clone()
+        self.last.get()
     }
 }
 
@@ -182,24 +237,10 @@ impl PreparedRanges {
     /// closed.
     #[pyo3(signature = (notify=None))]
     fn post(&self, py: Python<'_>, notify: Option<Vec<u8>>) -> PyResult<u8> {
-        let shared = Arc::new(Shared::new());
-        {
-            let mut last = lock(&self.last);
-            if last.as_ref().is_some_and(|s| !s.is_done()) {
-                return Ok(BUSY);
-            }
-            *last = Some(shared.clone());
-        }
-        // The gates are read only now, after this post became the last
-        // one: whoever closes a gate and then waits for the last post
-        // (`wait`) either waits for this one or is seen here.
-        if self.gates.iter().any(|g| !g.get().is_open()) {
-            shared.fail(
-                py,
-                PyRuntimeError::new_err("not posted: what the transfer names is gone"),
-            );
-            return Ok(CLOSED);
-        }
+        let shared = match self.last.begin(py) {
+            Ok(s) => s,
+            Err(code) => return Ok(code),
+        };
         let t = match self.take(py) {
             Ok(t) => t,
             Err(e) => {
@@ -314,14 +355,13 @@ impl RemoteGrant {
             write,
             nbytes,
             hold_gil: nbytes <= HOLD_GIL_MAX && self.inner.lane() == ferry::GrantLane::Cma,
-            gates,
-            last: Mutex::new(None),
+            last: LastPost::new(gates),
         })
     }
 }
 
 /// One post's state, shared by the thread that runs it and whoever asks.
-struct Shared {
+pub(super) struct Shared {
     done: AtomicBool,
     result: Mutex<Option<(ferry::Result<()>, Instant)>>,
     ended: Condvar,
@@ -352,7 +392,7 @@ impl Shared {
         }
     }
 
-    fn finish(&self, r: ferry::Result<()>) {
+    pub(super) fn finish(&self, r: ferry::Result<()>) {
         let mut slot = lock(&self.result);
         *slot = Some((r, Instant::now()));
         self.done.store(true, Ordering::Release);
@@ -365,23 +405,23 @@ impl Shared {
     }
 
     /// Ends it with a refusal raised before the copy began.
-    fn fail(&self, py: Python<'_>, e: PyErr) {
+    pub(super) fn fail(&self, py: Python<'_>, e: PyErr) {
         let _ = self.error.set(e.into_value(py).into_any());
         self.finish(Ok(()));
         self.posted();
     }
 
     /// The posting call returns now.
-    fn posted(&self) {
+    pub(super) fn posted(&self) {
         let ns = self.start.elapsed().as_nanos() as u64;
         self.post_ns.store(ns.max(1), Ordering::Relaxed);
     }
 
-    fn is_done(&self) -> bool {
+    pub(super) fn is_done(&self) -> bool {
         self.done.load(Ordering::Acquire)
     }
 
-    fn error(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+    pub(super) fn error(&self, py: Python<'_>) -> Option<Py<PyAny>> {
         if !self.is_done() {
             return None;
         }
@@ -396,7 +436,7 @@ impl Shared {
         Some(self.error.get_or_init(|| value).clone_ref(py))
     }
 
-    fn finished_ns(&self, py: Python<'_>) -> PyResult<Option<u64>> {
+    pub(super) fn finished_ns(&self, py: Python<'_>) -> PyResult<Option<u64>> {
         let ago = match lock(&self.result).as_ref() {
             Some((_, at)) => at.elapsed(),
             None => return Ok(None),
@@ -408,7 +448,7 @@ impl Shared {
         Ok(Some(now.saturating_sub(ago.as_nanos() as u64)))
     }
 
-    fn wait(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
+    pub(super) fn wait(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
         let limit = seconds_arg("timeout", timeout)?;
         if self.is_done() {
             return Ok(true);
@@ -436,7 +476,7 @@ impl Shared {
         }))
     }
 
-    fn times(&self) -> (u64, u64, Option<u64>) {
+    pub(super) fn times(&self) -> (u64, u64, Option<u64>) {
         let end = lock(&self.result)
             .as_ref()
             .map(|(_, at)| at.saturating_duration_since(self.start).as_nanos() as u64);

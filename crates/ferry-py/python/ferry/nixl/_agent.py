@@ -73,6 +73,7 @@ class AgentCore:
         # transfers that post themselves (the hot path of `post`).
         self._new_gate: Any = getattr(engine, "gate", None)
         self._new_fast: Any = getattr(engine, "fast", None)
+        self._new_group: Any = getattr(engine, "fast_group", None)
         self.lock = threading.RLock()
         # Draining is one thread at a time: the parts of a long message
         # must reach the inbox in the order they were taken.
@@ -361,13 +362,16 @@ class AgentCore:
             if notif:
                 req.set_notif(notif)
             framed = req.framed
-            if len(framed) <= 1:
+            group = len(req.subops) > 1
+            if group or len(framed) <= 1:
                 p = req.pending
                 if p is not fast:
                     if p is not None and not p.done():
                         raise nixlRepostActiveError(REPOST_ACTIVE)
                     req.pending, req.failed = fast, None
-                code = fast.post(framed[0] if framed else None)
+                # A group sends the notification's pieces after its parts,
+                # through the agent's mailbox; one part carries its one.
+                code = fast.post(framed) if group else fast.post(framed[0] if framed else None)
                 if code == 0:
                     return "DONE"
                 if code == 1:
@@ -419,27 +423,37 @@ class AgentCore:
         return req.state()
 
     def _make_fast(self, req: XferReq) -> Any:
-        """The engine's prepared transfer for `req`, which posts itself (one
-        sub-operation with a remote agent, every region and the agent
-        gated), or ``None``; tried once per transfer."""
+        """The engine's prepared transfer for `req`, which posts itself (a
+        transfer with a remote agent, every region and the agent gated: one
+        sub-operation, or a group of them with the agent's mailbox), or
+        ``None``; tried once per transfer."""
         req.fast_tried = True
-        if self._new_fast is None or req.agent == self.name or len(req.subops) != 1:
+        subs = req.subops
+        if req.agent == self.name or not subs:
             return None
-        sub = req.subops[0]
+        make = self._new_fast if len(subs) == 1 else self._new_group
+        if make is None:
+            return None
         with self.lock:
             ra = self.remotes.get(req.agent)
             if ra is None or ra.incarnation != req.incarnation:
                 return None
-            gates = [ra.gate, sub.local.gate, sub.remote.gate]
-        if any(g is None for g in gates):
+            gates = [ra.gate] + [g for s in subs for g in (s.local.gate, s.remote.gate)]
+            mailbox = ra.mailbox
+        if any(g is None for g in gates) or (len(subs) > 1 and mailbox is None):
             return None
         try:
-            fast = self._new_fast(req.write, sub, gates)
+            if len(subs) == 1:
+                fast = make(req.write, subs[0], gates)
+            else:
+                fast = make(req.write, subs, gates, mailbox)
         except Exception:
             return None
         if fast is not None:
             with self.lock:
-                sub.local.fast.append(fast)
+                for s in subs:
+                    if fast not in s.local.fast:
+                        s.local.fast.append(fast)
             req.fast = fast
         return fast
 

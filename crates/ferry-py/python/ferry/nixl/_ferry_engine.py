@@ -250,6 +250,30 @@ class FerryEngine:
             sub.prepared = p
         return p
 
+    def fast_group(
+        self, write: bool, subops: Sequence[SubOp], gates: Sequence[Any], mailbox: Optional[GrantLike]
+    ) -> Any:
+        """Sub-operations over several region pairs as one prepared group
+        that posts itself (``PreparedGroup.post``: every part, then the
+        notifications through `mailbox`), refused once one of `gates` has
+        closed; ``None`` where the grants have none (the tests' stand-in)."""
+        parts = []
+        for sub in subops:
+            p = self._prepared(write, sub)
+            if p is None:
+                return None
+            parts.append(p)
+        box = None
+        if mailbox is not None:
+            if not isinstance(mailbox, _Grant) or mailbox.grant is None:
+                return None
+            box = getattr(mailbox.grant, "_core", None)
+            if box is None:
+                return None
+        from .._ferry import PreparedGroup
+
+        return PreparedGroup(parts, box, list(gates))
+
     def _prepared(self, write: bool, sub: SubOp) -> Any:
         """The sub-operation as the grant's prepared transfer (made at its
         first post, then kept: each later post parses nothing again), or
