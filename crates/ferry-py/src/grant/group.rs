@@ -160,20 +160,17 @@ impl PreparedGroup {
 
     /// As `PreparedRanges.done`, for the group's last post.
     fn done(&self) -> bool {
-        self.last.get().is_none_or(|s| s.is_done())
+        self.last.done()
     }
 
     /// As `PreparedRanges.error`.
     fn error(&self, py: Python<'_>) -> Option<Py<PyAny>> {
-        self.last.get().and_then(|s| s.error(py))
+        self.last.error(py)
     }
 
     /// As `PreparedRanges.finished_ns`.
     fn finished_ns(&self, py: Python<'_>) -> PyResult<Option<u64>> {
-        match self.last.get() {
-            Some(s) => s.finished_ns(py),
-            None => Ok(None),
-        }
+        self.last.finished_ns(py)
     }
 
     /// Nothing: a post in progress is never cut short.
@@ -181,15 +178,12 @@ impl PreparedGroup {
 
     /// As `PreparedRanges.wait`.
     fn wait(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
-        match self.last.get() {
-            Some(s) => s.wait(py, timeout),
-            None => Ok(true),
-        }
+        self.last.wait(py, timeout)
     }
 
     /// As `PreparedRanges.times`.
     fn times(&self) -> Option<(u64, u64, Option<u64>)> {
-        self.last.get().map(|s| s.times())
+        self.last.times()
     }
 
     /// Whether a post runs on Ferry's runtime.

@@ -133,6 +133,31 @@ impl LastPost {
     pub(super) fn get(&self) -> Option<Arc<Shared>> {
         lock(&self.last).clone()
     }
+
+    /// Whether the last post has ended (true if none was made).
+    pub(super) fn done(&self) -> bool {
+        self.get().is_none_or(|s| s.is_done())
+    }
+
+    /// Why the last post failed, once it has ended.
+    pub(super) fn error(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.get().and_then(|s| s.error(py))
+    }
+
+    /// When the last post ended, as `time.monotonic_ns()` counts.
+    pub(super) fn finished_ns(&self, py: Python<'_>) -> PyResult<Option<u64>> {
+        self.get().map_or(Ok(None), |s| s.finished_ns(py))
+    }
+
+    /// Waits at most `timeout` seconds for the last post to end.
+    pub(super) fn wait(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
+        self.get().map_or(Ok(true), |s| s.wait(py, timeout))
+    }
+
+    /// The last post's times (see `PreparedRanges.times`).
+    pub(super) fn times(&self) -> Option<(u64, u64, Option<u64>)> {
+        self.get().map(|s| s.times())
+    }
 }
 
 impl PreparedRanges {
@@ -196,11 +221,6 @@ impl PreparedRanges {
             let r = work.await;
             shared.finish(r);
         })
-    }
-
-    /// The last post of `post`, if any.
-    fn last(&self) -> Option<Arc<Shared>> {
-        self.last.get()
     }
 }
 
@@ -271,21 +291,18 @@ impl PreparedRanges {
 
     /// Whether the last `post` has ended (true if none was made).
     fn done(&self) -> bool {
-        self.last().is_none_or(|s| s.is_done())
+        self.last.done()
     }
 
     /// Why the last `post` failed, once it has ended; `None` if it
     /// succeeded, is in progress, or none was made.
     fn error(&self, py: Python<'_>) -> Option<Py<PyAny>> {
-        self.last().and_then(|s| s.error(py))
+        self.last.error(py)
     }
 
     /// When the last `post` ended, as `time.monotonic_ns()` counts.
     fn finished_ns(&self, py: Python<'_>) -> PyResult<Option<u64>> {
-        match self.last() {
-            Some(s) => s.finished_ns(py),
-            None => Ok(None),
-        }
+        self.last.finished_ns(py)
     }
 
     /// Nothing: a post in progress is never cut short.
@@ -294,10 +311,7 @@ impl PreparedRanges {
     /// Waits at most `timeout` seconds, without the GIL, for the last
     /// `post` to end; whether it has.
     fn wait(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
-        match self.last() {
-            Some(s) => s.wait(py, timeout),
-            None => Ok(true),
-        }
+        self.last.wait(py, timeout)
     }
 
     /// The last `post`'s times: `(start, post, transfer)`: when it began
@@ -305,7 +319,7 @@ impl PreparedRanges {
     /// has ended, how long from its start to its end (nanoseconds); `None`
     /// if none was made.
     fn times(&self) -> Option<(u64, u64, Option<u64>)> {
-        self.last().map(|s| s.times())
+        self.last.times()
     }
 
     /// Whether a post's copy runs off the runtime's threads (it moves at
